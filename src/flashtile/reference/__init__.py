@@ -1,0 +1,1 @@
+"""Part A: plain PyTorch, exact in float64, one concept per module."""

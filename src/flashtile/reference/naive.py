@@ -1,0 +1,90 @@
+"""Standard attention, written the slow way on purpose.
+
+``naive_attention`` materialises the full score matrix S = scale * Q K^T and the probability matrix
+P = softmax(S) for every (batch, head). That is exactly what FlashAttention avoids; keeping it here
+gives the rest of the package an unambiguous ground truth (run it in float64) and gives the site
+something concrete to count bytes against.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .._checks import check_alignment, check_attention_inputs, check_causal, resolve_scale
+from .causal import causal_mask
+
+
+def expand_kv_heads(x: torch.Tensor, H: int) -> torch.Tensor:
+    """Repeat each key/value head for the query heads of its group: (B, H_kv, T, D) -> (B, H, T, D).
+
+    Query head h reads key/value head h // (H // H_kv), the convention of SDPA's ``enable_gqa``.
+    Only the reference does this; the kernels index the shared head instead of copying it.
+    """
+    return x.repeat_interleave(H // x.shape[1], dim=1)
+
+
+# --8<-- [start:naive]
+def naive_attention(q, k, v, causal: bool = False, scale: float | None = None, alignment: str = "upper_left"):
+    """Softmax attention through the full T x T matrices.
+
+    Args:
+        q: (B, H, Tq, D). k, v: (B, H_kv, Tk, D) with H a multiple of H_kv.
+        causal: apply the causal mask of ``alignment`` (see ``flashtile.reference.causal``).
+        scale: multiplies Q K^T; defaults to 1/sqrt(D).
+
+    Returns:
+        o: (B, H, Tq, D) in q's dtype, and lse: (B, H, Tq), the natural-log log-sum-exp of each row
+        of the scaled, masked scores. Rows that see no key get o = 0 and lse = -inf.
+    """
+    shape = check_attention_inputs(q, k, v)
+    check_causal(causal)
+    check_alignment(alignment)
+    scale = resolve_scale(scale, shape.D)
+    k, v = expand_kv_heads(k, shape.H), expand_kv_heads(v, shape.H)
+
+    s = scale * (q @ k.transpose(-1, -2))  # (B, H, Tq, Tk): the matrix FlashAttention never stores
+    if causal:
+        s = s.masked_fill(~causal_mask(shape.Tq, shape.Tk, alignment, q.device), float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)  # -inf for a row that sees no key
+    # exp(s - lse) would be exp(-inf - (-inf)) = NaN on such a row; give it P = 0 instead.
+    seen = torch.isfinite(lse)[..., None]
+    p = torch.where(seen, torch.exp(s - torch.where(seen, lse[..., None], 0.0)), 0.0)
+    o = p @ v
+    return o, lse
+# --8<-- [end:naive]
+
+
+# --8<-- [start:counts]
+def score_matrix_bytes(B: int, H: int, Tq: int, Tk: int, dtype: torch.dtype = torch.bfloat16) -> int:
+    """Bytes of one materialised (B, H, Tq, Tk) score matrix; P costs the same again."""
+    return B * H * Tq * Tk * torch.empty((), dtype=dtype).element_size()
+
+
+def naive_hbm_bytes(B: int, H: int, Tq: int, Tk: int, D: int, dtype: torch.dtype = torch.bfloat16) -> int:
+    """HBM bytes moved by unfused attention: three kernels, S and P each written once and read once.
+
+    read Q, K (write S) -> read S (write P) -> read P, V (write O). S and P are the T^2 terms.
+    """
+    size = torch.empty((), dtype=dtype).element_size()
+    qkvo = B * H * (2 * Tq * D + 2 * Tk * D)
+    scores = B * H * Tq * Tk
+    return size * (qkvo + 4 * scores)
+
+
+def visible_pairs(Tq: int, Tk: int, causal: bool = False, alignment: str = "upper_left") -> int:
+    """Number of (query, key) pairs that contribute, counted exactly."""
+    if not causal:
+        return Tq * Tk
+    offset = Tk - Tq if alignment == "lower_right" else 0
+    # Row i sees keys 0..min(Tk-1, i+offset): clamp(i + offset + 1, 0, Tk) of them.
+    return sum(min(Tk, max(0, i + offset + 1)) for i in range(Tq))
+
+
+def attention_flops(B: int, H: int, Tq: int, Tk: int, D: int, causal: bool = False, alignment: str = "upper_left") -> int:
+    """Matmul FLOPs of the forward: 2*D for S = Q K^T and 2*D for O = P V, per visible pair.
+
+    The backward does 2.5x this (five matmuls instead of two).
+    """
+    return 4 * B * H * D * visible_pairs(Tq, Tk, causal, alignment)
+# --8<-- [end:counts]
+
