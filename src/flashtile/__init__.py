@@ -1,1 +1,12 @@
-"""flashtile: FlashAttention, derived."""
+"""flashtile: FlashAttention, derived.
+
+The public names of Part A (the exact PyTorch reference tier) are re-exported here; the Triton
+kernels live in ``flashtile.kernels`` and the SDPA-shaped entry point is ``flashtile.attention``.
+"""
+
+from .reference import *  # noqa: F403  (the reference tier's __all__ is the public surface)
+from .reference import __all__ as _reference_all
+
+__version__ = "0.1.0"
+
+__all__ = [*_reference_all]

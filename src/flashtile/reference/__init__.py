@@ -1,1 +1,63 @@
-"""Part A: plain PyTorch, exact in float64, one concept per module."""
+"""Part A: plain PyTorch, exact in float64, one concept per module.
+
+naive           standard attention through the full T x T matrices (the ground truth)
+online_softmax  streaming (m, l) statistics and merging two partial states
+forward         the tiled FlashAttention forward with its (m, l, acc) state
+causal          causal alignments and the full / diagonal / skip tile classification
+backward        the tiled backward with D = rowsum(dO * O) and recomputed P
+autograd        a torch.autograd.Function that saves only q, k, v, o and lse
+io_model        HBM traffic of standard attention against FlashAttention (Theorem 2)
+"""
+
+from .autograd import FlashAttentionFunction, reference_attention
+from .backward import backward_delta, flash_attention_backward
+from .causal import (
+    TileKind,
+    causal_mask,
+    classify_tile,
+    count_visited_tiles,
+    diagonal_offset,
+    last_key_tile,
+    tile_map,
+)
+from .forward import flash_attention_forward
+from .io_model import (
+    Traffic,
+    flash_attention_traffic,
+    paper_tile_sizes,
+    sram_footprint,
+    standard_attention_traffic,
+    theorem2_bound,
+)
+from .naive import attention_flops, naive_attention, naive_hbm_bytes, score_matrix_bytes, visible_pairs
+from .online_softmax import lse_from_stats, merge, online_softmax_stats, online_softmax_update
+
+__all__ = [
+    "FlashAttentionFunction",
+    "TileKind",
+    "Traffic",
+    "attention_flops",
+    "backward_delta",
+    "causal_mask",
+    "classify_tile",
+    "count_visited_tiles",
+    "diagonal_offset",
+    "flash_attention_backward",
+    "flash_attention_forward",
+    "flash_attention_traffic",
+    "last_key_tile",
+    "lse_from_stats",
+    "merge",
+    "naive_attention",
+    "naive_hbm_bytes",
+    "online_softmax_stats",
+    "online_softmax_update",
+    "paper_tile_sizes",
+    "reference_attention",
+    "score_matrix_bytes",
+    "sram_footprint",
+    "standard_attention_traffic",
+    "theorem2_bound",
+    "tile_map",
+    "visible_pairs",
+]

@@ -1,0 +1,44 @@
+"""A ``torch.autograd.Function`` around the reference forward and backward.
+
+It saves exactly what the backward needs, q, k, v, o and the (B, H, Tq) log-sum-exp, and never a
+Tq x Tk tensor: that is the memory saving of FlashAttention in training, made checkable.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .backward import flash_attention_backward
+from .forward import flash_attention_forward
+
+
+# --8<-- [start:function]
+class FlashAttentionFunction(torch.autograd.Function):
+    """Reference FlashAttention with a tiled backward; saves (q, k, v, o, lse) only."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, scale, block_q, block_k, alignment):
+        o, lse = flash_attention_forward(q, k, v, causal, scale, block_q, block_k, alignment)
+        ctx.save_for_backward(q, k, v, o, lse)  # lse is (B, H, Tq): O(T), not O(T^2)
+        ctx.config = (causal, scale, block_q, block_k, alignment)
+        ctx.mark_non_differentiable(lse)
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, do, _dlse):
+        q, k, v, o, lse = ctx.saved_tensors
+        causal, scale, block_q, block_k, alignment = ctx.config
+        dq, dk, dv = flash_attention_backward(
+            q, k, v, o, lse, do.contiguous(), causal, scale, block_q, block_k, alignment
+        )
+        return dq, dk, dv, None, None, None, None, None
+# --8<-- [end:function]
+
+
+def reference_attention(
+    q, k, v, causal: bool = False, scale: float | None = None, block_q: int = 16, block_k: int = 16,
+    alignment: str = "upper_left",
+):
+    """Differentiable reference attention: returns o; gradients flow to q, k and v."""
+    o, _lse = FlashAttentionFunction.apply(q, k, v, causal, scale, block_q, block_k, alignment)
+    return o

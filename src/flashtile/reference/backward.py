@@ -1,0 +1,131 @@
+"""The FlashAttention backward pass, tile by tile, in plain PyTorch.
+
+With S = scale * Q K^T, P = softmax(S) row-wise and O = P V, the gradients given dO are
+
+    dV = P^T dO
+    dP = dO V^T
+    dS = P * (dP - D)        where D_i = sum_j P_ij dP_ij = rowsum(dO * O)_i
+    dQ = scale * dS K
+    dK = scale * dS^T Q
+
+P is never stored: each tile recomputes it from the saved log-sum-exp as P = exp(S - lse), which is
+exactly softmax(S) because lse is the log of the row's normaliser. D is one number per query row,
+computed once up front from dO and O (which has only Tq x D entries), instead of from dP and P (which
+would need the whole row of P). In code D is called ``delta``, since D is also the head dimension.
+
+Loop order: key tiles outer, query tiles inner. dK and dV of one key tile then accumulate in one
+place and are written once; dQ collects a contribution from every key tile (the GPU version gives
+dQ its own kernel with the opposite loop order so that nothing is written twice).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .._checks import (
+    check_alignment,
+    check_attention_inputs,
+    check_block,
+    check_causal,
+    check_like,
+    check_lse,
+    resolve_scale,
+)
+from .causal import TileKind, classify_tile, diagonal_offset, tile_ranges
+from .naive import expand_kv_heads
+
+
+# --8<-- [start:delta]
+def backward_delta(o: torch.Tensor, do: torch.Tensor) -> torch.Tensor:
+    """D = rowsum(dO * O), shape (B, H, Tq): the only per-row quantity the backward needs besides lse."""
+    return (do * o).sum(dim=-1)
+# --8<-- [end:delta]
+
+
+# --8<-- [start:recompute_p]
+def recompute_p(s: torch.Tensor, lse_tile: torch.Tensor, visible: torch.Tensor | None) -> torch.Tensor:
+    """P = exp(S - lse) for one tile, zero where the forward masked the score (or the row saw nothing).
+
+    Without the mask, a hidden key would get exp(S - lse) > 0 here although the forward gave it
+    probability 0: the same mask must be applied in both directions.
+    """
+    keep = torch.isfinite(lse_tile)[..., None].expand_as(s)  # a row with lse = -inf has P = 0
+    if visible is not None:
+        keep = keep & visible
+    return torch.where(keep, torch.exp(s - torch.where(keep, lse_tile[..., None], 0.0)), 0.0)
+# --8<-- [end:recompute_p]
+
+
+def flash_attention_backward(
+    q,
+    k,
+    v,
+    o,
+    lse,
+    do,
+    causal: bool = False,
+    scale: float | None = None,
+    block_q: int = 16,
+    block_k: int = 16,
+    alignment: str = "upper_left",
+):
+    """Gradients of attention from the saved (q, k, v, o, lse) and the incoming dO.
+
+    Args:
+        q: (B, H, Tq, D); k, v: (B, H_kv, Tk, D); o, do: like q; lse: (B, H, Tq) from the forward.
+        causal, scale, alignment: as in the forward; the mask must be the same.
+        block_q, block_k: tile sizes, any positive ints.
+
+    Returns:
+        dq like q, and dk, dv like k. For GQA (H_kv < H) dk and dv are summed over the query heads
+        that share each key/value head.
+    """
+    shape = check_attention_inputs(q, k, v)
+    check_like("o", o, "q", q)
+    check_like("do", do, "q", q)
+    check_lse(lse, shape, q)
+    check_causal(causal)
+    check_alignment(alignment)
+    check_block("block_q", block_q)
+    check_block("block_k", block_k)
+    scale = resolve_scale(scale, shape.D)
+    B, H, H_kv, Tq, Tk, D = shape
+    offset = diagonal_offset(Tq, Tk, alignment)
+    k_rep, v_rep = expand_kv_heads(k, H), expand_kv_heads(v, H)
+    lse = lse.to(q.dtype)
+
+    delta = backward_delta(o, do)
+    dq = torch.zeros_like(q)
+    dk_rep = torch.empty_like(k_rep)
+    dv_rep = torch.empty_like(v_rep)
+    # --8<-- [start:tile_loop]
+    for k_start, k_end in tile_ranges(Tk, block_k):  # outer: one key tile, its dK and dV stay local
+        k_tile, v_tile = k_rep[..., k_start:k_end, :], v_rep[..., k_start:k_end, :]
+        dk = torch.zeros_like(k_tile)
+        dv = torch.zeros_like(v_tile)
+        for q_start, q_end in tile_ranges(Tq, block_q):  # inner: every query tile that sees it
+            kind = classify_tile(q_start, q_end, k_start, k_end, offset) if causal else TileKind.FULL
+            if kind is TileKind.SKIP:
+                continue
+            visible = None
+            if kind is TileKind.DIAGONAL:
+                i = torch.arange(q_start, q_end, device=q.device)[:, None]
+                j = torch.arange(k_start, k_end, device=q.device)[None, :]
+                visible = j <= i + offset
+            q_tile, do_tile = q[..., q_start:q_end, :], do[..., q_start:q_end, :]
+            s = scale * (q_tile @ k_tile.transpose(-1, -2))
+            p = recompute_p(s, lse[..., q_start:q_end], visible)
+            dv += p.transpose(-1, -2) @ do_tile  # dV = P^T dO
+            dp = do_tile @ v_tile.transpose(-1, -2)  # dP = dO V^T
+            ds = p * (dp - delta[..., q_start:q_end, None])  # dS = P * (dP - D)
+            dq[..., q_start:q_end, :] += scale * (ds @ k_tile)  # dQ = scale * dS K
+            dk += scale * (ds.transpose(-1, -2) @ q_tile)  # dK = scale * dS^T Q
+        dk_rep[..., k_start:k_end, :] = dk
+        dv_rep[..., k_start:k_end, :] = dv
+    # --8<-- [end:tile_loop]
+    # --8<-- [start:gqa_sum]
+    # Query heads h = g * group + r all read key/value head g, so their gradients add up there.
+    dk = dk_rep.view(B, H_kv, H // H_kv, Tk, D).sum(dim=2)
+    dv = dv_rep.view(B, H_kv, H // H_kv, Tk, D).sum(dim=2)
+    # --8<-- [end:gqa_sum]
+    return dq, dk, dv

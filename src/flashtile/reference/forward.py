@@ -1,0 +1,104 @@
+"""The FlashAttention forward pass, tile by tile, in plain PyTorch.
+
+Each query tile of ``block_q`` rows keeps three running quantities while it walks over the key tiles
+of ``block_k`` columns:
+
+* ``m``   (block_q,)        the largest score seen so far in each row;
+* ``l``   (block_q,)        sum of exp(score - m) over the keys seen so far;
+* ``acc`` (block_q, D)      sum of exp(score - m) * v over the keys seen so far (unnormalised O).
+
+After the last tile, O = acc / l and lse = m + log l. Nothing of size Tq x Tk is ever formed: the
+largest temporary is one (block_q, block_k) tile of scores. The Triton kernel in
+``flashtile.kernels.forward`` runs this same loop with the same names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from .._checks import check_alignment, check_attention_inputs, check_block, check_causal, resolve_scale
+from .causal import TileKind, classify_tile, diagonal_offset, last_key_tile, tile_ranges
+from .naive import expand_kv_heads
+from .online_softmax import lse_from_stats, safe_exp_diff
+
+# Called as on_tile(query_tile_index, key_tile_index, kind) for every tile the forward computes.
+TileCallback = Callable[[int, int, TileKind], None]
+
+
+# --8<-- [start:tile_loop]
+def forward_query_tile(q_tile, k, v, q_start, q_end, scale, block_k, causal, offset, on_tile=None, q_index=0):
+    """Run one query tile [q_start, q_end) over the key tiles it needs; return its (m, l, acc)."""
+    Tk = k.shape[-2]
+    m = torch.full(q_tile.shape[:-1], float("-inf"), dtype=q_tile.dtype, device=q_tile.device)
+    l = torch.zeros_like(m)
+    acc = torch.zeros_like(q_tile)
+    # Causal: key tiles past the diagonal are SKIP, so the loop simply stops before them.
+    n_key_tiles = last_key_tile(q_end, Tk, block_k, offset) if causal else -(-Tk // block_k)
+    for k_index in range(n_key_tiles):
+        k_start, k_end = k_index * block_k, min((k_index + 1) * block_k, Tk)
+        kind = classify_tile(q_start, q_end, k_start, k_end, offset) if causal else TileKind.FULL
+        if on_tile is not None:
+            on_tile(q_index, k_index, kind)
+        s = scale * (q_tile @ k[..., k_start:k_end, :].transpose(-1, -2))  # (..., block_q, block_k)
+        if kind is TileKind.DIAGONAL:  # only tiles crossing the diagonal pay for a mask
+            i = torch.arange(q_start, q_end, device=s.device)[:, None]
+            j = torch.arange(k_start, k_end, device=s.device)[None, :]
+            s = s.masked_fill(j > i + offset, float("-inf"))
+        # --8<-- [start:rescale]
+        m_new = torch.maximum(m, s.amax(dim=-1))
+        alpha = safe_exp_diff(m, m_new)  # shrink what we had onto the new max
+        p = safe_exp_diff(s, m_new[..., None])  # this tile's unnormalised probabilities
+        l = alpha * l + p.sum(dim=-1)
+        acc = alpha[..., None] * acc + p @ v[..., k_start:k_end, :]
+        m = m_new
+        # --8<-- [end:rescale]
+    return m, l, acc
+# --8<-- [end:tile_loop]
+
+
+def flash_attention_forward(
+    q,
+    k,
+    v,
+    causal: bool = False,
+    scale: float | None = None,
+    block_q: int = 16,
+    block_k: int = 16,
+    alignment: str = "upper_left",
+    on_tile: TileCallback | None = None,
+):
+    """Tiled attention forward; returns (o, lse) exactly as ``naive_attention`` does.
+
+    Args:
+        q: (B, H, Tq, D). k, v: (B, H_kv, Tk, D), H a multiple of H_kv.
+        causal, alignment: the causal mask (see ``flashtile.reference.causal``).
+        scale: multiplies Q K^T; defaults to 1/sqrt(D).
+        block_q, block_k: tile sizes, any positive ints (they need not divide Tq or Tk).
+        on_tile: optional callback ``on_tile(q_index, k_index, kind)`` for every tile computed; the
+            site and the tests use it to see which tiles were touched.
+
+    Returns:
+        o (B, H, Tq, D) in q's dtype and lse (B, H, Tq). Rows that see no key get o = 0, lse = -inf.
+    """
+    shape = check_attention_inputs(q, k, v)
+    check_causal(causal)
+    check_alignment(alignment)
+    check_block("block_q", block_q)
+    check_block("block_k", block_k)
+    scale = resolve_scale(scale, shape.D)
+    k, v = expand_kv_heads(k, shape.H), expand_kv_heads(v, shape.H)
+    offset = diagonal_offset(shape.Tq, shape.Tk, alignment)
+
+    o = torch.empty_like(q)
+    lse = torch.empty(q.shape[:-1], dtype=q.dtype, device=q.device)
+    # --8<-- [start:epilogue]
+    for q_index, (q_start, q_end) in enumerate(tile_ranges(shape.Tq, block_q)):
+        q_tile = q[..., q_start:q_end, :]
+        m, l, acc = forward_query_tile(q_tile, k, v, q_start, q_end, scale, block_k, causal, offset, on_tile, q_index)
+        seen = l > 0  # False only for rows that see no key at all
+        o[..., q_start:q_end, :] = torch.where(seen[..., None], acc / torch.where(seen, l, 1.0)[..., None], 0.0)
+        lse[..., q_start:q_end] = lse_from_stats(m, l)
+    # --8<-- [end:epilogue]
+    return o, lse

@@ -1,0 +1,81 @@
+"""Online softmax: the statistics of a row, computed one block of columns at a time.
+
+For a row x_1..x_N the softmax needs two numbers:
+
+* m = max_j x_j, so every exponent x_j - m is <= 0 and exp never overflows;
+* l = sum_j exp(x_j - m), the normaliser.
+
+Together they give the log-sum-exp, lse = m + log l. Streaming the row in blocks, each block proposes
+a new maximum m' >= m, and the sum kept so far is moved onto it with the exact identity
+
+    sum_j exp(x_j - m') = exp(m - m') * sum_j exp(x_j - m).
+
+``merge`` is the same identity applied to two partial states instead of a state and a block, which is
+what split-K decoding and ring attention use to combine work done in different places.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .._checks import check_block, check_tensor
+
+
+def safe_exp_diff(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """exp(a - b), with exp(-inf - (-inf)) defined as 0 rather than NaN.
+
+    Only possible when both are -inf: a state that has seen nothing so far (m = -inf, l = 0) rescaled
+    onto a maximum that is still -inf. Its l is 0, so any finite factor gives the right answer.
+    """
+    return torch.where(torch.isneginf(b), torch.zeros_like(a), torch.exp(a - b))
+
+
+# --8<-- [start:update]
+def online_softmax_update(m: torch.Tensor, l: torch.Tensor, x_block: torch.Tensor):
+    """Fold one block of columns x_block (..., n) into the running state (m, l) of shape (...)."""
+    m_new = torch.maximum(m, x_block.amax(dim=-1))  # the max can only grow
+    alpha = safe_exp_diff(m, m_new)  # moves the old sum onto the new max: <= 1, never overflows
+    l_new = alpha * l + safe_exp_diff(x_block, m_new[..., None]).sum(dim=-1)
+    return m_new, l_new
+# --8<-- [end:update]
+
+
+def online_softmax_stats(x: torch.Tensor, block: int):
+    """Stream the last dimension of x in blocks of ``block`` columns; return (m, l).
+
+    m + log(l) equals torch.logsumexp(x, -1). A row of all -inf gives m = -inf and l = 0 (so
+    lse = -inf), never NaN.
+    """
+    check_tensor("x", x)
+    check_block("block", block)
+    if x.dim() == 0 or x.shape[-1] == 0:
+        raise ValueError(f"x must have at least one column in its last dimension, got shape {tuple(x.shape)}")
+    # --8<-- [start:stream]
+    m = torch.full(x.shape[:-1], float("-inf"), dtype=x.dtype, device=x.device)
+    l = torch.zeros(x.shape[:-1], dtype=x.dtype, device=x.device)
+    for start in range(0, x.shape[-1], block):
+        m, l = online_softmax_update(m, l, x[..., start : start + block])
+    # --8<-- [end:stream]
+    return m, l
+
+
+# --8<-- [start:lse]
+def lse_from_stats(m: torch.Tensor, l: torch.Tensor) -> torch.Tensor:
+    """lse = m + log l; -inf (not NaN) where the row saw nothing (m = -inf, l = 0)."""
+    return torch.where(l > 0, m + torch.log(l), torch.full_like(m, float("-inf")))
+# --8<-- [end:lse]
+
+
+# --8<-- [start:merge]
+def merge(m_a: torch.Tensor, l_a: torch.Tensor, m_b: torch.Tensor, l_b: torch.Tensor):
+    """Combine the states of two disjoint parts of the same row into the state of their union."""
+    m = torch.maximum(m_a, m_b)
+    l = safe_exp_diff(m_a, m) * l_a + safe_exp_diff(m_b, m) * l_b
+    return m, l
+# --8<-- [end:merge]
+
+
+def softmax_from_stats(x: torch.Tensor, m: torch.Tensor, l: torch.Tensor) -> torch.Tensor:
+    """The second pass: p = exp(x - m) / l, with an all -inf row giving zeros."""
+    p = safe_exp_diff(x, m[..., None])
+    return torch.where(l[..., None] > 0, p / torch.where(l > 0, l, 1.0)[..., None], 0.0)
