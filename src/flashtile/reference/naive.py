@@ -80,7 +80,9 @@ def visible_pairs(Tq: int, Tk: int, causal: bool = False, alignment: str = "uppe
     return sum(min(Tk, max(0, i + offset + 1)) for i in range(Tq))
 
 
-def attention_flops(B: int, H: int, Tq: int, Tk: int, D: int, causal: bool = False, alignment: str = "upper_left") -> int:
+def attention_flops(
+    B: int, H: int, Tq: int, Tk: int, D: int, causal: bool = False, alignment: str = "upper_left"
+) -> int:
     """Matmul FLOPs of the forward: 2*D for S = Q K^T and 2*D for O = P V, per visible pair.
 
     The backward does 2.5x this (five matmuls instead of two).
