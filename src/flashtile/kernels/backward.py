@@ -21,15 +21,17 @@ import triton.language as tl
 from .._checks import (
     check_alignment,
     check_attention_inputs,
+    check_block,
     check_causal,
     check_like,
     check_lse,
     resolve_scale,
 )
 from ..reference.causal import diagonal_offset
+from ._common import KERNEL_DTYPES, check_head_dim, check_kernel_device, check_tile_size, is_interpreting
 from .backward_preprocess import backward_preprocess, load_tile, store_tile
 
-KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+MAX_GRID_Y = 65535  # CUDA's limit on the second grid dimension, which holds B * H (or B * H_kv)
 
 
 @triton.jit
@@ -152,31 +154,29 @@ def backward_dq_kernel(
 # --8<-- [end:dq]
 
 
-def pick_blocks(head_dim: int) -> dict:
-    """Tile sizes and launch settings per kernel, chosen by head dim (the register budget's driver).
+# --8<-- [start:config]
+def backward_config(head_dim: int, dtype: torch.dtype) -> dict:
+    """(block_q, block_k, num_warps, num_stages) for each kernel, by head dim and dtype.
 
-    The dK/dV kernel keeps k, v, dk, dv for BLOCK_K keys resident, so it wants a tall key tile; the dQ
-    kernel keeps q, do, dq for BLOCK_Q queries resident, so it wants a tall query tile.
+    The dK/dV kernel keeps k, v, dk and dv of BLOCK_K keys resident while query tiles stream past,
+    so it wants a tall key tile; the dQ kernel keeps q, do and dq of BLOCK_Q queries resident, so it
+    wants a tall query tile. fp32 tiles take twice the bytes, so they count as twice the head dim.
+    The interpreter runs programs one after another: fewer, larger tiles are faster there.
     """
-    if head_dim <= 64:
+    wide = max(16, triton.next_power_of_2(head_dim)) * (2 if dtype == torch.float32 else 1)
+    if is_interpreting():
+        return dict(dkdv=(32, 32, 4, 1), dq=(32, 32, 4, 1))
+    if wide <= 64:
         return dict(dkdv=(64, 128, 8, 3), dq=(128, 64, 8, 3))
-    if head_dim <= 128:
+    if wide <= 128:
         return dict(dkdv=(64, 128, 8, 2), dq=(128, 64, 8, 2))
     return dict(dkdv=(32, 64, 4, 1), dq=(64, 32, 4, 1))
-
-
-def check_kernel_block(name: str, value: int) -> int:
-    """tl.dot needs every tile side to be a power of two of at least 16."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if value < 16 or value & (value - 1):
-        raise ValueError(f"{name} must be a power of two >= 16 for the Triton kernels, got {value}")
-    return value
+# --8<-- [end:config]
 
 
 # --8<-- [start:launcher]
 def flash_attention_backward(
-    q, k, v, o, lse, do, causal=False, scale=None, alignment="upper_left", block_q=None, block_k=None
+    q, k, v, o, lse, do, causal=False, scale=None, block_q=None, block_k=None, alignment="upper_left"
 ):
     """Gradients of attention from the forward's o and lse, with three Triton launches.
 
@@ -195,15 +195,19 @@ def flash_attention_backward(
     check_causal(causal)
     offset = diagonal_offset(shape.Tq, shape.Tk, check_alignment(alignment))
     scale = resolve_scale(scale, shape.D)
-    head_dim_padded = max(16, triton.next_power_of_2(shape.D))  # 80 -> 128, masked past D
-    config = pick_blocks(shape.D)
+    check_head_dim(shape.D)
+    check_kernel_device("q", q)
     if block_q is not None:
-        check_kernel_block("block_q", block_q)
+        check_tile_size("block_q", check_block("block_q", block_q))
     if block_k is not None:
-        check_kernel_block("block_k", block_k)
+        check_tile_size("block_k", check_block("block_k", block_k))
+    if shape.B * shape.H > MAX_GRID_Y:
+        raise ValueError(f"B * H must be at most {MAX_GRID_Y} (one grid row per head), got {shape.B * shape.H}")
+    head_dim_padded = max(16, triton.next_power_of_2(shape.D))  # 80 -> 128, masked past D
+    config = backward_config(shape.D, q.dtype)
     precision = "ieee" if q.dtype == torch.float32 else "tf32"  # fp32 stays fp32; 16-bit ignores it
 
-    delta = backward_preprocess(o, do, block_q or 64, head_dim_padded)
+    delta = backward_preprocess(o, do, block_q or config["dq"][0], head_dim_padded)
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
