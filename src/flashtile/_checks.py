@@ -59,6 +59,9 @@ def check_attention_inputs(q, k, v, *, dtypes=FLOAT_DTYPES) -> AttentionShape:
     check_tensor("v", v, rank=4, dtypes=dtypes)
     check_same("k", k, "q", q)
     check_same("v", v, "q", q)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.numel() == 0:
+            raise ValueError(f"{name} is empty (shape {tuple(t.shape)}); every dimension must be at least 1")
     B, H, Tq, D = q.shape
     Bk, H_kv, Tk, Dk = k.shape
     if tuple(v.shape) != tuple(k.shape):
@@ -67,9 +70,6 @@ def check_attention_inputs(q, k, v, *, dtypes=FLOAT_DTYPES) -> AttentionShape:
         raise ValueError(f"k has batch size {Bk} but q has {B}; the batch dimension (dim 0) must match")
     if Dk != D:
         raise ValueError(f"k has head dim {Dk} but q has {D}; the head dim (dim 3) must match")
-    for name, t in (("q", q), ("k", k)):
-        if t.numel() == 0:
-            raise ValueError(f"{name} is empty (shape {tuple(t.shape)}); every dimension must be at least 1")
     if H % H_kv != 0:
         raise ValueError(
             f"q has {H} heads but k and v have {H_kv}; the number of query heads must be a multiple of the "
