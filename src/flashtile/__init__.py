@@ -4,9 +4,10 @@ The public names of Part A (the exact PyTorch reference tier) are re-exported he
 kernels live in ``flashtile.kernels`` and the SDPA-shaped entry point is ``flashtile.attention``.
 """
 
+from .api import attention
 from .reference import *  # noqa: F403  (the reference tier's __all__ is the public surface)
 from .reference import __all__ as _reference_all
 
 __version__ = "0.1.0"
 
-__all__ = [*_reference_all]
+__all__ = ["attention", *_reference_all]

@@ -1,0 +1,150 @@
+"""The Triton backward against autograd through float64 naive attention.
+
+Without CUDA these run in Triton's interpreter on the CPU (the root conftest sets TRITON_INTERPRET=1), so
+the shapes are small. o and lse come from the float64 reference, rounded like the forward's outputs, so a
+failure here is the backward's alone.
+"""
+
+import pytest
+import torch
+
+from flashtile.kernels.backward import flash_attention_backward
+from flashtile.reference.naive import naive_attention
+
+from ._helpers import DEVICE, randn
+
+F32, F16 = torch.float32, torch.float16
+ATTN = [(False, "upper_left"), (True, "upper_left"), (True, "lower_right")]
+# fp32 runs exact fp32 dots ("ieee"); fp16 rounds P and dS to fp16 before three of the five matmuls.
+GRAD_TOL = {F32: dict(atol=1e-4, rtol=1e-4), F16: dict(atol=1e-2, rtol=1e-2)}
+
+
+def reference_gradients(q, k, v, do, causal, alignment, scale=None):
+    """(o, lse) and (dq, dk, dv) from autograd through naive attention in float64 on the same inputs."""
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    o, lse = naive_attention(q64, k64, v64, causal=causal, scale=scale, alignment=alignment)
+    return (o, lse), torch.autograd.grad(o, (q64, k64, v64), do.double())
+
+
+def kernel_gradients(q, k, v, do, causal, alignment, scale=None, **blocks):
+    (o, lse), _ = reference_gradients(q, k, v, do, causal, alignment, scale)
+    return flash_attention_backward(
+        q, k, v, o.to(q.dtype), lse.float(), do, causal=causal, scale=scale, alignment=alignment, **blocks
+    )
+
+
+def assert_gradients_close(actual, expected, dtype):
+    for name, a, e, like in zip(("dq", "dk", "dv"), actual, expected, expected):
+        assert a.dtype == dtype and a.shape == like.shape, name
+        assert torch.isfinite(a).all(), f"{name} has NaN or inf"
+        torch.testing.assert_close(a.double(), e, **GRAD_TOL[dtype], msg=lambda m, name=name: f"{name}: {m}")
+
+
+def make_inputs(B, H, H_kv, Tq, Tk, D, dtype, seed):
+    gen = torch.Generator().manual_seed(seed)
+    q, do = randn(B, H, Tq, D, dtype=dtype, generator=gen), randn(B, H, Tq, D, dtype=dtype, generator=gen)
+    k, v = randn(B, H_kv, Tk, D, dtype=dtype, generator=gen), randn(B, H_kv, Tk, D, dtype=dtype, generator=gen)
+    return q, k, v, do
+
+
+@pytest.mark.parametrize("dtype", [F32, F16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("H,H_kv", [(4, 4), (4, 1)], ids=["mha", "gqa4"])
+@pytest.mark.parametrize("Tq,Tk", [(16, 16), (37, 37), (37, 23), (23, 37)])
+@pytest.mark.parametrize("causal,alignment", ATTN, ids=["full", "causal_ul", "causal_lr"])
+def test_backward_matches_float64_autograd(causal, alignment, Tq, Tk, H, H_kv, dtype):
+    q, k, v, do = make_inputs(1, H, H_kv, Tq, Tk, 16, dtype, seed=Tq * 100 + Tk + H_kv)
+    actual = kernel_gradients(q, k, v, do, causal, alignment, block_q=16, block_k=16)
+    _, expected = reference_gradients(q, k, v, do, causal, alignment)
+    assert_gradients_close(actual, expected, dtype)
+
+
+@pytest.mark.parametrize("block_q,block_k", [(16, 32), (32, 16), (None, None)])
+def test_backward_matches_when_block_q_differs_from_block_k(block_q, block_k):
+    q, k, v, do = make_inputs(2, 8, 2, 45, 51, 32, F32, seed=7)
+    actual = kernel_gradients(q, k, v, do, True, "lower_right", block_q=block_q, block_k=block_k)
+    assert_gradients_close(actual, reference_gradients(q, k, v, do, True, "lower_right")[1], F32)
+
+
+@pytest.mark.parametrize("D", [24, 80])
+def test_backward_matches_when_head_dim_is_not_a_power_of_two(D):
+    q, k, v, do = make_inputs(1, 2, 1, 37, 37, D, F32, seed=D)
+    actual = kernel_gradients(q, k, v, do, True, "upper_left", scale=0.3)
+    assert_gradients_close(actual, reference_gradients(q, k, v, do, True, "upper_left", scale=0.3)[1], F32)
+
+
+def test_backward_is_bitwise_deterministic():
+    q, k, v, do = make_inputs(1, 4, 1, 37, 37, 16, F16, seed=3)
+    (o, lse), _ = reference_gradients(q, k, v, do, True, "upper_left")
+    args = (q, k, v, o.to(F16), lse.float(), do)
+    first = flash_attention_backward(*args, causal=True, block_q=16, block_k=16)
+    second = flash_attention_backward(*args, causal=True, block_q=16, block_k=16)
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
+
+
+def test_backward_accepts_non_contiguous_inputs_and_do():
+    gen = torch.Generator().manual_seed(11)
+    # (B, T, H, D) storage viewed as (B, H, T, D), the layout of a fused qkv projection; dO transposed.
+    q = randn(1, 37, 4, 16, generator=gen).transpose(1, 2)
+    k = randn(1, 29, 2, 16, generator=gen).transpose(1, 2)
+    v = randn(1, 29, 2, 16, generator=gen).transpose(1, 2)
+    do = randn(1, 4, 16, 37, generator=gen).transpose(-1, -2)
+    assert not (q.is_contiguous() or k.is_contiguous() or do.is_contiguous())
+    actual = kernel_gradients(q, k, v, do, True, "lower_right", block_q=16, block_k=16)
+    assert_gradients_close(actual, reference_gradients(q, k, v, do, True, "lower_right")[1], F32)
+
+
+def test_rows_that_see_no_key_contribute_zero_and_no_nan():
+    # lower_right with Tq = 40 > Tk = 13: the first 27 queries see no key (lse = -inf).
+    q, k, v, do = make_inputs(1, 2, 2, 40, 13, 16, F32, seed=5)
+    dq, dk, dv = kernel_gradients(q, k, v, do, True, "lower_right", block_q=16, block_k=16)
+    assert torch.isfinite(dq).all() and torch.isfinite(dk).all() and torch.isfinite(dv).all()
+    assert torch.equal(dq[:, :, :27], torch.zeros_like(dq[:, :, :27]))
+    assert_gradients_close((dq, dk, dv), reference_gradients(q, k, v, do, True, "lower_right")[1], F32)
+
+
+def test_dkdv_kernel_skips_query_tiles_that_cannot_see_the_key_tile():
+    # Poison q and dO in rows 0..47 with NaN. Under upper-left causal with 16-row tiles, key tile [48, 64)
+    # is seen only from rows >= 48, so its dK and dV stay finite only if those query tiles are skipped
+    # (a visited, fully masked tile would give 0 * NaN = NaN through dP and P^T dO).
+    q, k, v, do = make_inputs(1, 1, 1, 64, 64, 16, F32, seed=9)
+    (o, lse), _ = reference_gradients(q, k, v, do, True, "upper_left")
+    q[:, :, :48], do[:, :, :48] = float("nan"), float("nan")
+    _, dk, dv = flash_attention_backward(q, k, v, o.float(), lse.float(), do, causal=True, block_q=16, block_k=16)
+    assert torch.isfinite(dk[:, :, 48:]).all() and torch.isfinite(dv[:, :, 48:]).all()
+    assert torch.isnan(dk[:, :, :48]).any()  # the poison does reach the tiles that are visited
+
+
+def test_dq_kernel_stops_at_the_last_key_tile_it_needs():
+    # Poison k and v in columns 16..63: query tile [0, 16) sees keys 0..15 only, so its dQ stays finite.
+    q, k, v, do = make_inputs(1, 1, 1, 64, 64, 16, F32, seed=10)
+    (o, lse), _ = reference_gradients(q, k, v, do, True, "upper_left")
+    k[:, :, 16:], v[:, :, 16:] = float("nan"), float("nan")
+    dq, _, _ = flash_attention_backward(q, k, v, o.float(), lse.float(), do, causal=True, block_q=16, block_k=16)
+    assert torch.isfinite(dq[:, :, :16]).all()
+    assert torch.isnan(dq[:, :, 16:]).any()
+
+
+@pytest.mark.parametrize(
+    "override,error,match",
+    [
+        (dict(block_q=24), ValueError, "block_q must be a power of two"),
+        (dict(block_k=8), ValueError, "block_k must be a power of two"),
+        (dict(block_k=16.0), TypeError, "block_k must be a positive int"),
+        (dict(lse_shape=(1, 2, 5)), ValueError, "lse must have shape"),
+        (dict(do_shape=(1, 2, 16, 8)), ValueError, "do must have shape"),
+        (dict(dtype=torch.float64), TypeError, "q must have dtype in"),
+        (dict(alignment="diagonal"), ValueError, "alignment must be one of"),
+    ],
+)
+def test_backward_rejects_bad_input_with_a_clear_message(override, error, match):
+    dtype = override.get("dtype", F32)
+    q, k, v, do = (t.to(dtype) for t in make_inputs(1, 2, 2, 16, 16, 16, F32, seed=1))
+    o = torch.zeros_like(q)
+    lse = torch.zeros(override.get("lse_shape", (1, 2, 16)), dtype=torch.float32, device=DEVICE)
+    if "do_shape" in override:
+        do = randn(*override["do_shape"])
+    blocks = {name: override[name] for name in ("block_q", "block_k") if name in override}
+    with pytest.raises(error, match=match):
+        flash_attention_backward(q, k, v, o, lse, do, alignment=override.get("alignment", "upper_left"), **blocks)
+

@@ -1,0 +1,174 @@
+"""flashtile.attention: SDPA's call signature, autograd through the custom ops, torch.compile, bad input.
+
+On a machine without CUDA, tensors are on the CPU and the Triton path runs in the interpreter (the root
+conftest sets TRITON_INTERPRET=1); ``use_backend("reference")`` selects the PyTorch reference tier.
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import flashtile
+from flashtile.api import attention, attention_bwd, attention_fwd, pick_backend, use_backend
+from flashtile.reference.naive import naive_attention
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+F32, F16 = torch.float32, torch.float16
+TOL = {F32: dict(atol=1e-4, rtol=1e-4), F16: dict(atol=1e-2, rtol=1e-2)}
+
+
+def make_qkv(B, H, H_kv, Tq, Tk, D, dtype=F32, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, H, Tq, D, generator=gen).to(DEVICE, dtype).requires_grad_()
+    k = torch.randn(B, H_kv, Tk, D, generator=gen).to(DEVICE, dtype).requires_grad_()
+    v = torch.randn(B, H_kv, Tk, D, generator=gen).to(DEVICE, dtype).requires_grad_()
+    return q, k, v
+
+
+def float64_truth(q, k, v, do, causal, alignment):
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    o, _ = naive_attention(q64, k64, v64, causal=causal, alignment=alignment)
+    return o, torch.autograd.grad(o, (q64, k64, v64), do.double())
+
+
+def run_attention(fn, q, k, v, do):
+    """o and (dq, dk, dv) from fn(q, k, v) and .backward(do)."""
+    for t in (q, k, v):
+        t.grad = None
+    o = fn(q, k, v)
+    o.backward(do)
+    return o, (q.grad, k.grad, v.grad)
+
+
+@pytest.mark.parametrize("backend", ["triton", "reference"])
+@pytest.mark.parametrize("dtype", [F32, F16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("alignment", ["upper_left", "lower_right"])
+def test_attention_backward_matches_float64_through_autograd(backend, dtype, alignment):
+    q, k, v = make_qkv(1, 4, 1, 37, 29, 16, dtype, seed=1)
+    do = torch.randn(q.shape, generator=torch.Generator().manual_seed(2)).to(DEVICE, dtype)
+    with use_backend(backend):
+        fn = lambda q, k, v: attention(q, k, v, is_causal=True, enable_gqa=True, alignment=alignment)
+        o, grads = run_attention(fn, q, k, v, do)
+    o_ref, grads_ref = float64_truth(q, k, v, do, True, alignment)
+    torch.testing.assert_close(o.double(), o_ref, **TOL[dtype])
+    for name, g, g_ref in zip(("dq", "dk", "dv"), grads, grads_ref):
+        assert g.dtype == dtype, name
+        torch.testing.assert_close(g.double(), g_ref, **TOL[dtype], msg=lambda m, name=name: f"{name}: {m}")
+
+
+def test_attention_is_a_drop_in_for_sdpa_positional_and_keyword_arguments():
+    q, k, v = make_qkv(2, 4, 2, 16, 16, 16, torch.float64, seed=3)
+    ours = attention(q, k, v, None, 0.0, True, scale=0.2, enable_gqa=True)
+    sdpa = F.scaled_dot_product_attention(q, k, v, None, 0.0, True, scale=0.2, enable_gqa=True)
+    torch.testing.assert_close(ours, sdpa)
+    ours = attention(query=q, key=k, value=v, is_causal=False, enable_gqa=True)
+    sdpa = F.scaled_dot_product_attention(query=q, key=k, value=v, is_causal=False, enable_gqa=True)
+    torch.testing.assert_close(ours, sdpa)
+
+
+def test_attention_backward_is_bitwise_deterministic():
+    q, k, v = make_qkv(1, 4, 1, 37, 37, 16, F16, seed=4)
+    do = torch.randn(q.shape, generator=torch.Generator().manual_seed(5)).to(DEVICE, F16)
+    fn = lambda q, k, v: attention(q, k, v, is_causal=True, enable_gqa=True)
+    _, first = run_attention(fn, q, k, v, do)
+    first = [g.clone() for g in first]
+    _, second = run_attention(fn, q, k, v, do)
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
+
+
+def test_attention_backward_takes_a_non_contiguous_do():
+    # The gradient reaching o through a transpose is itself a transposed, non-contiguous view.
+    q, k, v = make_qkv(1, 2, 2, 16, 23, 16, seed=6)
+    weight = torch.randn(1, 16, 2, 16, generator=torch.Generator().manual_seed(7)).to(DEVICE)
+    (attention(q, k, v).transpose(1, 2) * weight).sum().backward()
+    do = weight.transpose(1, 2)
+    assert not do.is_contiguous()
+    _, grads_ref = float64_truth(q, k, v, do, False, "upper_left")
+    for g, g_ref in zip((q.grad, k.grad, v.grad), grads_ref):
+        torch.testing.assert_close(g.double(), g_ref, **TOL[F32])
+
+
+def test_return_lse_gives_float32_lse_without_gradient():
+    q, k, v = make_qkv(1, 2, 2, 16, 16, 16, F16, seed=8)
+    o, lse = attention(q, k, v, is_causal=True, return_lse=True)
+    _, lse_ref = naive_attention(q.double(), k.double(), v.double(), causal=True)
+    assert lse.dtype == torch.float32 and lse.shape == (1, 2, 16) and not lse.requires_grad
+    torch.testing.assert_close(lse.double(), lse_ref, atol=1e-4, rtol=1e-4)
+
+
+def test_torch_compile_fullgraph_traces_forward_and_backward_on_the_reference_path():
+    q, k, v = make_qkv(1, 4, 2, 21, 21, 16, seed=9)
+    do = torch.randn(q.shape, generator=torch.Generator().manual_seed(10)).to(DEVICE)
+    with use_backend("reference"):
+        eager = run_attention(lambda q, k, v: attention(q, k, v, is_causal=True, enable_gqa=True), q, k, v, do)
+        fn = lambda q, k, v: attention(q, k, v, is_causal=True, enable_gqa=True)
+        compiled = run_attention(torch.compile(fn, fullgraph=True, backend="aot_eager"), q, k, v, do)
+    torch.testing.assert_close(compiled[0], eager[0])
+    for a, b in zip(compiled[1], eager[1]):
+        torch.testing.assert_close(a, b)
+
+
+def test_torch_compile_graph_holds_the_custom_ops_as_single_nodes():
+    graphs = []
+
+    def capture(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    q, k, v = make_qkv(1, 2, 2, 16, 16, 16, seed=11)
+    with use_backend("reference"):
+        torch.compile(lambda q, k, v: attention(q, k, v, is_causal=True), fullgraph=True, backend=capture)(q, k, v)
+    (graph,) = graphs  # fullgraph: exactly one graph, no break
+    targets = [str(node.target) for node in graph.graph.nodes if node.op == "call_function"]
+    assert "flashtile.attention_fwd.default" in targets
+
+
+def test_custom_ops_pass_torch_library_opcheck():
+    q, k, v = make_qkv(1, 2, 1, 20, 20, 16, seed=12)
+    args = (q, k, v, True, 0.25, "lower_right", "reference")
+    torch.library.opcheck(attention_fwd, args)
+    o, lse = attention_fwd(*args)
+    do = torch.randn_like(o)
+    inputs = (t.detach() for t in (do, q, k, v, o, lse))
+    torch.library.opcheck(attention_bwd, (*inputs, *args[3:]))
+
+
+def test_dispatch_picks_the_tier_from_device_dtype_and_override():
+    q = torch.zeros(1, 1, 1, 16, device=DEVICE)
+    assert pick_backend(q) == "triton"  # CUDA, or the CPU with TRITON_INTERPRET=1 (set by conftest)
+    assert pick_backend(q.double()) == "reference"
+    with use_backend("reference"):
+        assert pick_backend(q) == "reference"
+    assert pick_backend(q) == "triton"
+
+
+def test_attention_is_exported_at_the_top_level():
+    assert flashtile.attention is attention
+
+
+@pytest.mark.parametrize(
+    "kwargs,error,match",
+    [
+        (dict(attn_mask=torch.ones(16, 16, dtype=torch.bool)), ValueError, "attn_mask is not supported"),
+        (dict(dropout_p=0.1), ValueError, "dropout_p must be 0.0"),
+        (dict(kv_heads=1), ValueError, "pass enable_gqa=True"),
+        (dict(kv_heads=3, enable_gqa=True), ValueError, "multiple of the number of key/value heads"),
+        (dict(alignment="center"), ValueError, "alignment must be one of"),
+        (dict(is_causal=1), TypeError, "causal must be a bool"),
+        (dict(scale=float("nan")), ValueError, "scale must be finite"),
+        (dict(rank3=True), ValueError, "rank-4"),
+    ],
+)
+def test_attention_rejects_bad_input_with_a_clear_message(kwargs, error, match):
+    kv_heads = kwargs.pop("kv_heads", 2)
+    q, k, v = (t.detach() for t in make_qkv(1, 2, kv_heads, 16, 16, 16))
+    if kwargs.pop("rank3", False):
+        q = q[0]
+    with pytest.raises(error, match=match):
+        attention(q, k, v, **kwargs)
+
+
+def test_use_backend_rejects_unknown_names():
+    with pytest.raises(ValueError, match="backend must be one of"):
+        with use_backend("cuda"):
+            pass
