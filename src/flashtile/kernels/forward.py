@@ -185,7 +185,10 @@ def forward_config(head_dim: int, dtype: torch.dtype) -> dict:
 
 
 # --8<-- [start:launcher]
-def flash_attention(q, k, v, causal=False, scale=None, alignment="upper_left", block_q=None, block_k=None):
+def flash_attention(
+    q, k, v, causal=False, scale=None, alignment="upper_left", block_q=None, block_k=None, *,
+    num_warps=None, num_stages=None,
+):
     """Attention forward on the GPU, without materialising the Tq x Tk score matrix.
 
     Args:
@@ -194,6 +197,7 @@ def flash_attention(q, k, v, causal=False, scale=None, alignment="upper_left", b
         causal, alignment: the causal mask of ``flashtile.reference.causal``.
         scale: multiplies Q K^T; defaults to 1/sqrt(D).
         block_q, block_k: tile sizes (powers of two >= 16); defaults from ``forward_config``.
+        num_warps, num_stages: launch settings, for benchmarks; defaults from ``forward_config``.
 
     Returns:
         o: (B, H, Tq, D) contiguous, in q's dtype. lse: (B, H, Tq) fp32, natural log; a row that
@@ -221,7 +225,7 @@ def flash_attention(q, k, v, causal=False, scale=None, alignment="upper_left", b
         H, shape.group, Tq, Tk, diagonal_offset(Tq, Tk, alignment), scale * LOG2E,
         HEAD_DIM=D, HEAD_DIM_PAD=max(16, triton.next_power_of_2(D)),
         BLOCK_Q=block_q, BLOCK_K=block_k, CAUSAL=causal,
-        num_warps=config["num_warps"], num_stages=config["num_stages"],
+        num_warps=num_warps or config["num_warps"], num_stages=num_stages or config["num_stages"],
     )
     return o, lse
 # --8<-- [end:launcher]

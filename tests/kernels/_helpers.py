@@ -1,0 +1,42 @@
+"""Shared helpers for the kernel tests: where to run, and how close is close enough.
+
+On a machine without CUDA the root conftest turns the Triton interpreter on and tensors live on
+the CPU; with CUDA the same tests run the compiled kernels on the GPU.
+"""
+
+from __future__ import annotations
+
+import torch
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+ON_GPU = DEVICE == "cuda"
+
+# Forward tolerances against a float64 naive_attention run on the same (rounded) inputs.
+# fp32: exact fp32 dots in the interpreter; on the GPU tl.dot may use tf32 (10-bit mantissa, like fp16),
+# so fp32 there gets the fp16 tolerance. fp16: P is rounded to fp16 before the P @ V dot and O is
+# stored in fp16, each a relative error of at most 2**-11.
+FORWARD_TOL = {
+    torch.float32: dict(atol=5e-3, rtol=5e-3) if ON_GPU else dict(atol=2e-5, rtol=2e-5),
+    torch.float16: dict(atol=3e-3, rtol=3e-3),
+    torch.bfloat16: dict(atol=2e-2, rtol=2e-2),
+}
+LSE_TOL = {  # lse is accumulated and stored in fp32 whatever the input dtype
+    torch.float32: dict(atol=5e-3, rtol=1e-3) if ON_GPU else dict(atol=2e-5, rtol=2e-5),
+    torch.float16: dict(atol=1e-4, rtol=1e-4),
+    torch.bfloat16: dict(atol=1e-4, rtol=1e-4),
+}
+
+
+def randn(*shape, dtype=torch.float32, generator=None, device=DEVICE):
+    """Fresh normal samples made on the CPU (reproducible under a seeded generator), then moved."""
+    return torch.randn(*shape, generator=generator, dtype=torch.float32).to(device=device, dtype=dtype)
+
+
+def assert_attention_close(o, lse, o_ref, lse_ref, dtype):
+    """o and lse match a float64 reference; rows that see no key match exactly (o = 0, lse = -inf)."""
+    assert o.dtype == dtype and lse.dtype == torch.float32
+    assert not torch.isnan(o).any() and not torch.isnan(lse).any()
+    assert torch.equal(torch.isneginf(lse).cpu(), torch.isneginf(lse_ref).cpu())
+    torch.testing.assert_close(o.double().cpu(), o_ref.double().cpu(), **FORWARD_TOL[dtype])
+    finite = torch.isfinite(lse_ref).cpu()
+    torch.testing.assert_close(lse.double().cpu()[finite], lse_ref.double().cpu()[finite], **LSE_TOL[dtype])

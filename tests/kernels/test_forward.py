@@ -1,0 +1,176 @@
+"""The Triton forward against float64 naive attention, on the shapes users actually meet.
+
+Under the interpreter (no CUDA) these run on the CPU; keep the shapes small. Blocks of 16 force
+several tiles, ragged last tiles and diagonal tiles even at T = 37.
+"""
+
+import pytest
+import torch
+
+from flashtile.kernels.forward import flash_attention, forward_config
+from flashtile.reference.causal import diagonal_offset, last_key_tile
+from flashtile.reference.naive import naive_attention
+
+from ._helpers import DEVICE, assert_attention_close, randn
+
+F32, F16 = torch.float32, torch.float16
+
+# (B, H, H_kv, Tq, Tk, D, causal, alignment, dtype): every T, D, GQA ratio, alignment and dtype of the
+# issue appears, without the full Cartesian product (the interpreter is slow).
+CASES = [
+    (1, 2, 2, 16, 16, 32, False, "upper_left", F32),
+    (1, 2, 2, 37, 37, 32, True, "upper_left", F32),
+    (1, 2, 2, 37, 37, 80, True, "lower_right", F32),
+    (2, 2, 1, 100, 100, 32, True, "upper_left", F32),
+    (1, 4, 1, 100, 100, 80, False, "upper_left", F16),
+    (1, 4, 2, 37, 100, 32, True, "upper_left", F16),
+    (1, 4, 2, 37, 100, 32, True, "lower_right", F32),
+    (1, 2, 1, 100, 37, 80, True, "lower_right", F16),  # Tq > Tk: the first 63 rows see no key
+    (1, 2, 1, 100, 37, 32, True, "upper_left", F32),
+    (1, 4, 4, 16, 37, 80, False, "upper_left", F16),
+    (1, 4, 1, 37, 16, 32, True, "lower_right", F16),
+    (2, 2, 2, 16, 100, 80, True, "lower_right", F32),
+]
+
+
+def _case_id(case):
+    B, H, H_kv, Tq, Tk, D, causal, alignment, dtype = case
+    mask = alignment if causal else "full"
+    return f"B{B}-H{H}/{H_kv}-Tq{Tq}-Tk{Tk}-D{D}-{mask}-{str(dtype)[6:]}"
+
+
+def _run_and_check(q, k, v, causal, alignment, **blocks):
+    o, lse = flash_attention(q, k, v, causal=causal, alignment=alignment, **blocks)
+    o_ref, lse_ref = naive_attention(q.double(), k.double(), v.double(), causal=causal, alignment=alignment)
+    assert_attention_close(o, lse, o_ref, lse_ref, q.dtype)
+    return o, lse
+
+
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+def test_forward_matches_naive_on_ragged_causal_and_gqa_shapes(case):
+    B, H, H_kv, Tq, Tk, D, causal, alignment, dtype = case
+    gen = torch.Generator().manual_seed(Tq * 1000 + Tk + D)
+    q = randn(B, H, Tq, D, dtype=dtype, generator=gen)
+    k, v = randn(B, H_kv, Tk, D, dtype=dtype, generator=gen), randn(B, H_kv, Tk, D, dtype=dtype, generator=gen)
+    _run_and_check(q, k, v, causal, alignment, block_q=16, block_k=16)
+
+
+@pytest.mark.parametrize("block_q,block_k", [(16, 32), (32, 16)])
+def test_forward_matches_naive_when_block_q_differs_from_block_k(block_q, block_k):
+    q, k, v = randn(1, 2, 45, 32), randn(1, 2, 45, 32), randn(1, 2, 45, 32)
+    _run_and_check(q, k, v, True, "upper_left", block_q=block_q, block_k=block_k)
+    _run_and_check(q, k, v, True, "lower_right", block_q=block_q, block_k=block_k)
+
+
+def test_forward_reads_transposed_views_without_a_copy():
+    # A (B, T, H, D) projection viewed as (B, H, T, D): stride(-2) is H * D, not D.
+    B, T, H, D = 1, 37, 4, 32
+    q = randn(B, T, H, D).transpose(1, 2)
+    k = randn(B, T, 2, D).transpose(1, 2)  # GQA on top: 2 kv heads
+    v = randn(B, D, 2, T).permute(0, 2, 3, 1)  # a head dim that is not even the innermost one
+    assert not q.is_contiguous() and not v.is_contiguous() and v.stride(-1) != 1
+    _run_and_check(q, k, v, True, "upper_left", block_q=16, block_k=16)
+
+
+def test_forward_gives_zero_output_and_minus_inf_lse_to_rows_that_see_no_key():
+    Tq, Tk = 40, 13  # lower-right with Tq > Tk: rows 0 .. 26 see nothing
+    q, k, v = randn(1, 2, Tq, 32), randn(1, 2, Tk, 32), randn(1, 2, Tk, 32)
+    o, lse = _run_and_check(q, k, v, True, "lower_right", block_q=16, block_k=16)
+    blind = Tq - Tk
+    assert torch.equal(o[:, :, :blind], torch.zeros_like(o[:, :, :blind]))
+    assert torch.isneginf(lse[:, :, :blind]).all() and torch.isfinite(lse[:, :, blind:]).all()
+
+
+@pytest.mark.parametrize("block_k", [16, 32])
+def test_forward_never_reads_key_tiles_above_the_diagonal(block_k):
+    # Poison every key tile that no query tile may touch: one NaN read there would reach o through
+    # P @ V (0 * NaN = NaN) even if the scores were masked. Upper-left with Tq < Tk is the layout
+    # where such tiles exist for the whole tensor (lower-right's last row always sees every key).
+    Tq, Tk, alignment = 37, 100, "upper_left"
+    q, k, v = randn(1, 2, Tq, 32), randn(1, 2, Tk, 32), randn(1, 2, Tk, 32)
+    n_key_tiles = last_key_tile(Tq, Tk, block_k, diagonal_offset(Tq, Tk, alignment))
+    first_skipped_key = n_key_tiles * block_k
+    assert first_skipped_key < Tk  # the test must poison something
+    k_poisoned, v_poisoned = k.clone(), v.clone()
+    k_poisoned[:, :, first_skipped_key:] = float("nan")
+    v_poisoned[:, :, first_skipped_key:] = float("nan")
+    o, lse = flash_attention(q, k_poisoned, v_poisoned, causal=True, alignment=alignment, block_q=16, block_k=block_k)
+    o_ref, lse_ref = naive_attention(q.double(), k.double(), v.double(), causal=True, alignment=alignment)
+    assert_attention_close(o, lse, o_ref, lse_ref, q.dtype)
+
+
+def test_forward_uses_default_blocks_and_custom_scale():
+    q, k, v = randn(1, 2, 50, 96), randn(1, 1, 70, 96), randn(1, 1, 70, 96)
+    o, lse = flash_attention(q, k, v, causal=True, scale=0.3)
+    o_ref, lse_ref = naive_attention(q.double(), k.double(), v.double(), causal=True, scale=0.3)
+    assert_attention_close(o, lse, o_ref, lse_ref, q.dtype)
+    assert set(forward_config(96, torch.float16)) == {"block_q", "block_k", "num_warps", "num_stages"}
+
+
+def test_forward_handles_head_dims_at_both_ends_of_the_range():
+    for D in (16, 256):
+        q, k, v = randn(1, 1, 20, D), randn(1, 1, 20, D), randn(1, 1, 20, D)
+        _run_and_check(q, k, v, True, "upper_left", block_q=16, block_k=16)
+
+
+# --- bad input -----------------------------------------------------------------------------------
+
+
+def _qkv(D=32, dtype=torch.float32, H=2, H_kv=2):
+    return randn(1, H, 8, D, dtype=dtype), randn(1, H_kv, 8, D, dtype=dtype), randn(1, H_kv, 8, D, dtype=dtype)
+
+
+@pytest.mark.parametrize(
+    "kwargs,error,match",
+    [
+        (dict(dtype=torch.float64), TypeError, "q must have dtype in"),
+        (dict(D=8), ValueError, "head dim .* between 16 and 256, got 8"),
+        (dict(D=264), ValueError, "head dim .* between 16 and 256, got 264"),
+        (dict(H=3, H_kv=2), ValueError, "multiple of the number of key/value heads"),
+    ],
+)
+def test_forward_rejects_bad_tensors(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        flash_attention(*_qkv(**kwargs))
+
+
+@pytest.mark.parametrize(
+    "kwargs,error,match",
+    [
+        (dict(block_q=24), ValueError, "block_q must be a power of two >= 16, got 24"),
+        (dict(block_k=8), ValueError, "block_k must be a power of two >= 16, got 8"),
+        (dict(block_k=0), ValueError, "block_k must be a positive int"),
+        (dict(block_q=16.0), TypeError, "block_q must be a positive int"),
+        (dict(causal=1), TypeError, "causal must be a bool"),
+        (dict(alignment="lower_left"), ValueError, "alignment must be one of"),
+        (dict(scale=float("inf")), ValueError, "scale must be finite"),
+    ],
+)
+def test_forward_rejects_bad_arguments(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        flash_attention(*_qkv(), **kwargs)
+
+
+def test_forward_rejects_mismatched_shapes_and_dtypes():
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match="head dim"):
+        flash_attention(q, k[..., :16], v[..., :16])
+    with pytest.raises(ValueError, match="v must have the same shape as k"):
+        flash_attention(q, k, v[:, :, :4])
+    with pytest.raises(TypeError, match="k has dtype"):
+        flash_attention(q, k.half(), v.half())
+    with pytest.raises(TypeError, match="q must be a torch.Tensor"):
+        flash_attention(q.tolist(), k, v)
+
+
+def test_forward_rejects_cpu_tensors_when_not_interpreting(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    q, k, v = (t.cpu() for t in _qkv())
+    with pytest.raises(ValueError, match="q is on cpu, but Triton kernels need a CUDA device"):
+        flash_attention(q, k, v)
+
+
+def test_forward_runs_on_the_device_the_tests_chose():
+    q, k, v = _qkv()
+    o, lse = flash_attention(q, k, v)
+    assert o.device.type == DEVICE and lse.shape == (1, 2, 8)
