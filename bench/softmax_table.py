@@ -45,7 +45,7 @@ def main() -> None:
                          ("unfused_5_kernels", unfused)]:
             err = (fn(x).float() - expected).abs().max().item()
             assert err < 1e-2, (name, err)
-            ms = triton.testing.do_bench(lambda fn=fn: fn(x), warmup=25, rep=100, return_mode="median")
+            ms = triton.testing.do_bench(lambda fn=fn, x=x: fn(x), warmup=25, rep=100, return_mode="median")
             rows.append(dict(rows=n_rows, cols=n_cols, dtype="bf16", provider=name, ms=round(ms, 4),
                              useful_GBps=round(useful_bytes / (ms * 1e-3) / 1e9, 1),
                              streamed=(name == "flashtile" and n_cols > MAX_BLOCK)))
