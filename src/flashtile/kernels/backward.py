@@ -176,7 +176,7 @@ def backward_config(head_dim: int, dtype: torch.dtype) -> dict:
 
 # --8<-- [start:launcher]
 def flash_attention_backward(
-    q, k, v, o, lse, do, causal=False, scale=None, block_q=None, block_k=None, alignment="upper_left"
+    q, k, v, o, lse, do, causal=False, scale=None, block_q=None, block_k=None, alignment="upper_left", *, config=None
 ):
     """Gradients of attention from the forward's o and lse, with three Triton launches.
 
@@ -184,6 +184,8 @@ def flash_attention_backward(
         q: (B, H, Tq, D); k, v: (B, H_kv, Tk, D), H a multiple of H_kv; fp16, bf16 or fp32, any strides.
         o, do: like q (do may be non-contiguous). lse: (B, H, Tq) float32 from the forward.
         block_q, block_k: override both kernels' tile sizes (powers of two >= 16); None picks per kernel.
+        config: replaces ``backward_config``'s choice, {"dkdv": (bq, bk, warps, stages), "dq": (...)};
+            for tuning sweeps.
 
     Returns:
         dq like q; dk, dv like k (contiguous), each accumulated in float32 and cast to the input dtype.
@@ -204,7 +206,7 @@ def flash_attention_backward(
     if shape.B * shape.H > MAX_GRID_Y:
         raise ValueError(f"B * H must be at most {MAX_GRID_Y} (one grid row per head), got {shape.B * shape.H}")
     head_dim_padded = max(16, triton.next_power_of_2(shape.D))  # 80 -> 128, masked past D
-    config = backward_config(shape.D, q.dtype)
+    config = config or backward_config(shape.D, q.dtype)
     precision = "ieee" if q.dtype == torch.float32 else "tf32"  # fp32 stays fp32; 16-bit ignores it
 
     delta = backward_preprocess(o, do, block_q or config["dq"][0], head_dim_padded)

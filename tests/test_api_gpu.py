@@ -1,0 +1,77 @@
+"""flashtile.attention on the GPU: the Triton kernels under autograd and torch.compile(fullgraph=True)."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from flashtile import attention
+from flashtile.api import pick_backend
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+
+class TinyAttention(torch.nn.Module):
+    """One causal GQA attention layer in bf16: qkv projection, attention, output projection."""
+
+    def __init__(self, attend, dim=256, heads=4, kv_heads=2):
+        super().__init__()
+        self.attend, self.heads, self.kv_heads, self.head_dim = attend, heads, kv_heads, dim // heads
+        self.qkv = torch.nn.Linear(dim, (heads + 2 * kv_heads) * self.head_dim, bias=False)
+        self.out = torch.nn.Linear(dim, dim, bias=False)
+
+    def forward(self, x):
+        B, T, _ = x.shape
+        q, k, v = self.qkv(x).view(B, T, -1, self.head_dim).split([self.heads, self.kv_heads, self.kv_heads], 2)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, heads, T, head_dim), non-contiguous views
+        o = self.attend(q, k, v, is_causal=True, enable_gqa=True)
+        return self.out(o.transpose(1, 2).reshape(B, T, -1))
+
+
+def train(attend, compile_model, steps=8, seed=0):
+    torch.manual_seed(seed)
+    model = TinyAttention(attend).cuda().to(torch.bfloat16)
+    run = torch.compile(model, fullgraph=True) if compile_model else model
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    gen = torch.Generator(device="cuda").manual_seed(seed + 1)
+    x = torch.randn(4, 500, 256, device="cuda", generator=gen, dtype=torch.bfloat16)
+    target = torch.randn(4, 500, 256, device="cuda", generator=gen, dtype=torch.bfloat16)
+    losses = []
+    for _ in range(steps):
+        loss = F.mse_loss(run(x).float(), target.float())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def test_compiled_module_trains_with_the_same_loss_curve_as_sdpa():
+    ours = train(attention, compile_model=True)
+    sdpa = train(F.scaled_dot_product_attention, compile_model=False)
+    assert ours[-1] < ours[0]  # it does learn
+    torch.testing.assert_close(torch.tensor(ours), torch.tensor(sdpa), rtol=2e-2, atol=1e-3)
+
+
+def test_compiled_and_eager_attention_give_the_same_gradients_on_the_kernels():
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    q, k, v = (torch.randn(2, 8, 1000, 128, device="cuda", generator=gen, dtype=torch.bfloat16) for _ in range(3))
+    k, v = k[:, :2], v[:, :2]
+    assert pick_backend(q) == "triton"
+
+    def loss_and_grads(fn):
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        fn(*leaves).float().square().sum().backward()
+        return [t.grad for t in leaves]
+
+    fn = lambda q, k, v: attention(q, k, v, is_causal=True, enable_gqa=True, alignment="lower_right")
+    for a, b in zip(loss_and_grads(torch.compile(fn, fullgraph=True)), loss_and_grads(fn)):
+        torch.testing.assert_close(a, b)
+
+
+def test_gqa_attention_matches_sdpa_enable_gqa_on_the_gpu():
+    gen = torch.Generator(device="cuda").manual_seed(4)
+    q = torch.randn(2, 8, 777, 64, device="cuda", generator=gen, dtype=torch.float16)
+    k, v = (torch.randn(2, 2, 777, 64, device="cuda", generator=gen, dtype=torch.float16) for _ in range(2))
+    ours = attention(q, k, v, is_causal=True, enable_gqa=True)
+    sdpa = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    torch.testing.assert_close(ours, sdpa, atol=3e-3, rtol=3e-3)
