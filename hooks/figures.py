@@ -1,0 +1,138 @@
+"""Draw the site's figures from the package itself, at build time.
+
+A figure pasted as a PNG drifts the moment the code changes. These are computed on every
+``mkdocs build`` from the same functions the tests exercise, and registered as generated files, so
+``![..](../figures/x.svg)`` links are checked by ``--strict`` like any other.
+
+* ``figures/causal-*.svg``: every (query, key) pair of a causal attention matrix, coloured by the
+  kind of tile ``flashtile.reference.causal.tile_map`` assigns it (full / diagonal / skip), with the
+  pairs ``causal_mask`` hides drawn pale. Hand-written SVG: a grid needs no plotting library.
+* ``figures/io-traffic.svg``: HBM traffic of standard attention and of FlashAttention from
+  ``flashtile.reference.io_model``, against the on-chip memory M and the sequence length T, with the
+  Theorem 2 shape T^2 d^2 / M drawn for comparison. matplotlib, rendered to SVG in memory.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+from html import escape
+
+from mkdocs.structure.files import File
+
+log = logging.getLogger("mkdocs.hooks.figures")
+
+# (file stem, Tq, Tk, block_q, block_k, alignment): the cases the causal chapter discusses.
+CAUSAL_PANELS = [
+    ("causal-square", 33, 33, 7, 11, "upper_left"),
+    ("causal-wide-upper-left", 19, 33, 7, 11, "upper_left"),
+    ("causal-wide-lower-right", 19, 33, 7, 11, "lower_right"),
+    ("causal-tall-lower-right", 33, 19, 7, 11, "lower_right"),
+]
+
+# Saturated colour for visible pairs, pale one for pairs the mask hides inside that tile.
+TILE_COLOURS = {
+    "full": ("#3b6fb6", "#3b6fb6"),
+    "diagonal": ("#e07b1a", "#f6d9bd"),
+    "skip": ("#bdbdbd", "#e6e6e6"),
+}
+CELL = 10  # px per (query, key) pair
+MARGIN_LEFT, MARGIN_TOP = 44, 58
+
+
+def causal_tiles_svg(Tq: int, Tk: int, block_q: int, block_k: int, alignment: str) -> str:
+    from flashtile.reference.causal import causal_mask, count_visited_tiles, tile_map, tile_ranges
+
+    kinds = tile_map(Tq, Tk, block_q, block_k, alignment)
+    mask = causal_mask(Tq, Tk, alignment).tolist()
+    q_tiles, k_tiles = tile_ranges(Tq, block_q), tile_ranges(Tk, block_k)
+    visited = count_visited_tiles(Tq, Tk, block_q, block_k, True, alignment)
+    width = MARGIN_LEFT + Tk * CELL + 150
+    height = MARGIN_TOP + Tq * CELL + 16
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">',
+        f'<rect width="{width}" height="{height}" fill="#ffffff"/>',
+        f'<text x="{MARGIN_LEFT}" y="16" font-size="12" font-weight="bold">'
+        f"{escape(f'Tq={Tq}, Tk={Tk}, block_q={block_q}, block_k={block_k}, {alignment}')}</text>",
+        f'<text x="{MARGIN_LEFT}" y="32">'
+        f"visited tiles: {visited} of {len(q_tiles) * len(k_tiles)}</text>",
+        f'<text x="{MARGIN_LEFT}" y="{MARGIN_TOP - 6}">key j \u2192</text>',
+        f'<text x="14" y="{MARGIN_TOP + 4}" transform="rotate(90 14 {MARGIN_TOP + 4})">query i \u2192</text>',
+    ]
+    for qi, (qs, qe) in enumerate(q_tiles):
+        for ki, (ks, ke) in enumerate(k_tiles):
+            solid, pale = TILE_COLOURS[kinds[qi][ki].value]
+            for i in range(qs, qe):
+                for j in range(ks, ke):
+                    colour = solid if mask[i][j] else pale
+                    out.append(
+                        f'<rect x="{MARGIN_LEFT + j * CELL}" y="{MARGIN_TOP + i * CELL}" width="{CELL}" '
+                        f'height="{CELL}" fill="{colour}" stroke="#ffffff" stroke-width="0.5"/>'
+                    )
+            x, y = MARGIN_LEFT + ks * CELL, MARGIN_TOP + qs * CELL
+            w, h = (ke - ks) * CELL, (qe - qs) * CELL
+            out.append(f'<rect x="{x}" y="{y}" width="{w}" height="{h}" fill="none" stroke="#222" stroke-width="1.5"/>')
+            out.append(
+                f'<text x="{x + w / 2}" y="{y + h / 2 + 4}" text-anchor="middle" font-weight="bold" '
+                f'fill="#111">{kinds[qi][ki].value[0].upper()}</text>'
+            )
+    legend_x = MARGIN_LEFT + Tk * CELL + 16
+    for row, (name, (solid, pale)) in enumerate(TILE_COLOURS.items()):
+        y = MARGIN_TOP + row * 36
+        out.append(f'<rect x="{legend_x}" y="{y}" width="12" height="12" fill="{solid}"/>')
+        out.append(f'<rect x="{legend_x + 13}" y="{y}" width="12" height="12" fill="{pale}"/>')
+        out.append(f'<text x="{legend_x + 30}" y="{y + 10}">{name[0].upper()} = {name}</text>')
+    y = MARGIN_TOP + 3 * 36
+    out.append(f'<text x="{legend_x}" y="{y + 10}">dark: visible pair</text>')
+    out.append(f'<text x="{legend_x}" y="{y + 26}">pale: masked pair</text>')
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+# The IO chapter's running example: one (batch, head), head dim 64, and M = 100,000 elements
+# (about the 228 KiB of shared memory of one H100/H200 SM, in bf16).
+IO_HEAD_DIM = 64
+IO_T = 4096
+IO_M = 100_000
+IO_M_RANGE = [2**k for k in range(10, 21)]  # 1 Ki .. 1 Mi elements
+IO_T_RANGE = [2**k for k in range(8, 16)]  # 256 .. 32 Ki tokens
+
+
+def io_traffic_svg() -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from flashtile.reference.io_model import flash_attention_traffic, standard_attention_traffic, theorem2_bound
+
+    d = IO_HEAD_DIM
+    with plt.rc_context({"svg.hashsalt": "flashtile", "font.size": 9}):
+        fig, (by_m, by_t) = plt.subplots(1, 2, figsize=(9.5, 3.8), constrained_layout=True)
+        ms = [M for M in IO_M_RANGE if 4 * d <= M <= IO_T * d]  # Theorem 2's range
+        by_m.loglog(ms, [standard_attention_traffic(IO_T, d).total for _ in ms], "o-", label="standard (model)")
+        by_m.loglog(ms, [flash_attention_traffic(IO_T, d, M).total for M in ms], "s-", label="FlashAttention (model)")
+        by_m.loglog(ms, [12 * theorem2_bound(IO_T, d, M) for M in ms], "k--", label="12 T\u00b2d\u00b2/M")
+        by_m.set(xlabel="on-chip memory M (elements)", ylabel="HBM traffic (elements)", title=f"T = {IO_T}, d = {d}")
+        ts = IO_T_RANGE
+        by_t.loglog(ts, [standard_attention_traffic(T, d).total for T in ts], "o-", label="standard (model)")
+        by_t.loglog(ts, [flash_attention_traffic(T, d, IO_M).total for T in ts], "s-", label="FlashAttention (model)")
+        by_t.loglog(ts, [12 * theorem2_bound(T, d, IO_M) for T in ts], "k--", label="12 T\u00b2d\u00b2/M")
+        by_t.set(xlabel="sequence length T", ylabel="HBM traffic (elements)", title=f"M = {IO_M:,}, d = {d}")
+        for ax in (by_m, by_t):
+            ax.grid(True, which="major", alpha=0.3)
+            ax.legend(loc="best")
+        buf = io.StringIO()
+        fig.savefig(buf, format="svg", metadata={"Date": None})
+        plt.close(fig)
+    return buf.getvalue()
+
+
+def on_files(files, config):
+    for stem, Tq, Tk, block_q, block_k, alignment in CAUSAL_PANELS:
+        svg = causal_tiles_svg(Tq, Tk, block_q, block_k, alignment)
+        files.append(File.generated(config, f"figures/{stem}.svg", content=svg))
+    files.append(File.generated(config, "figures/io-traffic.svg", content=io_traffic_svg()))
+    log.info("drew %d causal tile maps and the IO traffic plot", len(CAUSAL_PANELS))
+    return files

@@ -1,0 +1,104 @@
+"""Session fixtures for the site tests: one strict build, one local server, one headless Chromium.
+
+The build runs once per session (about half a minute, most of it executing the notebook) into a
+temporary folder; every test reads that folder. The server mounts the site under the path of
+``site_url`` (``/flashtile/``), like GitHub Pages does, so the 404 page's absolute asset links are
+exercised too.
+"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _site_docs import REPO  # noqa: E402
+
+ARTIFACTS = REPO / "artifacts"
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+@pytest.fixture(scope="session")
+def built_site(tmp_path_factory) -> Path:
+    """Run ``mkdocs build --strict`` once; return the site folder. Fails the session on any warning."""
+    site = tmp_path_factory.mktemp("site")
+    env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
+    start = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    seconds = time.perf_counter() - start
+    ARTIFACTS.mkdir(exist_ok=True)
+    (ARTIFACTS / "mkdocs-build.log").write_text(f"{proc.stderr}\n# build took {seconds:.1f} s\n")
+    if proc.returncode != 0:
+        pytest.fail(f"mkdocs build --strict failed (exit {proc.returncode}):\n{proc.stderr[-6000:]}")
+    print(f"\nmkdocs build --strict: {seconds:.1f} s")
+    return site
+
+
+def site_prefix() -> str:
+    """The URL path the site is deployed under, from mkdocs.yml's site_url ('/flashtile/')."""
+    for line in (REPO / "mkdocs.yml").read_text().splitlines():
+        if line.startswith("site_url:"):
+            return urlparse(line.split(":", 1)[1].strip()).path or "/"
+    return "/"
+
+
+class _PrefixHandler(http.server.SimpleHTTPRequestHandler):
+    prefix = "/"
+
+    def translate_path(self, path):
+        if not path.startswith(self.prefix):
+            return ""  # outside the mount point: 404
+        return super().translate_path("/" + path[len(self.prefix):])
+
+    def log_message(self, *args):  # keep pytest output readable
+        pass
+
+
+@pytest.fixture(scope="session")
+def site_url(built_site) -> str:
+    """Base URL of the built site served on 127.0.0.1 from a background thread."""
+    prefix = site_prefix()
+    handler = functools.partial(type("Handler", (_PrefixHandler,), {"prefix": prefix}), directory=str(built_site))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}{prefix}"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture(scope="session")
+def browser():
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} not found: install Debian's chromium (apt-get install chromium)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield b
+        b.close()

@@ -1,0 +1,186 @@
+"""Every built page in headless Chromium: offline, error-free, math typeset, listings equal to src.
+
+Chromium is Debian's (/usr/bin/chromium) driven by the playwright package; `playwright install` is
+never needed. Each page gets a fresh browser context that records every request, so a CDN script or
+font that sneaks back in fails the test that loads it. Screenshots land in artifacts/screenshots/.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+from _site_docs import DOCS, REPO, doc_pages, listings, notebook_markdown, page_url, section_text
+
+pytestmark = pytest.mark.site
+
+SCREENSHOTS = REPO / "artifacts" / "screenshots"
+PAGES = doc_pages()
+MATHJAX_TIMEOUT_MS = 60_000
+
+
+class PageLog:
+    """What one page load did: every request, every failure, every console error."""
+
+    def __init__(self, page, base: str):
+        self.base = base
+        self.requests: list[str] = []
+        self.failed: list[str] = []
+        self.errors: list[str] = []
+        page.on("request", lambda r: self.requests.append(r.url))
+        page.on("requestfailed", lambda r: self.failed.append(f"{r.url} ({r.failure})"))
+        page.on("response", lambda r: r.status >= 400 and self.failed.append(f"{r.url} (HTTP {r.status})"))
+        page.on("console", lambda m: m.type == "error" and self.errors.append(f"{m.text} at {m.location.get('url')}"))
+        page.on("pageerror", lambda e: self.errors.append(str(e)))
+
+    def external(self) -> list[str]:
+        origin = re.match(r"https?://[^/]+/", self.base).group(0)
+        return [u for u in self.requests if not (u.startswith(origin) or u.startswith(("data:", "blob:")))]
+
+    def assert_clean(self, what: str) -> None:
+        assert not self.external(), f"{what}: requests outside the site: {self.external()}"
+        assert not self.failed, f"{what}: failed requests: {self.failed}"
+        assert not self.errors, f"{what}: console errors: {self.errors}"
+
+
+@pytest.fixture
+def page(browser, site_url):
+    context = browser.new_context(viewport={"width": 1280, "height": 900}, service_workers="block")
+    pg = context.new_page()
+    pg.log = PageLog(pg, site_url)
+    yield pg
+    context.close()
+
+
+def wait_for_mathjax(page) -> None:
+    ready = "() => window.MathJax && MathJax.startup && MathJax.startup.promise"
+    page.wait_for_function(ready, timeout=MATHJAX_TIMEOUT_MS)
+    page.evaluate("() => MathJax.startup.promise")
+
+
+def screenshot_name(src: Path, suffix: str = "") -> Path:
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    stem = src.relative_to(DOCS).with_suffix("").as_posix().replace("/", "__")
+    return SCREENSHOTS / f"{stem}{suffix}.png"
+
+
+def expects_math(src: Path) -> bool:
+    text = notebook_markdown(src) if src.suffix == ".ipynb" else src.read_text(encoding="utf-8")
+    return "$" in text
+
+
+def check_math(page, src: Path) -> None:
+    wait_for_mathjax(page)
+    where = src.relative_to(DOCS).as_posix()
+    if src.suffix == ".md":
+        pending = page.locator(".arithmatex:not(:has(mjx-container))")
+        assert page.locator(".arithmatex").count() > 0, f"{where}: math in the source but no .arithmatex output"
+        assert pending.count() == 0, f"{where}: untypeset math: {pending.first.inner_text()[:120]!r}"
+    else:
+        assert page.locator(".jp-RenderedMarkdown mjx-container").count() > 0, f"{where}: notebook math not typeset"
+        leftover = [t for t in page.locator(".jp-RenderedMarkdown").all_inner_texts() if "$" in t]
+        assert not leftover, f"{where}: raw $ left in notebook markdown: {leftover[0][:120]!r}"
+    errors = page.locator('mjx-container [data-mml-node="merror"]')
+    assert errors.count() == 0, f"{where}: TeX error: {errors.first.text_content()!r}"
+
+
+def check_listings(page, src: Path) -> None:
+    """Each titled code block equals its src section, in page order."""
+    expected = listings(src)
+    blocks = page.locator(".highlight:has(> .filename)")
+    assert blocks.count() == len(expected), (
+        f"{src.name}: {blocks.count()} titled code blocks on the page, {len(expected)} listings in the source"
+    )
+    for i, lst in enumerate(expected):
+        block = blocks.nth(i)
+        assert block.locator(".filename").inner_text().strip() == lst.path
+        shown = block.locator("pre > code").inner_text()
+        want = section_text(lst.path, lst.section)
+        assert shown.strip(), f"{src.name}: listing {lst.path}:{lst.section} is empty"
+        assert [line.rstrip() for line in shown.strip("\n").splitlines()] == [
+            line.rstrip() for line in want.strip("\n").splitlines()
+        ], f"{src.name}: listing {lst.path}:{lst.section} differs from src"
+
+
+@pytest.mark.parametrize("src", PAGES, ids=lambda p: p.relative_to(DOCS).as_posix())
+def test_page_is_offline_clean_typeset_and_shows_live_src(page, site_url, src):
+    response = page.goto(site_url + page_url(src), wait_until="load")
+    assert response.status == 200
+    if expects_math(src):
+        check_math(page, src)
+    if src.suffix == ".md":
+        check_listings(page, src)
+    broken = page.evaluate("() => [...document.images].filter(i => !i.complete || !i.naturalWidth).map(i => i.src)")
+    assert not broken, f"images that did not load: {broken}"
+    page.wait_for_load_state("networkidle")
+    page.screenshot(path=screenshot_name(src), full_page=True)
+    page.log.assert_clean(src.relative_to(DOCS).as_posix())
+
+
+def test_404_page_is_offline_clean(page, site_url):
+    response = page.goto(site_url + "no-such-page/", wait_until="load")
+    assert response.status == 404
+    page.wait_for_load_state("networkidle")
+    page.screenshot(path=SCREENSHOTS / "404.png")
+    # The 404 status of the page itself is the point, and on an error page Chromium asks the origin
+    # for /favicon.ico, which GitHub Pages does not serve either; anything else failing is a bug.
+    origin = "{0.scheme}://{0.netloc}".format(urlsplit(site_url))
+    expected = (f"{site_url}no-such-page/", f"{origin}/favicon.ico")
+    page.log.failed = [f for f in page.log.failed if not any(e in f for e in expected)]
+    page.log.errors = [e for e in page.log.errors if not e.endswith(expected)]
+    page.log.assert_clean("404.html")
+
+
+def test_search_finds_logsumexp(page, site_url):
+    page.goto(site_url, wait_until="load")
+    page.locator("input.md-search__input").click()
+    page.locator("input.md-search__input").fill("logsumexp")
+    results = page.locator(".md-search-result__item")
+    results.first.wait_for(timeout=30_000)
+    assert "logsumexp" in results.first.inner_text().lower()
+    page.screenshot(path=SCREENSHOTS / "search-logsumexp.png")
+    page.log.assert_clean("search")
+
+
+def test_instant_navigation_retypesets_math(page, site_url):
+    """Material swaps the page body in place; MathJax must typeset the new body."""
+    math_pages = [p for p in PAGES if p.suffix == ".md" and p.name != "index.md" and expects_math(p)]
+    assert math_pages, "no math page to navigate to"
+    target = page_url(math_pages[0])
+    page.goto(site_url, wait_until="load")
+    wait_for_mathjax(page)
+    page.evaluate("() => { window.__same_document = true }")
+    page.locator(f"nav.md-nav--primary a[href$='{target}']").first.click()
+    page.wait_for_url(site_url + target)
+    assert page.evaluate("() => window.__same_document === true"), "navigation reloaded the page; instant is off"
+    typeset = "() => document.querySelector('.arithmatex mjx-container') !== null"
+    page.wait_for_function(typeset, timeout=MATHJAX_TIMEOUT_MS)
+    check_math(page, math_pages[0])
+    page.log.assert_clean(f"instant navigation to {target}")
+
+
+def test_dark_palette_renders(page, site_url):
+    """Toggle to the slate scheme on a figure page and keep a screenshot to look at."""
+    figure_pages = [p for p in PAGES if p.suffix == ".md" and "figures/" in p.read_text(encoding="utf-8")]
+    src = figure_pages[0] if figure_pages else PAGES[0]
+    page.goto(site_url + page_url(src), wait_until="load")
+    page.locator("form[data-md-component='palette'] label:visible").first.click()
+    assert page.evaluate("() => document.body.getAttribute('data-md-color-scheme')") == "slate"
+    page.wait_for_load_state("networkidle")
+    page.screenshot(path=screenshot_name(src, "--dark"), full_page=True)
+    page.log.assert_clean("dark palette")
+
+
+def test_notebook_download_link_serves_the_notebook(page, site_url):
+    notebooks = [p for p in PAGES if p.suffix == ".ipynb"]
+    assert notebooks
+    for nb in notebooks:
+        page.goto(site_url + page_url(nb), wait_until="load")
+        link = page.locator("a.md-button[download]")
+        assert link.count() == 1, f"{nb.name}: no download button"
+        href = link.get_attribute("href")  # Material makes it absolute
+        assert href.endswith(page_url(nb) + nb.name), href
+        response = page.request.get(href)
+        assert response.status == 200 and response.json()["cells"]

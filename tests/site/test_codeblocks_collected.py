@@ -1,0 +1,38 @@
+"""`pytest --codeblocks docs/` must see every claim: count what it collects against the sources.
+
+The claims themselves run in their own CI step (`pytest --codeblocks docs/`); this test guards the
+collection. A fence that pytest-codeblocks silently ignores (a typo in the info string, an unclosed
+fence swallowing the next block) would otherwise shrink the count without failing anything.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+from _site_docs import DOCS, REPO, bare_python_blocks, doc_pages
+
+pytestmark = pytest.mark.site
+
+
+def test_codeblocks_collects_every_bare_python_block():
+    pages = [p for p in doc_pages() if p.suffix == ".md"]
+    # A block after <!--pytest-codeblocks:cont--> is appended to the previous one, not collected alone.
+    expected = 0
+    for page in pages:
+        lines = page.read_text(encoding="utf-8").splitlines()
+        for block in bare_python_blocks(page):
+            previous = next((lines[i].strip() for i in range(block.line - 2, -1, -1) if lines[i].strip()), "")
+            expected += previous != "<!--pytest-codeblocks:cont-->"
+    assert expected > 0, "no executable claim in docs/"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "--codeblocks", "--collect-only", "-q", "-p", "no:cacheprovider", str(DOCS)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    collected = [line for line in proc.stdout.splitlines() if re.match(r"^docs/.*\.md::line \d+$", line)]
+    assert len(collected) == expected, f"collected {len(collected)} blocks, sources have {expected}:\n{proc.stdout}"
