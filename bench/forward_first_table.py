@@ -35,6 +35,10 @@ SWEEP = [  # (block_q, block_k, num_warps, num_stages)
 ]
 
 
+SWEEP_D256 = [(64, 32, 4, 2), (64, 64, 4, 2), (64, 32, 8, 2), (64, 64, 8, 2), (128, 32, 8, 2), (128, 64, 8, 2)]
+D256_SHAPE = dict(B=4, H=16, T=4096, D=256, causal=True)
+
+
 def tflops(shape: dict, ms: float) -> float:
     flops = 4 * shape["B"] * shape["H"] * shape["T"] ** 2 * shape["D"] * (0.5 if shape["causal"] else 1.0)
     return flops / (ms * 1e-3) / 1e12
@@ -101,11 +105,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
     parser.add_argument("--sweep", action="store_true", help="time launch configs of our kernel instead")
+    parser.add_argument("--sweep-d256", action="store_true", help="the sweep, for head dim 256")
     args = parser.parse_args()
-    if args.sweep:
+    if args.sweep or args.sweep_d256:
         rows = []
-        for shape in [MAIN_SHAPE, EXTRA_SHAPES[1]]:
-            for block_q, block_k, num_warps, num_stages in SWEEP:
+        plan = [(D256_SHAPE, SWEEP_D256)] if args.sweep_d256 else [(MAIN_SHAPE, SWEEP), (EXTRA_SHAPES[1], SWEEP)]
+        for shape, configs in plan:
+            for block_q, block_k, num_warps, num_stages in configs:
                 try:
                     rows += measure(shape, only={"flashtile"}, block_q=block_q, block_k=block_k,
                                     num_warps=num_warps, num_stages=num_stages)

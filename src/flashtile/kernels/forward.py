@@ -107,6 +107,8 @@ def _forward_kernel(
 ):
     # --8<-- [start:program]
     q_tile = tl.program_id(0)
+    if CAUSAL:  # launch the longest query tiles (most key tiles) first, so the short ones fill the tail
+        q_tile = tl.num_programs(0) - 1 - q_tile
     bh = tl.program_id(1)
     b = bh // H
     h = bh % H
@@ -176,9 +178,7 @@ def forward_config(head_dim: int, dtype: torch.dtype) -> dict:
     wide = head_dim_pad * (2 if dtype == torch.float32 else 1)  # bytes-weighted head dim
     if is_interpreting():
         return dict(block_q=32, block_k=32, num_warps=4, num_stages=1)
-    if wide <= 64:
-        return dict(block_q=128, block_k=64, num_warps=4, num_stages=3)
-    if wide <= 128:
+    if wide <= 128:  # measured on the H200: 8 warps beat 4 by 9% at D=64 and 51% at D=128
         return dict(block_q=128, block_k=64, num_warps=8, num_stages=3)
     return dict(block_q=64, block_k=32, num_warps=4, num_stages=2)
 # --8<-- [end:config]
