@@ -112,8 +112,9 @@ def test_backward_with_non_contiguous_inputs_and_do_matches_contiguous():
     do_t = do.transpose(-1, -2).contiguous().transpose(-1, -2)
     assert not do_t.is_contiguous()
     actual = flash_attention_backward(as_bthd(q), as_bthd(k), as_bthd(v), o, lse, do_t, causal=True)
+    # Not bitwise: a strided dO may change how the compiler feeds the MMA units, hence the summation order.
     for a, e in zip(actual, expected):
-        assert torch.equal(a, e)
+        torch.testing.assert_close(a, e)
 
 
 def test_rows_that_see_no_key_get_zero_gradient_on_the_gpu():

@@ -159,17 +159,16 @@ def backward_config(head_dim: int, dtype: torch.dtype) -> dict:
     """(block_q, block_k, num_warps, num_stages) for each kernel, by head dim and dtype.
 
     The dK/dV kernel keeps k, v, dk and dv of BLOCK_K keys resident while query tiles stream past,
-    so it wants a tall key tile; the dQ kernel keeps q, do and dq of BLOCK_Q queries resident, so it
-    wants a tall query tile. fp32 tiles take twice the bytes, so they count as twice the head dim.
+    the dQ kernel keeps q, do and dq of BLOCK_Q queries. On the H200 a 64 x 64 dK/dV tile with 4 warps
+    beat 128-key tiles by 1.3-1.8x (bench/results/backward-config-sweep.json): four fp32-sized resident
+    tiles of 128 rows are more than the register file holds. fp32 inputs count as twice the head dim.
     The interpreter runs programs one after another: fewer, larger tiles are faster there.
     """
     wide = max(16, triton.next_power_of_2(head_dim)) * (2 if dtype == torch.float32 else 1)
     if is_interpreting():
         return dict(dkdv=(32, 32, 4, 1), dq=(32, 32, 4, 1))
-    if wide <= 64:
-        return dict(dkdv=(64, 128, 8, 3), dq=(128, 64, 8, 3))
-    if wide <= 128:
-        return dict(dkdv=(64, 128, 8, 2), dq=(128, 64, 8, 2))
+    if wide <= 128:  # from bench/results/backward-config-sweep.json (H200, T = 8192, D = 64 and 128)
+        return dict(dkdv=(64, 64, 4, 3), dq=(128, 64, 8, 3))
     return dict(dkdv=(32, 64, 4, 1), dq=(64, 32, 4, 1))
 # --8<-- [end:config]
 
