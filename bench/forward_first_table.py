@@ -28,6 +28,7 @@ EXTRA_SHAPES = [
     dict(B=8, H=16, T=2048, D=128, causal=True),
     dict(B=8, H=16, T=2048, D=128, causal=False),
     dict(B=2, H=16, T=8192, D=128, causal=True),
+    dict(B=4, H=16, T=4096, D=256, causal=True),
 ]
 SWEEP = [  # (block_q, block_k, num_warps, num_stages)
     (128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 4, 4), (64, 64, 4, 3), (128, 32, 4, 3),
