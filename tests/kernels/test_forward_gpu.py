@@ -96,10 +96,11 @@ def test_forward_pads_head_dims_that_are_not_powers_of_two(D):
     assert (o.double() - o_ref).abs().max().item() <= 2 * theirs
 
 
-def test_forward_fp32_inputs_use_tf32_dots_within_their_tolerance():
+@pytest.mark.parametrize("D", [64, 128, 256])
+def test_forward_fp32_inputs_use_tf32_dots_within_their_tolerance(D):
     # tl.dot on fp32 runs in tf32 (10-bit mantissa) on the GPU: the tolerance is fp16-like, 5e-3.
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v = (torch.randn(2, 4, 1000, 64, generator=gen, device="cuda") for _ in range(3))
+    gen = torch.Generator(device="cuda").manual_seed(D)
+    q, k, v = (torch.randn(2, 4, 1000, D, generator=gen, device="cuda") for _ in range(3))
     o, lse = flash_attention(q, k, v, causal=True)
     o_ref, lse_ref = naive_attention(q.double(), k.double(), v.double(), causal=True)
     torch.testing.assert_close(o.double(), o_ref, atol=5e-3, rtol=5e-3)
