@@ -59,12 +59,17 @@ def built_site(tmp_path_factory) -> Path:
     return site
 
 
-def site_prefix() -> str:
-    """The URL path the site is deployed under, from mkdocs.yml's site_url ('/flashtile/')."""
+def site_public_url() -> str:
+    """mkdocs.yml's site_url, where the site is deployed."""
     for line in (REPO / "mkdocs.yml").read_text().splitlines():
         if line.startswith("site_url:"):
-            return urlparse(line.split(":", 1)[1].strip()).path or "/"
-    return "/"
+            return line.split(":", 1)[1].strip()
+    raise AssertionError("mkdocs.yml has no site_url")
+
+
+def site_prefix() -> str:
+    """The URL path the site is deployed under ('/flashtile/')."""
+    return urlparse(site_public_url()).path or "/"
 
 
 class _PrefixHandler(http.server.SimpleHTTPRequestHandler):

@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 
 import pytest
 from _site_docs import DOCS, REPO, doc_pages, listings, notebook_markdown, page_url, section_text
+from conftest import site_public_url
 
 pytestmark = pytest.mark.site
 
@@ -135,8 +136,10 @@ def test_404_page_is_offline_clean(page, site_url):
 
 def test_search_finds_logsumexp(page, site_url):
     page.goto(site_url, wait_until="load")
+    page.wait_for_load_state("networkidle")  # the search worker has its index
     page.locator("input.md-search__input").click()
-    page.locator("input.md-search__input").fill("logsumexp")
+    # Material searches on key events; fill() would set the value without firing them.
+    page.locator("input.md-search__input").press_sequentially("logsumexp", delay=20)
     results = page.locator(".md-search-result__item")
     results.first.wait_for(timeout=30_000)
     assert "logsumexp" in results.first.inner_text().lower()
@@ -149,8 +152,22 @@ def test_instant_navigation_retypesets_math(page, site_url):
     math_pages = [p for p in PAGES if p.suffix == ".md" and p.name != "index.md" and expects_math(p)]
     assert math_pages, "no math page to navigate to"
     target = page_url(math_pages[0])
+
+    # Material only intercepts links listed in sitemap.xml, matched after copying protocol and
+    # hostname (not the port) from the current page. Deployed, the sitemap's host is the page's host;
+    # here the site runs on a random port, so rewrite the sitemap to this server as Pages would have it.
+    public_base = site_public_url()
+    local_origin = "{0.scheme}://{0.netloc}".format(urlsplit(site_url))
+    public_origin = "{0.scheme}://{0.netloc}".format(urlsplit(public_base))
+
+    def local_sitemap(route):
+        body = route.fetch().text().replace(public_origin, local_origin)
+        route.fulfill(body=body, content_type="application/xml")
+
+    page.route("**/sitemap.xml", local_sitemap)
     page.goto(site_url, wait_until="load")
     wait_for_mathjax(page)
+    page.wait_for_load_state("networkidle")  # instant navigation starts once sitemap.xml is in
     page.evaluate("() => { window.__same_document = true }")
     page.locator(f"nav.md-nav--primary a[href$='{target}']").first.click()
     page.wait_for_url(site_url + target)
