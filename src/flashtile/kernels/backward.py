@@ -160,7 +160,7 @@ def backward_config(head_dim: int, dtype: torch.dtype) -> dict:
 
     The dK/dV kernel keeps k, v, dk and dv of BLOCK_K keys resident while query tiles stream past,
     the dQ kernel keeps q, do and dq of BLOCK_Q queries. On the H200 a 64 x 64 dK/dV tile with 4 warps
-    beat 128-key tiles by 1.3-1.8x (bench/results/backward-config-sweep.json): four fp32-sized resident
+    beat 64 x 128 tiles by 1.5-1.7x (bench/results/backward-config-sweep.json): four fp32-sized resident
     tiles of 128 rows are more than the register file holds. fp32 inputs count as twice the head dim.
     The interpreter runs programs one after another: fewer, larger tiles are faster there.
     """
