@@ -14,7 +14,11 @@ from flashtile.reference.naive import naive_attention
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 F32, F16 = torch.float32, torch.float16
-TOL = {F32: dict(atol=1e-4, rtol=1e-4), F16: dict(atol=1e-2, rtol=1e-2)}
+# fp32: exact dots in the interpreter; a GPU forward may run fp32 dots in tf32 (10-bit mantissa, like fp16).
+TOL = {
+    F32: dict(atol=1e-2, rtol=1e-2) if DEVICE == "cuda" else dict(atol=1e-4, rtol=1e-4),
+    F16: dict(atol=1e-2, rtol=1e-2),
+}
 
 
 def make_qkv(B, H, H_kv, Tq, Tk, D, dtype=F32, seed=0):
