@@ -163,6 +163,13 @@ def test_forward_rejects_mismatched_shapes_and_dtypes():
         flash_attention(q.tolist(), k, v)
 
 
+def test_forward_rejects_more_batch_heads_than_the_grid_holds():
+    q = randn(1, 65536, 1, 16)
+    k = randn(1, 1, 1, 16)
+    with pytest.raises(ValueError, match="B \\* H must be at most 65535"):
+        flash_attention(q, k, k)
+
+
 def test_forward_rejects_cpu_tensors_when_not_interpreting(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     q, k, v = (t.cpu() for t in _qkv())

@@ -120,3 +120,19 @@ def test_forward_uses_64_bit_offsets_past_2_to_the_31_elements():
     o_dense, _ = flash_attention(q.contiguous(), k, v, causal=True)
     del buffer, q
     assert torch.equal(o, o_dense)
+
+
+def test_forward_uses_64_bit_offsets_along_the_head_dim_too():
+    # A head dim that is the outermost axis of its buffer: d * stride_d passes 2**31 at d = 63.
+    T, D = 128, 64
+    head_dim_stride = 2**25 + 2**20
+    assert (D - 1) * head_dim_stride > 2**31
+    buffer = torch.empty(head_dim_stride * (D - 1) + T, dtype=torch.bfloat16, device="cuda")
+    q = buffer.as_strided((1, 1, T, D), (T, T, 1, head_dim_stride))
+    gen = torch.Generator(device="cuda").manual_seed(8)
+    q.copy_(torch.randn(1, 1, T, D, generator=gen, device="cuda"))
+    k, v = (torch.randn(1, 1, T, D, generator=gen, device="cuda").to(torch.bfloat16) for _ in range(2))
+    o, _ = flash_attention(q, k, v, causal=True)
+    o_dense, _ = flash_attention(q.contiguous(), k, v, causal=True)
+    del buffer, q
+    assert torch.equal(o, o_dense)

@@ -61,7 +61,7 @@ def _attend_key_tiles(
         if MASKED:
             k_mask = k_mask & (j[None, :] < Tk)
             v_mask = v_mask & (j[:, None] < Tk)
-        k_ptrs = k_base + d[:, None] * stride_kd + j[None, :].to(tl.int64) * stride_kt
+        k_ptrs = k_base + d[:, None].to(tl.int64) * stride_kd + j[None, :].to(tl.int64) * stride_kt
         if MASKED or HEAD_DIM != HEAD_DIM_PAD:
             k = tl.load(k_ptrs, mask=k_mask, other=0.0)  # K^T tile: (HEAD_DIM_PAD, BLOCK_K)
         else:
@@ -82,7 +82,7 @@ def _attend_key_tiles(
         alpha = tl.math.exp2(m - m_new_safe)  # shrink what we had to the new max
         p = tl.math.exp2(s - m_new_safe[:, None])
         l = alpha * l + tl.sum(p, 1)
-        v_ptrs = v_base + j[:, None].to(tl.int64) * stride_vt + d[None, :] * stride_vd
+        v_ptrs = v_base + j[:, None].to(tl.int64) * stride_vt + d[None, :].to(tl.int64) * stride_vd
         if MASKED or HEAD_DIM != HEAD_DIM_PAD:
             v = tl.load(v_ptrs, mask=v_mask, other=0.0)  # (BLOCK_K, HEAD_DIM_PAD)
         else:
@@ -123,7 +123,7 @@ def _forward_kernel(
     q_base = Q + program_offset(b, stride_qb) + program_offset(h, stride_qh)
     k_base = K + program_offset(b, stride_kb) + program_offset(h_kv, stride_kh)
     v_base = V + program_offset(b, stride_vb) + program_offset(h_kv, stride_vh)
-    q_ptrs = q_base + i[:, None].to(tl.int64) * stride_qt + d[None, :] * stride_qd
+    q_ptrs = q_base + i[:, None].to(tl.int64) * stride_qt + d[None, :].to(tl.int64) * stride_qd
     q_mask = (i[:, None] < Tq) & (d[None, :] < HEAD_DIM)
     q = tl.load(q_ptrs, mask=q_mask, other=0.0)  # loaded once, reused for every key tile
     # --8<-- [end:pointers]
@@ -159,7 +159,7 @@ def _forward_kernel(
     o = acc / l_safe[:, None]
     lse = tl.where(seen, (m + tl.math.log2(l_safe)) * LN2, float("-inf"))  # base 2 back to base e
     o_ptrs = (O + program_offset(b, stride_ob) + program_offset(h, stride_oh)
-              + i[:, None].to(tl.int64) * stride_ot + d[None, :] * stride_od)
+              + i[:, None].to(tl.int64) * stride_ot + d[None, :].to(tl.int64) * stride_od)
     tl.store(o_ptrs, o.to(O.dtype.element_ty), mask=q_mask)
     lse_ptrs = LSE + program_offset(bh, Tq) + i
     tl.store(lse_ptrs, lse, mask=i < Tq)
