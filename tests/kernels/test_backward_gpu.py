@@ -157,3 +157,17 @@ def test_backward_uses_64_bit_offsets_past_2_31_elements():
     actual = flash_attention_backward(*far[:4], lse, far[4], causal=True)
     for a, e in zip(actual, expected):
         assert torch.equal(a, e)
+
+
+def test_backward_uses_64_bit_offsets_when_the_head_dim_is_the_outer_axis():
+    # Storage laid out (D, T) per tensor with a head-dim stride of 50M elements: col * stride_d passes 2**31
+    # for col >= 43. Four views into one random buffer (they may overlap: only their values matter here).
+    T, D, stride_d = 256, 64, 50 * 2**20
+    gen = torch.Generator(device="cuda").manual_seed(6)
+    base = torch.randn((D - 1) * stride_d + 4 * T, device="cuda", generator=gen).to(BF16)
+    q, k, v, do = (base.as_strided((1, 1, T, D), (T, T, 1, stride_d), i * T) for i in range(4))
+    o, lse = flash_attention(q, k, v, causal=True)
+    expected = flash_attention_backward(*(t.contiguous() for t in (q, k, v, o, lse, do)), causal=True)
+    actual = flash_attention_backward(q, k, v, o, lse, do, causal=True)
+    for a, e in zip(actual, expected):
+        torch.testing.assert_close(a, e)

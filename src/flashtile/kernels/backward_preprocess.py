@@ -16,10 +16,11 @@ import triton.language as tl
 def load_tile(ptr, stride_t, stride_d, rows, cols, n_rows, head_dim):
     """Load the (len(rows), len(cols)) tile ptr[rows, cols], zero outside [0, n_rows) x [0, head_dim).
 
-    ``ptr`` already points at the (batch, head) slice. Rows are widened to int64 before they meet the
-    stride: row * stride_t overflows int32 once a tensor passes 2**31 elements.
+    ``ptr`` already points at the (batch, head) slice. Rows and columns are widened to int64 before
+    they meet a stride: row * stride_t, or col * stride_d when the head dim is an outer axis of the
+    storage, overflows int32 once a tensor passes 2**31 elements.
     """
-    offsets = rows.to(tl.int64)[:, None] * stride_t + cols[None, :] * stride_d
+    offsets = rows.to(tl.int64)[:, None] * stride_t + cols.to(tl.int64)[None, :] * stride_d
     mask = (rows[:, None] < n_rows) & (cols[None, :] < head_dim)
     return tl.load(ptr + offsets, mask=mask, other=0.0)
 
@@ -27,7 +28,7 @@ def load_tile(ptr, stride_t, stride_d, rows, cols, n_rows, head_dim):
 @triton.jit
 def store_tile(ptr, stride_t, stride_d, rows, cols, n_rows, head_dim, value):
     """Store ``value`` into ptr[rows, cols] inside [0, n_rows) x [0, head_dim), cast to ptr's dtype."""
-    offsets = rows.to(tl.int64)[:, None] * stride_t + cols[None, :] * stride_d
+    offsets = rows.to(tl.int64)[:, None] * stride_t + cols.to(tl.int64)[None, :] * stride_d
     mask = (rows[:, None] < n_rows) & (cols[None, :] < head_dim)
     tl.store(ptr + offsets, value.to(ptr.dtype.element_ty), mask=mask)
 
