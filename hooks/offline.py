@@ -77,5 +77,14 @@ def on_page_content(html, page, config, files):
     return html
 
 
+def drop_source_facts(html: str) -> str:
+    return html.replace('data-md-component="source"', "")
+
+
 def on_post_page(output, page, config):
-    return output.replace('data-md-component="source"', "")
+    return drop_source_facts(output)
+
+
+def on_post_template(output_content, template_name, config):
+    # 404.html is a theme template, not a page: on_post_page never sees it.
+    return drop_source_facts(output_content) if template_name.endswith(".html") else output_content

@@ -80,6 +80,19 @@ class _PrefixHandler(http.server.SimpleHTTPRequestHandler):
             return ""  # outside the mount point: 404
         return super().translate_path("/" + path[len(self.prefix):])
 
+    def send_error(self, code, message=None, explain=None):
+        """Answer a missing page with the site's own 404.html, as GitHub Pages does."""
+        page = Path(self.directory) / "404.html"
+        if code != 404 or not page.is_file():
+            return super().send_error(code, message, explain)
+        body = page.read_bytes()
+        self.send_response(404)
+        self.send_header("Content-Type", "text/html; charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
     def log_message(self, *args):  # keep pytest output readable
         pass
 

@@ -123,6 +123,8 @@ def test_page_is_offline_clean_typeset_and_shows_live_src(page, site_url, src):
 def test_404_page_is_offline_clean(page, site_url):
     response = page.goto(site_url + "no-such-page/", wait_until="load")
     assert response.status == 404
+    assert page.locator(".md-header").count() == 1, "the server did not answer with the site's 404.html"
+    assert "404" in page.locator(".md-content").inner_text()
     page.wait_for_load_state("networkidle")
     page.screenshot(path=SCREENSHOTS / "404.png")
     # The 404 status of the page itself is the point, and on an error page Chromium asks the origin
