@@ -12,7 +12,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
-from _site_docs import DOCS, REPO, doc_pages, listings, notebook_markdown, page_url, section_text
+from _site_docs import DOCS, REPO, doc_pages, fences, listings, notebook_markdown, page_url, section_text
 from conftest import site_public_url
 
 pytestmark = pytest.mark.site
@@ -68,8 +68,13 @@ def screenshot_name(src: Path, suffix: str = "") -> Path:
 
 
 def expects_math(src: Path) -> bool:
-    text = notebook_markdown(src) if src.suffix == ".ipynb" else src.read_text(encoding="utf-8")
-    return "$" in text
+    """Whether the source has $...$ math outside code (fences and inline code spans)."""
+    if src.suffix == ".ipynb":
+        return "$" in notebook_markdown(src)
+    lines = src.read_text(encoding="utf-8").splitlines()
+    in_fences = {f.line - 1 + k for f in fences(src) for k in range(len(f.body) + 2)}
+    prose = "\n".join(line for n, line in enumerate(lines) if n not in in_fences)
+    return "$" in re.sub(r"`[^`]*`", "", prose)
 
 
 def check_math(page, src: Path) -> None:
