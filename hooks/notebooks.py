@@ -1,12 +1,25 @@
-"""Put a download button under the title of every notebook page.
+"""Notebook pages: run them like the tests do, and offer the .ipynb for download.
 
-mkdocs-jupyter's ``include_source: true`` copies ``x.ipynb`` next to the rendered page, but
-Material has no button for it; this hook adds one, linking to that copy.
+* Notebooks are executed at build time by a Jupyter kernel that inherits this process's
+  environment. Without a GPU, Triton kernels only run in Triton's interpreter, which must be
+  switched on before any ``@triton.jit`` module is imported, so the switch is set here, at
+  configuration time, the same way the root ``conftest.py`` sets it for pytest.
+* mkdocs-jupyter's ``include_source: true`` copies ``x.ipynb`` next to the rendered page, but
+  Material has no button for it; this hook adds one, linking to that copy.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import PurePosixPath
+
+
+def on_config(config):
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    return config
 
 
 def on_page_content(html, page, config, files):
