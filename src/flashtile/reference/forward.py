@@ -31,9 +31,11 @@ TileCallback = Callable[[int, int, TileKind], None]
 def forward_query_tile(q_tile, k, v, q_start, q_end, scale, block_k, causal, offset, on_tile=None, q_index=0):
     """Run one query tile [q_start, q_end) over the key tiles it needs; return its (m, l, acc)."""
     Tk = k.shape[-2]
+    # --8<-- [start:state]
     m = torch.full(q_tile.shape[:-1], float("-inf"), dtype=q_tile.dtype, device=q_tile.device)
     l = torch.zeros_like(m)
     acc = torch.zeros_like(q_tile)
+    # --8<-- [end:state]
     # Causal: key tiles past the diagonal are SKIP, so the loop simply stops before them.
     n_key_tiles = last_key_tile(q_end, Tk, block_k, offset) if causal else -(-Tk // block_k)
     for k_index in range(n_key_tiles):
@@ -42,10 +44,12 @@ def forward_query_tile(q_tile, k, v, q_start, q_end, scale, block_k, causal, off
         if on_tile is not None:
             on_tile(q_index, k_index, kind)
         s = scale * (q_tile @ k[..., k_start:k_end, :].transpose(-1, -2))  # (..., block_q, block_k)
+        # --8<-- [start:mask]
         if kind is TileKind.DIAGONAL:  # only tiles crossing the diagonal pay for a mask
             i = torch.arange(q_start, q_end, device=s.device)[:, None]
             j = torch.arange(k_start, k_end, device=s.device)[None, :]
             s = s.masked_fill(j > i + offset, float("-inf"))
+        # --8<-- [end:mask]
         # --8<-- [start:rescale]
         m_new = torch.maximum(m, s.amax(dim=-1))
         alpha = safe_exp_diff(m, m_new)  # shrink what we had onto the new max
