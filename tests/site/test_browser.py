@@ -154,11 +154,17 @@ def test_search_finds_logsumexp(page, site_url):
     page.log.assert_clean("search")
 
 
-def test_instant_navigation_retypesets_math(page, site_url):
+def instant_targets() -> list[Path]:
+    """A Markdown math page and a notebook with math: the two ways math reaches MathJax."""
+    chapters = [p for p in PAGES if p.suffix == ".md" and p.name != "index.md" and expects_math(p)]
+    notebooks = [p for p in PAGES if p.suffix == ".ipynb" and expects_math(p)]
+    return chapters[:1] + notebooks[:1]
+
+
+@pytest.mark.parametrize("src", instant_targets(), ids=lambda p: p.relative_to(DOCS).as_posix())
+def test_instant_navigation_retypesets_math(page, site_url, src):
     """Material swaps the page body in place; MathJax must typeset the new body."""
-    math_pages = [p for p in PAGES if p.suffix == ".md" and p.name != "index.md" and expects_math(p)]
-    assert math_pages, "no math page to navigate to"
-    target = page_url(math_pages[0])
+    target = page_url(src)
 
     # Material only intercepts links listed in sitemap.xml, matched after copying protocol and
     # hostname (not the port) from the current page. Deployed, the sitemap's host is the page's host;
@@ -179,9 +185,10 @@ def test_instant_navigation_retypesets_math(page, site_url):
     page.locator(f"nav.md-nav--primary a[href$='{target}']").first.click()
     page.wait_for_url(site_url + target)
     assert page.evaluate("() => window.__same_document === true"), "navigation reloaded the page; instant is off"
-    typeset = "() => document.querySelector('.arithmatex mjx-container') !== null"
+    container = ".arithmatex" if src.suffix == ".md" else ".jp-RenderedMarkdown"
+    typeset = f"() => document.querySelector('{container} mjx-container') !== null"
     page.wait_for_function(typeset, timeout=MATHJAX_TIMEOUT_MS)
-    check_math(page, math_pages[0])
+    check_math(page, src)
     page.log.assert_clean(f"instant navigation to {target}")
 
 
