@@ -158,9 +158,10 @@ def test_attention_is_exported_at_the_top_level():
         (dict(kv_heads=1), ValueError, "pass enable_gqa=True"),
         (dict(kv_heads=3, enable_gqa=True), ValueError, "multiple of the number of key/value heads"),
         (dict(alignment="center"), ValueError, "alignment must be one of"),
-        (dict(is_causal=1), TypeError, "causal must be a bool"),
+        (dict(is_causal=1), TypeError, "is_causal must be a bool"),
         (dict(scale=float("nan")), ValueError, "scale must be finite"),
-        (dict(rank3=True), ValueError, "rank-4"),
+        (dict(rank3=True), ValueError, "query must be a rank-4 tensor"),
+        (dict(value_dtype=torch.float16), TypeError, "value has dtype torch.float16 but query"),
     ],
 )
 def test_attention_rejects_bad_input_with_a_clear_message(kwargs, error, match):
@@ -168,6 +169,8 @@ def test_attention_rejects_bad_input_with_a_clear_message(kwargs, error, match):
     q, k, v = (t.detach() for t in make_qkv(1, 2, kv_heads, 16, 16, 16))
     if kwargs.pop("rank3", False):
         q = q[0]
+    if "value_dtype" in kwargs:
+        v = v.to(kwargs.pop("value_dtype"))
     with pytest.raises(error, match=match):
         attention(q, k, v, **kwargs)
 

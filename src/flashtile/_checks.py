@@ -52,28 +52,32 @@ def check_same(name: str, x: torch.Tensor, ref_name: str, ref: torch.Tensor) -> 
         raise ValueError(f"{name} is on {x.device} but {ref_name} is on {ref.device}; they must match")
 
 
-def check_attention_inputs(q, k, v, *, dtypes=FLOAT_DTYPES) -> AttentionShape:
-    """Validate q (B, H, Tq, D), k and v (B, H_kv, Tk, D) and return their sizes."""
-    check_tensor("q", q, rank=4, dtypes=dtypes)
-    check_tensor("k", k, rank=4, dtypes=dtypes)
-    check_tensor("v", v, rank=4, dtypes=dtypes)
-    check_same("k", k, "q", q)
-    check_same("v", v, "q", q)
-    for name, t in (("q", q), ("k", k), ("v", v)):
+def check_attention_inputs(q, k, v, *, dtypes=FLOAT_DTYPES, names=("q", "k", "v")) -> AttentionShape:
+    """Validate q (B, H, Tq, D), k and v (B, H_kv, Tk, D) and return their sizes.
+
+    ``names`` are the argument names the caller's users see (SDPA-style APIs say query, key, value).
+    """
+    nq, nk, nv = names
+    check_tensor(nq, q, rank=4, dtypes=dtypes)
+    check_tensor(nk, k, rank=4, dtypes=dtypes)
+    check_tensor(nv, v, rank=4, dtypes=dtypes)
+    check_same(nk, k, nq, q)
+    check_same(nv, v, nq, q)
+    for name, t in ((nq, q), (nk, k), (nv, v)):
         if t.numel() == 0:
             raise ValueError(f"{name} is empty (shape {tuple(t.shape)}); every dimension must be at least 1")
     B, H, Tq, D = q.shape
     Bk, H_kv, Tk, Dk = k.shape
     if tuple(v.shape) != tuple(k.shape):
-        raise ValueError(f"v must have the same shape as k {tuple(k.shape)}, got {tuple(v.shape)}")
+        raise ValueError(f"{nv} must have the same shape as {nk} {tuple(k.shape)}, got {tuple(v.shape)}")
     if Bk != B:
-        raise ValueError(f"k has batch size {Bk} but q has {B}; the batch dimension (dim 0) must match")
+        raise ValueError(f"{nk} has batch size {Bk} but {nq} has {B}; the batch dimension (dim 0) must match")
     if Dk != D:
-        raise ValueError(f"k has head dim {Dk} but q has {D}; the head dim (dim 3) must match")
+        raise ValueError(f"{nk} has head dim {Dk} but {nq} has {D}; the head dim (dim 3) must match")
     if H % H_kv != 0:
         raise ValueError(
-            f"q has {H} heads but k and v have {H_kv}; the number of query heads must be a multiple of the "
-            "number of key/value heads (GQA/MQA)"
+            f"{nq} has {H} heads but {nk} and {nv} have {H_kv}; the number of query heads must be a multiple of "
+            "the number of key/value heads (GQA/MQA)"
         )
     return AttentionShape(B, H, H_kv, Tq, Tk, D)
 
@@ -112,9 +116,9 @@ def check_alignment(alignment) -> str:
     return alignment
 
 
-def check_causal(causal) -> bool:
+def check_causal(causal, name: str = "causal") -> bool:
     if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {type(causal).__name__} {causal!r}")
+        raise TypeError(f"{name} must be a bool, got {type(causal).__name__} {causal!r}")
     return causal
 
 

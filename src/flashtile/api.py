@@ -187,8 +187,8 @@ def attention(
         raise ValueError("attn_mask is not supported by flashtile.attention; pass is_causal=True for a causal mask")
     if dropout_p != 0.0:
         raise ValueError(f"dropout_p must be 0.0: flashtile.attention has no dropout, got {dropout_p!r}")
-    shape = check_attention_inputs(query, key, value)
-    check_causal(is_causal)
+    shape = check_attention_inputs(query, key, value, names=("query", "key", "value"))
+    check_causal(is_causal, "is_causal")
     check_alignment(alignment)
     if shape.H != shape.H_kv and not enable_gqa:
         raise ValueError(
