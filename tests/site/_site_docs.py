@@ -11,6 +11,7 @@ import re
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlparse
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = REPO / "docs"
@@ -158,3 +159,16 @@ def unused_sections() -> set[tuple[str, str]]:
 def notebook_markdown(page: Path) -> str:
     nb = json.loads(page.read_text(encoding="utf-8"))
     return "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
+
+
+def site_public_url() -> str:
+    """mkdocs.yml's site_url, where the site is deployed."""
+    for line in (REPO / "mkdocs.yml").read_text(encoding="utf-8").splitlines():
+        if line.startswith("site_url:"):
+            return line.split(":", 1)[1].strip()
+    raise AssertionError("mkdocs.yml has no site_url")
+
+
+def site_prefix() -> str:
+    """The URL path the site is deployed under ('/flashtile/')."""
+    return urlparse(site_public_url()).path or "/"

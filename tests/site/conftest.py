@@ -16,12 +16,11 @@ import sys
 import threading
 import time
 from pathlib import Path
-from urllib.parse import urlparse
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _site_docs import REPO  # noqa: E402
+from _site_docs import REPO, site_prefix  # noqa: E402
 
 ARTIFACTS = REPO / "artifacts"
 CHROMIUM = "/usr/bin/chromium"
@@ -57,19 +56,6 @@ def built_site(tmp_path_factory) -> Path:
         pytest.fail(f"mkdocs build --strict failed (exit {proc.returncode}):\n{proc.stderr[-6000:]}")
     print(f"\nmkdocs build --strict: {seconds:.1f} s")
     return site
-
-
-def site_public_url() -> str:
-    """mkdocs.yml's site_url, where the site is deployed."""
-    for line in (REPO / "mkdocs.yml").read_text().splitlines():
-        if line.startswith("site_url:"):
-            return line.split(":", 1)[1].strip()
-    raise AssertionError("mkdocs.yml has no site_url")
-
-
-def site_prefix() -> str:
-    """The URL path the site is deployed under ('/flashtile/')."""
-    return urlparse(site_public_url()).path or "/"
 
 
 class _PrefixHandler(http.server.SimpleHTTPRequestHandler):

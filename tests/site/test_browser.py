@@ -12,8 +12,17 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
-from _site_docs import DOCS, REPO, doc_pages, fences, listings, notebook_markdown, page_url, section_text
-from conftest import site_public_url
+from _site_docs import (
+    DOCS,
+    REPO,
+    doc_pages,
+    fences,
+    listings,
+    notebook_markdown,
+    page_url,
+    section_text,
+    site_public_url,
+)
 
 pytestmark = pytest.mark.site
 
