@@ -1,0 +1,23 @@
+"""``python -m flashtile.bench [forward|backward|softmax] [options]``; no name runs all three tables."""
+
+from __future__ import annotations
+
+import sys
+
+from . import backward, forward, softmax
+
+TABLES = {"forward": forward, "backward": backward, "softmax": softmax}
+
+
+def main(argv: list[str]) -> None:
+    if argv and argv[0] in TABLES:
+        TABLES[argv[0]].main(argv[1:])
+    elif not argv:
+        for module in TABLES.values():
+            module.main([])
+    else:
+        raise SystemExit(f"usage: python -m flashtile.bench [{'|'.join(TABLES)}] [options]; got {argv[0]!r}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

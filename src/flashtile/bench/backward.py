@@ -1,0 +1,108 @@
+"""Backward table: the flashtile backward against SDPA's cuDNN and flash backends, same run.
+
+Each provider is timed on its backward alone: the forward runs once, then ``o.backward(do,
+retain_graph=True)`` is timed, the same way for all three. Before timing, each provider's dq, dk, dv
+are checked against SDPA's flash backend. ``--sweep`` times launch configs of the backward launcher
+instead (how ``kernels.backward.backward_config`` was chosen).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+from .common import attention_tflops, median_ms, provenance, random_inputs, sdpa_providers
+
+TOKENS, WIDTH = 16384, 2048  # B * T and H * D, as in the team's anchor measurements
+SHAPES = [
+    dict(B=TOKENS // T, H=WIDTH // D, T=T, D=D, causal=causal)
+    for D in (64, 128)
+    for T in (2048, 8192)
+    for causal in (False, True)
+]
+SWEEP_DKDV = [(32, 128, 4, 3), (64, 128, 8, 2), (64, 128, 8, 3), (64, 64, 4, 3), (32, 64, 4, 3), (128, 128, 8, 2)]
+SWEEP_DQ = [(128, 64, 8, 2), (128, 64, 8, 3), (64, 64, 4, 3), (128, 32, 4, 3), (64, 128, 8, 2), (128, 128, 8, 2)]
+METHOD = (
+    "backward only: o.backward(do, retain_graph=True), triton.testing.do_bench median (warmup 50 ms, rep 200 ms); "
+    "bf16; B*T = 16384, H*D = 2048; TFLOP/s = 2.5*4*B*H*T*T*D (x0.5 causal) / time"
+)
+SWEEP_METHOD = "launcher only: flash_attention_backward, do_bench median (warmup 25 ms, rep 100 ms)"
+
+
+def providers(causal: bool) -> dict:
+    from ..api import attention
+
+    return {"flashtile": lambda q, k, v: attention(q, k, v, is_causal=causal), **sdpa_providers(causal)}
+
+
+def gradients(fn, q, k, v, do):
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    o = fn(*leaves)
+    o.backward(do, retain_graph=True)
+    return leaves, o
+
+
+def measure(shape: dict) -> list[dict]:
+    q, k, v, do = random_inputs(shape, 4)
+    fns = providers(shape["causal"])
+    expected, _ = gradients(fns["sdpa_flash"], q, k, v, do)
+    rows = []
+    for name, fn in fns.items():
+        leaves, o = gradients(fn, q, k, v, do)
+        err = max((a.grad.float() - b.grad.float()).abs().max().item() for a, b in zip(leaves, expected))
+        assert err < 0.25, f"{name} gradients disagree with sdpa_flash by {err}"
+        ms = median_ms(lambda o=o: o.backward(do, retain_graph=True), grad_to_none=leaves)
+        tflops = attention_tflops(shape, ms, "bwd")
+        rows.append(dict(shape, dtype="bf16", mode="bwd", provider=name, ms=round(ms, 4), tflops=round(tflops, 1),
+                         max_abs_grad_diff_vs_sdpa_flash=err))  # fmt: skip
+        print(f"{name:>10} {shape} {ms:.4f} ms {tflops:.1f} TFLOP/s (grad diff {err:.3g})", flush=True)
+    return rows
+
+
+def sweep(shape: dict) -> list[dict]:
+    """Time the backward launcher alone for each dK/dV config (dQ at its default) and each dQ config."""
+    from ..kernels.backward import backward_config, flash_attention_backward
+    from ..kernels.forward import flash_attention
+
+    q, k, v, do = random_inputs(shape, 4)
+    o, lse = flash_attention(q, k, v, causal=shape["causal"])
+    default = backward_config(shape["D"], q.dtype)
+    trials = [dict(default, dkdv=c) for c in SWEEP_DKDV] + [dict(default, dq=c) for c in SWEEP_DQ]
+    rows = []
+    for config in trials:
+        launch = lambda config=config: flash_attention_backward(q, k, v, o, lse, do, causal=shape["causal"],
+                                                                config=config)  # fmt: skip
+        try:
+            launch()
+            ms = median_ms(launch, warmup=25, rep=100)
+        except Exception as exc:  # out of shared memory or registers, say: record it and go on
+            print("failed", shape, config, repr(exc)[:200], flush=True)
+            continue
+        tflops = attention_tflops(shape, ms, "bwd")
+        rows.append(dict(shape, dkdv=list(config["dkdv"]), dq=list(config["dq"]), ms=round(ms, 4),
+                         tflops=round(tflops, 1)))  # fmt: skip
+        print(f"{shape} dkdv={config['dkdv']} dq={config['dq']} {ms:.4f} ms {tflops:.1f} TFLOP/s", flush=True)
+    return rows
+
+
+def run(out: str, do_sweep: bool = False) -> dict:
+    if do_sweep:
+        rows = [row for shape in SHAPES if shape["T"] == 8192 for row in sweep(shape)]
+    else:
+        rows = [row for shape in SHAPES for row in measure(shape)]
+    result = dict(provenance=provenance(SWEEP_METHOD if do_sweep else METHOD), rows=rows)
+    with open(out, "w") as f:
+        json.dump(result, f, indent=1)
+    return result
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m flashtile.bench backward", description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="bench/results/backward-first-table.json")
+    parser.add_argument("--sweep", action="store_true", help="time launch configs of our backward instead")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("the benchmarks need a CUDA device")
+    run(args.out, args.sweep)

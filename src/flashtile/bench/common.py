@@ -1,0 +1,72 @@
+"""What every benchmark shares: inputs, SDPA providers, the FLOP convention, timing and provenance."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import subprocess
+
+import torch
+
+# The convention of the team's anchor file (shared/anchors): causal work is counted as half of dense,
+# and a backward as 2.5 forwards (five matmuls instead of two).
+MODE_FACTOR = {"fwd": 1.0, "bwd": 2.5}
+
+
+def attention_tflops(shape: dict, ms: float, mode: str = "fwd") -> float:
+    """TFLOP/s of one attention call of ``shape`` (B, H, T, D, causal) that took ``ms`` milliseconds."""
+    flops = 4 * shape["B"] * shape["H"] * shape["T"] ** 2 * shape["D"] * (0.5 if shape["causal"] else 1.0)
+    return MODE_FACTOR[mode] * flops / (ms * 1e-3) / 1e12
+
+
+def random_inputs(shape: dict, count: int, dtype=torch.bfloat16, seed: int = 0) -> list[torch.Tensor]:
+    """``count`` fresh normal (B, H, T, D) tensors on the GPU (never zeros: they can time faster)."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    size = (shape["B"], shape["H"], shape["T"], shape["D"])
+    return [torch.randn(size, generator=gen, device="cuda", dtype=dtype) for _ in range(count)]
+
+
+def sdpa_providers(causal: bool) -> dict:
+    """SDPA pinned to one backend each, so the table says which implementation it measured."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def pinned(backend):
+        def run(q, k, v):
+            with sdpa_kernel(backend):
+                return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+        return run
+
+    return {"sdpa_cudnn": pinned(SDPBackend.CUDNN_ATTENTION), "sdpa_flash": pinned(SDPBackend.FLASH_ATTENTION)}
+
+
+def median_ms(fn, warmup: int = 50, rep: int = 200, **kwargs) -> float:
+    """Median time of ``fn()`` in ms, from CUDA events (triton.testing.do_bench); warm-up and rep in ms."""
+    import triton
+
+    return triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median", **kwargs)
+
+
+def _git_commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
+        return out.stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return os.environ.get("FLASHTILE_COMMIT", "unknown")
+
+
+def provenance(method: str) -> dict:
+    """Where and how a table was measured; committed with the numbers."""
+    import triton
+
+    return dict(
+        gpu=torch.cuda.get_device_name(),
+        torch=torch.__version__,
+        triton=triton.__version__,
+        cuda=torch.version.cuda,
+        python=platform.python_version(),
+        date_utc=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        commit=os.environ.get("FLASHTILE_COMMIT") or _git_commit(),
+        method=method,
+    )
