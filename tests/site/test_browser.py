@@ -86,6 +86,16 @@ def expects_math(src: Path) -> bool:
     return "$" in re.sub(r"`[^`]*`", "", prose)
 
 
+# The article's prose with code and typeset math removed: any "$" left there is TeX nobody typeset.
+RAW_DOLLARS_JS = """() => {
+  const article = document.querySelector("article").cloneNode(true);
+  article.querySelectorAll("pre, code, .arithmatex, mjx-container, script").forEach((n) => n.remove());
+  const text = article.textContent;
+  const at = text.indexOf("$");
+  return at < 0 ? "" : text.slice(Math.max(0, at - 60), at + 60);
+}"""
+
+
 def check_math(page, src: Path) -> None:
     wait_for_mathjax(page)
     where = src.relative_to(DOCS).as_posix()
@@ -93,6 +103,9 @@ def check_math(page, src: Path) -> None:
         pending = page.locator(".arithmatex:not(:has(mjx-container))")
         assert page.locator(".arithmatex").count() > 0, f"{where}: math in the source but no .arithmatex output"
         assert pending.count() == 0, f"{where}: untypeset math: {pending.first.inner_text()[:120]!r}"
+        # TeX that arithmatex never recognised (say, $$ glued to a list item) stays as raw dollars.
+        leftover = page.evaluate(RAW_DOLLARS_JS)
+        assert not leftover, f"{where}: raw $ left in the prose: {leftover[:120]!r}"
     else:
         assert page.locator(".jp-RenderedMarkdown mjx-container").count() > 0, f"{where}: notebook math not typeset"
         leftover = [t for t in page.locator(".jp-RenderedMarkdown").all_inner_texts() if "$" in t]
