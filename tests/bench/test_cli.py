@@ -24,3 +24,16 @@ def test_each_table_needs_cuda(table, tmp_path):
 def test_unknown_table_name_is_rejected():
     with pytest.raises(SystemExit, match="usage: python -m flashtile.bench"):
         cli.main(["sideways"])
+
+
+def test_save_result_writes_provenance_extra_keys_and_rows(tmp_path, monkeypatch):
+    import json
+
+    from flashtile.bench import common
+
+    monkeypatch.setattr(common, "provenance", lambda method: {"gpu": "test", "method": method})
+    out = tmp_path / "r.json"
+    result = common.save_result(str(out), [{"provider": "x", "ms": 1.5}], "m1", main_shape={"T": 4})
+    assert json.loads(out.read_text()) == result
+    assert result == {"provenance": {"gpu": "test", "method": "m1"}, "main_shape": {"T": 4},
+                      "rows": [{"provider": "x", "ms": 1.5}]}

@@ -9,11 +9,10 @@ instead (how ``kernels.backward.backward_config`` was chosen).
 from __future__ import annotations
 
 import argparse
-import json
 
 import torch
 
-from .common import attention_tflops, median_ms, provenance, random_inputs, sdpa_providers
+from .common import attention_tflops, median_ms, random_inputs, save_result, sdpa_providers
 
 TOKENS, WIDTH = 16384, 2048  # B * T and H * D, as in the team's anchor measurements
 SHAPES = [
@@ -92,10 +91,7 @@ def run(out: str, do_sweep: bool = False) -> dict:
         rows = [row for shape in SHAPES if shape["T"] == 8192 for row in sweep(shape)]
     else:
         rows = [row for shape in SHAPES for row in measure(shape)]
-    result = dict(provenance=provenance(SWEEP_METHOD if do_sweep else METHOD), rows=rows)
-    with open(out, "w") as f:
-        json.dump(result, f, indent=1)
-    return result
+    return save_result(out, rows, SWEEP_METHOD if do_sweep else METHOD)
 
 
 def main(argv=None) -> None:

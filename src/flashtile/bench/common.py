@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import platform
 import subprocess
@@ -70,3 +71,11 @@ def provenance(method: str) -> dict:
         commit=os.environ.get("FLASHTILE_COMMIT") or _git_commit(),
         method=method,
     )
+
+
+def save_result(out: str, rows: list[dict], method: str, **extra) -> dict:
+    """Write ``{"provenance": ..., **extra, "rows": rows}`` to ``out`` as JSON and return it."""
+    result = dict(provenance=provenance(method), **extra, rows=rows)
+    with open(out, "w") as f:
+        json.dump(result, f, indent=1)
+    return result

@@ -8,11 +8,10 @@ chosen); the sweeps are recorded in bench/PERF_LOG.md.
 from __future__ import annotations
 
 import argparse
-import json
 
 import torch
 
-from .common import attention_tflops, median_ms, provenance, random_inputs, sdpa_providers
+from .common import attention_tflops, median_ms, random_inputs, save_result, sdpa_providers
 
 MAIN_SHAPE = dict(B=8, H=16, T=2048, D=64, causal=True)
 EXTRA_SHAPES = [
@@ -68,13 +67,9 @@ def run(out: str, sweep: bool = False, sweep_d256: bool = False) -> dict:
                                     num_warps=num_warps, num_stages=num_stages)  # fmt: skip
                 except Exception as exc:  # out of shared memory, say: record it and go on
                     print("failed", shape, block_q, block_k, num_warps, num_stages, repr(exc)[:200])
-        result = dict(provenance=provenance(METHOD), rows=rows)
-    else:
-        rows = [row for shape in [MAIN_SHAPE, *EXTRA_SHAPES] for row in measure(shape)]
-        result = dict(provenance=provenance(METHOD), main_shape=MAIN_SHAPE, rows=rows)
-    with open(out, "w") as f:
-        json.dump(result, f, indent=1)
-    return result
+        return save_result(out, rows, METHOD)
+    rows = [row for shape in [MAIN_SHAPE, *EXTRA_SHAPES] for row in measure(shape)]
+    return save_result(out, rows, METHOD, main_shape=MAIN_SHAPE)
 
 
 def main(argv=None) -> None:

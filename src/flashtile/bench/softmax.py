@@ -9,11 +9,10 @@ useful traffic 2 N s divided by the time, so the three are directly comparable.
 from __future__ import annotations
 
 import argparse
-import json
 
 import torch
 
-from .common import median_ms, provenance
+from .common import median_ms, save_result
 
 SHAPES = [(16384, 1024), (8192, 4096), (4096, 8192), (2048, 32768), (256, 100_000)]
 METHOD = "triton.testing.do_bench median (warmup 25 ms, rep 100 ms); bf16; useful GB/s = 2 * N * s / time"
@@ -44,10 +43,7 @@ def run(out: str) -> dict:
                              useful_GBps=round(useful_bytes / (ms * 1e-3) / 1e9, 1),
                              streamed=(name == "flashtile" and n_cols > MAX_BLOCK)))  # fmt: skip
             print(rows[-1], flush=True)
-    result = dict(provenance=provenance(METHOD), rows=rows)
-    with open(out, "w") as f:
-        json.dump(result, f, indent=1)
-    return result
+    return save_result(out, rows, METHOD)
 
 
 def main(argv=None) -> None:
