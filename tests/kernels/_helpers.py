@@ -40,3 +40,10 @@ def assert_attention_close(o, lse, o_ref, lse_ref, dtype):
     torch.testing.assert_close(o.double().cpu(), o_ref.double().cpu(), **FORWARD_TOL[dtype])
     finite = torch.isfinite(lse_ref).cpu()
     torch.testing.assert_close(lse.double().cpu()[finite], lse_ref.double().cpu()[finite], **LSE_TOL[dtype])
+
+
+def case_id(case) -> str:
+    """A readable pytest id for a (B, H, H_kv, Tq, Tk, D, causal, alignment, dtype) case."""
+    B, H, H_kv, Tq, Tk, D, causal, alignment, dtype = case
+    mask = alignment if causal else "full"
+    return f"B{B}-H{H}/{H_kv}-Tq{Tq}-Tk{Tk}-D{D}-{mask}-{str(dtype)[6:]}"

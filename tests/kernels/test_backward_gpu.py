@@ -13,6 +13,8 @@ from flashtile.kernels.backward import flash_attention_backward
 from flashtile.kernels.forward import flash_attention
 from flashtile.reference.naive import expand_kv_heads, naive_attention
 
+from ._helpers import case_id
+
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 BF16, F16 = torch.bfloat16, torch.float16
@@ -34,11 +36,6 @@ CASES = [
     (1, 2, 2, 8192, 8192, 256, True, "lower_right", F16),
     (1, 8, 2, 4096, 4096, 64, True, "upper_left", F16),
 ]
-
-
-def case_id(case):
-    B, H, H_kv, Tq, Tk, D, causal, alignment, dtype = case
-    return f"B{B}-H{H}/{H_kv}-Tq{Tq}-Tk{Tk}-D{D}-{alignment if causal else 'full'}-{str(dtype)[6:]}"
 
 
 def make_inputs(B, H, H_kv, Tq, Tk, D, dtype, seed):

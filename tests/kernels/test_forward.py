@@ -11,7 +11,7 @@ from flashtile.kernels.forward import flash_attention, forward_config
 from flashtile.reference.causal import diagonal_offset, last_key_tile
 from flashtile.reference.naive import naive_attention
 
-from ._helpers import DEVICE, assert_attention_close, randn
+from ._helpers import DEVICE, assert_attention_close, case_id, randn
 
 F32, F16 = torch.float32, torch.float16
 
@@ -33,12 +33,6 @@ CASES = [
 ]
 
 
-def _case_id(case):
-    B, H, H_kv, Tq, Tk, D, causal, alignment, dtype = case
-    mask = alignment if causal else "full"
-    return f"B{B}-H{H}/{H_kv}-Tq{Tq}-Tk{Tk}-D{D}-{mask}-{str(dtype)[6:]}"
-
-
 def _run_and_check(q, k, v, causal, alignment, **blocks):
     o, lse = flash_attention(q, k, v, causal=causal, alignment=alignment, **blocks)
     o_ref, lse_ref = naive_attention(q.double(), k.double(), v.double(), causal=causal, alignment=alignment)
@@ -46,7 +40,7 @@ def _run_and_check(q, k, v, causal, alignment, **blocks):
     return o, lse
 
 
-@pytest.mark.parametrize("case", CASES, ids=_case_id)
+@pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_forward_matches_naive_on_ragged_causal_and_gqa_shapes(case):
     B, H, H_kv, Tq, Tk, D, causal, alignment, dtype = case
     gen = torch.Generator().manual_seed(Tq * 1000 + Tk + D)
