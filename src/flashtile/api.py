@@ -59,12 +59,9 @@ def pick_backend(q: torch.Tensor) -> str:
 # --8<-- [end:dispatch]
 
 
-def _lse_dtype(q: torch.Tensor) -> torch.dtype:
-    return torch.float64 if q.dtype == torch.float64 else torch.float32
-
-
-def _compute_dtype(q: torch.Tensor) -> torch.dtype:
-    """The reference tier computes 16-bit inputs in float32, like the kernels' accumulators."""
+def _stats_dtype(q: torch.Tensor) -> torch.dtype:
+    """float64 for float64 inputs, else float32: the dtype of lse, and of the reference tier's arithmetic
+    on 16-bit inputs (like the kernels' fp32 accumulators)."""
     return torch.float64 if q.dtype == torch.float64 else torch.float32
 
 
@@ -84,18 +81,18 @@ def attention_fwd(
     else:
         from .reference.forward import flash_attention_forward
 
-        c = _compute_dtype(q)
+        c = _stats_dtype(q)
         o, lse = flash_attention_forward(
             q.to(c), k.to(c), v.to(c), causal, scale, REFERENCE_BLOCK, REFERENCE_BLOCK, alignment
         )
-    return o.to(q.dtype).contiguous(), lse.to(_lse_dtype(q)).contiguous()
+    return o.to(q.dtype).contiguous(), lse.to(_stats_dtype(q)).contiguous()
 
 
 @attention_fwd.register_fake
 def _(q, k, v, causal, scale, alignment, backend):
     # Only shapes, dtypes and devices: what torch.compile needs to trace past the op without running it.
     B, H, Tq, D = q.shape
-    return q.new_empty((B, H, Tq, D)), q.new_empty((B, H, Tq), dtype=_lse_dtype(q))
+    return q.new_empty((B, H, Tq, D)), q.new_empty((B, H, Tq), dtype=_stats_dtype(q))
 # --8<-- [end:forward_op]
 
 
@@ -121,7 +118,7 @@ def attention_bwd(
     else:
         from .reference.backward import flash_attention_backward
 
-        c = _compute_dtype(q)
+        c = _stats_dtype(q)
         dq, dk, dv = flash_attention_backward(
             q.to(c), k.to(c), v.to(c), o.to(c), lse.to(c), do.to(c),
             causal, scale, REFERENCE_BLOCK, REFERENCE_BLOCK, alignment,
