@@ -1,6 +1,7 @@
 import torch
 
 from flashtile.reference.autograd import FlashAttentionFunction, reference_attention
+from flashtile.reference.footprint import saved_tensor_shapes
 from flashtile.reference.naive import naive_attention
 
 
@@ -18,13 +19,7 @@ def test_autograd_function_gradients_match_naive(rand):
 def test_autograd_function_saves_lse_and_no_T_by_T_tensor(rand):
     B, H, T, D = 2, 3, 40, 8
     q, k, v = (rand(B, H, T, D).requires_grad_() for _ in range(3))
-    saved = []
-
-    def pack(t):
-        saved.append(tuple(t.shape))
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with saved_tensor_shapes() as saved:
         o, lse = FlashAttentionFunction.apply(q, k, v, True, None, 16, 16, "upper_left")
     assert sorted(saved) == sorted([(B, H, T, D)] * 4 + [(B, H, T)])  # q, k, v, o and lse
     assert not any(len(s) >= 2 and s[-1] == T and s[-2] == T for s in saved)

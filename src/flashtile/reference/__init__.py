@@ -7,6 +7,7 @@ causal          causal alignments and the full / diagonal / skip tile classifica
 backward        the tiled backward with D = rowsum(dO * O) and recomputed P
 autograd        a torch.autograd.Function that saves only q, k, v, o and lse
 io_model        HBM traffic of standard attention against FlashAttention (Theorem 2)
+footprint       measuring memory: the largest temporary, and what autograd saves
 """
 
 from .autograd import FlashAttentionFunction, reference_attention
@@ -20,6 +21,7 @@ from .causal import (
     last_key_tile,
     tile_map,
 )
+from .footprint import largest_tensor, saved_tensor_shapes
 from .forward import flash_attention_forward
 from .io_model import (
     Traffic,
@@ -45,6 +47,7 @@ __all__ = [
     "flash_attention_backward",
     "flash_attention_forward",
     "flash_attention_traffic",
+    "largest_tensor",
     "last_key_tile",
     "lse_from_stats",
     "merge",
@@ -54,6 +57,7 @@ __all__ = [
     "online_softmax_update",
     "paper_tile_sizes",
     "reference_attention",
+    "saved_tensor_shapes",
     "score_matrix_bytes",
     "sram_footprint",
     "standard_attention_traffic",
