@@ -1,0 +1,30 @@
+"""flashtile.distributed: attention over a sequence sharded across the ranks of a torch.distributed group.
+
+* ``shard_sequence`` / ``unshard_sequence``: cut a (B, H, T, D) tensor along T into per-rank shards
+  (zig-zag for causal attention, contiguous otherwise) and glue them back.
+* ``ring_attention``: forward and backward on this rank's shards, with the key/value shards passed
+  around the ring by ``torch.distributed.batch_isend_irecv``.
+* ``merge_partial``: the (o, lse) merge every ring step uses, the online-softmax merge in another form.
+* ``simulate_ring``: the same steps for W ranks in one process, for reading and for claims.
+* ``run_on_local_gloo``: run a function on W local processes joined by gloo over loopback, with a
+  time limit (the tests and the chapter's claim use it).
+"""
+
+from .local import ring_attention_on_shards, run_on_local_gloo
+from .ring import merge_partial, ring_attention, simulate_ring, step_plan
+from .sharding import layout_for, n_chunks, rank_chunks, shard_positions, shard_sequence, unshard_sequence
+
+__all__ = [
+    "layout_for",
+    "merge_partial",
+    "n_chunks",
+    "rank_chunks",
+    "ring_attention",
+    "ring_attention_on_shards",
+    "run_on_local_gloo",
+    "shard_positions",
+    "shard_sequence",
+    "simulate_ring",
+    "step_plan",
+    "unshard_sequence",
+]

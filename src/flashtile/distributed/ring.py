@@ -1,0 +1,353 @@
+"""Ring attention: one attention over a sequence sharded across the ranks of a process group.
+
+Each of the W ranks holds a shard of the queries, keys and values (see ``sharding``). The key/value
+shards travel around the ring (rank r sends to r + 1 and receives from r - 1), so after W steps every
+rank has seen every key once. Each step produces a partial result (o, lse) over the visiting keys,
+and ``merge_partial`` folds it into the running one with the rescale identity of the online softmax,
+in fp32 (float64 for float64 inputs). The backward sends the keys around once more, and the dK, dV
+accumulated for them travel along and arrive at their owner after the last step.
+
+Status and caveats:
+
+* Supports: fp16, bf16, fp32 on CUDA (flashtile's Triton kernels do the local attention), any float
+  dtype on CPU and float64 everywhere (the reference tier); GQA (H a multiple of H_kv; only the H_kv
+  key/value heads travel); causal (zig-zag layout) and non-causal (contiguous layout).
+* Does not support: cross-attention (query and key shards must hold the same tokens), masks other
+  than causal, dropout, uneven shards.
+* Every call checks that all ranks hold shards of one shape: a small all_gather and, on CUDA, a host
+  sync. ``check_shards=False`` skips it.
+* Transport is torch.distributed's ``batch_isend_irecv`` (NCCL on GPUs, gloo on CPUs); the transfer
+  of the next key/value shard is started before the local attention and waited for after it.
+* Measured status: bench/results/ring.json.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import NamedTuple
+
+import torch
+import torch.distributed as dist
+
+from .._checks import check_attention_inputs, check_causal, resolve_scale
+from ..reference.online_softmax import lse_from_stats, merge, safe_exp_diff
+from .sharding import LAYOUTS, layout_for
+
+REFERENCE_BLOCK = 64  # tile size of the reference tier on CPU: any value gives the same result up to rounding
+
+
+def stats_dtype(x: torch.Tensor) -> torch.dtype:
+    """float64 for float64 inputs, else float32: the dtype of lse, of the merge and of the accumulators."""
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+# --8<-- [start:merge]
+def merge_partial(o_a, lse_a, o_b, lse_b):
+    """The attention result over two disjoint sets of keys, from the results over each.
+
+    o_a, o_b: (..., T, D), each normalised over its own keys; lse_a, lse_b: (..., T). Computed in
+    lse_a's dtype. A part that saw no key (lse = -inf) counts for nothing. Returns (o, lse).
+    """
+    c = lse_a.dtype
+    # A normalised part is the online-softmax state (m = lse, l = 1): e^m * l is the sum it stands for.
+    one = torch.ones_like(lse_a)
+    m, l = merge(lse_a, one, lse_b.to(c), one)
+    l_safe = torch.where(l > 0, l, 1.0)
+    w_a = safe_exp_diff(lse_a, m) / l_safe  # part a's share of the union's sum, e^(lse_a - lse)
+    w_b = safe_exp_diff(lse_b.to(c), m) / l_safe
+    o = w_a[..., None] * o_a.to(c) + w_b[..., None] * o_b.to(c)
+    return o, lse_from_stats(m, l)
+# --8<-- [end:merge]
+
+
+class StepPlan(NamedTuple):
+    """One ring step: local query rows ``q_rows`` attend to rows ``k_rows`` of the visiting key shard."""
+
+    q_rows: slice
+    k_rows: slice
+    causal: bool
+
+
+# --8<-- [start:plan]
+def step_plan(rank: int, source: int, T_local: int, is_causal: bool) -> StepPlan:
+    """Which queries of ``rank`` attend to which keys of ``source``'s shard, and whether with a mask."""
+    everything = slice(0, T_local)
+    if not is_causal:
+        return StepPlan(everything, everything, False)  # every query sees every key
+    c = T_local // 2  # zig-zag: rows [0, c) are chunk `rank`, rows [c, 2c) are chunk 2W - 1 - rank
+    first, second = slice(0, c), slice(c, T_local)
+    if source == rank:  # own keys: local order is position order, so this is a causal square
+        return StepPlan(everything, everything, True)
+    if source < rank:  # key chunk `source` precedes both query chunks; chunk 2W - 1 - source follows both
+        return StepPlan(everything, first, False)
+    return StepPlan(second, everything, False)  # both key chunks lie between query chunk `rank` and 2W - 1 - rank
+# --8<-- [end:plan]
+
+
+def local_forward(q, k, v, causal: bool, scale: float):
+    """(o, lse) of q against k, v on this device: flashtile's Triton kernel on CUDA, the reference tier
+    otherwise (and for float64). lse is natural-log, fp32 (float64 for float64)."""
+    if q.is_cuda and q.dtype != torch.float64:
+        from ..kernels.forward import flash_attention
+
+        return flash_attention(q, k, v, causal=causal, scale=scale, alignment="upper_left")
+    from ..reference.forward import flash_attention_forward
+
+    c = stats_dtype(q)
+    return flash_attention_forward(q.to(c), k.to(c), v.to(c), causal, scale, REFERENCE_BLOCK, REFERENCE_BLOCK)
+
+
+def local_backward(q, k, v, o, lse, do, causal: bool, scale: float):
+    """(dq, dk, dv) of one (query rows, key rows) pair, given the *final* o and lse of those query rows."""
+    lse = lse.contiguous()
+    if q.is_cuda and q.dtype != torch.float64:
+        from ..kernels.backward import flash_attention_backward
+
+        return flash_attention_backward(q, k, v, o, lse.float(), do, causal=causal, scale=scale)
+    from ..reference.backward import flash_attention_backward
+
+    c = stats_dtype(q)
+    q, k, v, o, lse, do = (t.to(c) for t in (q, k, v, o, lse, do))
+    return flash_attention_backward(q, k, v, o, lse, do, causal, scale, REFERENCE_BLOCK, REFERENCE_BLOCK)
+
+
+# --8<-- [start:steps]
+def forward_step(q, k, v, o, lse, plan: StepPlan, scale: float) -> None:
+    """Attend q[plan.q_rows] to the visiting k, v[plan.k_rows] and merge the result into (o, lse) in place."""
+    rows, keys = plan.q_rows, plan.k_rows
+    o_part, lse_part = local_forward(q[..., rows, :], k[..., keys, :], v[..., keys, :], plan.causal, scale)
+    o[..., rows, :], lse[..., rows] = merge_partial(o[..., rows, :], lse[..., rows], o_part, lse_part)
+
+
+def backward_step(q, k, v, o, lse, do, plan: StepPlan, scale: float, dq, dk, dv) -> None:
+    """Add this step's share of the gradients to dq (local queries) and dk, dv (visiting keys) in place.
+
+    o and lse are the final forward results, so exp(S - lse) is the true softmax restricted to the
+    visiting keys, and delta = rowsum(dO * O) is the true one: the shares add up to the whole gradient.
+    """
+    rows, keys = plan.q_rows, plan.k_rows
+    dq_part, dk_part, dv_part = local_backward(
+        q[..., rows, :], k[..., keys, :], v[..., keys, :], o[..., rows, :], lse[..., rows], do[..., rows, :],
+        plan.causal, scale,
+    )  # fmt: skip
+    dq[..., rows, :] += dq_part
+    dk[..., keys, :] += dk_part
+    dv[..., keys, :] += dv_part
+# --8<-- [end:steps]
+
+
+def empty_state(q: torch.Tensor):
+    """(o, lse) of a row that has seen no key yet: o = 0, lse = -inf, in the merge's dtype."""
+    c = stats_dtype(q)
+    return torch.zeros(q.shape, dtype=c, device=q.device), torch.full(q.shape[:-1], float("-inf"), dtype=c,
+                                                                      device=q.device)  # fmt: skip
+
+
+# --8<-- [start:simulate]
+def simulate_ring(q_shards, k_shards, v_shards, is_causal: bool, scale: float | None = None, do_shards=None):
+    """Ring attention for W = len(q_shards) ranks in one process: the same plans and steps as
+    ``ring_attention``, with "the shard that arrived from the previous rank" replaced by indexing.
+
+    Returns the list of o shards (in the merge dtype), and when ``do_shards`` is given also the lists
+    of dq, dk and dv shards, every one of them in rank order.
+    """
+    world, T_local = len(q_shards), q_shards[0].shape[2]
+    scale = resolve_scale(scale, q_shards[0].shape[-1])
+    outs, lses = [], []
+    for rank in range(world):
+        o, lse = empty_state(q_shards[rank])
+        for step in range(world):
+            source = (rank - step) % world  # step s: the keys that started s ranks back
+            plan = step_plan(rank, source, T_local, is_causal)
+            forward_step(q_shards[rank], k_shards[source], v_shards[source], o, lse, plan, scale)
+        outs.append(o)
+        lses.append(lse)
+    if do_shards is None:
+        return outs
+    c = stats_dtype(q_shards[0])
+    dqs = [torch.zeros(q.shape, dtype=c, device=q.device) for q in q_shards]
+    dks = [torch.zeros(k.shape, dtype=c, device=k.device) for k in k_shards]  # dks[j]: what rank j's keys receive
+    dvs = [torch.zeros(k.shape, dtype=c, device=k.device) for k in k_shards]
+    for rank in range(world):
+        o = outs[rank].to(q_shards[rank].dtype)  # the o the backward sees is the returned one
+        for step in range(world):
+            source = (rank - step) % world
+            plan = step_plan(rank, source, T_local, is_causal)
+            backward_step(q_shards[rank], k_shards[source], v_shards[source], o, lses[rank], do_shards[rank],
+                          plan, scale, dqs[rank], dks[source], dvs[source])  # fmt: skip
+    return outs, dqs, dks, dvs
+# --8<-- [end:simulate]
+
+
+class Ring(NamedTuple):
+    """This rank's place in the ring: group ranks, and the global ranks of its two neighbours."""
+
+    rank: int
+    world: int
+    next: int
+    prev: int
+    group: object
+
+
+def ring_of(group) -> Ring:
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    to_global = (lambda i: i) if group is None else (lambda i: dist.get_global_rank(group, i))
+    return Ring(rank, world, to_global((rank + 1) % world), to_global((rank - 1) % world), group)
+
+
+def exchange(ring: Ring, sends: list, recvs: list) -> list:
+    """Start sending each of ``sends`` to the next rank and receiving each of ``recvs`` from the previous one."""
+    ops = [dist.P2POp(dist.isend, t, ring.next, ring.group) for t in sends]
+    ops += [dist.P2POp(dist.irecv, t, ring.prev, ring.group) for t in recvs]
+    return dist.batch_isend_irecv(ops) if ops else []
+
+
+def wait(requests: list) -> None:
+    for request in requests:
+        request.wait()
+
+
+# --8<-- [start:ring_forward]
+def ring_forward(q, k, v, is_causal: bool, scale: float, ring: Ring):
+    """This rank's (o, lse): o in q's dtype, lse in the merge dtype."""
+    o, lse = empty_state(q)
+    kv = torch.stack((k, v))  # (2, B, H_kv, T_local, D): one message per step
+    for step in range(ring.world):
+        source = (ring.rank - step) % ring.world
+        last = step == ring.world - 1
+        if not last:  # start passing the visiting shard on before computing with it
+            kv_next = torch.empty_like(kv)
+            requests = exchange(ring, [kv], [kv_next])
+        plan = step_plan(ring.rank, source, q.shape[2], is_causal)
+        forward_step(q, kv[0], kv[1], o, lse, plan, scale)
+        if not last:
+            wait(requests)
+            kv = kv_next
+    return o.to(q.dtype), lse
+# --8<-- [end:ring_forward]
+
+
+# --8<-- [start:ring_backward]
+def ring_backward(q, k, v, o, lse, do, is_causal: bool, scale: float, ring: Ring):
+    """(dq, dk, dv) of this rank's shards, in the merge dtype."""
+    dq = torch.zeros(q.shape, dtype=lse.dtype, device=q.device)
+    kv = torch.stack((k, v))
+    dkv = None  # dk, dv summed so far over the ranks the visiting keys have passed through
+    for step in range(ring.world):
+        source = (ring.rank - step) % ring.world
+        sends, recvs = [], []
+        if step < ring.world - 1:  # the keys move on, as in the forward
+            kv_next = torch.empty_like(kv)
+            sends.append(kv)
+            recvs.append(kv_next)
+        if step > 0:  # the previous step's sums move on with their keys; ours arrive with the new keys
+            dkv_in = torch.empty_like(dkv)
+            sends.append(dkv)
+            recvs.append(dkv_in)
+        requests = exchange(ring, sends, recvs)
+        dkv_mine = torch.zeros((2, *k.shape), dtype=lse.dtype, device=k.device)
+        plan = step_plan(ring.rank, source, q.shape[2], is_causal)
+        backward_step(q, kv[0], kv[1], o, lse, do, plan, scale, dq, dkv_mine[0], dkv_mine[1])
+        wait(requests)
+        dkv = dkv_mine if step == 0 else dkv_in.add_(dkv_mine)
+        if step < ring.world - 1:
+            kv = kv_next
+    if ring.world > 1:  # one last hop: the sums for the last visitors belong to the next rank
+        dkv_own = torch.empty_like(dkv)
+        wait(exchange(ring, [dkv], [dkv_own]))
+        dkv = dkv_own
+    return dq, dkv[0], dkv[1]
+# --8<-- [end:ring_backward]
+
+
+class RingAttention(torch.autograd.Function):
+    """Saves q, k, v, o and lse of this rank's shard: O(T / W) memory, never a score matrix."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, is_causal, scale, ring):
+        o, lse = ring_forward(q, k, v, is_causal, scale, ring)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.config = (is_causal, scale, ring)
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, o, lse = ctx.saved_tensors
+        dq, dk, dv = ring_backward(q, k, v, o, lse, do.contiguous(), *ctx.config)
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None
+
+
+def check_group(group):
+    """The process group to use, or a ValueError saying how to make one."""
+    if not dist.is_available() or not dist.is_initialized():
+        raise ValueError(
+            "ring_attention needs a torch.distributed process group: call torch.distributed.init_process_group "
+            "on every rank first (world_size=1 is fine for a single process)"
+        )
+    if group is not None and not isinstance(group, dist.ProcessGroup):
+        raise TypeError(f"group must be a torch.distributed ProcessGroup or None, got {type(group).__name__}")
+    return group
+
+
+def check_shards_agree(q, k, is_causal: bool, scale: float, ring: Ring) -> None:
+    """Every rank must hold shards of one shape and call with the same is_causal and scale.
+
+    One all_gather of a few ints, so that every rank sees every other rank's signature and all of them
+    raise the same error, instead of some hanging in a transfer that never comes.
+    """
+    scale_bits = struct.unpack("<q", struct.pack("<d", scale))[0]
+    mine = [*q.shape, *k.shape, int(is_causal), scale_bits]
+    device = q.device if q.is_cuda else torch.device("cpu")
+    signature = torch.tensor(mine, dtype=torch.int64, device=device)
+    everyone = [torch.empty_like(signature) for _ in range(ring.world)]
+    dist.all_gather(everyone, signature, group=ring.group)
+    for r, theirs in enumerate(t.tolist() for t in everyone):
+        if theirs != mine:
+            raise ValueError(
+                f"rank {r} called ring_attention with query {tuple(theirs[:4])}, key {tuple(theirs[4:8])}, "
+                f"is_causal={bool(theirs[8])}, scale={struct.unpack('<d', struct.pack('<q', theirs[9]))[0]} "
+                f"but rank {ring.rank} with query {tuple(q.shape)}, key {tuple(k.shape)}, is_causal={is_causal}, "
+                f"scale={scale}: every rank must hold an equal shard (see shard_sequence) and use the same settings"
+            )
+
+
+# --8<-- [start:ring_attention]
+def ring_attention(query, key, value, is_causal=False, scale=None, group=None, *, layout=None, check_shards=True):
+    """Attention over a sequence sharded across the ranks of ``group``; call it on every rank.
+
+    Args:
+        query: this rank's shard, (B, H, T / W, D). key, value: (B, H_kv, T / W, D), H a multiple of
+            H_kv (GQA). Shards as ``shard_sequence(x, W, rank, is_causal)`` cuts them.
+        is_causal: causal attention over the whole sequence (the shards must be zig-zag).
+        scale: multiplies Q K^T; defaults to 1/sqrt(D).
+        group: the torch.distributed process group (None: the default one, which must exist).
+        layout: optional, "zigzag" or "contiguous": states the layout of the shards, and must be the
+            one ``shard_sequence`` uses for ``is_causal`` (zig-zag for causal, contiguous otherwise).
+        check_shards: check that every rank holds shards of one shape (a small all_gather per call).
+
+    Returns:
+        This rank's shard of the output, like query, differentiable with respect to query, key, value.
+    """
+    shape = check_attention_inputs(query, key, value, names=("query", "key", "value"))
+    check_causal(is_causal, "is_causal")
+    expected = layout_for(is_causal)
+    if layout is not None and layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS} or None, got {layout!r}")
+    if layout is not None and layout != expected:
+        raise ValueError(
+            f"layout={layout!r} does not match is_causal={is_causal}: ring_attention expects {expected!r} shards "
+            f"for is_causal={is_causal}; cut them with shard_sequence(x, world_size, rank, is_causal={is_causal})"
+        )
+    if shape.Tq != shape.Tk:
+        raise ValueError(
+            f"query holds {shape.Tq} tokens but key and value hold {shape.Tk}: ring attention is self-attention, "
+            "each rank's query, key and value shards cover the same tokens"
+        )
+    if is_causal and shape.Tq % 2 != 0:
+        raise ValueError(f"a zig-zag shard holds 2 equal chunks, so its length must be even, got {shape.Tq}")
+    scale = resolve_scale(scale, shape.D)
+    ring = ring_of(check_group(group))
+    if check_shards:
+        check_shards_agree(query, key, is_causal, scale, ring)
+    return RingAttention.apply(query, key, value, is_causal, scale, ring)
+# --8<-- [end:ring_attention]
