@@ -6,11 +6,11 @@
   around the ring by ``torch.distributed.batch_isend_irecv``.
 * ``merge_partial``: the (o, lse) merge every ring step uses, the online-softmax merge in another form.
 * ``simulate_ring``: the same steps for W ranks in one process, for reading and for claims.
-* ``run_on_local_gloo``: run a function on W local processes joined by gloo over loopback, with a
-  time limit (the tests and the chapter's claim use it).
+* ``run_local_ring``: run a function on W local processes joined by gloo over loopback (or NCCL,
+  one GPU each), with a time limit; the tests and the chapter's claim use it.
 """
 
-from .local import ring_attention_on_shards, run_on_local_gloo
+from .local import ring_attention_on_shards, run_local_ring
 from .ring import merge_partial, ring_attention, simulate_ring, step_plan
 from .sharding import layout_for, n_chunks, rank_chunks, shard_positions, shard_sequence, unshard_sequence
 
@@ -21,7 +21,7 @@ __all__ = [
     "rank_chunks",
     "ring_attention",
     "ring_attention_on_shards",
-    "run_on_local_gloo",
+    "run_local_ring",
     "shard_positions",
     "shard_sequence",
     "simulate_ring",

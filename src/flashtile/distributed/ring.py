@@ -301,14 +301,17 @@ def check_shards_agree(q, k, is_causal: bool, scale: float, ring: Ring) -> None:
     signature = torch.tensor(mine, dtype=torch.int64, device=device)
     everyone = [torch.empty_like(signature) for _ in range(ring.world)]
     dist.all_gather(everyone, signature, group=ring.group)
-    for r, theirs in enumerate(t.tolist() for t in everyone):
-        if theirs != mine:
-            raise ValueError(
-                f"rank {r} called ring_attention with query {tuple(theirs[:4])}, key {tuple(theirs[4:8])}, "
-                f"is_causal={bool(theirs[8])}, scale={struct.unpack('<d', struct.pack('<q', theirs[9]))[0]} "
-                f"but rank {ring.rank} with query {tuple(q.shape)}, key {tuple(k.shape)}, is_causal={is_causal}, "
-                f"scale={scale}: every rank must hold an equal shard (see shard_sequence) and use the same settings"
-            )
+    signatures = [t.tolist() for t in everyone]
+    if any(theirs != mine for theirs in signatures):
+        described = "; ".join(
+            f"rank {r}: query {tuple(t[:4])}, key {tuple(t[4:8])}, is_causal={bool(t[8])}, "
+            f"scale={struct.unpack('<d', struct.pack('<q', t[9]))[0]}"
+            for r, t in enumerate(signatures)
+        )
+        raise ValueError(
+            f"ring_attention was called with different shards or settings on different ranks ({described}): "
+            "every rank must hold an equal shard (see shard_sequence) and use the same is_causal and scale"
+        )
 
 
 # --8<-- [start:ring_attention]

@@ -1,0 +1,136 @@
+"""Ring attention in one process: the (o, lse) merge, the simulated ring, world size 1, input errors."""
+
+import pytest
+import torch
+import torch.distributed as dist
+from _truth import attention_truth, random_qkv
+
+import flashtile
+from flashtile.api import use_backend
+from flashtile.distributed import merge_partial, ring_attention, shard_sequence, simulate_ring, unshard_sequence
+
+
+def partial_attention(q, k, v, scale):
+    """(o, lse) of q over the keys k, v only, from the definition, in float64."""
+    s = scale * q @ k.transpose(-1, -2)
+    return torch.softmax(s, dim=-1) @ v, torch.logsumexp(s, dim=-1)
+
+
+def test_merging_the_results_of_two_key_halves_gives_the_whole_in_either_order():
+    q, k, v, _ = random_qkv(2, 3, 3, 20, 8, seed=0)
+    scale = 0.4
+    whole = partial_attention(q, k, v, scale)
+    a = partial_attention(q, k[..., :7, :], v[..., :7, :], scale)
+    b = partial_attention(q, k[..., 7:, :], v[..., 7:, :], scale)
+    for first, second in ((a, b), (b, a)):
+        o, lse = merge_partial(*first, *second)
+        torch.testing.assert_close(o, whole[0], rtol=0, atol=1e-14)
+        torch.testing.assert_close(lse, whole[1], rtol=0, atol=1e-14)
+
+
+def test_a_part_that_saw_no_key_counts_for_nothing_and_makes_no_nan():
+    o_b, lse_b = torch.randn(4, 5, dtype=torch.float64), torch.randn(4, dtype=torch.float64)
+    empty_o, empty_lse = torch.zeros(4, 5, dtype=torch.float64), torch.full((4,), float("-inf"), dtype=torch.float64)
+    o, lse = merge_partial(empty_o, empty_lse, o_b, lse_b)
+    assert torch.equal(o, o_b) and torch.equal(lse, lse_b)
+    o, lse = merge_partial(empty_o, empty_lse, empty_o, empty_lse)
+    assert torch.equal(o, empty_o) and torch.isneginf(lse).all()
+
+
+def test_merging_without_the_rescale_is_wrong_so_the_test_above_can_fail():
+    """Control for the merge test: averaging the halves (no weights from lse) misses the answer."""
+    q, k, v, _ = random_qkv(1, 2, 2, 12, 8, seed=1)
+    whole = partial_attention(q, k, v, 0.35)
+    a = partial_attention(q, k[..., :5, :], v[..., :5, :], 0.35)
+    b = partial_attention(q, k[..., 5:, :], v[..., 5:, :], 0.35)
+    assert not torch.allclose((a[0] + b[0]) / 2, whole[0], atol=1e-3)
+    assert torch.allclose(merge_partial(*a, *b)[0], whole[0], atol=1e-14)
+
+
+def shards(x, world_size, is_causal):
+    return [shard_sequence(x, world_size, r, is_causal) for r in range(world_size)]
+
+
+@pytest.mark.parametrize("H, H_kv", [(4, 4), (4, 2), (3, 1)], ids=["mha", "gqa", "mqa"])
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+def test_simulated_ring_matches_float64_truth_with_every_gradient(world_size, is_causal, H, H_kv):
+    q, k, v, do = random_qkv(2, H, H_kv, 2 * world_size * 5, 8, seed=world_size)
+    o, dq, dk, dv = (unshard_sequence(x, is_causal) for x in
+                     simulate_ring(*(shards(x, world_size, is_causal) for x in (q, k, v)), is_causal, None,
+                                   shards(do, world_size, is_causal)))  # fmt: skip
+    for name, got, want in zip(("o", "dq", "dk", "dv"), (o, dq, dk, dv), attention_truth(q, k, v, do, is_causal)):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-12, msg=lambda m, name=name: f"{name}: {m}")
+
+
+def test_causal_plan_on_contiguous_shards_is_silently_wrong_which_is_why_layout_is_checked():
+    """The zig-zag plan applied to contiguous shards computes some other mask: the numbers come out
+    finite and wrong, so the layout cannot be left to chance."""
+    q, k, v, do = random_qkv(1, 2, 2, 16, 8, seed=5)
+    contiguous = [shards(x, 2, is_causal=False) for x in (q, k, v)]
+    o = unshard_sequence(simulate_ring(*contiguous, True), is_causal=False)
+    assert torch.isfinite(o).all()
+    assert not torch.allclose(o, attention_truth(q, k, v, do, True)[0], atol=1e-3)
+
+
+@pytest.fixture
+def one_rank_group():
+    """A gloo process group of world size 1 inside this test process, torn down afterwards."""
+    assert not dist.is_initialized()
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+def test_world_size_1_equals_flashtile_attention(one_rank_group, is_causal):
+    q, k, v, do = random_qkv(1, 4, 2, 12, 8, seed=6)
+    results = []
+    for fn in (
+        lambda q, k, v: ring_attention(q, k, v, is_causal=is_causal),
+        lambda q, k, v: flashtile.attention(q, k, v, is_causal=is_causal, enable_gqa=True),
+    ):
+        leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+        with use_backend("reference"):
+            o = fn(*leaves)
+            o.backward(do)
+        results.append([o.detach(), *(x.grad for x in leaves)])
+    for got, want in zip(*results):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-14)
+
+
+def test_no_process_group_is_a_value_error_that_says_how_to_make_one():
+    assert not dist.is_initialized()
+    q, k, v, _ = random_qkv(1, 2, 2, 8, 4, seed=7)
+    with pytest.raises(ValueError, match="init_process_group"):
+        ring_attention(q, k, v)
+
+
+def test_a_layout_that_does_not_match_is_causal_is_a_value_error():
+    q, k, v, _ = random_qkv(1, 2, 2, 8, 4, seed=8)
+    with pytest.raises(ValueError, match="does not match is_causal=True"):
+        ring_attention(q, k, v, is_causal=True, layout="contiguous")
+    with pytest.raises(ValueError, match="does not match is_causal=False"):
+        ring_attention(q, k, v, is_causal=False, layout="zigzag")
+    with pytest.raises(ValueError, match="layout must be one of"):
+        ring_attention(q, k, v, layout="striped")
+
+
+def test_bad_shards_are_caught_before_any_communication():
+    q, k, v, _ = random_qkv(1, 2, 2, 6, 4, seed=9)
+    with pytest.raises(ValueError, match="even"):
+        ring_attention(q[..., :5, :], k[..., :5, :], v[..., :5, :], is_causal=True)
+    with pytest.raises(ValueError, match="self-attention"):
+        ring_attention(q[..., :4, :], k, v)
+    with pytest.raises(TypeError, match="is_causal must be a bool"):
+        ring_attention(q, k, v, is_causal=1)
+    with pytest.raises(TypeError, match="query must be a torch.Tensor"):
+        ring_attention(q.tolist(), k, v)
+
+
+def test_group_of_the_wrong_type_is_a_type_error(one_rank_group):
+    q, k, v, _ = random_qkv(1, 2, 2, 6, 4, seed=10)
+    with pytest.raises(TypeError, match="ProcessGroup"):
+        ring_attention(q, k, v, group="world")

@@ -1,0 +1,101 @@
+"""Ring attention for real: 2 and 3 gloo processes on this machine (loopback only), each run bounded
+in time, float64 outputs and every gradient against a single-process float64 truth.
+
+Each process group is started once per world size and runs every case, since starting processes
+costs more than the cases themselves.
+"""
+
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+from _truth import attention_truth, random_qkv
+
+from flashtile.distributed import ring_attention, ring_attention_on_shards, run_local_ring, unshard_sequence
+from flashtile.distributed.local import RankFailed
+
+TIMEOUT_S = 60  # a hang fails the test after this long instead of holding up CI
+
+# (name, B, H, H_kv, T, D, is_causal, scale)
+CASES = [
+    ("full", 2, 4, 4, 24, 8, False, None),
+    ("causal", 2, 4, 4, 24, 8, True, None),
+    ("gqa-full", 1, 6, 2, 36, 16, False, 0.3),
+    ("gqa-causal", 1, 6, 2, 36, 16, True, 0.3),
+    ("mqa-causal", 1, 4, 1, 12, 8, True, None),
+]
+
+
+def run_cases(rank, world_size, cases):
+    """Worker: every case, in order, on this rank; a list of (o, dq, dk, dv) shards."""
+    return [ring_attention_on_shards(rank, world_size, *case) for case in cases]
+
+
+def inputs(case, world_size):
+    name, B, H, H_kv, T, D, is_causal, scale = case
+    return (*random_qkv(B, H, H_kv, T, D, seed=len(name) + world_size), is_causal, scale)
+
+
+@pytest.fixture(scope="module", params=[2, 3], ids=["world2", "world3"])
+def ring_results(request):
+    world_size = request.param
+    cases = [inputs(case, world_size) for case in CASES]
+    per_rank = run_local_ring(run_cases, world_size, cases, timeout_s=TIMEOUT_S)
+    return world_size, cases, per_rank
+
+
+@pytest.mark.parametrize("index", range(len(CASES)), ids=[c[0] for c in CASES])
+def test_ring_matches_float64_truth_output_and_every_gradient(ring_results, index):
+    world_size, cases, per_rank = ring_results
+    q, k, v, do, is_causal, scale = cases[index]
+    got = [unshard_sequence([r[index][i] for r in per_rank], is_causal) for i in range(4)]
+    truth = attention_truth(q, k, v, do, is_causal, scale)
+    for name, g, want in zip(("o", "dq", "dk", "dv"), got, truth):
+        assert g.dtype == torch.float64 and g.shape == want.shape, name
+        torch.testing.assert_close(g, want, rtol=0, atol=1e-12, msg=lambda m, name=name: f"{name}: {m}")
+
+
+def mismatched_shards(rank, world_size):
+    """Worker: rank 1 holds a longer shard, or a different is_causal; every rank must raise, none hang."""
+    errors = []
+    for T_rank1, causal_rank1 in ((8, False), (4, True)):
+        T = T_rank1 if rank == 1 else 4
+        q = torch.randn(1, 2, T, 4, dtype=torch.float64)
+        try:
+            ring_attention(q, q, q, is_causal=causal_rank1 if rank == 1 else False)
+            errors.append(None)
+        except ValueError as e:
+            errors.append(str(e))
+    dist.barrier()  # every rank got here: nobody is stuck in a transfer
+    return errors
+
+
+def test_mismatched_shards_raise_value_error_on_every_rank():
+    per_rank = run_local_ring(mismatched_shards, 2, timeout_s=TIMEOUT_S)
+    assert per_rank[0] == per_rank[1]  # one message, word for word, on every rank
+    shape_error, causal_error = per_rank[0]
+    assert "rank 0: query (1, 2, 4, 4)" in shape_error and "rank 1: query (1, 2, 8, 4)" in shape_error
+    assert "equal shard" in shape_error
+    assert "rank 0: query (1, 2, 4, 4), key (1, 2, 4, 4), is_causal=False" in causal_error
+    assert "rank 1: query (1, 2, 4, 4), key (1, 2, 4, 4), is_causal=True" in causal_error
+
+
+def sleeps(rank, world_size):
+    time.sleep(600)
+
+
+def test_a_rank_that_hangs_is_killed_at_the_timeout():
+    start = time.monotonic()
+    with pytest.raises(TimeoutError, match="did not finish"):
+        run_local_ring(sleeps, 2, timeout_s=5)
+    assert time.monotonic() - start < 30
+
+
+def raises(rank, world_size):
+    raise ArithmeticError(f"planted on rank {rank}")
+
+
+def test_a_rank_that_raises_reports_its_traceback():
+    with pytest.raises(RankFailed, match="planted on rank 0"):
+        run_local_ring(raises, 2, timeout_s=TIMEOUT_S)
