@@ -1,0 +1,272 @@
+"""Time ring attention on the GPUs of one host, against single-GPU flashtile.attention.
+
+    python -m flashtile.distributed.bench --out ring.json --commit abc1234 [--T 16384 32768] [--budget-s 200]
+    python -m flashtile.distributed.bench --render    # the chapter's table, from bench/results/ring.json
+
+Rows follow the shared benchmark schema with ``pass: "ring"``. Providers: ``flashtile`` is
+``flashtile.attention`` on one GPU with the whole sequence (the baseline); ``flashtile_ring`` is
+``ring_attention`` with ``world_size`` ranks, one GPU each (world size 1 measures the ring's own
+overhead). ``measures`` says what was timed: ``forward`` (under no_grad) or ``forward_backward``.
+
+Method: every timed call starts after a barrier and a device sync and ends at a device sync; the
+time of one call is the slowest rank's; the median over the repeats is reported. TFLOP/s counts the
+whole attention (4·B·H·T²·D, ×0.5 causal; ×3.5 for forward+backward) over that time, summed over the
+GPUs. ``speedup_vs_1gpu`` is the baseline's time over the row's. The output and gradients of the
+widest ring are compared with the baseline's (relative Frobenius norm of the difference).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from .local import run_local_ring
+from .ring import ring_attention
+from .sharding import shard_sequence, unshard_sequence
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn, reps: int, device: torch.device, everyone: bool = True) -> float:
+    """Median over ``reps`` calls (after one warm-up) of the slowest rank's time, in ms.
+
+    everyone=False: only this rank runs ``fn`` (no barrier, no reduction)."""
+    times = []
+    for i in range(reps + 1):
+        if everyone:
+            dist.barrier()
+        sync(device)
+        start = time.perf_counter()
+        fn()
+        sync(device)
+        elapsed = torch.tensor([time.perf_counter() - start], device=device)
+        if everyone:
+            dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+        if i > 0:
+            times.append(1000 * elapsed.item())
+    return statistics.median(times)
+
+
+def attention_flops(B, H, T, D, causal: bool, measures: str) -> float:
+    flops = 4 * B * H * T * T * D * (0.5 if causal else 1.0)
+    return flops * (3.5 if measures == "forward_backward" else 1.0)
+
+
+def forward_and_backward(fn, q, k, v, do):
+    """A closure running fn forward and backward, clearing the gradients first."""
+
+    def run():
+        for x in (q, k, v):
+            x.grad = None
+        fn(q, k, v).backward(do)
+
+    return run
+
+
+def rel(a, b) -> float:
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def bench_shape(rank, world_size, device, solo, shape, dtype) -> list[dict]:
+    """Every provider at one shape; rows on rank 0, [] elsewhere."""
+    from ..api import attention
+
+    B, H, H_kv, T, D, causal, reps = shape
+    gen = torch.Generator(device=device).manual_seed(T + causal)  # the same tensors on every rank
+    q = torch.randn(B, H, T, D, device=device, dtype=dtype, generator=gen)
+    k, v = (torch.randn(B, H_kv, T, D, device=device, dtype=dtype, generator=gen) for _ in range(2))
+    do = torch.randn(B, H, T, D, device=device, dtype=dtype, generator=gen)
+    single = lambda q, k, v: attention(q, k, v, is_causal=causal, enable_gqa=H_kv != H)
+    solo_ring = lambda q, k, v: ring_attention(q, k, v, is_causal=causal, group=solo)
+    ring = lambda q, k, v: ring_attention(q, k, v, is_causal=causal)
+    times = {}
+    if rank == 0:  # one GPU: the baseline, and the ring machinery with world size 1
+        leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+        with torch.no_grad():
+            times["flashtile", 1, "forward"] = timed(lambda: single(q, k, v), reps, device, False)
+            times["flashtile_ring", 1, "forward"] = timed(lambda: solo_ring(q, k, v), reps, device, False)
+        for name, fn in (("flashtile", single), ("flashtile_ring", solo_ring)):
+            times[name, 1, "forward_backward"] = timed(forward_and_backward(fn, *leaves, do), reps, device, False)
+        for x in leaves:
+            x.grad = None
+        o = single(*leaves)
+        o.backward(do)
+        reference = [o.detach(), *(x.grad for x in leaves)]
+    dist.barrier()
+    q, k, v, do = (shard_sequence(x, world_size, rank, causal) for x in (q, k, v, do))
+    with torch.no_grad():
+        times["flashtile_ring", world_size, "forward"] = timed(lambda: ring(q, k, v), reps, device)
+    leaves = [x.requires_grad_() for x in (q, k, v)]
+    fwd_bwd = forward_and_backward(ring, *leaves, do)
+    times["flashtile_ring", world_size, "forward_backward"] = timed(fwd_bwd, reps, device)
+    for x in leaves:
+        x.grad = None
+    o = ring(*leaves)
+    o.backward(do)
+    gathered = []
+    for x in (o.detach(), *(x.grad for x in leaves)):
+        parts = [torch.empty_like(x) for _ in range(world_size)]
+        dist.all_gather(parts, x.contiguous())
+        gathered.append(unshard_sequence(parts, causal))
+    if rank != 0:
+        return []
+    errors = {name: float(f"{rel(g, r):.3g}") for name, g, r in zip(("o", "dq", "dk", "dv"), gathered, reference)}
+    rows = []
+    for (provider, world, measures), ms in times.items():
+        rows.append({
+            "pass": "ring", "provider": provider, "measures": measures, "world_size": world,
+            "B": B, "H": H, "H_kv": H_kv, "Tq": T, "Tk": T, "D": D, "causal": causal, "layout": "bhtd",
+            "dtype": {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[dtype],
+            "ms": round(ms, 3),
+            "tflops": round(attention_flops(B, H, T, D, causal, measures) / (ms * 1e-3) / 1e12, 1),
+            "speedup_vs_1gpu": round(times["flashtile", 1, measures] / ms, 3),
+        })  # fmt: skip
+        if provider == "flashtile_ring" and world == world_size:
+            rows[-1]["rel_err_vs_1gpu"] = errors
+    print(f"T={T} causal={causal}: " + ", ".join(f"{p}/{w}/{m} {ms:.2f} ms" for (p, w, m), ms in times.items()),
+          f"errors {errors}", flush=True)  # fmt: skip
+    return rows
+
+
+def ring_bandwidth(device, n_bytes: int, reps: int = 5) -> float:
+    """GB/s one rank sends to the next while receiving from the previous: the ring's transfer rate."""
+    from .ring import exchange, ring_of, wait
+
+    ring = ring_of(None)
+    send = torch.ones(n_bytes // 2, dtype=torch.bfloat16, device=device)
+    recv = torch.empty_like(send)
+    ms = timed(lambda: wait(exchange(ring, [send], [recv])), reps, device)
+    return n_bytes / (ms * 1e-3) / 1e9
+
+
+def bench_worker(rank, world_size, shapes, budget_s, dtype=torch.bfloat16):
+    """Runs on every rank. Rank 0 returns {"rows", "ring_GBps"}; the others return None."""
+    device = torch.device("cuda", rank) if dist.get_backend() == "nccl" else torch.device("cpu")
+    solo = dist.new_group([0])  # rank 0 alone: the single-GPU runs
+    bandwidth = ring_bandwidth(device, 2**28 if device.type == "cuda" else 2**20)
+    start, rows = time.monotonic(), []
+    for shape in shapes:
+        go = torch.tensor([time.monotonic() - start < budget_s], device=device)
+        dist.broadcast(go, 0)  # rank 0 decides, so every rank stops at the same shape
+        if not go.item():
+            break
+        rows += bench_shape(rank, world_size, device, solo, shape, dtype)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return {"rows": rows, "ring_GBps": round(bandwidth, 1)} if rank == 0 else None
+
+
+def provenance(commit: str) -> dict:
+    import triton
+
+    return {
+        "gpu": torch.cuda.get_device_name(0),
+        "gpus": torch.cuda.device_count(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "cuda": torch.version.cuda,
+        "nccl": ".".join(map(str, torch.cuda.nccl.version())),
+        "python": platform.python_version(),
+        "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "commit": commit,
+        "env": {k: os.environ.get(k) for k in ("NCCL_NVLS_ENABLE",)},
+        "method": (
+            "python -m flashtile.distributed.bench; each timed call between a barrier+device sync and a device "
+            "sync, slowest rank, median of the repeats after one warm-up; bf16; TFLOP/s = 4*B*H*T*T*D "
+            "(x0.5 causal, x3.5 forward+backward) / time, summed over GPUs; speedup_vs_1gpu = time of "
+            "flashtile.attention on one GPU with the whole sequence / time of the row"
+        ),
+    }
+
+
+ROOT = Path(__file__).resolve().parents[3]
+RESULT = ROOT / "bench" / "results" / "ring.json"
+PAGE = ROOT / "docs" / "part-c" / "ring-attention.md"
+TABLE_BLOCK = re.compile(r"(<!-- ring-table -->\n)(?P<body>.*?)(<!-- /ring-table -->)", re.S)
+
+
+def ring_table(result: dict) -> str:
+    """The chapter's table: one line per (T, causal, what was timed), times in ms, then the provenance."""
+    rows = result["rows"]
+    world = max(r["world_size"] for r in rows)
+    head = ["T", "causal", "timed", "1 GPU, flashtile.attention", "ring, 1 GPU", f"ring, {world} GPUs",
+            "speed-up", f"TFLOP/s on {world} GPUs", "rel. error vs 1 GPU: o / dq / dk / dv"]  # fmt: skip
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    by_shape: dict = {}
+    for r in rows:
+        by_shape.setdefault((r["Tq"], r["causal"], r["measures"]), {})[r["provider"], r["world_size"]] = r
+    for (T, causal, measures), by in by_shape.items():
+        wide = by["flashtile_ring", world]
+        names = ("o", "dq", "dk", "dv") if measures == "forward_backward" else ("o",)
+        errors = " / ".join(f"{wide['rel_err_vs_1gpu'][k]:.1e}" for k in names)
+        cells = [f"{T // 1024}k" if T % 1024 == 0 else str(T), "yes" if causal else "no", measures.replace("_", " + "),
+                 f"{by['flashtile', 1]['ms']:.1f}", f"{by['flashtile_ring', 1]['ms']:.1f}", f"{wide['ms']:.1f}",
+                 f"{wide['speedup_vs_1gpu']:.2f}x", f"{wide['tflops']:.0f}", errors]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+    p = result["provenance"]
+    lines += [
+        "",
+        f"Measured on {p['gpus']}x {p['gpu']} (NCCL {p['nccl']}, NVLink multicast off; ring transfer "
+        f"{p['ring_GBps']:.0f} GB/s per direction) with torch {p['torch']}, triton {p['triton']}, CUDA {p['cuda']} "
+        f"at {p['date_utc']} (commit {p['commit']}); B = {rows[0]['B']}, H = {rows[0]['H']}, D = {rows[0]['D']}, "
+        f"{rows[0]['dtype']}. Method: {p['method']}.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def render_page(page: Path = PAGE, result_path: Path = RESULT) -> None:
+    """Rewrite the table block of the chapter from the committed JSON."""
+    result = json.loads(result_path.read_text())
+    text = page.read_text()
+    page.write_text(TABLE_BLOCK.sub(lambda m: m.group(1) + ring_table(result) + m.group(3), text))
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", help="where to write the JSON")
+    parser.add_argument("--render", action="store_true", help="rewrite the chapter's table from the committed JSON")
+    parser.add_argument("--commit", default="unknown")
+    parser.add_argument("--world-size", type=int, default=2)
+    parser.add_argument("--T", type=int, nargs="+", default=[16384, 32768, 65536, 131072])
+    parser.add_argument("--H", type=int, default=16)
+    parser.add_argument("--D", type=int, default=128)
+    parser.add_argument("--budget-s", type=float, default=200.0, help="start no new shape after this long")
+    parser.add_argument("--cpu-smoke", action="store_true", help="gloo on CPU, fp32, to check the script runs")
+    args = parser.parse_args(argv)
+    if args.render:
+        render_page()
+        return
+    if not args.out:
+        parser.error("--out is required unless --render")
+    os.environ["NCCL_NVLS_ENABLE"] = "0"  # NVLink multicast off on shared hosts
+    shapes = []
+    for T in args.T:
+        reps = 10 if T <= 32768 else 5 if T <= 65536 else 3
+        shapes += [(1, args.H, args.H, T, args.D, causal, reps) for causal in (False, True)]
+    backend, dtype = ("gloo", torch.float32) if args.cpu_smoke else ("nccl", torch.bfloat16)
+    measured = run_local_ring(bench_worker, args.world_size, shapes, args.budget_s, dtype, backend=backend,
+                              timeout_s=args.budget_s + 240)[0]  # fmt: skip
+    meta = provenance(args.commit) if not args.cpu_smoke else {"cpu_smoke": True}
+    meta["ring_GBps"] = measured["ring_GBps"]  # measured at start: 256 MiB sent to the next rank while receiving
+    rows = measured["rows"]
+    result = {"provenance": meta, "rows": rows}
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+    print(f"wrote {len(rows)} rows to {args.out}")
+
+
+if __name__ == "__main__":
+    main()
