@@ -3,9 +3,9 @@
 import pytest
 import torch
 import torch.distributed as dist
-from _truth import attention_truth, random_qkv
 
 import flashtile
+from _truth import attention_truth, random_qkv
 from flashtile.api import use_backend
 from flashtile.distributed import merge_partial, ring_attention, shard_sequence, simulate_ring, unshard_sequence
 
@@ -134,3 +134,21 @@ def test_group_of_the_wrong_type_is_a_type_error(one_rank_group):
     q, k, v, _ = random_qkv(1, 2, 2, 6, 4, seed=10)
     with pytest.raises(TypeError, match="ProcessGroup"):
         ring_attention(q, k, v, group="world")
+
+
+def test_backward_with_each_steps_own_lse_is_wrong_which_is_why_the_forward_saves_the_merged_one():
+    """The ring backward passes the final (o, lse) to every step. A step's own partial lse would make
+    exp(S - lse) a softmax over the visiting keys only, and the shares would not add up."""
+    from flashtile.distributed.ring import local_backward, local_forward
+
+    q, k, v, do = random_qkv(1, 2, 2, 8, 4, seed=11)
+    halves = (slice(0, 4), slice(4, 8))
+    truth_dq = attention_truth(q, k, v, do, False)[1]
+    o, lse = local_forward(q, k, v, False, 0.5)
+    right = sum(local_backward(q, k[..., s, :], v[..., s, :], o, lse, do, False, 0.5)[0] for s in halves)
+    wrong = 0
+    for s in halves:
+        o_part, lse_part = local_forward(q, k[..., s, :], v[..., s, :], False, 0.5)
+        wrong = wrong + local_backward(q, k[..., s, :], v[..., s, :], o_part, lse_part, do, False, 0.5)[0]
+    torch.testing.assert_close(right, truth_dq, rtol=0, atol=1e-12)
+    assert not torch.allclose(wrong, truth_dq, atol=1e-3)
