@@ -6,6 +6,11 @@ on here, at the very top of the first file pytest imports.
 """
 
 import os
+import sys
+from pathlib import Path
+
+# tests/_truth.py (the independent float64 truth) is imported as ``_truth`` from every test directory.
+sys.path.insert(0, str(Path(__file__).parent / "tests"))
 
 
 def _has_cuda() -> bool:

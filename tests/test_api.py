@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 
 import flashtile
+from _truth import attention_truth, truth_with_grads
 from flashtile.api import attention, attention_bwd, attention_fwd, pick_backend, use_backend
-from flashtile.reference.naive import naive_attention
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 F32, F16 = torch.float32, torch.float16
@@ -30,9 +30,8 @@ def make_qkv(B, H, H_kv, Tq, Tk, D, dtype=F32, seed=0):
 
 
 def float64_truth(q, k, v, do, causal, alignment):
-    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
-    o, _ = naive_attention(q64, k64, v64, causal=causal, alignment=alignment)
-    return o, torch.autograd.grad(o, (q64, k64, v64), do.double())
+    o, _, grads = truth_with_grads(q, k, v, do, causal, None, alignment)
+    return o, grads
 
 
 def run_attention(fn, q, k, v, do):
@@ -95,7 +94,7 @@ def test_attention_backward_takes_a_non_contiguous_do():
 def test_return_lse_gives_float32_lse_without_gradient():
     q, k, v = make_qkv(1, 2, 2, 16, 16, 16, F16, seed=8)
     o, lse = attention(q, k, v, is_causal=True, return_lse=True)
-    _, lse_ref = naive_attention(q.double(), k.double(), v.double(), causal=True)
+    _, lse_ref = attention_truth(q.double(), k.double(), v.double(), causal=True)
     assert lse.dtype == torch.float32 and lse.shape == (1, 2, 16) and not lse.requires_grad
     torch.testing.assert_close(lse.double(), lse_ref, atol=1e-4, rtol=1e-4)
 
@@ -127,13 +126,14 @@ def test_torch_compile_graph_holds_the_custom_ops_as_single_nodes():
     assert "flashtile.attention_fwd.default" in targets
 
 
-def test_custom_ops_pass_torch_library_opcheck():
+@pytest.mark.parametrize("backend", ["triton", "reference"])
+def test_custom_ops_pass_torch_library_opcheck(backend):
     q, k, v = make_qkv(1, 2, 1, 20, 20, 16, seed=12)
-    args = (q, k, v, True, 0.25, "lower_right", "reference")
+    args = (q, k, v, True, 0.25, "lower_right", backend)
     torch.library.opcheck(attention_fwd, args)
-    o, lse = attention_fwd(*args)
-    do = torch.randn_like(o)
-    inputs = (t.detach() for t in (do, q, k, v, o, lse))
+    o, lse, stats = attention_fwd(*args)
+    do = torch.randn(o.shape, generator=torch.Generator().manual_seed(13)).to(DEVICE)
+    inputs = (t.detach() for t in (do, q, k, v, o, lse, stats))
     torch.library.opcheck(attention_bwd, (*inputs, *args[3:]))
 
 

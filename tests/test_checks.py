@@ -101,7 +101,7 @@ def test_bad_causal_scale_alignment(attend):
     q, k, v = qkv()
     with pytest.raises(TypeError, match=r"causal must be a bool"):
         attend(q, k, v, causal="yes")
-    with pytest.raises(TypeError, match=r"scale must be a float or None"):
+    with pytest.raises(TypeError, match=r"scale must be a real number or None"):
         attend(q, k, v, scale="0.5")
     with pytest.raises(ValueError, match=r"scale must be finite"):
         attend(q, k, v, scale=float("nan"))

@@ -8,61 +8,88 @@ rank other than 4, and a value head dim different from the query's.
 What runs (the dispatch):
 
 * CUDA tensors run the Triton kernels (``flashtile.kernels.forward`` and ``.backward``).
-* CPU tensors run the same Triton kernels through Triton's interpreter when ``TRITON_INTERPRET=1``
-  is set (it must be set before flashtile's kernel modules are imported), and the PyTorch reference
-  tier (``flashtile.reference.forward`` / ``.backward``, computed in float32) otherwise.
+* CPU tensors run the same Triton kernels through Triton's interpreter when ``TRITON_INTERPRET`` is on
+  (read exactly as Triton reads it; set it before flashtile's kernel modules are imported), and the
+  PyTorch reference tier (``flashtile.reference.forward`` / ``.backward``, in float32) otherwise.
 * float64 inputs always take the reference tier, computed in float64: the kernels stop at fp32.
+  So do bfloat16 CPU tensors, whose arithmetic the interpreter gets wrong (Triton issue 11584).
 * ``use_backend("reference")`` / ``use_backend("triton")`` overrides the choice inside a ``with``
-  block; the tests use it to compile the reference path while the interpreter is on.
+  block, for the current thread (or asyncio task) only.
+
+Every tier takes the same inputs and refuses the same inputs (``flashtile._checks``), and follows one
+rule for NaN and inf (the site's "flashtile.attention" page): a row that sees a NaN, or an infinite
+score, comes out NaN; a row that sees no key gives o = 0 and lse = -inf.
 
 The forward and the backward are two custom ops, ``flashtile::attention_fwd`` and
 ``flashtile::attention_bwd``. To ``torch.compile`` each is one opaque node: it never traces into
 Triton launches or Python tile loops, and it learns output shapes from the fake implementations below.
+Reverse-mode autograd is supported once (no double backward); forward-mode AD and ``torch.func``
+transforms raise ``NotImplementedError`` rather than return a wrong tangent. Under ``torch.autocast``
+the inputs are cast to the autocast dtype first, as ``scaled_dot_product_attention`` does.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
+import contextvars
 
 import torch
 
-from ._checks import check_alignment, check_attention_inputs, check_causal, resolve_scale
+from ._checks import (
+    check_alignment,
+    check_attention_inputs,
+    check_causal,
+    check_flag,
+    resolve_scale,
+    stats_dtype,
+)
+from ._env import is_interpreting
 
 BACKENDS = ("triton", "reference")
-_forced_backend: str | None = None
+_forced_backend: contextvars.ContextVar[str | None] = contextvars.ContextVar("flashtile_backend", default=None)
 
 
 @contextlib.contextmanager
 def use_backend(name: str):
-    """Run every ``flashtile.attention`` call in the block on ``name`` ("triton" or "reference")."""
-    global _forced_backend
-    if name not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {name!r}")
-    previous, _forced_backend = _forced_backend, name
+    """Run every ``flashtile.attention`` call in the block on ``name`` ("triton" or "reference").
+
+    The choice is a context variable: it holds for this thread (or asyncio task) only, so one thread's
+    override never changes another's dispatch.
+    """
+    check_backend(name)
+    token = _forced_backend.set(name)
     try:
         yield
     finally:
-        _forced_backend = previous
+        _forced_backend.reset(token)
+
+
+@torch.compiler.assume_constant_result  # torch.compile reads it once, at trace time, like the rest of the dispatch
+def forced_backend() -> str | None:
+    """The backend a ``use_backend`` block forces in this thread or task, or None."""
+    return _forced_backend.get()
+
+
+def check_backend(name) -> str:
+    if name not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {name!r}")
+    return name
 
 
 # --8<-- [start:dispatch]
 def pick_backend(q: torch.Tensor) -> str:
     """Which tier runs: see the module docstring. Read at trace time under torch.compile."""
-    if _forced_backend is not None:
-        return _forced_backend
+    forced = forced_backend()
+    if forced is not None:
+        return forced
     if q.dtype == torch.float64:
         return "reference"
-    if q.device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+    if q.device.type == "cuda":
+        return "triton"
+    if is_interpreting() and q.dtype != torch.bfloat16:  # the interpreter's bf16 is wrong: Triton issue 11584
         return "triton"
     return "reference"
 # --8<-- [end:dispatch]
-
-
-def _stats_dtype(q: torch.Tensor) -> torch.dtype:
-    """float64 for float64 inputs, else float32: the dtype of lse, and of the reference tier's arithmetic
-    on 16-bit inputs (like the kernels' fp32 accumulators)."""
-    return torch.float64 if q.dtype == torch.float64 else torch.float32
 
 
 REFERENCE_BLOCK = 64  # the reference tier's tile size: any value gives the same result up to rounding
@@ -72,27 +99,26 @@ REFERENCE_BLOCK = 64  # the reference tier's tile size: any value gives the same
 @torch.library.custom_op("flashtile::attention_fwd", mutates_args=())
 def attention_fwd(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float, alignment: str, backend: str
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(o, lse): o (B, H, Tq, D) contiguous in q's dtype, lse (B, H, Tq) float32 (float64 for float64)."""
-    if backend == "triton":
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(o, lse, stats): o (B, H, Tq, D) contiguous in q's dtype; lse (B, H, Tq) float32 (float64 for float64);
+    stats, what the backward needs besides lse: the kernels' final (m, l), (2, B, H, Tq), or empty."""
+    if check_backend(backend) == "triton":
         from .kernels.forward import flash_attention
 
-        o, lse = flash_attention(q, k, v, causal=causal, scale=scale, alignment=alignment)
-    else:
-        from .reference.forward import flash_attention_forward
+        return flash_attention(q, k, v, causal=causal, scale=scale, alignment=alignment, return_stats=True)
+    from .reference.forward import flash_attention_forward
 
-        c = _stats_dtype(q)
-        o, lse = flash_attention_forward(
-            q.to(c), k.to(c), v.to(c), causal, scale, REFERENCE_BLOCK, REFERENCE_BLOCK, alignment
-        )
-    return o.to(q.dtype).contiguous(), lse.to(_stats_dtype(q)).contiguous()
+    o, lse = flash_attention_forward(q, k, v, causal, scale, REFERENCE_BLOCK, REFERENCE_BLOCK, alignment)
+    return o.contiguous(), lse.contiguous(), lse.new_empty((0,))
 
 
 @attention_fwd.register_fake
 def _(q, k, v, causal, scale, alignment, backend):
     # Only shapes, dtypes and devices: what torch.compile needs to trace past the op without running it.
     B, H, Tq, D = q.shape
-    return q.new_empty((B, H, Tq, D)), q.new_empty((B, H, Tq), dtype=_stats_dtype(q))
+    c = stats_dtype(q.dtype)
+    stats_shape = (2, B, H, Tq) if backend == "triton" else (0,)
+    return q.new_empty((B, H, Tq, D)), q.new_empty((B, H, Tq), dtype=c), q.new_empty(stats_shape, dtype=c)
 # --8<-- [end:forward_op]
 
 
@@ -105,29 +131,28 @@ def attention_bwd(
     v: torch.Tensor,
     o: torch.Tensor,
     lse: torch.Tensor,
+    stats: torch.Tensor,
     causal: bool,
     scale: float,
     alignment: str,
     backend: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv), contiguous, in the inputs' dtype; dk and dv summed over each GQA group."""
-    if backend == "triton":
+    if check_backend(backend) == "triton":
         from .kernels.backward import flash_attention_backward
 
-        dq, dk, dv = flash_attention_backward(q, k, v, o, lse, do, causal=causal, scale=scale, alignment=alignment)
+        dq, dk, dv = flash_attention_backward(q, k, v, o, lse, do, causal, scale, alignment, stats=stats)
     else:
         from .reference.backward import flash_attention_backward
 
-        c = _stats_dtype(q)
         dq, dk, dv = flash_attention_backward(
-            q.to(c), k.to(c), v.to(c), o.to(c), lse.to(c), do.to(c),
-            causal, scale, REFERENCE_BLOCK, REFERENCE_BLOCK, alignment,
-        )  # fmt: skip
-    return tuple(g.to(q.dtype).contiguous() for g in (dq, dk, dv))
+            q, k, v, o, lse, do, causal, scale, REFERENCE_BLOCK, REFERENCE_BLOCK, alignment
+        )
+    return dq.contiguous(), dk.contiguous(), dv.contiguous()
 
 
 @attention_bwd.register_fake
-def _(do, q, k, v, o, lse, causal, scale, alignment, backend):
+def _(do, q, k, v, o, lse, stats, causal, scale, alignment, backend):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 # --8<-- [end:backward_op]
 
@@ -135,16 +160,16 @@ def _(do, q, k, v, o, lse, causal, scale, alignment, backend):
 # --8<-- [start:autograd]
 def _setup_context(ctx, inputs, output):
     q, k, v, causal, scale, alignment, backend = inputs
-    o, lse = output
-    ctx.save_for_backward(q, k, v, o, lse)  # O(T) extra memory: o and lse, never P
+    o, lse, stats = output
+    ctx.save_for_backward(q, k, v, o, lse, stats)  # O(T) extra memory: o, lse and (m, l), never P
     ctx.config = (causal, scale, alignment, backend)
-    ctx.mark_non_differentiable(lse)
+    ctx.mark_non_differentiable(lse, stats)
 
 
-def _backward(ctx, do, _dlse):
-    q, k, v, o, lse = ctx.saved_tensors
+def _backward(ctx, do, _dlse, _dstats):
+    q, k, v, o, lse, stats = ctx.saved_tensors
     causal, scale, alignment, backend = ctx.config
-    dq, dk, dv = attention_bwd(do, q, k, v, o, lse, causal, scale, alignment, backend)
+    dq, dk, dv = attention_bwd(do, q, k, v, o, lse, stats, causal, scale, alignment, backend)
     return dq, dk, dv, None, None, None, None
 
 
@@ -169,30 +194,66 @@ def attention(
     """Softmax attention with SDPA's argument names, differentiable, torch.compile-clean.
 
     Args:
-        query: (B, H, Tq, D). key, value: (B, H_kv, Tk, D). fp16, bf16, fp32 (float64 via reference).
+        query: (B, H, Tq, D). key, value: (B, H_kv, Tk, D), 1 <= D <= 256. fp16, bf16, fp32, float64;
+            any strides; CUDA, or CPU (see the module docstring for which tier runs).
         attn_mask, dropout_p: accepted for signature compatibility only; must be None and 0.0.
         is_causal: causal mask; with Tq != Tk its diagonal follows ``alignment``.
-        scale: multiplies Q K^T; defaults to 1/sqrt(D), as in SDPA.
+        scale: τ, multiplies Q K^T; defaults to 1/sqrt(D), as in SDPA. Zero and negative allowed.
         enable_gqa: allow H_kv < H (H a multiple of H_kv); without it H must equal H_kv, as in SDPA.
         alignment: "upper_left" (SDPA's is_causal) or "lower_right" (the last query sees every key).
-        return_lse: also return lse (B, H, Tq), natural log, float32; it carries no gradient.
+        return_lse: also return lse (B, H, Tq), natural log, float32 (float64 for float64 inputs);
+            it carries no gradient.
 
     Returns:
-        o (B, H, Tq, D) in query's dtype, or (o, lse) if return_lse.
+        o (B, H, Tq, D) in query's dtype (the autocast dtype under autocast), or (o, lse) if return_lse.
     """
     if attn_mask is not None:
         raise ValueError("attn_mask is not supported by flashtile.attention; pass is_causal=True for a causal mask")
-    if dropout_p != 0.0:
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)) or dropout_p != 0.0:
         raise ValueError(f"dropout_p must be 0.0: flashtile.attention has no dropout, got {dropout_p!r}")
     shape = check_attention_inputs(query, key, value, names=("query", "key", "value"))
-    check_causal(is_causal, "is_causal")
+    is_causal = check_causal(is_causal, "is_causal")
+    enable_gqa = check_flag("enable_gqa", enable_gqa)
+    return_lse = check_flag("return_lse", return_lse)
     check_alignment(alignment)
     if shape.H != shape.H_kv and not enable_gqa:
         raise ValueError(
             f"query has {shape.H} heads but key and value have {shape.H_kv}; pass enable_gqa=True for "
             "grouped-query attention (as with scaled_dot_product_attention)"
         )
-    scale = resolve_scale(scale, shape.D)
-    o, lse = attention_fwd(query, key, value, is_causal, scale, alignment, pick_backend(query))
+    if not torch.compiler.is_compiling():
+        refuse_unsupported_autograd_modes()
+    query, key, value = autocast_inputs(query, key, value)
+    scale = resolve_scale(scale, shape.D, query.dtype)
+    with torch.autocast(query.device.type, enabled=False):  # the tiers choose their own precision
+        o, lse, _stats = attention_fwd(query, key, value, is_causal, scale, alignment, pick_backend(query))
     return (o, lse) if return_lse else o
+# --8<-- [end:attention]
+
+
+def autocast_inputs(query, key, value):
+    """Under torch.autocast, cast the inputs to the autocast dtype, as scaled_dot_product_attention does
+    (it is on autocast's lower-precision list); float64 inputs are left alone, as autocast leaves them."""
+    device = query.device.type
+    if not torch.amp.is_autocast_available(device) or not torch.is_autocast_enabled(device):
+        return query, key, value
+    if query.dtype == torch.float64:
+        return query, key, value
+    dtype = torch.get_autocast_dtype(device)
+    return query.to(dtype), key.to(dtype), value.to(dtype)
+
+
+def refuse_unsupported_autograd_modes() -> None:
+    """Forward-mode AD and torch.func transforms would get a zero or missing tangent from the custom ops
+    (they define a reverse-mode formula only): refuse them with a clear error instead."""
+    if torch._C._are_functorch_transforms_active():
+        raise NotImplementedError(
+            "flashtile.attention does not support torch.func transforms (grad, vmap, jvp, jacrev, ...); "
+            "use torch.autograd (loss.backward() or torch.autograd.grad)"
+        )
+    if torch.autograd.forward_ad._current_level >= 0:
+        raise NotImplementedError(
+            "flashtile.attention does not support forward-mode AD (torch.autograd.forward_ad); its gradient is "
+            "reverse-mode only: use loss.backward() or torch.autograd.grad"
+        )
 # --8<-- [end:attention]

@@ -17,7 +17,7 @@ import math
 import triton
 import triton.language as tl
 
-from flashtile.kernels._common import program_offset
+from flashtile.kernels._common import head_dim_pad, kernel_scale, program_offset
 from flashtile.kernels.forward import _forward_kernel
 from flashtile.reference.causal import diagonal_offset
 
@@ -84,12 +84,13 @@ def forward_assuming_contiguous_strides(q, k, v, causal=False, alignment="upper_
         return (t.shape[1] * t.shape[2] * t.shape[3], t.shape[2] * t.shape[3], t.shape[3], 1)
 
     o = q.new_empty(q.shape)
-    lse = q.new_empty((B, H, Tq)).float()
-    _forward_kernel[(triton.cdiv(Tq, 16), B * H)](
-        q, k, v, o, lse,
+    lse, m, l = (q.new_empty((B, H, Tq)).float() for _ in range(3))
+    units = kernel_scale(1.0 / math.sqrt(D))
+    _forward_kernel[(triton.cdiv(Tq, 16), H, B)](
+        q, k, v, o, lse, m, l,
         *contiguous_strides(q), *contiguous_strides(k), *contiguous_strides(v), *o.stride(),
-        H, H // H_kv, Tq, Tk, diagonal_offset(Tq, Tk, alignment), math.log2(math.e) / math.sqrt(D),
-        HEAD_DIM=D, HEAD_DIM_PAD=triton.next_power_of_2(D), BLOCK_Q=16, BLOCK_K=16, CAUSAL=causal,
+        H, H // H_kv, Tq, Tk, diagonal_offset(Tq, Tk, alignment), units.qk_scale,
+        HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D), BLOCK_Q=16, BLOCK_K=16, CAUSAL=causal, SIGN=units.sign,
     )
     return o, lse
 

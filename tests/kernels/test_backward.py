@@ -1,15 +1,17 @@
-"""The Triton backward against autograd through float64 naive attention.
+"""The Triton backward against autograd through the independent float64 truth (tests/_truth.py).
 
 Without CUDA these run in Triton's interpreter on the CPU (the root conftest sets TRITON_INTERPRET=1), so
-the shapes are small. o and lse come from the float64 reference, rounded like the forward's outputs, so a
-failure here is the backward's alone.
+the shapes are small. The backward runs on the kernel forward's own o, lse and (m, l), the hand-off a
+training step uses; ``test_backward_from_an_external_lse_alone`` feeds it the truth's lse instead, so a
+failure there is the backward's alone.
 """
 
 import pytest
 import torch
 
+from _truth import truth_with_grads
 from flashtile.kernels.backward import flash_attention_backward
-from flashtile.reference.naive import naive_attention
+from flashtile.kernels.forward import flash_attention
 
 from ._helpers import DEVICE, randn
 
@@ -20,16 +22,16 @@ GRAD_TOL = {F32: dict(atol=1e-4, rtol=1e-4), F16: dict(atol=1e-2, rtol=1e-2)}
 
 
 def reference_gradients(q, k, v, do, causal, alignment, scale=None):
-    """(o, lse) and (dq, dk, dv) from autograd through naive attention in float64 on the same inputs."""
-    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
-    o, lse = naive_attention(q64, k64, v64, causal=causal, scale=scale, alignment=alignment)
-    return (o, lse), torch.autograd.grad(o, (q64, k64, v64), do.double())
+    """(o, lse) and (dq, dk, dv) from autograd through the float64 truth on the same inputs."""
+    o, lse, grads = truth_with_grads(q, k, v, do, causal, scale, alignment)
+    return (o, lse), grads
 
 
 def kernel_gradients(q, k, v, do, causal, alignment, scale=None, **blocks):
-    (o, lse), _ = reference_gradients(q, k, v, do, causal, alignment, scale)
+    """The kernel backward on the kernel forward's own o, lse and (m, l): the training hand-off."""
+    o, lse, stats = flash_attention(q, k, v, causal, scale, alignment, return_stats=True)
     return flash_attention_backward(
-        q, k, v, o.to(q.dtype), lse.float(), do, causal=causal, scale=scale, alignment=alignment, **blocks
+        q, k, v, o, lse, do, causal=causal, scale=scale, alignment=alignment, stats=stats, **blocks
     )
 
 
@@ -70,6 +72,14 @@ def test_backward_matches_when_head_dim_is_not_a_power_of_two(D):
     q, k, v, do = make_inputs(1, 2, 1, 37, 37, D, F32, seed=D)
     actual = kernel_gradients(q, k, v, do, True, "upper_left", scale=0.3)
     assert_gradients_close(actual, reference_gradients(q, k, v, do, True, "upper_left", scale=0.3)[1], F32)
+
+
+def test_backward_from_an_external_lse_alone():
+    # A natural-log lse from elsewhere (here the float64 truth, rounded to float32), no (m, l) statistics.
+    q, k, v, do = make_inputs(1, 4, 2, 37, 29, 16, F32, seed=12)
+    (o, lse), expected = reference_gradients(q, k, v, do, True, "lower_right", scale=-0.4)
+    actual = flash_attention_backward(q, k, v, o.float(), lse.float(), do, True, -0.4, "lower_right")
+    assert_gradients_close(actual, expected, F32)
 
 
 def test_backward_is_bitwise_deterministic():

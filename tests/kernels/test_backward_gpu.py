@@ -1,6 +1,6 @@
 """The Triton backward on the GPU: every variant at real sizes, held to SDPA's own error in the same dtype.
 
-The ground truth is autograd through float64 naive attention on the same (rounded) inputs. A gradient
+The ground truth is autograd through the float64 truth of tests/_truth.py on the same (rounded) inputs. A gradient
 passes when its largest error is at most twice the largest error of torch's SDPA backward, run in the same
 dtype on the same inputs (FlashAttention's own test criterion).
 """
@@ -9,9 +9,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from _truth import truth_with_grads
 from flashtile.kernels.backward import flash_attention_backward
 from flashtile.kernels.forward import flash_attention
-from flashtile.reference.naive import expand_kv_heads, naive_attention
+from flashtile.reference.naive import expand_kv_heads
 
 from ._helpers import case_id
 
@@ -48,9 +49,7 @@ def make_inputs(B, H, H_kv, Tq, Tk, D, dtype, seed):
 
 
 def float64_gradients(q, k, v, do, causal, alignment):
-    q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
-    o, _ = naive_attention(q64, k64, v64, causal=causal, alignment=alignment)
-    return torch.autograd.grad(o, (q64, k64, v64), do.double())
+    return truth_with_grads(q, k, v, do, causal, None, alignment)[2]
 
 
 def sdpa_gradients(q, k, v, do, causal, alignment):
@@ -70,8 +69,8 @@ def sdpa_gradients(q, k, v, do, causal, alignment):
 
 
 def ours(q, k, v, do, causal, alignment):
-    o, lse = flash_attention(q, k, v, causal=causal, alignment=alignment)
-    return flash_attention_backward(q, k, v, o, lse, do, causal=causal, alignment=alignment)
+    o, lse, stats = flash_attention(q, k, v, causal=causal, alignment=alignment, return_stats=True)
+    return flash_attention_backward(q, k, v, o, lse, do, causal=causal, alignment=alignment, stats=stats)
 
 
 def max_error(a, ref):

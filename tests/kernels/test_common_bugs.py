@@ -7,15 +7,15 @@ from ``_broken_forward`` (it must fail). A check that a broken variant also pass
 import pytest
 import torch
 
+from _truth import attention_truth
 from flashtile.kernels.forward import flash_attention
-from flashtile.reference.naive import naive_attention
 
 from ._broken_forward import forward_all_masked, forward_assuming_contiguous_strides, probe_offsets
 from ._helpers import DEVICE, FORWARD_TOL, randn
 
 
 def _matches_naive(o, q, k, v, causal=False, alignment="upper_left"):
-    o_ref, _ = naive_attention(q.double(), k.double(), v.double(), causal=causal, alignment=alignment)
+    o_ref, _ = attention_truth(q.double(), k.double(), v.double(), causal=causal, alignment=alignment)
     return torch.allclose(o.double().cpu(), o_ref.cpu(), **FORWARD_TOL[q.dtype])
 
 

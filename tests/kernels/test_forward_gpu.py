@@ -9,8 +9,9 @@ import zlib
 import pytest
 import torch
 
+from _truth import attention_truth
 from flashtile.kernels.forward import flash_attention
-from flashtile.reference.naive import expand_kv_heads, naive_attention
+from flashtile.reference.naive import expand_kv_heads
 
 pytestmark = [
     pytest.mark.gpu,
@@ -61,7 +62,7 @@ def test_forward_error_is_at_most_twice_sdpa_error(variant, dtype, D):
     k, v = _make(B, H_kv, Tk, D, dtype, layout, gen), _make(B, H_kv, Tk, D, dtype, layout, gen)
 
     o, lse = flash_attention(q, k, v, causal=causal, alignment=alignment)
-    o_ref, lse_ref = naive_attention(q.double(), k.double(), v.double(), causal=causal, alignment=alignment)
+    o_ref, lse_ref = attention_truth(q.double(), k.double(), v.double(), causal=causal, alignment=alignment)
     o_sdpa = _sdpa(q, k, v, causal, alignment)
 
     ours = (o.double() - o_ref).abs().max().item()
@@ -82,7 +83,7 @@ def test_forward_has_no_nan_on_fully_masked_rows(dtype, D):
     assert not torch.isnan(o).any() and not torch.isnan(lse).any()
     assert torch.equal(o[:, :, : Tq - Tk], torch.zeros_like(o[:, :, : Tq - Tk]))
     assert torch.isneginf(lse[:, :, : Tq - Tk]).all() and torch.isfinite(lse[:, :, Tq - Tk :]).all()
-    o_ref, _ = naive_attention(q.double(), k.double(), v.double(), causal=True, alignment="lower_right")
+    o_ref, _ = attention_truth(q.double(), k.double(), v.double(), causal=True, alignment="lower_right")
     torch.testing.assert_close(o.double(), o_ref, atol=2e-2, rtol=2e-2)
 
 
@@ -91,7 +92,7 @@ def test_forward_pads_head_dims_that_are_not_powers_of_two(D):
     gen = torch.Generator(device="cuda").manual_seed(D)
     q, k, v = (torch.randn(2, 4, 1500, D, generator=gen, device="cuda").to(torch.bfloat16) for _ in range(3))
     o, _ = flash_attention(q, k, v, causal=True)
-    o_ref, _ = naive_attention(q.double(), k.double(), v.double(), causal=True)
+    o_ref, _ = attention_truth(q.double(), k.double(), v.double(), causal=True)
     theirs = (_sdpa(q, k, v, True, "upper_left").double() - o_ref).abs().max().item()
     assert (o.double() - o_ref).abs().max().item() <= 2 * theirs
 
@@ -102,7 +103,7 @@ def test_forward_fp32_inputs_use_tf32_dots_within_their_tolerance(D):
     gen = torch.Generator(device="cuda").manual_seed(D)
     q, k, v = (torch.randn(2, 4, 1000, D, generator=gen, device="cuda") for _ in range(3))
     o, lse = flash_attention(q, k, v, causal=True)
-    o_ref, lse_ref = naive_attention(q.double(), k.double(), v.double(), causal=True)
+    o_ref, lse_ref = attention_truth(q.double(), k.double(), v.double(), causal=True)
     torch.testing.assert_close(o.double(), o_ref, atol=5e-3, rtol=5e-3)
     torch.testing.assert_close(lse.double(), lse_ref, atol=5e-3, rtol=1e-3)
 

@@ -4,8 +4,8 @@ agrees with float64 naive attention. Few examples, because each one runs through
 import pytest
 import torch
 
+from _truth import attention_truth
 from flashtile.kernels.forward import flash_attention
-from flashtile.reference.naive import naive_attention
 
 from ._helpers import assert_attention_close, randn
 
@@ -31,5 +31,5 @@ def test_forward_matches_naive_for_any_shape(Tq, Tk, D, H_kv, group, mask, block
     q = randn(1, H_kv * group, Tq, D, generator=gen)
     k, v = randn(1, H_kv, Tk, D, generator=gen), randn(1, H_kv, Tk, D, generator=gen)
     o, lse = flash_attention(q, k, v, causal=causal, alignment=alignment, block_q=block_q, block_k=block_k)
-    o_ref, lse_ref = naive_attention(q.double(), k.double(), v.double(), causal=causal, alignment=alignment)
+    o_ref, lse_ref = attention_truth(q.double(), k.double(), v.double(), causal=causal, alignment=alignment)
     assert_attention_close(o, lse, o_ref, lse_ref, q.dtype)

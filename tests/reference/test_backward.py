@@ -1,9 +1,9 @@
 import pytest
 import torch
 
+from _truth import attention_truth
 from flashtile.reference.backward import backward_delta, flash_attention_backward
 from flashtile.reference.forward import flash_attention_forward
-from flashtile.reference.naive import naive_attention
 
 ATTN = [(False, "upper_left"), (True, "upper_left"), (True, "lower_right")]
 
@@ -11,7 +11,7 @@ ATTN = [(False, "upper_left"), (True, "upper_left"), (True, "lower_right")]
 def autograd_gradients(q, k, v, do, causal, scale, alignment):
     """Ground truth: autograd through the dense float64 formula."""
     q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
-    o, _ = naive_attention(q, k, v, causal, scale, alignment)
+    o, _ = attention_truth(q, k, v, causal, scale, alignment)
     return torch.autograd.grad(o, (q, k, v), do)
 
 

@@ -1,9 +1,9 @@
 import pytest
 import torch
 
+from _truth import attention_truth
 from flashtile.reference.causal import TileKind, tile_map
 from flashtile.reference.forward import flash_attention_forward
-from flashtile.reference.naive import naive_attention
 
 GQA = [(4, 4), (4, 2), (8, 2), (4, 1)]  # ratios 1, 2, 4 and MQA
 ATTN = [(False, "upper_left"), (True, "upper_left"), (True, "lower_right")]
@@ -23,7 +23,7 @@ def test_forward_matches_naive_when_block_does_not_divide_T(rand, block_q, block
     T = 45  # divisible by none of 7, 11, 16, 32
     q, k, v = rand(2, 2, T, 16), rand(2, 2, T, 16), rand(2, 2, T, 16)
     actual = flash_attention_forward(q, k, v, causal, None, block_q, block_k, alignment)
-    assert_same_attention(actual, naive_attention(q, k, v, causal, None, alignment))
+    assert_same_attention(actual, attention_truth(q, k, v, causal, None, alignment))
 
 
 @pytest.mark.parametrize("Tq,Tk", [(13, 40), (40, 13), (1, 37), (37, 1)])
@@ -31,7 +31,7 @@ def test_forward_matches_naive_when_block_does_not_divide_T(rand, block_q, block
 def test_forward_matches_naive_when_Tq_differs_from_Tk(rand, Tq, Tk, causal, alignment):
     q, k, v = rand(1, 3, Tq, 8), rand(1, 3, Tk, 8), rand(1, 3, Tk, 8)
     actual = flash_attention_forward(q, k, v, causal, 0.7, 7, 11, alignment)
-    assert_same_attention(actual, naive_attention(q, k, v, causal, 0.7, alignment))
+    assert_same_attention(actual, attention_truth(q, k, v, causal, 0.7, alignment))
 
 
 @pytest.mark.parametrize("H,H_kv", GQA)
@@ -39,7 +39,7 @@ def test_forward_matches_naive_when_Tq_differs_from_Tk(rand, Tq, Tk, causal, ali
 def test_forward_matches_naive_for_gqa_and_mqa(rand, H, H_kv, causal, alignment):
     q, k, v = rand(2, H, 23, 8), rand(2, H_kv, 30, 8), rand(2, H_kv, 30, 8)
     actual = flash_attention_forward(q, k, v, causal, None, 7, 11, alignment)
-    assert_same_attention(actual, naive_attention(q, k, v, causal, None, alignment))
+    assert_same_attention(actual, attention_truth(q, k, v, causal, None, alignment))
 
 
 @pytest.mark.parametrize("alignment", ["upper_left", "lower_right"])
@@ -73,5 +73,5 @@ def test_skipped_tiles_are_never_read(rand):
 def test_forward_handles_blind_rows_without_nan(rand):
     q, k, v = rand(1, 2, 9, 4), rand(1, 2, 3, 4), rand(1, 2, 3, 4)  # lower-right: rows 0..5 blind
     o, lse = flash_attention_forward(q, k, v, True, None, 4, 2, "lower_right")
-    assert_same_attention((o, lse), naive_attention(q, k, v, True, None, "lower_right"))
+    assert_same_attention((o, lse), attention_truth(q, k, v, True, None, "lower_right"))
     assert torch.isneginf(lse[..., :6]).all() and (o[..., :6, :] == 0).all()

@@ -4,9 +4,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from _truth import attention_truth
 from flashtile.reference.backward import flash_attention_backward
 from flashtile.reference.forward import flash_attention_forward
-from flashtile.reference.naive import naive_attention
 from flashtile.reference.online_softmax import lse_from_stats, merge, online_softmax_stats
 
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -49,7 +49,7 @@ def test_tiled_forward_and_backward_match_dense_attention(problem):
     q, k, v, do = make_inputs(shape, seed)
     o, lse = flash_attention_forward(q, k, v, causal, None, block_q, block_k, alignment)
     qr, kr, vr = (t.clone().requires_grad_() for t in (q, k, v))
-    o_ref, lse_ref = naive_attention(qr, kr, vr, causal, None, alignment)
+    o_ref, lse_ref = attention_truth(qr, kr, vr, causal, None, alignment)
     torch.testing.assert_close(o, o_ref.detach(), rtol=0, atol=1e-12)
     assert torch.equal(torch.isneginf(lse), torch.isneginf(lse_ref))
     torch.testing.assert_close(lse.nan_to_num(neginf=0), lse_ref.detach().nan_to_num(neginf=0), rtol=0, atol=1e-12)

@@ -1,53 +1,111 @@
-"""Pieces every Triton kernel in flashtile shares: launcher checks and small ``@triton.jit`` helpers.
+"""Pieces every Triton kernel in flashtile shares: launcher checks, grid and scale bookkeeping, and
+small ``@triton.jit`` helpers, each written once.
 
 The launcher checks add what only a kernel needs on top of ``flashtile._checks`` (which stays the
-one place for shape, dtype and argument validation): a device Triton can run on, a head dim the
-kernels were written for, and tile sizes ``tl.arange`` and ``tl.dot`` accept.
+one place for shape, dtype and argument validation, the same for every tier): a device Triton can
+run on, tile sizes ``tl.arange`` and ``tl.dot`` accept, and launch settings.
 
-The jit helpers are the integer bookkeeping of the causal tile rules in
-``flashtile.reference.causal``, written once so that the forward and backward kernels count tiles
+The jit helpers are the tile loads and stores, and the integer bookkeeping of the causal tile rules
+in ``flashtile.reference.causal``, written once so that the forward and backward kernels count tiles
 the same way the reference does.
 """
 
 from __future__ import annotations
 
-import os
+import math
+from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
+from .._checks import check_block, check_int
+from .._env import is_interpreting
+
 KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
 MIN_DOT_BLOCK = 16  # tl.dot needs every dimension of its operands to be at least 16
-
-
-def is_interpreting() -> bool:
-    """True when Triton runs kernels on the CPU through its interpreter (TRITON_INTERPRET=1)."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+MAX_GRID_YZ = 65535  # CUDA's limit on the second and third grid dimensions (heads, batch)
+LOG2E = math.log2(math.e)
+FLOAT32_TINY = torch.finfo(torch.float32).tiny
 
 
 def check_kernel_device(name: str, x: torch.Tensor) -> None:
-    """A compiled Triton kernel needs a CUDA tensor; the interpreter also takes CPU tensors."""
+    """A compiled Triton kernel needs a CUDA tensor; the interpreter also takes CPU tensors, but not
+    bf16 ones, whose arithmetic it gets wrong (Triton issue 11584) without any warning."""
     if x.device.type != "cuda" and not is_interpreting():
         raise ValueError(
             f"{name} is on {x.device}, but Triton kernels need a CUDA device "
             "(or set TRITON_INTERPRET=1 before importing flashtile to run them on the CPU)"
         )
-
-
-def check_head_dim(head_dim: int) -> None:
-    if not MIN_HEAD_DIM <= head_dim <= MAX_HEAD_DIM:
-        raise ValueError(
-            f"head dim (q.shape[-1]) must be between {MIN_HEAD_DIM} and {MAX_HEAD_DIM}, got {head_dim}"
+    if x.device.type == "cpu" and x.dtype == torch.bfloat16:
+        raise TypeError(
+            f"{name} is a bfloat16 CPU tensor: the Triton interpreter computes bfloat16 wrongly (Triton issue "
+            "11584); use float16 or float32 on the CPU, a CUDA device, or flashtile.attention, which runs "
+            "bfloat16 CPU tensors on the reference tier"
         )
 
 
-def check_tile_size(name: str, value: int, minimum: int = MIN_DOT_BLOCK) -> int:
-    """A constexpr tile size: a power of two (tl.arange needs one) and at least ``minimum``."""
+def head_dim_pad(head_dim: int) -> int:
+    """The head dim rounded up to a power of two (tl.arange needs one) and to 16 (tl.dot needs it)."""
+    return max(MIN_DOT_BLOCK, triton.next_power_of_2(head_dim))
+
+
+def check_tile_size(name: str, value, minimum: int = MIN_DOT_BLOCK) -> int:
+    """A constexpr tile size: a positive int, a power of two (tl.arange needs one) and at least ``minimum``."""
+    value = check_block(name, value)
     if value < minimum or value & (value - 1):
         raise ValueError(f"{name} must be a power of two >= {minimum}, got {value}")
     return value
+
+
+def check_launch(num_warps, num_stages) -> tuple[int, int]:
+    """Launch settings for benchmarks: warps a power of two from 1 to 32, stages at least 1."""
+    num_warps = check_int("num_warps", num_warps)
+    if num_warps > 32 or num_warps & (num_warps - 1):
+        raise ValueError(f"num_warps must be a power of two from 1 to 32, got {num_warps}")
+    return num_warps, check_int("num_stages", num_stages)
+
+
+def head_batch_grid(n_tiles: int, heads: int, batch: int) -> tuple[int, int, int]:
+    """Grid (tiles, heads, batch): the tiles on the first axis (2**31 - 1 programs), heads and batch on
+    the other two, each at most 65,535. The tiles of one head are launched together, as before."""
+    for name, n in (("number of heads", heads), ("batch size", batch)):
+        if n > MAX_GRID_YZ:
+            raise ValueError(f"the {name} must be at most {MAX_GRID_YZ} (a CUDA grid dimension), got {n}")
+    return (n_tiles, heads, batch)
+
+
+class KernelScale(NamedTuple):
+    """How the kernels carry the softmax scale τ so that every exponent is a difference of raw dots.
+
+    S = τ · q·k is computed as ``unit`` · (sign · q)·k, with ``sign`` in {1, -1, 0} folded into the
+    query tile and ``unit`` = |τ| > 0. The row max m is then a max of raw dots u = (sign · q)·k, one of
+    the very numbers it is subtracted from, so u - m is exact for the largest score at any magnitude,
+    and P = exp2((u - m) · qk_scale) with qk_scale = unit · log2(e) > 0.
+    """
+
+    sign: int
+    unit: float
+    qk_scale: float
+
+
+def kernel_scale(scale: float) -> KernelScale:
+    """Split τ into (sign, unit, qk_scale). τ = 0 becomes sign 0 (every score 0 · (q·k), NaN kept) and
+    unit 1; so does a |τ| too small for float32, whose scores would round to 0 anyway."""
+    unit = abs(scale)
+    if unit * LOG2E < FLOAT32_TINY:
+        return KernelScale(0, 1.0, LOG2E)
+    return KernelScale(1 if scale > 0 else -1, unit, unit * LOG2E)
+
+
+@triton.jit
+def apply_sign(q, SIGN: tl.constexpr):
+    """sign · q for the query tile, exact in every dtype; 0 · q keeps a NaN in q (0 · NaN = NaN)."""
+    if SIGN == -1:
+        q = -q
+    elif SIGN == 0:
+        q = q * 0.0
+    return q
 
 
 # --8<-- [start:program_offset]
@@ -60,6 +118,29 @@ def program_offset(index, stride):
     index = index.to(tl.int64)
     return index * stride
 # --8<-- [end:program_offset]
+
+
+# --8<-- [start:tiles]
+@triton.jit
+def load_tile(ptr, stride_t, stride_d, rows, cols, n_rows, head_dim):
+    """Load the (len(rows), len(cols)) tile ptr[rows, cols], zero outside [0, n_rows) x [0, head_dim).
+
+    ``ptr`` already points at the (batch, head) slice. Rows and columns are widened to int64 before
+    they meet a stride: row * stride_t, or col * stride_d when the head dim is an outer axis of the
+    storage, overflows int32 once a tensor passes 2**31 elements.
+    """
+    offsets = rows.to(tl.int64)[:, None] * stride_t + cols.to(tl.int64)[None, :] * stride_d
+    mask = (rows[:, None] < n_rows) & (cols[None, :] < head_dim)
+    return tl.load(ptr + offsets, mask=mask, other=0.0)
+
+
+@triton.jit
+def store_tile(ptr, stride_t, stride_d, rows, cols, n_rows, head_dim, value):
+    """Store ``value`` into ptr[rows, cols] inside [0, n_rows) x [0, head_dim), cast to ptr's dtype."""
+    offsets = rows.to(tl.int64)[:, None] * stride_t + cols.to(tl.int64)[None, :] * stride_d
+    mask = (rows[:, None] < n_rows) & (cols[None, :] < head_dim)
+    tl.store(ptr + offsets, value.to(ptr.dtype.element_ty), mask=mask)
+# --8<-- [end:tiles]
 
 
 # --8<-- [start:tile_counts]
@@ -84,4 +165,10 @@ def full_key_tiles(q_start, Tk, offset, BLOCK_K: tl.constexpr):
     """
     first_row_sees = tl.maximum(q_start + offset + 1, 0)  # keys visible from row q_start
     return tl.minimum(first_row_sees // BLOCK_K, Tk // BLOCK_K)
+
+
+@triton.jit
+def first_query_row(k_start, offset):
+    """The first query row that sees key k_start (i >= k_start - offset), clamped at row 0."""
+    return tl.maximum(k_start - offset, 0)
 # --8<-- [end:tile_counts]

@@ -9,8 +9,15 @@ Compared with the PyTorch tier, the kernel adds only what the GPU forces on it:
 * masks, because tiles are powers of two and Tq, Tk and the head dim need not be;
 * pointer arithmetic from strides, so any layout works without a copy, in 64 bits;
 * dtype handling: tensor-core dots in the input dtype with fp32 accumulation;
-* base-2 exponentials, because the hardware computes 2**x, so log2(e) is folded into the scale
-  and ``m`` is kept in base-2 units until lse is written.
+* base-2 exponentials, because the hardware computes 2**x: log2(e) is folded into the scale;
+* raw-dot units: ``m`` is the max of the raw dots u = (sign · q)·k, and the scale is applied to the
+  difference, p = exp2((u - m) · qk_scale). The largest score then gives exactly exp2(0) = 1 at any
+  magnitude, and the backward, which recomputes u with the same dot, rebuilds the same P from the
+  saved (m, l) (see ``flashtile.kernels._common.KernelScale``).
+
+NaN and inf follow the package's one rule (docs: "flashtile.attention"): a row that sees a NaN or an
+infinite score comes out NaN (lse NaN, or +inf for a +inf score, as torch.logsumexp gives); a row
+that sees no key gives o = 0 and lse = -inf.
 """
 
 from __future__ import annotations
@@ -21,22 +28,24 @@ import torch
 import triton
 import triton.language as tl
 
-from .._checks import check_alignment, check_attention_inputs, check_block, check_causal, resolve_scale
+from .._checks import check_alignment, check_attention_inputs, check_causal, check_flag, resolve_scale
 from ..reference.causal import diagonal_offset
 from ._common import (
     KERNEL_DTYPES,
-    check_head_dim,
+    apply_sign,
     check_kernel_device,
+    check_launch,
     check_tile_size,
     full_key_tiles,
+    head_batch_grid,
+    head_dim_pad,
     is_interpreting,
+    kernel_scale,
     last_key_tile,
     program_offset,
 )
 
-LOG2E = math.log2(math.e)
 LN2 = tl.constexpr(math.log(2.0))  # a constexpr global, so the jit function may read it
-MAX_GRID_Y = 65535  # CUDA's limit on the second grid dimension, which holds B * H
 
 
 # --8<-- [start:inner]
@@ -66,21 +75,21 @@ def _attend_key_tiles(
             k = tl.load(k_ptrs, mask=k_mask, other=0.0)  # K^T tile: (HEAD_DIM_PAD, BLOCK_K)
         else:
             k = tl.load(k_ptrs)
-        s = tl.dot(q, k) * qk_scale  # (BLOCK_Q, BLOCK_K) fp32 scores, in base-2 units
+        u = tl.dot(q, k)  # (BLOCK_Q, BLOCK_K) fp32 raw dots; the score is S = unit * u
         if MASKED:
             hidden = j[None, :] >= Tk  # padded keys must score -inf, not 0
             if CAUSAL:
                 hidden = hidden | (j[None, :] > i[:, None] + offset)
-            s = tl.where(hidden, float("-inf"), s)
-        m_new = tl.maximum(m, tl.max(s, 1))
+            u = tl.where(hidden, float("-inf"), u)
+        m_new = tl.maximum(m, tl.max(u, 1))
         if MASKED:
             # A row that has seen no key yet has m_new = -inf; subtracting it would give
             # exp(-inf - (-inf)) = NaN. Subtracting 0 instead gives p = 0 and alpha = 0.
             m_new_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         else:
             m_new_safe = m_new  # a FULL tile gives every row a finite score
-        alpha = tl.math.exp2(m - m_new_safe)  # shrink what we had to the new max
-        p = tl.math.exp2(s - m_new_safe[:, None])
+        alpha = tl.math.exp2((m - m_new_safe) * qk_scale)  # shrink what we had to the new max
+        p = tl.math.exp2((u - m_new_safe[:, None]) * qk_scale)  # u - m first: exact for the max
         l = alpha * l + tl.sum(p, 1)
         v_ptrs = v_base + j[:, None].to(tl.int64) * stride_vt + d[None, :].to(tl.int64) * stride_vd
         if MASKED or HEAD_DIM != HEAD_DIM_PAD:
@@ -96,24 +105,23 @@ def _attend_key_tiles(
 
 @triton.jit
 def _forward_kernel(
-    Q, K, V, O, LSE,
+    Q, K, V, O, LSE, M, L,
     stride_qb, stride_qh, stride_qt, stride_qd,
     stride_kb, stride_kh, stride_kt, stride_kd,
     stride_vb, stride_vh, stride_vt, stride_vd,
     stride_ob, stride_oh, stride_ot, stride_od,
     H, group, Tq, Tk, offset, qk_scale,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
-    BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr,
+    BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr, SIGN: tl.constexpr,
 ):
     # --8<-- [start:program]
-    q_tile = tl.program_id(0)
+    q_index = tl.program_id(0)
     if CAUSAL:  # launch the longest query tiles (most key tiles) first, so the short ones fill the tail
-        q_tile = tl.num_programs(0) - 1 - q_tile
-    bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
+        q_index = tl.num_programs(0) - 1 - q_index
+    h = tl.program_id(1)
+    b = tl.program_id(2)
     h_kv = h // group  # GQA: query head h reads the key/value head of its group, no copy
-    q_start = q_tile * BLOCK_Q
+    q_start = q_index * BLOCK_Q
     q_end = tl.minimum(q_start + BLOCK_Q, Tq)
     i = q_start + tl.arange(0, BLOCK_Q)  # the query rows of this tile
     d = tl.arange(0, HEAD_DIM_PAD)
@@ -126,6 +134,7 @@ def _forward_kernel(
     q_ptrs = q_base + i[:, None].to(tl.int64) * stride_qt + d[None, :].to(tl.int64) * stride_qd
     q_mask = (i[:, None] < Tq) & (d[None, :] < HEAD_DIM)
     q = tl.load(q_ptrs, mask=q_mask, other=0.0)  # loaded once, reused for every key tile
+    q = apply_sign(q, SIGN)  # sign(τ) · q, so that the raw dots u order the scores as S = τ q·k does
     # --8<-- [end:pointers]
 
     # --8<-- [start:state]
@@ -154,15 +163,19 @@ def _forward_kernel(
     # --8<-- [end:loops]
 
     # --8<-- [start:epilogue]
-    seen = l > 0.0  # False only for a row that sees no key at all
-    l_safe = tl.where(seen, l, 1.0)  # such a row keeps acc = 0, so o = 0 rather than 0 / 0
+    empty = l == 0.0  # True only for a row that sees no key (a NaN l is not 0: that row stays NaN)
+    l_safe = tl.where(empty, 1.0, l)  # such a row keeps acc = 0, so o = 0 rather than 0 / 0
     o = acc / l_safe[:, None]
-    lse = tl.where(seen, (m + tl.math.log2(l_safe)) * LN2, float("-inf"))  # base 2 back to base e
+    lse = (m * qk_scale + tl.math.log2(l_safe)) * LN2  # natural units: unit * m + ln l
+    lse = tl.where(m == float("inf"), m, lse)  # a +inf score: lse = +inf, as torch.logsumexp says
+    lse = tl.where(empty, float("-inf"), lse)
     o_ptrs = (O + program_offset(b, stride_ob) + program_offset(h, stride_oh)
               + i[:, None].to(tl.int64) * stride_ot + d[None, :].to(tl.int64) * stride_od)
     tl.store(o_ptrs, o.to(O.dtype.element_ty), mask=q_mask)
-    lse_ptrs = LSE + program_offset(bh, Tq) + i
-    tl.store(lse_ptrs, lse, mask=i < Tq)
+    row = program_offset(b * H + h, Tq) + i  # lse and the (m, l) statistics are (B, H, Tq), contiguous
+    tl.store(LSE + row, lse, mask=i < Tq)
+    tl.store(M + row, m, mask=i < Tq)  # for the backward: the final (m, l), m in raw-dot units
+    tl.store(L + row, l, mask=i < Tq)
     # --8<-- [end:epilogue]
 
 
@@ -174,8 +187,7 @@ def forward_config(head_dim: int, dtype: torch.dtype) -> dict:
     fp32 inputs take twice the bytes of fp16/bf16 ones. The interpreter runs every program one
     after another on the CPU, where fewer, larger tiles are faster, and stages and warps mean nothing.
     """
-    head_dim_pad = max(16, triton.next_power_of_2(head_dim))
-    wide = head_dim_pad * (2 if dtype == torch.float32 else 1)  # bytes-weighted head dim
+    wide = head_dim_pad(head_dim) * (2 if dtype == torch.float32 else 1)  # bytes-weighted head dim
     if is_interpreting():
         return dict(block_q=32, block_k=32, num_warps=4, num_stages=1)
     if wide <= 128:  # measured on the H200: 8 warps beat 4 by 9% at D=64 and 51% at D=128
@@ -189,45 +201,52 @@ def forward_config(head_dim: int, dtype: torch.dtype) -> dict:
 # --8<-- [start:launcher]
 def flash_attention(
     q, k, v, causal=False, scale=None, alignment="upper_left", block_q=None, block_k=None, *,
-    num_warps=None, num_stages=None,
+    num_warps=None, num_stages=None, return_stats=False,
 ):
     """Attention forward on the GPU, without materialising the Tq x Tk score matrix.
 
     Args:
         q: (B, H, Tq, D); k, v: (B, H_kv, Tk, D) with H a multiple of H_kv. fp16, bf16 or fp32
-            (fp32 dots may run in tf32 on the GPU), any strides, 16 <= D <= 256.
+            (fp32 dots may run in tf32 on the GPU), any strides, 1 <= D <= 256.
         causal, alignment: the causal mask of ``flashtile.reference.causal``.
-        scale: multiplies Q K^T; defaults to 1/sqrt(D).
+        scale: τ, multiplies Q K^T; defaults to 1/sqrt(D). Zero and negative values are allowed.
         block_q, block_k: tile sizes (powers of two >= 16); defaults from ``forward_config``.
         num_warps, num_stages: launch settings, for benchmarks; defaults from ``forward_config``.
+        return_stats: also return the final (m, l) of every row, the exact hand-off to
+            ``flash_attention_backward(..., stats=...)``.
 
     Returns:
         o: (B, H, Tq, D) contiguous, in q's dtype. lse: (B, H, Tq) fp32, natural log; a row that
-        sees no key gets o = 0 and lse = -inf.
+        sees no key gets o = 0 and lse = -inf. With return_stats, also stats: (2, B, H, Tq) fp32,
+        stats[0] = m (the row max of the raw dots sign(τ)·q·k) and stats[1] = l.
     """
     shape = check_attention_inputs(q, k, v, dtypes=KERNEL_DTYPES)
     check_causal(causal)
     check_alignment(alignment)
-    scale = resolve_scale(scale, shape.D)
-    check_head_dim(shape.D)
+    return_stats = check_flag("return_stats", return_stats)
+    scale = resolve_scale(scale, shape.D, q.dtype)
     check_kernel_device("q", q)
     config = forward_config(shape.D, q.dtype)
-    block_q = config["block_q"] if block_q is None else check_tile_size("block_q", check_block("block_q", block_q))
-    block_k = config["block_k"] if block_k is None else check_tile_size("block_k", check_block("block_k", block_k))
+    block_q = config["block_q"] if block_q is None else check_tile_size("block_q", block_q)
+    block_k = config["block_k"] if block_k is None else check_tile_size("block_k", block_k)
+    num_warps, num_stages = check_launch(
+        config["num_warps"] if num_warps is None else num_warps,
+        config["num_stages"] if num_stages is None else num_stages,
+    )
     B, H, H_kv, Tq, Tk, D = shape
-    if B * H > MAX_GRID_Y:
-        raise ValueError(f"B * H must be at most {MAX_GRID_Y} (one grid row per head), got {B * H}")
+    grid = head_batch_grid(triton.cdiv(Tq, block_q), H, B)
+    units = kernel_scale(scale)
 
     o = torch.empty((B, H, Tq, D), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, H, Tq), dtype=torch.float32, device=q.device)
-    grid = (triton.cdiv(Tq, block_q), B * H)
+    stats = torch.empty((2, B, H, Tq), dtype=torch.float32, device=q.device)
     _forward_kernel[grid](
-        q, k, v, o, lse,
+        q, k, v, o, lse, stats[0], stats[1],
         *q.stride(), *k.stride(), *v.stride(), *o.stride(),
-        H, shape.group, Tq, Tk, diagonal_offset(Tq, Tk, alignment), scale * LOG2E,
-        HEAD_DIM=D, HEAD_DIM_PAD=max(16, triton.next_power_of_2(D)),
-        BLOCK_Q=block_q, BLOCK_K=block_k, CAUSAL=causal,
-        num_warps=num_warps or config["num_warps"], num_stages=num_stages or config["num_stages"],
+        H, shape.group, Tq, Tk, diagonal_offset(Tq, Tk, alignment), units.qk_scale,
+        HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D),
+        BLOCK_Q=block_q, BLOCK_K=block_k, CAUSAL=causal, SIGN=units.sign,
+        num_warps=num_warps, num_stages=num_stages,
     )
-    return o, lse
+    return (o, lse, stats) if return_stats else (o, lse)
 # --8<-- [end:launcher]

@@ -7,6 +7,7 @@ Tq x Tk tensor: that is the memory saving of FlashAttention in training, made ch
 from __future__ import annotations
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from .backward import flash_attention_backward
 from .forward import flash_attention_forward
@@ -25,6 +26,7 @@ class FlashAttentionFunction(torch.autograd.Function):
         return o, lse
 
     @staticmethod
+    @once_differentiable  # the backward is not itself differentiable: a second backward raises, never lies
     def backward(ctx, do, _dlse):
         q, k, v, o, lse = ctx.saved_tensors
         causal, scale, block_q, block_k, alignment = ctx.config

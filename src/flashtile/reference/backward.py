@@ -30,6 +30,7 @@ from .._checks import (
     check_like,
     check_lse,
     resolve_scale,
+    stats_dtype,
 )
 from .causal import TileKind, classify_tile, diagonal_offset, tile_ranges
 from .naive import expand_kv_heads
@@ -47,9 +48,10 @@ def recompute_p(s: torch.Tensor, lse_tile: torch.Tensor, visible: torch.Tensor |
     """P = exp(S - lse) for one tile, zero where the forward masked the score (or the row saw nothing).
 
     Without the mask, a hidden key would get exp(S - lse) > 0 here although the forward gave it
-    probability 0: the same mask must be applied in both directions.
+    probability 0: the same mask must be applied in both directions. Only lse = -inf (a row that saw
+    no key) means P = 0; a NaN or +inf lse must reach P, so the row that saw a NaN gets NaN gradients.
     """
-    keep = torch.isfinite(lse_tile)[..., None].expand_as(s)  # a row with lse = -inf has P = 0
+    keep = ~torch.isneginf(lse_tile)[..., None].expand_as(s)
     if visible is not None:
         keep = keep & visible
     return torch.where(keep, torch.exp(s - torch.where(keep, lse_tile[..., None], 0.0)), 0.0)
@@ -78,7 +80,7 @@ def flash_attention_backward(
 
     Returns:
         dq like q, and dk, dv like k. For GQA (H_kv < H) dk and dv are summed over the query heads
-        that share each key/value head.
+        that share each key/value head. 16-bit inputs are computed in float32 and the gradients cast back.
     """
     shape = check_attention_inputs(q, k, v)
     check_like("o", o, "q", q)
@@ -88,11 +90,12 @@ def flash_attention_backward(
     check_alignment(alignment)
     check_block("block_q", block_q)
     check_block("block_k", block_k)
-    scale = resolve_scale(scale, shape.D)
+    scale = resolve_scale(scale, shape.D, q.dtype)
     B, H, H_kv, Tq, Tk, D = shape
     offset = diagonal_offset(Tq, Tk, alignment)
-    k_rep, v_rep = expand_kv_heads(k, H), expand_kv_heads(v, H)
-    lse = lse.to(q.dtype)
+    dtype, c = q.dtype, stats_dtype(q.dtype)  # compute in float32 for 16-bit inputs, like the kernels
+    q, o, do = q.to(c), o.to(c), do.to(c)
+    k_rep, v_rep = expand_kv_heads(k.to(c), H), expand_kv_heads(v.to(c), H)
 
     delta = backward_delta(o, do)
     dq = torch.zeros_like(q)
@@ -128,4 +131,4 @@ def flash_attention_backward(
     dk = dk_rep.view(B, H_kv, H // H_kv, Tk, D).sum(dim=2)
     dv = dv_rep.view(B, H_kv, H // H_kv, Tk, D).sum(dim=2)
     # --8<-- [end:gqa_sum]
-    return dq, dk, dv
+    return dq.to(dtype), dk.to(dtype), dv.to(dtype)

@@ -88,6 +88,7 @@ def last_key_tile(q_end: int, Tk: int, block_k: int, offset: int) -> int:
     is the one holding that column. Integer floor division, not rounding: this is the off-by-one
     that bites when the block sizes do not divide T.
     """
+    check_block("block_k", block_k)
     last_visible_key = q_end - 1 + offset
     if last_visible_key < 0:  # the whole tile sees no key (lower-right with Tq > Tk)
         return 0

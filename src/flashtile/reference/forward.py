@@ -18,7 +18,14 @@ from collections.abc import Callable
 
 import torch
 
-from .._checks import check_alignment, check_attention_inputs, check_block, check_causal, resolve_scale
+from .._checks import (
+    check_alignment,
+    check_attention_inputs,
+    check_block,
+    check_causal,
+    resolve_scale,
+    stats_dtype,
+)
 from .causal import TileKind, classify_tile, diagonal_offset, last_key_tile, tile_ranges
 from .naive import expand_kv_heads
 from .online_softmax import lse_from_stats, safe_exp_diff
@@ -78,31 +85,33 @@ def flash_attention_forward(
     Args:
         q: (B, H, Tq, D). k, v: (B, H_kv, Tk, D), H a multiple of H_kv.
         causal, alignment: the causal mask (see ``flashtile.reference.causal``).
-        scale: multiplies Q K^T; defaults to 1/sqrt(D).
+        scale: τ, multiplies Q K^T; defaults to 1/sqrt(D). Zero and negative values are allowed.
         block_q, block_k: tile sizes, any positive ints (they need not divide Tq or Tk).
         on_tile: optional callback ``on_tile(q_index, k_index, kind)`` for every tile computed; the
             site and the tests use it to see which tiles were touched.
 
     Returns:
-        o (B, H, Tq, D) in q's dtype and lse (B, H, Tq). Rows that see no key get o = 0, lse = -inf.
+        o (B, H, Tq, D) in q's dtype and lse (B, H, Tq) in float32 (float64 for float64 inputs): 16-bit
+        inputs are computed in float32, like the kernels' accumulators. Rows that see no key get o = 0,
+        lse = -inf; a row that sees a NaN gets NaN.
     """
     shape = check_attention_inputs(q, k, v)
     check_causal(causal)
     check_alignment(alignment)
-    check_block("block_q", block_q)
-    check_block("block_k", block_k)
-    scale = resolve_scale(scale, shape.D)
-    k, v = expand_kv_heads(k, shape.H), expand_kv_heads(v, shape.H)
+    block_q, block_k = check_block("block_q", block_q), check_block("block_k", block_k)
+    scale = resolve_scale(scale, shape.D, q.dtype)
+    c = stats_dtype(q.dtype)
+    k, v = expand_kv_heads(k.to(c), shape.H), expand_kv_heads(v.to(c), shape.H)
     offset = diagonal_offset(shape.Tq, shape.Tk, alignment)
 
-    o = torch.empty_like(q)
-    lse = torch.empty(q.shape[:-1], dtype=q.dtype, device=q.device)
+    o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty(q.shape[:-1], dtype=c, device=q.device)
     # --8<-- [start:epilogue]
     for q_index, (q_start, q_end) in enumerate(tile_ranges(shape.Tq, block_q)):
-        q_tile = q[..., q_start:q_end, :]
+        q_tile = q[..., q_start:q_end, :].to(c)
         m, l, acc = forward_query_tile(q_tile, k, v, q_start, q_end, scale, block_k, causal, offset, on_tile, q_index)
-        seen = l > 0  # False only for rows that see no key at all
-        o[..., q_start:q_end, :] = torch.where(seen[..., None], acc / torch.where(seen, l, 1.0)[..., None], 0.0)
+        empty = (l == 0)[..., None]  # a row that saw no key keeps acc = 0: o = 0, not 0 / 0 (a NaN l stays NaN)
+        o[..., q_start:q_end, :] = torch.where(empty, 0.0, acc / torch.where(empty, 1.0, l[..., None])).to(q.dtype)
         lse[..., q_start:q_end] = lse_from_stats(m, l)
     # --8<-- [end:epilogue]
     return o, lse

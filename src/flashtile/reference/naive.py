@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from .._checks import check_alignment, check_attention_inputs, check_causal, resolve_scale
+from .._checks import check_alignment, check_attention_inputs, check_causal, check_int, resolve_scale, stats_dtype
 from .causal import causal_mask
 
 
@@ -30,27 +30,30 @@ def naive_attention(q, k, v, causal: bool = False, scale: float | None = None, a
     Args:
         q: (B, H, Tq, D). k, v: (B, H_kv, Tk, D) with H a multiple of H_kv.
         causal: apply the causal mask of ``alignment`` (see ``flashtile.reference.causal``).
-        scale: multiplies Q K^T; defaults to 1/sqrt(D).
+        scale: τ, multiplies Q K^T; defaults to 1/sqrt(D).
 
     Returns:
         o: (B, H, Tq, D) in q's dtype, and lse: (B, H, Tq), the natural-log log-sum-exp of each row
-        of the scaled, masked scores. Rows that see no key get o = 0 and lse = -inf.
+        of the scaled, masked scores, in float32 (float64 for float64 inputs). Rows that see no key get
+        o = 0 and lse = -inf; a row that sees a NaN gets NaN.
     """
     shape = check_attention_inputs(q, k, v)
     check_causal(causal)
     check_alignment(alignment)
-    scale = resolve_scale(scale, shape.D)
-    k, v = expand_kv_heads(k, shape.H), expand_kv_heads(v, shape.H)
+    scale = resolve_scale(scale, shape.D, q.dtype)
+    c = stats_dtype(q.dtype)  # 16-bit inputs are computed in float32, like the kernels' accumulators
+    k, v = expand_kv_heads(k.to(c), shape.H), expand_kv_heads(v.to(c), shape.H)
 
-    s = scale * (q @ k.transpose(-1, -2))  # (B, H, Tq, Tk): the matrix FlashAttention never stores
+    s = scale * (q.to(c) @ k.transpose(-1, -2))  # (B, H, Tq, Tk): the matrix FlashAttention never stores
     if causal:
         s = s.masked_fill(~causal_mask(shape.Tq, shape.Tk, alignment, q.device), float("-inf"))
-    lse = torch.logsumexp(s, dim=-1)  # -inf for a row that sees no key
-    # exp(s - lse) would be exp(-inf - (-inf)) = NaN on such a row; give it P = 0 instead.
-    seen = torch.isfinite(lse)[..., None]
-    p = torch.where(seen, torch.exp(s - torch.where(seen, lse[..., None], 0.0)), 0.0)
+    lse = torch.logsumexp(s, dim=-1)  # -inf for a row that sees no key, NaN for a row that sees a NaN
+    # exp(s - lse) would be exp(-inf - (-inf)) = NaN on a row that sees no key; give it P = 0 instead.
+    # Only that row: a NaN or +inf lse must stay in, so the row that saw it comes out NaN.
+    empty = torch.isneginf(lse)[..., None]
+    p = torch.where(empty, 0.0, torch.exp(s - torch.where(empty, 0.0, lse[..., None])))
     o = p @ v
-    return o, lse
+    return o.to(q.dtype), lse
 # --8<-- [end:naive]
 
 
@@ -73,6 +76,9 @@ def naive_hbm_bytes(B: int, H: int, Tq: int, Tk: int, D: int, dtype: torch.dtype
 
 def visible_pairs(Tq: int, Tk: int, causal: bool = False, alignment: str = "upper_left") -> int:
     """Number of (query, key) pairs that contribute, counted exactly."""
+    Tq, Tk = check_int("Tq", Tq), check_int("Tk", Tk)
+    check_causal(causal)
+    check_alignment(alignment)
     if not causal:
         return Tq * Tk
     offset = Tk - Tq if alignment == "lower_right" else 0
@@ -87,6 +93,7 @@ def attention_flops(
 
     The backward does 2.5x this (five matmuls instead of two).
     """
+    B, H, D = check_int("B", B), check_int("H", H), check_int("D", D)
     return 4 * B * H * D * visible_pairs(Tq, Tk, causal, alignment)
 # --8<-- [end:counts]
 

@@ -21,6 +21,19 @@ import torch
 from .._checks import check_block, check_tensor
 
 
+def check_same_rows(*named: tuple[str, torch.Tensor]) -> None:
+    """Every state tensor must describe the same rows: broadcasting (m, l) of 3 rows against 1 would
+    silently merge statistics of different rows."""
+    (first_name, first), *rest = named
+    for name, t in named:
+        check_tensor(name, t)
+    for name, t in rest:
+        if tuple(t.shape) != tuple(first.shape):
+            raise ValueError(
+                f"{name} has shape {tuple(t.shape)} but {first_name} has {tuple(first.shape)}; they must match"
+            )
+
+
 def safe_exp_diff(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """exp(a - b), with exp(-inf - (-inf)) defined as 0 rather than NaN.
 
@@ -33,6 +46,7 @@ def safe_exp_diff(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 # --8<-- [start:update]
 def online_softmax_update(m: torch.Tensor, l: torch.Tensor, x_block: torch.Tensor):
     """Fold one block of columns x_block (..., n) into the running state (m, l) of shape (...)."""
+    check_same_rows(("m", m), ("l", l), ("x_block.shape[:-1]", x_block.detach()[..., 0]))
     m_new = torch.maximum(m, x_block.amax(dim=-1))  # the max can only grow
     alpha = safe_exp_diff(m, m_new)  # moves the old sum onto the new max: <= 1, never overflows
     l_new = alpha * l + safe_exp_diff(x_block, m_new[..., None]).sum(dim=-1)
@@ -43,8 +57,9 @@ def online_softmax_update(m: torch.Tensor, l: torch.Tensor, x_block: torch.Tenso
 def online_softmax_stats(x: torch.Tensor, block: int):
     """Stream the last dimension of x in blocks of ``block`` columns; return (m, l).
 
-    m + log(l) equals torch.logsumexp(x, -1). A row of all -inf gives m = -inf and l = 0 (so
-    lse = -inf), never NaN.
+    ``lse_from_stats(m, l)`` equals torch.logsumexp(x, -1), non-finite rows included: a row of all -inf
+    gives m = -inf and l = 0 (lse = -inf), a row holding +inf gives lse = +inf, a row holding NaN gives
+    NaN (m and l are NaN too).
     """
     check_tensor("x", x)
     check_block("block", block)
@@ -61,14 +76,22 @@ def online_softmax_stats(x: torch.Tensor, block: int):
 
 # --8<-- [start:lse]
 def lse_from_stats(m: torch.Tensor, l: torch.Tensor) -> torch.Tensor:
-    """lse = m + log l; -inf (not NaN) where the row saw nothing (m = -inf, l = 0)."""
-    return torch.where(l > 0, m + torch.log(l), torch.full_like(m, float("-inf")))
+    """lse = m + log l, with the conventions of torch.logsumexp at the edges.
+
+    A row that saw nothing (m = -inf, l = 0) gets -inf, not -inf + log 0 = NaN. A row whose max is
+    +inf gets +inf (its l is exp(inf - inf) = NaN). A NaN anywhere in the row stays NaN: NaN == 0 is
+    False, so such a row never passes for an empty one.
+    """
+    check_same_rows(("m", m), ("l", l))
+    lse = torch.where(torch.isposinf(m), m, m + torch.log(l))
+    return torch.where(l == 0, torch.full_like(m, float("-inf")), lse)
 # --8<-- [end:lse]
 
 
 # --8<-- [start:merge]
 def merge(m_a: torch.Tensor, l_a: torch.Tensor, m_b: torch.Tensor, l_b: torch.Tensor):
     """Combine the states of two disjoint parts of the same row into the state of their union."""
+    check_same_rows(("m_a", m_a), ("l_a", l_a), ("m_b", m_b), ("l_b", l_b))
     m = torch.maximum(m_a, m_b)
     l = safe_exp_diff(m_a, m) * l_a + safe_exp_diff(m_b, m) * l_b
     return m, l
@@ -76,6 +99,7 @@ def merge(m_a: torch.Tensor, l_a: torch.Tensor, m_b: torch.Tensor, l_b: torch.Te
 
 
 def softmax_from_stats(x: torch.Tensor, m: torch.Tensor, l: torch.Tensor) -> torch.Tensor:
-    """The second pass: p = exp(x - m) / l, with an all -inf row giving zeros."""
+    """The second pass: p = exp(x - m) / l, with an all -inf row giving zeros (and a NaN row NaN)."""
     p = safe_exp_diff(x, m[..., None])
-    return torch.where(l[..., None] > 0, p / torch.where(l > 0, l, 1.0)[..., None], 0.0)
+    empty = (l == 0)[..., None]
+    return torch.where(empty, 0.0, p / torch.where(empty, 1.0, l[..., None]))
