@@ -28,7 +28,9 @@ def on_page_content(html, page, config, files):
     name = PurePosixPath(page.file.src_uri).name
     button = (
         f'<p><a class="md-button" href="{name}" download>Download {name}</a> '
-        "and run it with Jupyter on a CPU: it needs only the package and its test extras.</p>"
+        "and run it on a CPU. It needs flashtile and a Jupyter kernel: in the repository's "
+        f"<code>.venv</code> (made by <code>make install</code>), <code>jupyter execute {name}</code> runs "
+        "it top to bottom; to edit it, add a front end such as <code>pip install jupyterlab</code>.</p>"
     )
     # Right under the notebook's title when it has one, otherwise on top.
     title_end = html.find("</h1>")

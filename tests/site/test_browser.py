@@ -2,7 +2,9 @@
 
 Chromium is Debian's (/usr/bin/chromium) driven by the playwright package; `playwright install` is
 never needed. Each page gets a fresh browser context that records every request, so a CDN script or
-font that sneaks back in fails the test that loads it. Screenshots land in artifacts/screenshots/.
+font that sneaks back in fails the test that loads it. Every page is opened at 1280 px and again at
+phone width (390 px), where display math must keep its size and scroll in its own box. Screenshots
+land in artifacts/screenshots/ (git-ignored): <page>.png at 1280 px, <page>--390.png at 390 px.
 """
 
 from __future__ import annotations
@@ -55,11 +57,27 @@ class PageLog:
         assert not self.errors, f"{what}: console errors: {self.errors}"
 
 
-@pytest.fixture
-def page(browser, site_url):
-    context = browser.new_context(viewport={"width": 1280, "height": 900}, service_workers="block")
+DESKTOP = {"width": 1280, "height": 900}
+PHONE = {"width": 390, "height": 844}  # a common phone in portrait, in CSS pixels
+
+
+def open_page(browser, site_url, viewport):
+    context = browser.new_context(viewport=viewport, service_workers="block")
     pg = context.new_page()
     pg.log = PageLog(pg, site_url)
+    return context, pg
+
+
+@pytest.fixture
+def page(browser, site_url):
+    context, pg = open_page(browser, site_url, DESKTOP)
+    yield pg
+    context.close()
+
+
+@pytest.fixture
+def phone_page(browser, site_url):
+    context, pg = open_page(browser, site_url, PHONE)
     yield pg
     context.close()
 
@@ -114,6 +132,47 @@ def check_math(page, src: Path) -> None:
     assert errors.count() == 0, f"{where}: TeX error: {errors.first.text_content()!r}"
 
 
+# Every display equation, as the reader sees it. A formula's natural width is the width MathJax gave its
+# SVG (in ex of the surrounding font), measured with an invisible probe of that width. An equation is
+# readable if its SVG is drawn at that width and the box around it either shows all of it or scrolls
+# sideways to reach the rest. The nearest ancestor that does not let content overflow visibly is the box.
+DISPLAY_MATH_JS = """() => {
+  const problems = [];
+  document.querySelectorAll('mjx-container[display="true"]').forEach((c, n) => {
+    const svg = c.querySelector(':scope > svg');
+    if (!svg) return;
+    const probe = document.createElement('div');
+    probe.style.cssText = `position:absolute;visibility:hidden;height:0;width:${svg.getAttribute('width')}`;
+    c.appendChild(probe);
+    const natural = probe.getBoundingClientRect().width;
+    probe.remove();
+    const drawn = svg.getBoundingClientRect().width;
+    let box = c.parentElement;
+    while (box && getComputedStyle(box).overflowX === 'visible') box = box.parentElement;
+    box = box || document.documentElement;
+    const scrolls = ['auto', 'scroll'].includes(getComputedStyle(box).overflowX) && box.scrollWidth + 1 >= natural;
+    const fits = box.clientWidth + 1 >= natural;
+    if (drawn + 1 < natural || !(fits || scrolls)) {
+      const tex = (c.querySelector('mjx-assistive-mml') || c).textContent.replace(/\\s+/g, ' ').slice(0, 60);
+      problems.push(`equation ${n + 1} (${tex}): formula ${natural.toFixed(0)} px, drawn ${drawn.toFixed(0)} px, ` +
+                    `box ${box.clientWidth} px (${fits ? 'fits' : scrolls ? 'scrolls' : 'neither fits nor scrolls'})`);
+    }
+  });
+  return problems;
+}"""
+
+
+def check_layout(page, src: Path) -> None:
+    """Display math is drawn at full size (scrolling if need be), and nothing widens the page."""
+    where = src.relative_to(DOCS).as_posix()
+    problems = page.evaluate(DISPLAY_MATH_JS)
+    assert not problems, f"{where} at {page.viewport_size['width']} px: unreadable display math:\n" + "\n".join(
+        problems
+    )
+    page_width, viewport = page.evaluate("() => [document.documentElement.scrollWidth, window.innerWidth]")
+    assert page_width <= viewport, f"{where}: the page is {page_width} px wide in a {viewport} px viewport"
+
+
 def check_listings(page, src: Path) -> None:
     """Each titled code block equals its src section, in page order."""
     expected = listings(src)
@@ -143,8 +202,24 @@ def test_page_is_offline_clean_typeset_and_shows_live_src(page, site_url, src):
     broken = page.evaluate("() => [...document.images].filter(i => !i.complete || !i.naturalWidth).map(i => i.src)")
     assert not broken, f"images that did not load: {broken}"
     page.wait_for_load_state("networkidle")
+    check_layout(page, src)
     page.screenshot(path=screenshot_name(src), full_page=True)
     page.log.assert_clean(src.relative_to(DOCS).as_posix())
+
+
+@pytest.mark.parametrize("src", PAGES, ids=lambda p: p.relative_to(DOCS).as_posix())
+def test_page_is_readable_at_phone_width(phone_page, site_url, src):
+    """At 390 px every display equation keeps its size and scrolls in its own box; the page never scrolls."""
+    response = phone_page.goto(site_url + page_url(src), wait_until="load")
+    assert response.status == 200
+    wait_for_mathjax(phone_page)
+    phone_page.wait_for_load_state("networkidle")
+    source = notebook_markdown(src) if src.suffix == ".ipynb" else src.read_text(encoding="utf-8")
+    if "$$" in source:  # so that the check below cannot pass by finding no equation at all
+        assert phone_page.locator('mjx-container[display="true"]').count() > 0, f"{src.name}: no display math drawn"
+    check_layout(phone_page, src)
+    phone_page.screenshot(path=screenshot_name(src, "--390"), full_page=True)
+    phone_page.log.assert_clean(f"{src.relative_to(DOCS).as_posix()} at 390 px")
 
 
 def test_404_page_is_offline_clean(page, site_url):

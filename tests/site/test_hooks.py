@@ -18,25 +18,6 @@ def load_hook(name: str):
     return module
 
 
-def test_nav_drops_only_missing_part_b_pages(tmp_path):
-    nav = load_hook("nav")
-    (tmp_path / "part-a").mkdir()
-    (tmp_path / "part-b").mkdir()
-    (tmp_path / "index.md").touch()
-    (tmp_path / "part-b" / "landed.md").touch()
-    config = [
-        {"Introduction": "index.md"},
-        {"Part A": ["part-a/missing.md"]},
-        {"Part B": ["part-b/landed.md", "part-b/not-yet.md", {"Titled": "part-b/also-not-yet.md"}]},
-        {"Empty B": ["part-b/nothing.md"]},
-    ]
-    assert nav._prune(config, tmp_path) == [
-        {"Introduction": "index.md"},
-        {"Part A": ["part-a/missing.md"]},  # kept: strict mode must still fail on it
-        {"Part B": ["part-b/landed.md"]},
-    ]
-
-
 # The plugin passes custom_mathjax_url="" (its default); nb2html alone defaults to cdnjs.
 @pytest.mark.parametrize("mathjax_url", ["", "https://cdnjs.cloudflare.com/ajax/libs/mathjax/2.7.7/latest.js"])
 def test_offline_hook_strips_what_nbconvert_loads_from_cdns(mathjax_url):
