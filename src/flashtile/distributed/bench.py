@@ -178,7 +178,7 @@ def provenance(commit: str) -> dict:
         "torch": torch.__version__,
         "triton": triton.__version__,
         "cuda": torch.version.cuda,
-        "nccl": ".".join(map(str, torch.cuda.nccl.version())),
+        "nccl": ".".join(map(str, nccl)) if isinstance(nccl := torch.cuda.nccl.version(), tuple) else str(nccl),
         "python": platform.python_version(),
         "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "commit": commit,
@@ -202,26 +202,27 @@ def ring_table(result: dict) -> str:
     """The chapter's table: one line per (T, causal, what was timed), times in ms, then the provenance."""
     rows = result["rows"]
     world = max(r["world_size"] for r in rows)
-    head = ["T", "causal", "timed", "1 GPU, flashtile.attention", "ring, 1 GPU", f"ring, {world} GPUs",
+    head = ["H", "T", "causal", "timed", "1 GPU, flashtile.attention", "ring, 1 GPU", f"ring, {world} GPUs",
             "speed-up", f"TFLOP/s on {world} GPUs", "rel. error vs 1 GPU: o / dq / dk / dv"]  # fmt: skip
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     by_shape: dict = {}
     for r in rows:
-        by_shape.setdefault((r["Tq"], r["causal"], r["measures"]), {})[r["provider"], r["world_size"]] = r
-    for (T, causal, measures), by in by_shape.items():
+        by_shape.setdefault((r["H"], r["Tq"], r["causal"], r["measures"]), {})[r["provider"], r["world_size"]] = r
+    for (H, T, causal, measures), by in by_shape.items():
         wide = by["flashtile_ring", world]
         names = ("o", "dq", "dk", "dv") if measures == "forward_backward" else ("o",)
         errors = " / ".join(f"{wide['rel_err_vs_1gpu'][k]:.1e}" for k in names)
-        cells = [f"{T // 1024}k" if T % 1024 == 0 else str(T), "yes" if causal else "no", measures.replace("_", " + "),
+        T_name = f"{T // 1024}k" if T % 1024 == 0 else str(T)
+        cells = [H, T_name, "yes" if causal else "no", measures.replace("_", " + "),
                  f"{by['flashtile', 1]['ms']:.1f}", f"{by['flashtile_ring', 1]['ms']:.1f}", f"{wide['ms']:.1f}",
                  f"{wide['speedup_vs_1gpu']:.2f}x", f"{wide['tflops']:.0f}", errors]  # fmt: skip
-        lines.append("| " + " | ".join(cells) + " |")
+        lines.append("| " + " | ".join(map(str, cells)) + " |")
     p = result["provenance"]
     lines += [
         "",
         f"Measured on {p['gpus']}x {p['gpu']} (NCCL {p['nccl']}, NVLink multicast off; ring transfer "
         f"{p['ring_GBps']:.0f} GB/s per direction) with torch {p['torch']}, triton {p['triton']}, CUDA {p['cuda']} "
-        f"at {p['date_utc']} (commit {p['commit']}); B = {rows[0]['B']}, H = {rows[0]['H']}, D = {rows[0]['D']}, "
+        f"at {p['date_utc']} (commit {p['commit']}); B = {rows[0]['B']}, H_kv = H, D = {rows[0]['D']}, "
         f"{rows[0]['dtype']}. Method: {p['method']}.",
     ]
     return "\n".join(lines) + "\n"
@@ -243,6 +244,8 @@ def main(argv=None) -> None:
     parser.add_argument("--T", type=int, nargs="+", default=[16384, 32768, 65536, 131072])
     parser.add_argument("--H", type=int, default=16)
     parser.add_argument("--D", type=int, default=128)
+    parser.add_argument("--extra", type=int, nargs=2, action="append", default=[], metavar=("H", "T"),
+                        help="one more (H, T) after the sweep; repeatable")  # fmt: skip
     parser.add_argument("--budget-s", type=float, default=200.0, help="start no new shape after this long")
     parser.add_argument("--cpu-smoke", action="store_true", help="gloo on CPU, fp32, to check the script runs")
     args = parser.parse_args(argv)
@@ -252,10 +255,9 @@ def main(argv=None) -> None:
     if not args.out:
         parser.error("--out is required unless --render")
     os.environ["NCCL_NVLS_ENABLE"] = "0"  # NVLink multicast off on shared hosts
-    shapes = []
-    for T in args.T:
-        reps = 10 if T <= 32768 else 5 if T <= 65536 else 3
-        shapes += [(1, args.H, args.H, T, args.D, causal, reps) for causal in (False, True)]
+    reps = lambda T: 10 if T <= 32768 else 5 if T <= 65536 else 3
+    shapes = [(1, args.H, args.H, T, args.D, causal, reps(T)) for T in args.T for causal in (False, True)]
+    shapes += [(1, H, H, T, args.D, causal, reps(T)) for H, T in args.extra for causal in (False, True)]
     backend, dtype = ("gloo", torch.float32) if args.cpu_smoke else ("nccl", torch.bfloat16)
     measured = run_local_ring(bench_worker, args.world_size, shapes, args.budget_s, dtype, backend=backend,
                               timeout_s=args.budget_s + 240)[0]  # fmt: skip
