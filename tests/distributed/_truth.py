@@ -18,7 +18,7 @@ def attention_truth(q, k, v, do, is_causal: bool, scale: float | None = None):
     s = scale * torch.einsum("bhid,bhjd->bhij", q, k_rep)
     if is_causal:
         T = q.shape[2]
-        s = s.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(diagonal=1), float("-inf"))
+        s = s.masked_fill(torch.ones(T, T, dtype=torch.bool, device=q.device).triu(diagonal=1), float("-inf"))
     o = torch.einsum("bhij,bhjd->bhid", torch.softmax(s, dim=-1), v_rep)
     dq, dk, dv = torch.autograd.grad(o, (q, k, v), do.double())
     return o.detach(), dq, dk, dv

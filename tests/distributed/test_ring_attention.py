@@ -1,5 +1,7 @@
 """Ring attention in one process: the (o, lse) merge, the simulated ring, world size 1, input errors."""
 
+import os
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -152,3 +154,24 @@ def test_backward_with_each_steps_own_lse_is_wrong_which_is_why_the_forward_save
         wrong = wrong + local_backward(q, k[..., s, :], v[..., s, :], o_part, lse_part, do, False, 0.5)[0]
     torch.testing.assert_close(right, truth_dq, rtol=0, atol=1e-12)
     assert not torch.allclose(wrong, truth_dq, atol=1e-3)
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1",
+    reason="needs CUDA or the Triton interpreter (the root conftest turns it on without CUDA)",
+)
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+def test_kernel_path_of_the_steps_matches_float64_truth(monkeypatch, is_causal):
+    """The steps' CUDA branch (flashtile's Triton kernels, fp32 lse hand-off, strided row slices),
+    run through the Triton interpreter on a machine without a GPU."""
+    from flashtile.distributed import ring
+
+    monkeypatch.setattr(ring, "uses_kernels", lambda q: q.dtype != torch.float64)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    q, k, v, do = (x.to(device) for x in random_qkv(1, 4, 2, 64, 16, seed=12, dtype=torch.float32))
+    o, dq, dk, dv = (unshard_sequence(x, is_causal) for x in
+                     simulate_ring(*(shards(x, 2, is_causal) for x in (q, k, v)), is_causal, None,
+                                   shards(do, 2, is_causal)))  # fmt: skip
+    for name, got, want in zip(("o", "dq", "dk", "dv"), (o, dq, dk, dv), attention_truth(q, k, v, do, is_causal)):
+        assert got.dtype == torch.float32, name
+        torch.testing.assert_close(got.double(), want, rtol=1e-3, atol=1e-3, msg=lambda m, name=name: f"{name}: {m}")

@@ -84,10 +84,15 @@ def step_plan(rank: int, source: int, T_local: int, is_causal: bool) -> StepPlan
 # --8<-- [end:plan]
 
 
+def uses_kernels(q: torch.Tensor) -> bool:
+    """The local attention runs flashtile's Triton kernels for CUDA tensors up to fp32, else the reference tier."""
+    return q.is_cuda and q.dtype != torch.float64
+
+
 def local_forward(q, k, v, causal: bool, scale: float):
     """(o, lse) of q against k, v on this device: flashtile's Triton kernel on CUDA, the reference tier
     otherwise (and for float64). lse is natural-log, fp32 (float64 for float64)."""
-    if q.is_cuda and q.dtype != torch.float64:
+    if uses_kernels(q):
         from ..kernels.forward import flash_attention
 
         return flash_attention(q, k, v, causal=causal, scale=scale, alignment="upper_left")
@@ -100,7 +105,7 @@ def local_forward(q, k, v, causal: bool, scale: float):
 def local_backward(q, k, v, o, lse, do, causal: bool, scale: float):
     """(dq, dk, dv) of one (query rows, key rows) pair, given the *final* o and lse of those query rows."""
     lse = lse.contiguous()
-    if q.is_cuda and q.dtype != torch.float64:
+    if uses_kernels(q):
         from ..kernels.backward import flash_attention_backward
 
         return flash_attention_backward(q, k, v, o, lse.float(), do, causal=causal, scale=scale)
