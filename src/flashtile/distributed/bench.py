@@ -152,8 +152,9 @@ def ring_bandwidth(device, n_bytes: int, reps: int = 5) -> float:
     return n_bytes / (ms * 1e-3) / 1e9
 
 
-def bench_worker(rank, world_size, shapes, budget_s, dtype=torch.bfloat16):
-    """Runs on every rank. Rank 0 returns {"rows", "ring_GBps"}; the others return None."""
+def bench_worker(rank, world_size, shapes, budget_s, dtype=torch.bfloat16, partial_path=None):
+    """Runs on every rank. Rank 0 returns {"rows", "ring_GBps"}, and after every shape writes the rows so
+    far to ``partial_path`` (if given), so that a run cut short keeps what it measured; the others return None."""
     device = torch.device("cuda", rank) if dist.get_backend() == "nccl" else torch.device("cpu")
     solo = dist.new_group([0])  # rank 0 alone: the single-GPU runs
     bandwidth = ring_bandwidth(device, 2**28 if device.type == "cuda" else 2**20)
@@ -164,6 +165,8 @@ def bench_worker(rank, world_size, shapes, budget_s, dtype=torch.bfloat16):
         if not go.item():
             break
         rows += bench_shape(rank, world_size, device, solo, shape, dtype)
+        if rank == 0 and partial_path:
+            Path(partial_path).write_text(json.dumps({"ring_GBps": round(bandwidth, 1), "rows": rows}, indent=1))
         if device.type == "cuda":
             torch.cuda.empty_cache()
     return {"rows": rows, "ring_GBps": round(bandwidth, 1)} if rank == 0 else None
@@ -259,8 +262,9 @@ def main(argv=None) -> None:
     shapes = [(1, args.H, args.H, T, args.D, causal, reps(T)) for T in args.T for causal in (False, True)]
     shapes += [(1, H, H, T, args.D, causal, reps(T)) for H, T in args.extra for causal in (False, True)]
     backend, dtype = ("gloo", torch.float32) if args.cpu_smoke else ("nccl", torch.bfloat16)
-    measured = run_local_ring(bench_worker, args.world_size, shapes, args.budget_s, dtype, backend=backend,
-                              timeout_s=args.budget_s + 240)[0]  # fmt: skip
+    partial = str(Path(args.out).with_suffix(".partial.json"))
+    measured = run_local_ring(bench_worker, args.world_size, shapes, args.budget_s, dtype, partial, backend=backend,
+                              timeout_s=args.budget_s + 150)[0]  # fmt: skip
     meta = provenance(args.commit) if not args.cpu_smoke else {"cpu_smoke": True}
     meta["ring_GBps"] = measured["ring_GBps"]  # measured at start: 256 MiB sent to the next rank while receiving
     rows = measured["rows"]
