@@ -174,6 +174,17 @@ def _backward(ctx, do, _dlse, _dstats):
 
 
 attention_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _no_double_backward(ctx, *grads):
+    raise NotImplementedError(
+        "flashtile.attention supports one backward pass: double backward (a gradient of a gradient, as in "
+        "gradient penalties or Hessian-vector products) is not supported; use torch's "
+        "scaled_dot_product_attention with the math backend for that"
+    )
+
+
+attention_bwd.register_autograd(_no_double_backward, setup_context=lambda ctx, inputs, output: None)
 # --8<-- [end:autograd]
 
 

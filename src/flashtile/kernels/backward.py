@@ -75,14 +75,14 @@ def visible(rows, keys, Tk, offset, CAUSAL: tl.constexpr):
 
 
 @triton.jit
-def recompute_p(u, m, log2_l, qk_scale, rows, keys, Tk, offset, CAUSAL: tl.constexpr):
+def recompute_p(u, m, log2_l, qk_scale, keep):
     """P for one tile from the raw dots u and the forward's (m, log2 l); 0 where the forward masked.
 
     The mask is applied to P itself, not to u: a row whose statistics are NaN must still give 0, not
     NaN, for the keys it never saw.
     """
     p = tl.math.exp2((u - m[:, None]) * qk_scale - log2_l[:, None])
-    return tl.where(visible(rows, keys, Tk, offset, CAUSAL), p, 0.0)
+    return tl.where(keep, p, 0.0)
 
 
 # --8<-- [start:dkdv]
@@ -125,10 +125,11 @@ def backward_dkdv_kernel(
             m, log2_l = load_row_stats(M + row_base, L + row_base, rows, Tq)
             delta = tl.load(DELTA + row_base + rows, mask=rows < Tq, other=0.0)
             u = tl.dot(q_tile, tl.trans(k_tile), input_precision=DOT_PRECISION)  # the forward's raw dots
-            p = recompute_p(u, m, log2_l, qk_scale, rows, keys, Tk, offset, CAUSAL)  # never stored
+            keep = visible(rows, keys, Tk, offset, CAUSAL)
+            p = recompute_p(u, m, log2_l, qk_scale, keep)  # never stored
             dv += tl.dot(tl.trans(p.to(do_tile.dtype)), do_tile, input_precision=DOT_PRECISION)
             dp = tl.dot(do_tile, tl.trans(v_tile), input_precision=DOT_PRECISION)
-            ds = p * (dp - delta[:, None])
+            ds = tl.where(keep, p * (dp - delta[:, None]), 0.0)  # a hidden pair: 0, even if its row is NaN
             dk += tl.dot(tl.trans(ds.to(q_tile.dtype)), q_tile, input_precision=DOT_PRECISION)
     dk = dk * unit  # S = τ Q K^T = unit (sign Q) K^T, so dK = unit * dS^T (sign Q)
     store_tile(DK + b * stride_dkb + g * stride_dkh, stride_dkt, stride_dkd, keys, cols, Tk, head_dim, dk)
@@ -173,9 +174,10 @@ def backward_dq_kernel(
         k_tile = load_tile(k_ptr, stride_kt, stride_kd, keys, cols, Tk, head_dim)
         v_tile = load_tile(v_ptr, stride_vt, stride_vd, keys, cols, Tk, head_dim)
         u = tl.dot(q_tile, tl.trans(k_tile), input_precision=DOT_PRECISION)
-        p = recompute_p(u, m, log2_l, qk_scale, rows, keys, Tk, offset, CAUSAL)
+        keep = visible(rows, keys, Tk, offset, CAUSAL)
+        p = recompute_p(u, m, log2_l, qk_scale, keep)
         dp = tl.dot(do_tile, tl.trans(v_tile), input_precision=DOT_PRECISION)
-        ds = p * (dp - delta[:, None])
+        ds = tl.where(keep, p * (dp - delta[:, None]), 0.0)
         dq += tl.dot(ds.to(k_tile.dtype), k_tile, input_precision=DOT_PRECISION)
     dq = dq * scale  # dQ = τ dS K, with the signed τ
     store_tile(DQ + b * stride_dqb + h * stride_dqh, stride_dqt, stride_dqd, rows, cols, Tq, head_dim, dq)

@@ -121,6 +121,8 @@ def flash_attention_backward(
             dv += p.transpose(-1, -2) @ do_tile  # dV = P^T dO
             dp = do_tile @ v_tile.transpose(-1, -2)  # dP = dO V^T
             ds = p * (dp - delta[..., q_start:q_end, None])  # dS = P * (dP - D)
+            if visible is not None:  # a hidden pair has dS = 0, even when its row's D is NaN
+                ds = torch.where(visible, ds, 0.0)
             dq[..., q_start:q_end, :] += scale * (ds @ k_tile)  # dQ = scale * dS K
             dk += scale * (ds.transpose(-1, -2) @ q_tile)  # dK = scale * dS^T Q
         dk_rep[..., k_start:k_end, :] = dk
