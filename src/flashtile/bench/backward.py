@@ -66,13 +66,13 @@ def sweep(shape: dict) -> list[dict]:
     from ..kernels.forward import flash_attention
 
     q, k, v, do = random_inputs(shape, 4)
-    o, lse = flash_attention(q, k, v, causal=shape["causal"])
+    o, lse, stats = flash_attention(q, k, v, causal=shape["causal"], return_stats=True)
     default = backward_config(shape["D"], q.dtype)
     trials = [dict(default, dkdv=c) for c in SWEEP_DKDV] + [dict(default, dq=c) for c in SWEEP_DQ]
     rows = []
     for config in trials:
         launch = lambda config=config: flash_attention_backward(q, k, v, o, lse, do, causal=shape["causal"],
-                                                                config=config)  # fmt: skip
+                                                                stats=stats, config=config)  # fmt: skip
         try:
             launch()
             ms = median_ms(launch, warmup=25, rep=100)
