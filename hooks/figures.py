@@ -8,14 +8,16 @@ A figure pasted as a PNG drifts the moment the code changes. These are computed 
   kind of tile ``flashtile.reference.causal.tile_map`` assigns it (full / diagonal / skip), with the
   pairs ``causal_mask`` hides drawn pale. Hand-written SVG: a grid needs no plotting library.
 * ``figures/io-traffic.svg``: HBM traffic of standard attention and of FlashAttention from
-  ``flashtile.reference.io_model``, against the on-chip memory M and the sequence length T, with the
-  Theorem 2 shape T^2 d^2 / M drawn for comparison. matplotlib, rendered to SVG in memory.
+  ``flashtile.reference.io_model``, against the on-chip memory M and the sequence length T, with
+  FlashAttention's limit (12 + 16/d) T^2 d^2 / M and the lower bound no exact algorithm can beat drawn
+  for comparison. matplotlib, rendered to SVG in memory.
 """
 
 from __future__ import annotations
 
 import io
 import logging
+from fractions import Fraction
 from html import escape
 
 from mkdocs.structure.files import File
@@ -105,20 +107,35 @@ def io_traffic_svg() -> str:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from flashtile.reference.io_model import flash_attention_traffic, standard_attention_traffic, theorem2_bound
+    from flashtile.reference.io_model import (
+        attention_traffic_lower_bound,
+        flash_attention_traffic,
+        standard_attention_traffic,
+        theorem2_bound,
+        traffic_ratio_limit,
+    )
 
     d = IO_HEAD_DIM
+    shape = "T\u00b2d\u00b2/M"
+    lower = "lower bound, any exact algorithm"
     with plt.rc_context({"svg.hashsalt": "flashtile", "font.size": 9}):
         fig, (by_m, by_t) = plt.subplots(1, 2, figsize=(9.5, 3.8), constrained_layout=True)
-        ms = [M for M in IO_M_RANGE if 4 * d <= M <= IO_T * d]  # Theorem 2's range
+        ms = [M for M in IO_M_RANGE if 4 * d <= M <= IO_T * d]  # the theorem's range
         by_m.loglog(ms, [standard_attention_traffic(IO_T, d).total for _ in ms], "o-", label="standard (model)")
         by_m.loglog(ms, [flash_attention_traffic(IO_T, d, M).total for M in ms], "s-", label="FlashAttention (model)")
-        by_m.loglog(ms, [12 * theorem2_bound(IO_T, d, M) for M in ms], "k--", label="12 T\u00b2d\u00b2/M")
+        # Powers of two: 4d divides every M here, so the T -> infinity limit is exactly 12 + 16/d.
+        assert all(traffic_ratio_limit(d, M) == 12 + Fraction(16, d) for M in ms)
+        by_m.loglog(ms, [(12 + 16 / d) * theorem2_bound(IO_T, d, M) for M in ms], "k--", label=f"(12 + 16/d) {shape}")
+        low_ms = [M for M in ms if M >= d * d]  # the lower bound has the T^2 d^2 / M shape from M = d^2 on
+        by_m.loglog(low_ms, [attention_traffic_lower_bound(IO_T, d, M) for M in low_ms], "k:", label=lower)
         by_m.set(xlabel="on-chip memory M (elements)", ylabel="HBM traffic (elements)", title=f"T = {IO_T}, d = {d}")
         ts = IO_T_RANGE
         by_t.loglog(ts, [standard_attention_traffic(T, d).total for T in ts], "o-", label="standard (model)")
         by_t.loglog(ts, [flash_attention_traffic(T, d, IO_M).total for T in ts], "s-", label="FlashAttention (model)")
-        by_t.loglog(ts, [12 * theorem2_bound(T, d, IO_M) for T in ts], "k--", label="12 T\u00b2d\u00b2/M")
+        slope = float(traffic_ratio_limit(d, IO_M))  # 4d does not divide 100,000: a little above 12 + 16/d
+        label = f"{slope:.2f} {shape} (T \u2192 \u221e)"
+        by_t.loglog(ts, [slope * theorem2_bound(T, d, IO_M) for T in ts], "k--", label=label)
+        by_t.loglog(ts, [attention_traffic_lower_bound(T, d, IO_M) for T in ts], "k:", label=lower)
         by_t.set(xlabel="sequence length T", ylabel="HBM traffic (elements)", title=f"M = {IO_M:,}, d = {d}")
         for ax in (by_m, by_t):
             ax.grid(True, which="major", alpha=0.3)
