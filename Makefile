@@ -1,22 +1,36 @@
-# flashtile: two commands on a fresh CPU machine.
+# flashtile: two commands on a fresh Debian or Ubuntu machine (root or not), no GPU needed.
 #   make serve   install what is needed, then serve the site on http://127.0.0.1:8000
-#   make test    install what is needed, then run the whole suite (unit, doc claims, site, browser)
+#   make test    install what is needed (browser included), then run the whole suite
+# What the system lacks (python3-venv, chromium) is installed with apt when that needs no password
+# (root, or passwordless sudo); otherwise make stops at once and prints the command to run.
 # On a CUDA machine (your own torch build already installed):  make gpu-test  and  make bench
 
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# Where pip gets torch. Empty: pip's own configuration. On plain PyPI the Linux torch wheel is the
+# CUDA build, which pulls several GB of nvidia-* wheels; for the small CPU build use PyTorch's index:
+#   make test TORCH_INDEX=https://download.pytorch.org/whl/cpu
+TORCH_INDEX ?=
 export NO_MKDOCS_2_WARNING := 1
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: install serve build test test-unit test-docs test-site lint gpu-test bench clean
+.PHONY: install browser serve build test test-unit test-docs test-site lint gpu-test bench clean
 
 $(VENV)/.installed: pyproject.toml constraints-cpu.txt
+	PYTHON=$(PYTHON) tools/system-deps.sh venv
 	$(PYTHON) -m venv $(VENV)
+ifneq ($(TORCH_INDEX),)
+	$(PY) -m pip install -q --index-url $(TORCH_INDEX) -c constraints-cpu.txt torch
+endif
 	$(PY) -m pip install -q -c constraints-cpu.txt -e ".[test,docs]"
 	touch $@
 
 install: $(VENV)/.installed
+
+# Chromium for the browser test: Debian's, installed with apt if need be (see tools/system-deps.sh).
+browser: install
+	VENV_PY=$(PY) tools/system-deps.sh browser
 
 serve: install
 	$(VENV)/bin/mkdocs serve -a 127.0.0.1:8000
@@ -25,7 +39,8 @@ build: install
 	$(VENV)/bin/mkdocs build --strict
 
 # Each step fails on its own: pytest exits 5 when it collects nothing, and make stops on any non-zero.
-test: install lint test-unit test-docs test-site
+# The browser comes first so that a machine without one stops before the long steps, not after.
+test: install browser lint test-unit test-docs test-site
 
 lint: install
 	$(VENV)/bin/ruff check src tests bench conftest.py
@@ -34,9 +49,9 @@ test-unit: install
 	$(PY) -m pytest -n 2 -m "not site" tests
 
 test-docs: install
-	$(PY) -m pytest --codeblocks docs -q -rA
+	$(PY) -m pytest --codeblocks docs -q
 
-test-site: install
+test-site: install browser
 	$(PY) -m pytest -m site tests/site
 
 gpu-test:

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _site_docs import REPO, site_prefix  # noqa: E402
 
 ARTIFACTS = REPO / "artifacts"
-CHROMIUM = "/usr/bin/chromium"
+CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")  # the same override as tools/system-deps.sh
 CHROMIUM_ARGS = [
     "--headless",
     "--no-sandbox",
@@ -98,11 +98,24 @@ def site_url(built_site) -> str:
 
 @pytest.fixture(scope="session")
 def browser():
-    if not Path(CHROMIUM).exists():
-        pytest.fail(f"{CHROMIUM} not found: install Debian's chromium (apt-get install chromium)")
+    """Debian's /usr/bin/chromium, else the one `playwright install chromium` downloaded, else stop.
+
+    Without a browser every browser test would error on its own; stopping the session says it once,
+    with the command that fixes it (the same one `make browser` prints).
+    """
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        if Path(CHROMIUM).exists():
+            executable = CHROMIUM
+        elif Path(p.chromium.executable_path).exists():
+            executable = p.chromium.executable_path
+        else:
+            pytest.exit(
+                f"no Chromium for the browser test: neither {CHROMIUM} nor playwright's own. "
+                "Run `make browser` (it installs Debian's chromium when it may, or prints the command to run).",
+                returncode=1,
+            )
+        b = p.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
         yield b
         b.close()
