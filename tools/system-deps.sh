@@ -58,7 +58,8 @@ has_venv() {
 }
 
 has_chromium() {
-  [ -x "$CHROMIUM" ] && return 0
+  # Runs, not just exists: Ubuntu's apt "chromium" can be a stub that needs snapd.
+  [ -x "$CHROMIUM" ] && "$CHROMIUM" --version >/dev/null 2>&1 && return 0
   # playwright's own Chromium, if someone ran `playwright install chromium` for this venv's playwright.
   [ -x "$VENV_PY" ] && "$VENV_PY" - >/dev/null 2>&1 <<'PY'
 import os, sys

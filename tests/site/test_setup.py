@@ -59,6 +59,15 @@ def test_chromium_already_there_needs_nothing(tmp_path):
     assert not log.exists(), "apt ran although chromium was there"
 
 
+def test_a_chromium_that_does_not_run_counts_as_missing(tmp_path):
+    env, chromium, _ = fake_machine(tmp_path, uid=1000, sudo_ok=False, candidate=None, os_id="ubuntu")
+    chromium.write_text("#!/bin/sh\necho 'chromium needs the snap' >&2\nexit 1\n")  # Ubuntu's stub, no snapd
+    chromium.chmod(0o755)
+    proc = run_script(env, "browser")
+    assert proc.returncode == 1
+    assert "-m playwright install --with-deps chromium" in proc.stderr
+
+
 @pytest.mark.parametrize("uid, sudo_ok", [(0, False), (1000, True)], ids=["root", "passwordless-sudo"])
 def test_debian_chromium_is_installed_with_apt_when_allowed(tmp_path, uid, sudo_ok):
     env, chromium, log = fake_machine(tmp_path, uid=uid, sudo_ok=sudo_ok, candidate="150.0-1~deb12u1")
