@@ -45,6 +45,13 @@ def check_kernel_device(name: str, x: torch.Tensor) -> None:
         )
 
 
+def dot_precision(dtype: torch.dtype) -> str:
+    """``tl.dot``'s input precision, the same in the forward and the backward: fp32 inputs are multiplied
+    in full fp32 ("ieee"), never silently in tf32, so that the backward recomputes bit for bit the raw
+    dots the forward's (m, l) were taken from; 16-bit inputs ignore the setting."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
 def head_dim_pad(head_dim: int) -> int:
     """The head dim rounded up to a power of two (tl.arange needs one) and to 16 (tl.dot needs it)."""
     return max(MIN_DOT_BLOCK, triton.next_power_of_2(head_dim))

@@ -40,6 +40,7 @@ from ._common import (
     check_kernel_device,
     check_launch,
     check_tile_size,
+    dot_precision,
     first_query_row,
     head_batch_grid,
     head_dim_pad,
@@ -266,13 +267,14 @@ def flash_attention_backward(
         raise ValueError(f"stats must be (2, B, H, Tq) = {(2, *lse.shape)} on {q.device}, got {tuple(stats.shape)}")
     stats = stats.contiguous()
     units = kernel_scale(scale)
-    precision = "ieee" if q.dtype == torch.float32 else "tf32"  # fp32 stays fp32; 16-bit ignores it
 
     delta = backward_preprocess(o, do, block_q or config["dq"][0])
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
-    common = dict(CAUSAL=causal, HEAD_DIM_PAD=head_dim_pad(shape.D), SIGN=units.sign, DOT_PRECISION=precision)
+    common = dict(
+        CAUSAL=causal, HEAD_DIM_PAD=head_dim_pad(shape.D), SIGN=units.sign, DOT_PRECISION=dot_precision(q.dtype)
+    )
 
     bq, bk, warps, stages = config["dkdv"]
     bq, bk = block_q or bq, block_k or bk

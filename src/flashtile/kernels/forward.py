@@ -36,6 +36,7 @@ from ._common import (
     check_kernel_device,
     check_launch,
     check_tile_size,
+    dot_precision,
     full_key_tiles,
     head_batch_grid,
     head_dim_pad,
@@ -55,7 +56,7 @@ def _attend_key_tiles(
     k_base, v_base, stride_kt, stride_kd, stride_vt, stride_vd,
     i, d, first_k_index, end_k_index, Tk, offset, qk_scale,
     BLOCK_K: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
-    MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+    MASKED: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """Fold key tiles first_k_index .. end_k_index - 1 into (acc, l, m); i holds the query rows.
 
@@ -75,7 +76,7 @@ def _attend_key_tiles(
             k = tl.load(k_ptrs, mask=k_mask, other=0.0)  # K^T tile: (HEAD_DIM_PAD, BLOCK_K)
         else:
             k = tl.load(k_ptrs)
-        u = tl.dot(q, k)  # (BLOCK_Q, BLOCK_K) fp32 raw dots; the score is S = unit * u
+        u = tl.dot(q, k, input_precision=DOT_PRECISION)  # (BLOCK_Q, BLOCK_K) fp32 raw dots; S = unit * u
         if MASKED:
             hidden = j[None, :] >= Tk  # padded keys must score -inf, not 0
             if CAUSAL:
@@ -97,7 +98,7 @@ def _attend_key_tiles(
         else:
             v = tl.load(v_ptrs)
         acc = acc * alpha[:, None]
-        acc = tl.dot(p.to(v.dtype), v, acc)  # P in the input dtype for the tensor cores
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)  # P in the input dtype
         m = m_new
     return acc, l, m
 # --8<-- [end:inner]
@@ -113,6 +114,7 @@ def _forward_kernel(
     H, group, Tq, Tk, offset, qk_scale,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr, SIGN: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     # --8<-- [start:program]
     q_index = tl.program_id(0)
@@ -153,12 +155,12 @@ def _forward_kernel(
     acc, l, m = _attend_key_tiles(
         acc, l, m, q, k_base, v_base, stride_kt, stride_kd, stride_vt, stride_vd,
         i, d, 0, n_full_tiles, Tk, offset, qk_scale,
-        BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, MASKED=False, CAUSAL=CAUSAL,
+        BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, MASKED=False, CAUSAL=CAUSAL, DOT_PRECISION=DOT_PRECISION,
     )
     acc, l, m = _attend_key_tiles(
         acc, l, m, q, k_base, v_base, stride_kt, stride_kd, stride_vt, stride_vd,
         i, d, n_full_tiles, n_key_tiles, Tk, offset, qk_scale,
-        BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, MASKED=True, CAUSAL=CAUSAL,
+        BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, MASKED=True, CAUSAL=CAUSAL, DOT_PRECISION=DOT_PRECISION,
     )
     # --8<-- [end:loops]
 
@@ -207,7 +209,7 @@ def flash_attention(
 
     Args:
         q: (B, H, Tq, D); k, v: (B, H_kv, Tk, D) with H a multiple of H_kv. fp16, bf16 or fp32
-            (fp32 dots may run in tf32 on the GPU), any strides, 1 <= D <= 256.
+            (fp32 dots in full fp32, never tf32), any strides, 1 <= D <= 256.
         causal, alignment: the causal mask of ``flashtile.reference.causal``.
         scale: τ, multiplies Q K^T; defaults to 1/sqrt(D). Zero and negative values are allowed.
         block_q, block_k: tile sizes (powers of two >= 16); defaults from ``forward_config``.
@@ -246,7 +248,7 @@ def flash_attention(
         H, shape.group, Tq, Tk, diagonal_offset(Tq, Tk, alignment), units.qk_scale,
         HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D),
         BLOCK_Q=block_q, BLOCK_K=block_k, CAUSAL=causal, SIGN=units.sign,
-        num_warps=num_warps, num_stages=num_stages,
+        DOT_PRECISION=dot_precision(q.dtype), num_warps=num_warps, num_stages=num_stages,
     )
     return (o, lse, stats) if return_stats else (o, lse)
 # --8<-- [end:launcher]
