@@ -174,6 +174,7 @@ def _backward(ctx, do, _dlse, _dstats):
 
 
 attention_fwd.register_autograd(_backward, setup_context=_setup_context)
+# --8<-- [end:autograd]
 
 
 def _no_double_backward(ctx, *grads):
@@ -185,7 +186,6 @@ def _no_double_backward(ctx, *grads):
 
 
 attention_bwd.register_autograd(_no_double_backward, setup_context=lambda ctx, inputs, output: None)
-# --8<-- [end:autograd]
 
 
 # --8<-- [start:attention]
@@ -267,4 +267,3 @@ def refuse_unsupported_autograd_modes() -> None:
             "flashtile.attention does not support forward-mode AD (torch.autograd.forward_ad); its gradient is "
             "reverse-mode only: use loss.backward() or torch.autograd.grad"
         )
-# --8<-- [end:attention]
