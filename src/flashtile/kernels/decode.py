@@ -1,0 +1,312 @@
+"""Split-K decoding (FlashDecoding) as two Triton kernels, mirroring ``flashtile.reference.decode``.
+
+``_decode_split_kernel``: one program per (key slice, KV head, sequence). It packs every query row of
+its KV group, g heads times Tq new tokens, into one tile of BLOCK_M rows, walks the key tiles of its
+slice once, and writes a normalised partial (o_s, lse_s) per row into an fp32 workspace.
+``_decode_merge_kernel``: one program per (new token, head, sequence) combines the partials with the
+rescale identity. With a single slice the split kernel writes o and lse directly and no merge runs.
+
+Compared with the reference, the kernel adds only what the GPU forces on it: masks, 64-bit pointer
+arithmetic, base-2 exponentials, raw-dot units (m is the max of the raw dots u = (sign · q)·k, and
+p = exp2((u - m) · qk_scale), see ``flashtile.kernels._common.KernelScale``), and a per-key page
+lookup instead of ``gather_pages``'s copy. A contiguous cache is the paged case with one page of
+T_max keys per sequence, page = b, so the two share one kernel (the constexpr PAGED only skips the
+block-table read).
+
+Status (candid): supports fp16, bf16 and fp32 (fp32 dots in full fp32), 1 <= D <= 256, Tq 1 to 16,
+any GQA ratio, ragged lengths, paged caches of any page size, any strides. Checked on the CPU through
+Triton's interpreter; not yet measured or tested on a GPU in this repository (issue 12 stays open for
+that: ``flashtile.bench.decode`` and ``tests/decode/test_decode_gpu.py`` are written and unrun). The
+tile sizes below are a first guess, not tuned. The launcher checks shapes, not values: a length
+above the capacity or a block-table entry outside the pool reads out of bounds, so users call
+``flashtile.decode_attention``, which checks them. Like the forward kernel, a NaN in the value of a
+key that the causal rule hides from an earlier new token (a later new token's own value) still
+reaches that token's row, as 0 · NaN in the P·V dot.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from .._checks import resolve_scale
+from ..decode import check_decode_inputs, check_num_splits, pick_num_splits, sm_count
+from ._common import (
+    KERNEL_DTYPES,
+    apply_sign,
+    check_kernel_device,
+    check_launch,
+    check_tile_size,
+    dot_precision,
+    head_batch_grid,
+    head_dim_pad,
+    is_interpreting,
+    kernel_scale,
+    program_offset,
+)
+
+LN2 = tl.constexpr(math.log(2.0))
+LOG2E = tl.constexpr(math.log2(math.e))
+
+
+# --8<-- [start:page_slot]
+@triton.jit
+def _page_and_slot(BLOCK_TABLE, stride_tb, stride_tp, b, j, valid, PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr):
+    """Where key j of sequence b lives: (page, slot), both int64, so K[page, h_kv, slot, :] is its row.
+
+    Paged: page = block_table[b, j // page_size], slot = j % page_size. Contiguous: the cache is one
+    page per sequence, page = b and slot = j, and no table is read. Entries past ``valid`` are never read.
+    """
+    if PAGED:
+        page = tl.load(BLOCK_TABLE + program_offset(b, stride_tb) + (j // PAGE_SIZE).to(tl.int64) * stride_tp,
+                       mask=valid, other=0)  # fmt: skip
+        return page.to(tl.int64), (j % PAGE_SIZE).to(tl.int64)
+    return tl.zeros_like(j).to(tl.int64) + b, j.to(tl.int64)
+# --8<-- [end:page_slot]
+
+
+# --8<-- [start:inner]
+@triton.jit
+def _decode_key_tiles(
+    acc, l, m, q, t,
+    K, V, BLOCK_TABLE, stride_kp, stride_kt, stride_kd, stride_vp, stride_vt, stride_vd, stride_tb, stride_tp,
+    b, d, first_k_index, end_k_index, k_end, offset, qk_scale,
+    BLOCK_K: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """Fold key tiles first_k_index .. end_k_index - 1 into (acc, l, m); t holds each row's new token.
+
+    K and V already point at the KV head. Row r sees key j iff j < k_end (its slice) and
+    j <= t + offset (offset = length - Tq): only the MASKED tiles at the end of a slice test it.
+    """
+    for k_index in range(first_k_index, end_k_index):
+        j = k_index * BLOCK_K + tl.arange(0, BLOCK_K)  # the key positions of this tile, in the sequence
+        in_slice = j < k_end
+        page, slot = _page_and_slot(BLOCK_TABLE, stride_tb, stride_tp, b, j, in_slice, PAGE_SIZE, PAGED)
+        k_mask = (d[:, None] < HEAD_DIM) & in_slice[None, :]
+        k_ptrs = K + page[None, :] * stride_kp + slot[None, :] * stride_kt + d[:, None].to(tl.int64) * stride_kd
+        if MASKED or HEAD_DIM != HEAD_DIM_PAD:
+            k = tl.load(k_ptrs, mask=k_mask, other=0.0)  # K^T tile: (HEAD_DIM_PAD, BLOCK_K)
+        else:
+            k = tl.load(k_ptrs)
+        u = tl.dot(q, k, input_precision=DOT_PRECISION)  # (BLOCK_M, BLOCK_K) raw dots, every packed row
+        if MASKED:
+            hidden = (j[None, :] >= k_end) | (j[None, :] > t[:, None] + offset)
+            u = tl.where(hidden, float("-inf"), u)
+        m_new = tl.maximum(m, tl.max(u, 1))
+        if MASKED:  # a row that has seen no key yet: subtract 0, not -inf, so p = 0 and alpha = 0
+            m_new_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        else:
+            m_new_safe = m_new
+        alpha = tl.math.exp2((m - m_new_safe) * qk_scale)
+        p = tl.math.exp2((u - m_new_safe[:, None]) * qk_scale)
+        l = alpha * l + tl.sum(p, 1)
+        v_mask = in_slice[:, None] & (d[None, :] < HEAD_DIM)
+        v_ptrs = V + page[:, None] * stride_vp + slot[:, None] * stride_vt + d[None, :].to(tl.int64) * stride_vd
+        if MASKED or HEAD_DIM != HEAD_DIM_PAD:
+            v = tl.load(v_ptrs, mask=v_mask, other=0.0)  # (BLOCK_K, HEAD_DIM_PAD)
+        else:
+            v = tl.load(v_ptrs)
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
+        m = m_new
+    return acc, l, m
+# --8<-- [end:inner]
+
+
+@triton.jit
+def _decode_split_kernel(
+    Q, K, V, SEQLENS, BLOCK_TABLE, O_PART, LSE_PART,
+    stride_qb, stride_qh, stride_qt, stride_qd,
+    stride_kp, stride_kh, stride_kt, stride_kd,
+    stride_vp, stride_vh, stride_vt, stride_vd,
+    stride_tb, stride_tp,
+    stride_ob, stride_oh, stride_ot, stride_os, stride_od,
+    stride_lb, stride_lh, stride_lt, stride_ls,
+    Tq, group, capacity, num_splits, qk_scale,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, HAS_SEQLENS: tl.constexpr, SIGN: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    # --8<-- [start:packing]
+    split = tl.program_id(0)
+    n_rows = group * Tq  # every query row of one KV group: g heads x Tq new tokens
+    n_row_blocks = tl.cdiv(n_rows, BLOCK_M)
+    h_kv = tl.program_id(1) // n_row_blocks
+    b = tl.program_id(2)
+    r = (tl.program_id(1) % n_row_blocks) * BLOCK_M + tl.arange(0, BLOCK_M)  # packed rows of this program
+    h = h_kv * group + r // Tq  # the query head of each row
+    t = r % Tq  # the new token of each row
+    row_ok = r < n_rows
+    d = tl.arange(0, HEAD_DIM_PAD)
+    q_ptrs = (Q + program_offset(b, stride_qb) + h[:, None].to(tl.int64) * stride_qh
+              + t[:, None].to(tl.int64) * stride_qt + d[None, :].to(tl.int64) * stride_qd)  # fmt: skip
+    q_mask = row_ok[:, None] & (d[None, :] < HEAD_DIM)
+    q = apply_sign(tl.load(q_ptrs, mask=q_mask, other=0.0), SIGN)  # (BLOCK_M, HEAD_DIM_PAD), loaded once
+    # --8<-- [end:packing]
+
+    # --8<-- [start:slice]
+    if HAS_SEQLENS:
+        length = tl.load(SEQLENS + b)  # ragged: this sequence's own number of keys
+    else:
+        length = capacity
+    n_tiles = tl.cdiv(length, BLOCK_K)
+    tiles_per_split = tl.cdiv(n_tiles, num_splits)  # reference.decode.split_bounds, in the same units
+    k_start = tl.minimum(split * tiles_per_split * BLOCK_K, length)
+    k_end = tl.minimum(k_start + tiles_per_split * BLOCK_K, length)
+    offset = length - Tq  # new token t sees keys j <= t + offset (lower-right, per sequence)
+    # Tiles every row sees whole: inside the slice and at or before key offset (row t = 0's last key).
+    n_full = tl.maximum(tl.minimum(k_end, offset + 1) - k_start, 0) // BLOCK_K
+    first_tile = k_start // BLOCK_K
+    end_tile = first_tile + tl.cdiv(k_end - k_start, BLOCK_K)
+    # --8<-- [end:slice]
+
+    m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
+    k_head = K + program_offset(h_kv, stride_kh)
+    v_head = V + program_offset(h_kv, stride_vh)
+    acc, l, m = _decode_key_tiles(
+        acc, l, m, q, t, k_head, v_head, BLOCK_TABLE, stride_kp, stride_kt, stride_kd, stride_vp, stride_vt,
+        stride_vd, stride_tb, stride_tp, b, d, first_tile, first_tile + n_full, k_end, offset, qk_scale,
+        BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, PAGE_SIZE, PAGED, MASKED=False, DOT_PRECISION=DOT_PRECISION,
+    )
+    acc, l, m = _decode_key_tiles(
+        acc, l, m, q, t, k_head, v_head, BLOCK_TABLE, stride_kp, stride_kt, stride_kd, stride_vp, stride_vt,
+        stride_vd, stride_tb, stride_tp, b, d, first_tile + n_full, end_tile, k_end, offset, qk_scale,
+        BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, PAGE_SIZE, PAGED, MASKED=True, DOT_PRECISION=DOT_PRECISION,
+    )
+
+    # --8<-- [start:partial]
+    empty = l == 0.0  # this slice hides every key from the row (or the slice is empty)
+    l_safe = tl.where(empty, 1.0, l)
+    o = acc / l_safe[:, None]  # normalised partial o_s; 0 for an empty row
+    lse = (m * qk_scale + tl.math.log2(l_safe)) * LN2  # natural units: unit * m + ln l
+    lse = tl.where(m == float("inf"), m, lse)
+    lse = tl.where(empty, float("-inf"), lse)
+    o_ptrs = (O_PART + program_offset(b, stride_ob) + h[:, None].to(tl.int64) * stride_oh
+              + t[:, None].to(tl.int64) * stride_ot + program_offset(split, stride_os)
+              + d[None, :].to(tl.int64) * stride_od)  # fmt: skip
+    tl.store(o_ptrs, o.to(O_PART.dtype.element_ty), mask=q_mask)
+    lse_ptrs = (LSE_PART + program_offset(b, stride_lb) + h.to(tl.int64) * stride_lh + t.to(tl.int64) * stride_lt
+                + program_offset(split, stride_ls))  # fmt: skip
+    tl.store(lse_ptrs, lse, mask=row_ok)
+    # --8<-- [end:partial]
+
+
+# --8<-- [start:merge]
+@triton.jit
+def _decode_merge_kernel(
+    O_PART, LSE_PART, O, LSE,
+    stride_pb, stride_ph, stride_pt, stride_ps, stride_pd,
+    stride_lb, stride_lh, stride_lt, stride_ls,
+    stride_ob, stride_oh, stride_ot, stride_od,
+    H, Tq, num_splits,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, SPLITS_PAD: tl.constexpr,
+):
+    """o = sum_s exp(lse_s - lse) o_s, lse = log sum_s exp(lse_s), for one row (t, h, b)."""
+    t = tl.program_id(0)
+    h = tl.program_id(1)
+    b = tl.program_id(2)
+    s = tl.arange(0, SPLITS_PAD)
+    d = tl.arange(0, HEAD_DIM_PAD)
+    row = program_offset(b, stride_lb) + program_offset(h, stride_lh) + program_offset(t, stride_lt)
+    lse_s = tl.load(LSE_PART + row + s.to(tl.int64) * stride_ls, mask=s < num_splits, other=float("-inf"))
+    m = tl.max(lse_s, 0)  # the largest partial lse; -inf when no slice saw a key
+    m_safe = tl.where((m == float("-inf")) | (m == float("inf")), 0.0, m)
+    w = tl.math.exp2((lse_s - m_safe) * LOG2E)  # e^(lse_s - m): the rescale weights, <= 1; NaN stays NaN
+    l = tl.sum(w, 0)
+    part = (O_PART + program_offset(b, stride_pb) + program_offset(h, stride_ph) + program_offset(t, stride_pt)
+            + s[:, None].to(tl.int64) * stride_ps + d[None, :].to(tl.int64) * stride_pd)  # fmt: skip
+    o_s = tl.load(part, mask=(s[:, None] < num_splits) & (d[None, :] < HEAD_DIM), other=0.0)
+    empty = l == 0.0
+    o = tl.sum(w[:, None] * o_s, 0) / tl.where(empty, 1.0, l)  # (HEAD_DIM_PAD,)
+    lse = m_safe + tl.log(tl.where(empty, 1.0, l))
+    lse = tl.where(m == float("inf"), m, lse)
+    lse = tl.where(empty, float("-inf"), lse)
+    o_ptrs = O + program_offset(b, stride_ob) + program_offset(h, stride_oh) + program_offset(t, stride_ot)
+    tl.store(o_ptrs + d.to(tl.int64) * stride_od, o.to(O.dtype.element_ty), mask=d < HEAD_DIM)
+    tl.store(LSE + b * H * Tq + h * Tq + t, lse)  # lse is (B, H, Tq) contiguous
+# --8<-- [end:merge]
+
+
+# --8<-- [start:config]
+def decode_config(head_dim: int, dtype: torch.dtype, rows: int) -> dict:
+    """Tile sizes and launch settings: a first guess for the H200, not yet tuned (issue 12).
+
+    BLOCK_M holds the packed rows of one KV group (g * Tq), at least 16 for tl.dot and at most 64,
+    beyond which the rows take more programs. Decoding is bound by reading K and V, so BLOCK_K is
+    chosen for long, coalesced loads. The interpreter runs programs one by one on the CPU: small tiles
+    keep the tests' short caches several tiles long.
+    """
+    block_m = min(64, max(16, triton.next_power_of_2(rows)))
+    if is_interpreting():
+        return dict(block_m=block_m, block_k=16, num_warps=4, num_stages=1)
+    wide = head_dim_pad(head_dim) * (2 if dtype == torch.float32 else 1)
+    if wide <= 128:
+        return dict(block_m=block_m, block_k=64, num_warps=4, num_stages=3)
+    return dict(block_m=block_m, block_k=32, num_warps=4, num_stages=2)
+# --8<-- [end:config]
+
+
+# --8<-- [start:launcher]
+def flash_decode(
+    q, key_cache, value_cache, cache_seqlens=None, *, scale=None, num_splits=None, block_table=None,
+    block_k=None, num_warps=None, num_stages=None,
+):
+    """Split-K decode on the GPU (or the interpreter). Arguments as ``flashtile.decode_attention``;
+    block_k, num_warps, num_stages override ``decode_config`` (for benchmarks). Checks shapes only.
+
+    Returns (o, lse): o (B, H, Tq, D) contiguous in q's dtype, lse (B, H, Tq) float32, natural log.
+    """
+    shape = check_decode_inputs(q, key_cache, value_cache, cache_seqlens, block_table, dtypes=KERNEL_DTYPES,
+                                check_values=False)  # fmt: skip
+    check_kernel_device("query", q)
+    config = decode_config(shape.D, q.dtype, shape.group * shape.Tq)
+    block_m = config["block_m"]
+    block_k = config["block_k"] if block_k is None else check_tile_size("block_k", block_k)
+    num_warps, num_stages = check_launch(
+        config["num_warps"] if num_warps is None else num_warps,
+        config["num_stages"] if num_stages is None else num_stages,
+    )
+    n_row_blocks = triton.cdiv(shape.group * shape.Tq, block_m)
+    programs = shape.B * shape.H_kv * n_row_blocks  # without splits: often far fewer than the SMs
+    num_splits = check_num_splits(num_splits)
+    if num_splits is None:
+        num_splits = pick_num_splits(programs, shape.capacity, sm_count(q.device))
+    units = kernel_scale(resolve_scale(scale, shape.D, q.dtype))
+    B, H, Tq, D = q.shape
+
+    o = torch.empty((B, H, Tq, D), dtype=q.dtype, device=q.device)
+    lse = torch.empty((B, H, Tq), dtype=torch.float32, device=q.device)
+    if num_splits == 1:  # the one partial is the answer: write it in place, with a split stride of 0
+        o_part, lse_part = o, lse
+        o_strides, lse_strides = (*o.stride()[:3], 0, o.stride(3)), (*lse.stride(), 0)
+    else:
+        o_part = torch.empty((B, H, Tq, num_splits, D), dtype=torch.float32, device=q.device)
+        lse_part = torch.empty((B, H, Tq, num_splits), dtype=torch.float32, device=q.device)
+        o_strides, lse_strides = o_part.stride(), lse_part.stride()
+    seqlens = cache_seqlens if cache_seqlens is not None else lse  # a dummy pointer, never read
+    table = block_table if block_table is not None else lse  # likewise
+    table_strides = block_table.stride() if block_table is not None else (0, 0)
+    k_strides = (key_cache.stride(0), key_cache.stride(1), key_cache.stride(2), key_cache.stride(3))
+    v_strides = (value_cache.stride(0), value_cache.stride(1), value_cache.stride(2), value_cache.stride(3))
+    grid = head_batch_grid(num_splits, shape.H_kv * n_row_blocks, B)
+    _decode_split_kernel[grid](
+        q, key_cache, value_cache, seqlens, table, o_part, lse_part,
+        *q.stride(), *k_strides, *v_strides, *table_strides, *o_strides, *lse_strides,
+        Tq, shape.group, shape.capacity, num_splits, units.qk_scale,
+        HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D), BLOCK_M=block_m, BLOCK_K=block_k,
+        PAGE_SIZE=shape.page_size or 1, PAGED=block_table is not None, HAS_SEQLENS=cache_seqlens is not None,
+        SIGN=units.sign, DOT_PRECISION=dot_precision(q.dtype), num_warps=num_warps, num_stages=num_stages,
+    )
+    if num_splits > 1:
+        _decode_merge_kernel[head_batch_grid(Tq, H, B)](
+            o_part, lse_part, o, lse, *o_part.stride(), *lse_part.stride(), *o.stride(), H, Tq, num_splits,
+            HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D), SPLITS_PAD=triton.next_power_of_2(num_splits),
+        )
+    return o, lse
+# --8<-- [end:launcher]

@@ -1,0 +1,147 @@
+"""Split-K decoding (FlashDecoding) in plain PyTorch: a few new tokens against a long KV cache.
+
+One sequence's keys are cut into ``num_splits`` slices. Each slice is attended to on its own, giving
+a partial output and its log-sum-exp, (o_s, lse_s); the partials are then combined with the same
+rescale identity that ``online_softmax.merge`` applies to two (m, l) states. A normalised partial
+(o_s, lse_s) is the state m = lse_s, l = 1, acc = o_s, because lse_s = m_s + log l_s, so
+
+    lse = log sum_s exp(lse_s)            and            o = sum_s exp(lse_s - lse) * o_s.
+
+Both sums are associative and commutative in exact arithmetic, so the slices may be merged in any
+order and grouping; in floating point the orders differ only by rounding. The Triton kernels in
+``flashtile.kernels.decode`` compute the same slices (``split_bounds``) with the same names.
+
+The cache is either contiguous, (B, H_kv, T_max, D), or paged, (num_pages, H_kv, page_size, D) with
+a block table; ``gather_pages`` turns one paged sequence into the contiguous keys it stands for.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .._checks import check_block, resolve_scale, stats_dtype
+from .naive import expand_kv_heads
+from .online_softmax import lse_from_stats, merge, safe_exp_diff
+
+REFERENCE_BLOCK_K = 64  # the key tile the splits are counted in; any value gives the same answer
+
+
+# --8<-- [start:split_bounds]
+def split_bounds(length: int, num_splits: int, block_k: int) -> list[tuple[int, int]]:
+    """[start, end) of each of ``num_splits`` key slices of one sequence of ``length`` keys.
+
+    Slices are whole key tiles (the last may be short), the same number of tiles each, so a slice
+    starts on a tile boundary. With more splits than tiles the trailing slices are empty (start = end).
+    """
+    n_tiles = -(-length // block_k)
+    tiles_per_split = -(-n_tiles // num_splits)
+    bounds = []
+    for split in range(num_splits):
+        k_start = min(split * tiles_per_split * block_k, length)
+        k_end = min(k_start + tiles_per_split * block_k, length)
+        bounds.append((k_start, k_end))
+    return bounds
+# --8<-- [end:split_bounds]
+
+
+# --8<-- [start:gather_pages]
+def gather_pages(pages: torch.Tensor, table_row: torch.Tensor, length: int) -> torch.Tensor:
+    """The first ``length`` keys of one paged sequence, contiguous: (H_kv, length, D).
+
+    pages: (num_pages, H_kv, page_size, D); table_row: (max_pages,) int, entry j is the page holding
+    keys j * page_size ... (j + 1) * page_size - 1. Only the first ceil(length / page_size) entries are read.
+    """
+    page_size = pages.shape[2]
+    used = table_row[: -(-length // page_size)].long()  # the pages this sequence's keys lie in
+    picked = pages[used]  # (used, H_kv, page_size, D), in the sequence's order
+    return picked.transpose(0, 1).flatten(1, 2)[:, :length]  # (H_kv, used * page_size, D), cut to length
+# --8<-- [end:gather_pages]
+
+
+# --8<-- [start:partial]
+def attend_split(q, k, v, k_start: int, k_end: int, length: int, scale: float):
+    """Partial (o_s, lse_s) of the new tokens q (H, Tq, D) over keys [k_start, k_end) of one sequence.
+
+    k, v: (H, length, D). New token t sees key j iff j <= t + length - Tq (lower-right alignment), so a
+    slice may hide every key from a row: that row gets o_s = 0, lse_s = -inf, which merges as nothing.
+    """
+    Tq = q.shape[-2]
+    s = scale * (q @ k[:, k_start:k_end].transpose(-1, -2))  # (H, Tq, k_end - k_start)
+    t = torch.arange(Tq, device=q.device)[:, None]
+    j = torch.arange(k_start, k_end, device=q.device)[None, :]
+    s = s.masked_fill(j > t + length - Tq, float("-inf"))  # the lower-right causal rule of this sequence
+    m = s.amax(dim=-1) if s.shape[-1] else torch.full(s.shape[:-1], float("-inf"), dtype=s.dtype, device=s.device)
+    p = safe_exp_diff(s, m[..., None])  # (H, Tq, keys); rows that see nothing give 0, not NaN
+    l = p.sum(dim=-1)
+    acc = p @ v[:, k_start:k_end]  # (H, Tq, D)
+    empty = (l == 0)[..., None]
+    o_s = torch.where(empty, 0.0, acc / torch.where(empty, 1.0, l[..., None]))
+    return o_s, lse_from_stats(m, l)
+# --8<-- [end:partial]
+
+
+# --8<-- [start:merge_partials]
+def merge_partials(o_a, lse_a, o_b, lse_b):
+    """Combine the normalised partials of two disjoint key slices into the partial of their union.
+
+    (o, lse) is the state m = lse, l = 1, acc = o, so ``merge`` gives the combined (m, l) and the
+    outputs follow with the same two weights. Associative and commutative, like the sums it adds.
+    """
+    ones = torch.ones_like(lse_a)
+    m, l = merge(lse_a, ones, lse_b, ones)  # m = max(lse_a, lse_b), l = e^(lse_a - m) + e^(lse_b - m)
+    acc = safe_exp_diff(lse_a, m)[..., None] * o_a + safe_exp_diff(lse_b, m)[..., None] * o_b
+    empty = (l == 0)[..., None]  # both slices saw nothing (a NaN l is not 0: NaN stays NaN)
+    o = torch.where(empty, 0.0, acc / torch.where(empty, 1.0, l[..., None]))
+    return o, lse_from_stats(m, l)
+# --8<-- [end:merge_partials]
+
+
+def sequence_keys(key_cache, value_cache, b: int, length: int, block_table, H: int, dtype):
+    """Keys and values of sequence b, contiguous and expanded to the H query heads: (H, length, D) each."""
+    if block_table is None:
+        k, v = key_cache[b, :, :length], value_cache[b, :, :length]
+    else:
+        k, v = gather_pages(key_cache, block_table[b], length), gather_pages(value_cache, block_table[b], length)
+    return expand_kv_heads(k[None].to(dtype), H)[0], expand_kv_heads(v[None].to(dtype), H)[0]
+
+
+# --8<-- [start:reference]
+def decode_attention_reference(
+    query, key_cache, value_cache, cache_seqlens=None, *, scale=None, num_splits=None, block_table=None,
+    block_k: int = REFERENCE_BLOCK_K, order=None,
+):
+    """``flashtile.decode_attention`` on the reference tier: split, attend each slice, merge.
+
+    Arguments as in ``flashtile.decode_attention``; ``block_k`` is the tile the slices are counted in
+    and ``order`` an optional permutation of range(num_splits), the order the partials are merged in
+    (to show that it does not matter). Returns (o, lse): o in query's dtype, lse float32 (float64 for
+    float64 inputs); 16-bit inputs are computed in float32, like the kernels' accumulators.
+    """
+    from ..decode import check_decode_inputs, check_num_splits, pick_num_splits, sm_count
+
+    shape = check_decode_inputs(query, key_cache, value_cache, cache_seqlens, block_table)
+    block_k = check_block("block_k", block_k)
+    num_splits = check_num_splits(num_splits)
+    if num_splits is None:
+        num_splits = pick_num_splits(shape.B * shape.H_kv, shape.capacity, sm_count(query.device))
+    scale = resolve_scale(scale, shape.D, query.dtype)
+    c = stats_dtype(query.dtype)
+    lengths = [shape.capacity] * shape.B if cache_seqlens is None else cache_seqlens.tolist()
+    order = range(num_splits) if order is None else list(order)
+    if sorted(order) != list(range(num_splits)):
+        raise ValueError(f"order must be a permutation of range(num_splits) = range({num_splits}), got {order}")
+
+    o = torch.empty(query.shape, dtype=query.dtype, device=query.device)
+    lse = torch.empty(query.shape[:-1], dtype=c, device=query.device)
+    for b, length in enumerate(lengths):  # ragged: each sequence has its own length and its own slices
+        k, v = sequence_keys(key_cache, value_cache, b, length, block_table, shape.H, c)
+        q = query[b].to(c)  # (H, Tq, D)
+        bounds = split_bounds(length, num_splits, block_k)
+        o_b = torch.zeros(q.shape, dtype=c, device=q.device)  # the empty state: o = 0, lse = -inf
+        lse_b = torch.full(q.shape[:-1], float("-inf"), dtype=c, device=q.device)
+        for split in order:
+            o_s, lse_s = attend_split(q, k, v, *bounds[split], length, scale)
+            o_b, lse_b = merge_partials(o_b, lse_b, o_s, lse_s)
+        o[b], lse[b] = o_b.to(query.dtype), lse_b
+    return o, lse
+# --8<-- [end:reference]
