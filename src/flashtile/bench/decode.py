@@ -1,0 +1,157 @@
+"""Decode table: split-K decoding against the forward kernel at Tq = 1 and SDPA, in K/V bandwidth.
+
+``python -m flashtile.bench.decode`` writes rows of ``pass: "decode"`` (schema: BENCH_SCHEMA.md) with
+``tbps`` = bytes of K and V the call must read (2 · H_kv · sum of lengths · D · 2 bytes, each element
+once, whatever the provider actually reads) / median time. The default sweep is the issue's headline:
+B = 1, H = 32, H_kv in {32, 8}, D = 128, caches of 8k / 32k / 128k tokens, bf16, contiguous; ``--full``
+adds B = 8, 4k caches, paged caches (pages of 16 and 256 keys, in shuffled order) and a ragged batch.
+
+Providers, measured in one process: ``flashtile_split_k`` (``kernels.decode.flash_decode``, called
+directly so that the public function's host-side value checks are not timed), ``flashtile`` (the
+forward kernel at Tq = 1, to show one program per (b, h) starving the GPU), ``sdpa_cudnn`` and
+``sdpa_flash`` (with ``enable_gqa``; a backend that refuses a shape gets ``ms: null`` and its reason).
+Each output is checked against SDPA's default choice before it is timed.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from .common import median_ms, save_result
+
+METHOD = (
+    "triton.testing.do_bench median (warmup 50 ms, rep 200 ms), which clears the L2 (writes 256 MB) before "
+    "every repetition, so the cache is read from HBM each time; bf16; Tq = 1; tbps = 2 * H_kv * sum(lengths) * "
+    "D * 2 bytes / time (K and V read once)"
+)
+HEADLINE = [dict(B=1, H=32, H_kv=H_kv, Tk=Tk, D=128) for H_kv in (32, 8) for Tk in (8192, 32768, 131072)]
+FULL = [
+    *HEADLINE,
+    *(dict(B=1, H=32, H_kv=H_kv, Tk=4096, D=128) for H_kv in (32, 8)),
+    *(dict(B=8, H=32, H_kv=H_kv, Tk=Tk, D=128) for H_kv in (32, 8) for Tk in (4096, 32768)),
+    *(dict(B=1, H=32, H_kv=8, Tk=Tk, D=128, page_size=p) for Tk in (32768, 131072) for p in (16, 256)),
+    dict(B=8, H=32, H_kv=8, Tk=32768, D=128, ragged=True),
+]
+
+
+def make_inputs(shape: dict, seed: int = 0):
+    """q (B, H, 1, D); contiguous caches (B, H_kv, Tk, D); lengths (B,) int32 (random in [Tk/2, Tk] if ragged)."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    B, H, H_kv, Tk, D = (shape[n] for n in ("B", "H", "H_kv", "Tk", "D"))
+    q = torch.randn(B, H, 1, D, generator=gen, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(B, H_kv, Tk, D, generator=gen, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(B, H_kv, Tk, D, generator=gen, device="cuda", dtype=torch.bfloat16)
+    if shape.get("ragged"):
+        lengths = torch.randint(Tk // 2, Tk + 1, (B,), generator=gen, device="cuda", dtype=torch.int32)
+    else:
+        lengths = torch.full((B,), Tk, device="cuda", dtype=torch.int32)
+    return q, k, v, lengths
+
+
+def paged(k: torch.Tensor, v: torch.Tensor, page_size: int, seed: int = 0):
+    """The caches as a pool of pages in shuffled order, and the block table (B, Tk / page_size) int32."""
+    B, H_kv, Tk, D = k.shape
+    n = Tk // page_size
+    gen = torch.Generator(device=k.device).manual_seed(seed)
+    table = torch.randperm(B * n, generator=gen, device=k.device).to(torch.int32).view(B, n)
+
+    def pool(x):
+        pages = torch.empty(B * n, H_kv, page_size, D, dtype=x.dtype, device=x.device)
+        pages[table.flatten().long()] = x.view(B, H_kv, n, page_size, D).transpose(1, 2).reshape(B * n, H_kv,
+                                                                                                  page_size, D)
+        return pages
+
+    return pool(k), pool(v), table
+
+
+def providers(shape: dict, q, k, v, lengths) -> dict:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from ..kernels.decode import flash_decode
+    from ..kernels.forward import flash_attention
+
+    page_size = shape.get("page_size")
+    if page_size:
+        k_pages, v_pages, table = paged(k, v, page_size)
+        ours = {"flashtile_split_k": lambda: flash_decode(q, k_pages, v_pages, lengths, block_table=table)[0]}
+        return ours  # SDPA and the forward kernel have no paged cache
+    fns = {"flashtile_split_k": lambda: flash_decode(q, k, v, lengths)[0]}
+    if shape.get("ragged"):
+        return fns  # ragged lengths: the other providers would attend to the padding
+    fns["flashtile"] = lambda: flash_attention(q, k, v)[0]
+
+    def pinned(backend):
+        def run():
+            with sdpa_kernel(backend):
+                return torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+
+        return run
+
+    fns["sdpa_cudnn"] = pinned(SDPBackend.CUDNN_ATTENTION)
+    fns["sdpa_flash"] = pinned(SDPBackend.FLASH_ATTENTION)
+    return fns
+
+
+def kv_bytes(shape: dict, lengths: torch.Tensor) -> int:
+    """Bytes of K and V a decode step must read: each of the 2 caches, every valid key, once, in bf16."""
+    return 2 * shape["H_kv"] * int(lengths.sum().item()) * shape["D"] * 2
+
+
+def expected_output(shape, q, k, v, lengths):
+    """SDPA's default backend on each sequence's valid keys: what every provider is checked against."""
+    return torch.cat([
+        torch.nn.functional.scaled_dot_product_attention(q[b : b + 1], k[b : b + 1, :, :n], v[b : b + 1, :, :n],
+                                                         enable_gqa=True)
+        for b, n in enumerate(lengths.tolist())
+    ])  # fmt: skip
+
+
+def measure(shape: dict) -> list[dict]:
+    q, k, v, lengths = make_inputs(shape)
+    expected = expected_output(shape, q, k, v, lengths)
+    total = kv_bytes(shape, lengths)
+    base = {"pass": "decode", "B": shape["B"], "H": shape["H"], "H_kv": shape["H_kv"], "Tq": 1, "Tk": shape["Tk"],
+            "D": shape["D"], "causal": False, "layout": "bhtd", "dtype": "bf16"}  # Tq = 1 sees every key
+    extra = {key: shape[key] for key in ("page_size", "ragged") if key in shape}
+    rows = []
+    for name, fn in providers(shape, q, k, v, lengths).items():
+        row = dict(base, provider=name, **extra)
+        try:
+            err = (fn().float() - expected.float()).abs().max().item()
+            assert err < 5e-2, f"{name} disagrees with SDPA by {err}"
+            ms = median_ms(fn)
+            row.update(ms=round(ms, 4), tbps=round(total / (ms * 1e-3) / 1e12, 3), max_abs_diff_vs_sdpa=err)
+        except (RuntimeError, AssertionError) as exc:  # a backend that refuses the shape, or runs out of memory
+            row.update(ms=None, tbps=None, error=str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__)
+        rows.append(row)
+        print(f"{name:>18} {shape} {row['ms']} ms {row['tbps']} TB/s", flush=True)
+    return rows
+
+
+def copy_rate(n_bytes: int = 1 << 30) -> dict:
+    """The device-to-device copy ceiling: read + write bytes of one copy / time, in TB/s."""
+    src = torch.empty(n_bytes, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    ms = median_ms(lambda: dst.copy_(src))
+    return dict(copy_bytes=2 * n_bytes, copy_ms=round(ms, 4), copy_tbps=round(2 * n_bytes / (ms * 1e-3) / 1e12, 3))
+
+
+def run(out: str, full: bool = False) -> dict:
+    rows = [row for shape in (FULL if full else HEADLINE) for row in measure(shape)]
+    return save_result(out, rows, METHOD, copy=copy_rate())
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m flashtile.bench.decode", description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="bench/results/decode.json")
+    parser.add_argument("--full", action="store_true", help="B = 8, 4k caches, paged and ragged rows too")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("the benchmarks need a CUDA device")
+    run(args.out, args.full)
+
+
+if __name__ == "__main__":
+    main()

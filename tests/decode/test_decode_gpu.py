@@ -1,0 +1,95 @@
+"""Split-K decoding on the GPU at serving shapes, bf16 and fp16, against SDPA's own error.
+
+The bar (as for the forward kernel): the largest error of o against the float64 truth on the same
+rounded inputs is at most twice SDPA's, SDPA running in the same dtype on the same inputs.
+Written with issue 12 and not yet run: the session that wrote it had no GPU time.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import pytest
+import torch
+from _decode_cases import to_pages
+
+from _truth import attention_truth
+from flashtile import decode_attention
+from flashtile.kernels.decode import flash_decode
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+DTYPES = [torch.bfloat16, torch.float16]
+# name: (B, H, H_kv, Tq, T_max, lengths or None for full, page_size or None)
+VARIANTS = {
+    "mha-8k": (1, 32, 32, 1, 8192, None, None),
+    "gqa4-32k": (1, 32, 8, 1, 32768, None, None),
+    "gqa4-128k": (1, 32, 8, 1, 131072, None, None),
+    "gqa8-ragged-16k": (4, 32, 4, 1, 16384, [16384, 1, 5000, 12345], None),
+    "tq4-ragged": (3, 16, 2, 4, 4096, [4096, 4, 3001], None),
+    "paged-16": (4, 32, 4, 1, 16384, [16384, 1, 5000, 12345], 16),
+    "paged-256-tq3": (3, 16, 2, 3, 8192, [8192, 3, 777], 256),
+}
+
+
+def _sdpa_sequence(q, k, v):
+    """SDPA for one sequence's new tokens q (1, H, Tq, D) against its keys (1, H_kv, n, D), lower-right:
+    prepend n - Tq dummy queries so that is_causal's upper-left diagonal lands lower-right, then drop them."""
+    Tq, n = q.shape[2], k.shape[2]
+    if Tq == 1:
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    q = torch.cat([torch.zeros_like(q[:, :, :1]).expand(-1, -1, n - Tq, -1), q], dim=2)
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)[:, :, n - Tq :]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_decode_error_is_at_most_twice_sdpa_error(variant, dtype):
+    B, H, H_kv, Tq, T_max, lengths, page_size = VARIANTS[variant]
+    lengths = lengths or [T_max] * B
+    gen = torch.Generator(device="cuda").manual_seed(zlib.crc32(variant.encode()))
+    q = torch.randn(B, H, Tq, 128, generator=gen, device="cuda").to(dtype)
+    k, v = (torch.randn(B, H_kv, T_max, 128, generator=gen, device="cuda").to(dtype) for _ in range(2))
+    seqlens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    if page_size is None:
+        o, lse = decode_attention(q, k, v, seqlens, return_lse=True)
+    else:
+        k_pages, v_pages, table = (t.cuda() for t in to_pages(k.cpu(), v.cpu(), page_size, lengths))
+        o, lse = decode_attention(q, k_pages, v_pages, seqlens, block_table=table, return_lse=True)
+    assert o.dtype == dtype and not torch.isnan(o).any()
+    for b, n in enumerate(lengths):
+        kb, vb = k[b : b + 1, :, :n], v[b : b + 1, :, :n]
+        o_ref, lse_ref = attention_truth(q[b : b + 1].double(), kb.double(), vb.double(), True, None, "lower_right")
+        ours = (o[b : b + 1].double() - o_ref).abs().max().item()
+        theirs = (_sdpa_sequence(q[b : b + 1], kb, vb).double() - o_ref).abs().max().item()
+        assert ours <= 2 * theirs, f"sequence {b}: max |o - ref| = {ours:.3e}, SDPA's = {theirs:.3e}"
+        torch.testing.assert_close(lse[b : b + 1].double(), lse_ref, atol=1e-3, rtol=1e-4)
+
+
+@pytest.mark.parametrize("num_splits", [1, 2, 7, 33, 128])
+def test_every_split_count_gives_the_same_answer_up_to_rounding(num_splits):
+    gen = torch.Generator(device="cuda").manual_seed(num_splits)
+    q = torch.randn(2, 32, 1, 128, generator=gen, device="cuda").to(torch.bfloat16)
+    k, v = (torch.randn(2, 8, 20000, 128, generator=gen, device="cuda").to(torch.bfloat16) for _ in range(2))
+    seqlens = torch.tensor([20000, 999], dtype=torch.int32, device="cuda")
+    o, lse = flash_decode(q, k, v, seqlens, num_splits=num_splits)
+    o_one, lse_one = flash_decode(q, k, v, seqlens, num_splits=1)
+    torch.testing.assert_close(o.float(), o_one.float(), atol=1e-2, rtol=1e-2)
+    torch.testing.assert_close(lse, lse_one, atol=1e-4, rtol=1e-5)
+
+
+def test_decode_uses_64_bit_offsets_in_a_large_paged_pool():
+    # 9,000 pages of 8 heads x 256 keys x 128 dims = 2.4e9 elements: page offsets pass 2**31.
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    pool = torch.zeros(9000, 8, 256, 128, dtype=torch.bfloat16, device="cuda")
+    k = torch.randn(1, 8, 1024, 128, generator=gen, device="cuda").to(torch.bfloat16)
+    table = torch.tensor([[8999, 8998, 4500, 3]], dtype=torch.int32, device="cuda")
+    for j in range(4):
+        pool[table[0, j]] = k[0, :, j * 256 : (j + 1) * 256]
+    q = torch.randn(1, 32, 1, 128, generator=gen, device="cuda").to(torch.bfloat16)
+    o = decode_attention(q, pool, pool, block_table=table)
+    o_ref, _ = attention_truth(q.double(), k.double(), k.double())
+    torch.testing.assert_close(o.double(), o_ref, atol=2e-2, rtol=2e-2)
