@@ -58,7 +58,6 @@ class DecodeShape(NamedTuple):
         return self.H // self.H_kv
 
 
-# --8<-- [start:checks]
 def check_decode_inputs(
     query, key_cache, value_cache, cache_seqlens=None, block_table=None, *, dtypes=FLOAT_DTYPES, check_values=True
 ) -> DecodeShape:
@@ -112,7 +111,6 @@ def check_decode_inputs(
     if check_values:
         check_decode_values(shape, cache_seqlens, block_table)
     return shape
-# --8<-- [end:checks]
 
 
 def check_decode_values(shape: DecodeShape, cache_seqlens, block_table) -> None:

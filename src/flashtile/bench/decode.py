@@ -19,6 +19,7 @@ import argparse
 
 import torch
 
+from ..reference.decode import kv_cache_bytes
 from .common import median_ms, save_result
 
 METHOD = (
@@ -94,11 +95,6 @@ def providers(shape: dict, q, k, v, lengths) -> dict:
     return fns
 
 
-def kv_bytes(shape: dict, lengths: torch.Tensor) -> int:
-    """Bytes of K and V a decode step must read: each of the 2 caches, every valid key, once, in bf16."""
-    return 2 * shape["H_kv"] * int(lengths.sum().item()) * shape["D"] * 2
-
-
 def expected_output(shape, q, k, v, lengths):
     """SDPA's default backend on each sequence's valid keys: what every provider is checked against."""
     return torch.cat([
@@ -111,7 +107,7 @@ def expected_output(shape, q, k, v, lengths):
 def measure(shape: dict) -> list[dict]:
     q, k, v, lengths = make_inputs(shape)
     expected = expected_output(shape, q, k, v, lengths)
-    total = kv_bytes(shape, lengths)
+    total = kv_cache_bytes(lengths.tolist(), shape["H_kv"], shape["D"], itemsize=2)
     base = {"pass": "decode", "B": shape["B"], "H": shape["H"], "H_kv": shape["H_kv"], "Tq": 1, "Tk": shape["Tk"],
             "D": shape["D"], "causal": False, "layout": "bhtd", "dtype": "bf16"}  # Tq = 1 sees every key
     extra = {key: shape[key] for key in ("page_size", "ragged") if key in shape}

@@ -26,6 +26,17 @@ from .online_softmax import lse_from_stats, merge, safe_exp_diff
 REFERENCE_BLOCK_K = 64  # the key tile the splits are counted in; any value gives the same answer
 
 
+# --8<-- [start:bytes]
+def kv_cache_bytes(lengths, H_kv: int, D: int, itemsize: int) -> int:
+    """Bytes of K and V one decode step must read: every valid key and value of every KV head, once.
+
+    Divided by the memory bandwidth it is a lower bound on the step's time, whatever the kernel: the
+    new tokens' few rows of Q and O are negligible next to it.
+    """
+    return 2 * H_kv * sum(int(n) for n in lengths) * D * itemsize  # 2: K and V
+# --8<-- [end:bytes]
+
+
 # --8<-- [start:split_bounds]
 def split_bounds(length: int, num_splits: int, block_k: int) -> list[tuple[int, int]]:
     """[start, end) of each of ``num_splits`` key slices of one sequence of ``length`` keys.
