@@ -70,7 +70,7 @@ def check_decode_inputs(
     check_same("value_cache", value_cache, "query", query)
     if tuple(value_cache.shape) != tuple(key_cache.shape):
         raise ValueError(f"value_cache must have the shape of key_cache {tuple(key_cache.shape)}, got "
-                         f"{tuple(value_cache.shape)}")  # fmt: skip
+                         f"{tuple(value_cache.shape)}")
     for name, t in (("query", query), ("key_cache", key_cache)):
         if t.numel() == 0:
             raise ValueError(f"{name} is empty (shape {tuple(t.shape)}); every dimension must be at least 1")
@@ -97,7 +97,7 @@ def check_decode_inputs(
             raise ValueError(f"block_table is on {block_table.device} but query is on {query.device}")
         if block_table.shape[0] != B or block_table.shape[1] == 0:
             raise ValueError(f"block_table must have shape (B, max_pages) = ({B}, >= 1), got "
-                             f"{tuple(block_table.shape)}")  # fmt: skip
+                             f"{tuple(block_table.shape)}")
         shape = DecodeShape(B, H, H_kv, Tq, D, block_table.shape[1] * slots, page_size=slots, num_pages=n0)
     if cache_seqlens is not None:
         check_tensor("cache_seqlens", cache_seqlens, rank=1, dtypes=(torch.int32,))
@@ -107,7 +107,7 @@ def check_decode_inputs(
             raise ValueError(f"cache_seqlens must have B = {B} entries, got {cache_seqlens.shape[0]}")
     elif shape.capacity < Tq:
         raise ValueError(f"the cache holds {shape.capacity} keys but query has {Tq} new tokens, whose keys the "
-                         "cache must already hold")  # fmt: skip
+                         "cache must already hold")
     if check_values:
         check_decode_values(shape, cache_seqlens, block_table)
     return shape
@@ -131,7 +131,7 @@ def check_decode_values(shape: DecodeShape, cache_seqlens, block_table) -> None:
         for j, page in enumerate(table[b][:used]):
             if not 0 <= page < shape.num_pages:
                 raise ValueError(f"block_table[{b}, {j}] = {page} is outside the page pool [0, {shape.num_pages}) "
-                                 f"(sequence {b} has {n} keys, so its first {used} entries are read)")  # fmt: skip
+                                 f"(sequence {b} has {n} keys, so its first {used} entries are read)")
 
 
 def check_num_splits(num_splits) -> int | None:
@@ -213,11 +213,11 @@ def decode_attention(
             from .kernels.decode import flash_decode
 
             o, lse = flash_decode(query, key_cache, value_cache, cache_seqlens, scale=scale,
-                                  num_splits=num_splits, block_table=block_table)  # fmt: skip
+                                  num_splits=num_splits, block_table=block_table)
         else:
             from .reference.decode import decode_attention_reference
 
             o, lse = decode_attention_reference(query, key_cache, value_cache, cache_seqlens, scale=scale,
-                                                num_splits=num_splits, block_table=block_table)  # fmt: skip
+                                                num_splits=num_splits, block_table=block_table)
     return (o, lse) if return_lse else o
 # --8<-- [end:decode_attention]

@@ -62,7 +62,7 @@ def _page_and_slot(BLOCK_TABLE, stride_tb, stride_tp, b, j, valid, PAGE_SIZE: tl
     """
     if PAGED:
         page = tl.load(BLOCK_TABLE + program_offset(b, stride_tb) + (j // PAGE_SIZE).to(tl.int64) * stride_tp,
-                       mask=valid, other=0)  # fmt: skip
+                       mask=valid, other=0)
         return page.to(tl.int64), (j % PAGE_SIZE).to(tl.int64)
     return tl.zeros_like(j).to(tl.int64) + b, j.to(tl.int64)
 # --8<-- [end:page_slot]
@@ -143,7 +143,7 @@ def _decode_split_kernel(
     row_ok = r < n_rows
     d = tl.arange(0, HEAD_DIM_PAD)
     q_ptrs = (Q + program_offset(b, stride_qb) + h[:, None].to(tl.int64) * stride_qh
-              + t[:, None].to(tl.int64) * stride_qt + d[None, :].to(tl.int64) * stride_qd)  # fmt: skip
+              + t[:, None].to(tl.int64) * stride_qt + d[None, :].to(tl.int64) * stride_qd)
     q_mask = row_ok[:, None] & (d[None, :] < HEAD_DIM)
     q = apply_sign(tl.load(q_ptrs, mask=q_mask, other=0.0), SIGN)  # (BLOCK_M, HEAD_DIM_PAD), loaded once
     # --8<-- [end:packing]
@@ -189,10 +189,10 @@ def _decode_split_kernel(
     lse = tl.where(empty, float("-inf"), lse)
     o_ptrs = (O_PART + program_offset(b, stride_ob) + h[:, None].to(tl.int64) * stride_oh
               + t[:, None].to(tl.int64) * stride_ot + program_offset(split, stride_os)
-              + d[None, :].to(tl.int64) * stride_od)  # fmt: skip
+              + d[None, :].to(tl.int64) * stride_od)
     tl.store(o_ptrs, o.to(O_PART.dtype.element_ty), mask=q_mask)
     lse_ptrs = (LSE_PART + program_offset(b, stride_lb) + h.to(tl.int64) * stride_lh + t.to(tl.int64) * stride_lt
-                + program_offset(split, stride_ls))  # fmt: skip
+                + program_offset(split, stride_ls))
     tl.store(lse_ptrs, lse, mask=row_ok)
     # --8<-- [end:partial]
 
@@ -220,7 +220,7 @@ def _decode_merge_kernel(
     w = tl.math.exp2((lse_s - m_safe) * LOG2E)  # e^(lse_s - m): the rescale weights, <= 1; NaN stays NaN
     l = tl.sum(w, 0)
     part = (O_PART + program_offset(b, stride_pb) + program_offset(h, stride_ph) + program_offset(t, stride_pt)
-            + s[:, None].to(tl.int64) * stride_ps + d[None, :].to(tl.int64) * stride_pd)  # fmt: skip
+            + s[:, None].to(tl.int64) * stride_ps + d[None, :].to(tl.int64) * stride_pd)
     o_s = tl.load(part, mask=(s[:, None] < num_splits) & (d[None, :] < HEAD_DIM), other=0.0)
     empty = l == 0.0
     o = tl.sum(w[:, None] * o_s, 0) / tl.where(empty, 1.0, l)  # (HEAD_DIM_PAD,)
@@ -263,7 +263,7 @@ def flash_decode(
     Returns (o, lse): o (B, H, Tq, D) contiguous in q's dtype, lse (B, H, Tq) float32, natural log.
     """
     shape = check_decode_inputs(q, key_cache, value_cache, cache_seqlens, block_table, dtypes=KERNEL_DTYPES,
-                                check_values=False)  # fmt: skip
+                                check_values=False)
     check_kernel_device("query", q)
     config = decode_config(shape.D, q.dtype, shape.group * shape.Tq)
     block_m = config["block_m"]
