@@ -187,7 +187,8 @@ def resolve_scale(scale, D: int, dtype: torch.dtype | None = None) -> float:
     try:
         value = float(scale)
     except OverflowError:
-        raise ValueError(f"scale must be finite, got an int too large for a float ({scale:.3e})") from None
+        digits = len(str(abs(scale)))
+        raise ValueError(f"scale must be finite, got an int too large for a float ({digits} digits)") from None
     if not math.isfinite(value):
         raise ValueError(f"scale must be finite, got {value}")
     limit = FLOAT32_MAX / math.log2(math.e)

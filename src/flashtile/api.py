@@ -236,10 +236,17 @@ def attention(
         refuse_unsupported_autograd_modes()
     query, key, value = autocast_inputs(query, key, value)
     scale = resolve_scale(scale, shape.D, query.dtype)
-    with torch.autocast(query.device.type, enabled=False):  # the tiers choose their own precision
+    with no_autocast(query.device.type):  # the tiers choose their own precision
         o, lse, _stats = attention_fwd(query, key, value, is_causal, scale, alignment, pick_backend(query))
     return (o, lse) if return_lse else o
 # --8<-- [end:attention]
+
+
+def no_autocast(device: str):
+    """Autocast off for the tiers' own arithmetic (a no-op on devices without autocast, such as meta)."""
+    if device in ("cuda", "cpu"):
+        return torch.autocast(device, enabled=False)
+    return contextlib.nullcontext()
 
 
 def autocast_inputs(query, key, value):

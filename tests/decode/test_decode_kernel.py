@@ -108,3 +108,23 @@ def test_poison_one_slot_past_the_length_is_never_read_and_one_inside_is():
 def test_default_split_count_runs_and_matches():
     q, k, v = random_decode_inputs(1, 4, 2, 1, 300, 16, seed=6)  # capacity 300 >= 256 keys: one split of 256
     _check(q, k, v, [300], torch.float32)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy inside the interpreter warns on inf - inf
+def test_infinite_scores_follow_the_package_rule_on_both_tiers():
+    from flashtile.reference.decode import decode_attention_reference
+
+    q, k, v = random_decode_inputs(2, 2, 1, 1, 40, 16, seed=1)
+    q = q.abs()
+    k[0, 0, 7] = 0.0
+    k[0, 0, 7, 3] = float("inf")  # a +inf score in sequence 0: o NaN, lse +inf (torch.logsumexp's answer)
+    k[1, 0, 9] = 0.0
+    k[1, 0, 9, 3] = float("-inf")  # a -inf score in sequence 1: that key simply drops out
+    lengths = [40, 40]
+    seqlens = torch.tensor(lengths, dtype=torch.int32)
+    o_true, lse_true = decode_truth(q, k, v, lengths)
+    assert torch.isposinf(lse_true[0]).all() and torch.isfinite(lse_true[1]).all()
+    for o, lse in (flash_decode(q, k, v, seqlens, num_splits=3),
+                   decode_attention_reference(q.double(), k.double(), v.double(), seqlens, num_splits=3)):
+        assert_close_to_truth(o, o_true, "o", **TOL[torch.float32])
+        assert_close_to_truth(lse, lse_true, "lse", **TOL[torch.float32])

@@ -55,6 +55,15 @@ def test_softmax_flattens_leading_dims_and_reads_any_strides():
     _check(x, softmax(x, block=16))
 
 
+def test_softmax_kernel_itself_reads_a_column_stride():
+    # A transposed matrix: flattening it to rows is a view, so the kernel gets stride_xc = 40, not a copy.
+    x = randn(40, 70).t()  # (70, 40), stride (1, 70)
+    rows = x.reshape(-1, x.shape[-1])
+    assert rows.data_ptr() == x.data_ptr() and rows.stride(1) == 70
+    _check(x, softmax(x))  # one block per row
+    _check(x, softmax(x, block=16))  # the streaming kernel
+
+
 @pytest.mark.parametrize(
     "x,error,match",
     [

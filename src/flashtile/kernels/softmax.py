@@ -85,7 +85,7 @@ def softmax(x: torch.Tensor, block: int | None = None) -> torch.Tensor:
     if block is None:
         block = min(triton.next_power_of_2(max(n_cols, 1)), cap)
     else:
-        check_tile_size("block", block, minimum=1)
+        block = check_tile_size("block", block, minimum=1)
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if x.numel() == 0:
         return y
