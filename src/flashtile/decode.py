@@ -18,7 +18,9 @@ Decisions of the contract (the same for every tier):
 * The values of ``cache_seqlens`` and ``block_table`` are checked here, which copies them to the host
   once per call (a synchronisation on CUDA). The kernel launcher ``flashtile.kernels.decode`` checks
   shapes only and trusts the values: benchmarks and CUDA graphs call it directly.
-* Decoding is inference: the output carries no gradient, on every tier.
+* Decoding is inference: the output carries no gradient, on every tier. It computes in the inputs'
+  dtype and ignores ``torch.autocast`` (cast the inputs first if you want autocast's dtype). Meta
+  tensors give outputs of the right shapes without computing (and without the value checks).
 
 What runs is chosen as in ``flashtile.attention``: CUDA tensors run the Triton kernels; CPU tensors
 run them through Triton's interpreter when ``TRITON_INTERPRET`` is on and the dtype is not bfloat16
@@ -31,7 +33,16 @@ from typing import NamedTuple
 
 import torch
 
-from ._checks import FLOAT_DTYPES, MAX_HEAD_DIM, check_flag, check_int, check_same, check_tensor, resolve_scale
+from ._checks import (
+    FLOAT_DTYPES,
+    MAX_HEAD_DIM,
+    check_flag,
+    check_int,
+    check_same,
+    check_tensor,
+    resolve_scale,
+    stats_dtype,
+)
 from ._env import is_interpreting
 
 MAX_NEW_TOKENS = 16  # Tq: a decode step (1) or a short speculative / chunked step (up to 16)
@@ -204,11 +215,16 @@ def decode_attention(
     Returns:
         o (B, H, Tq, D) in query's dtype, or (o, lse). Rows of an empty sequence: o = 0, lse = -inf.
     """
-    shape = check_decode_inputs(query, key_cache, value_cache, cache_seqlens, block_table)
+    meta = isinstance(query, torch.Tensor) and query.device.type == "meta"  # shapes only, nothing computed
+    shape = check_decode_inputs(query, key_cache, value_cache, cache_seqlens, block_table, check_values=not meta)
     scale = resolve_scale(scale, shape.D, query.dtype)
     num_splits = check_num_splits(num_splits)
     return_lse = check_flag("return_lse", return_lse)
-    with torch.no_grad():  # inference only, on every tier
+    if meta:
+        o, lse = query.new_empty(query.shape), query.new_empty(query.shape[:-1], dtype=stats_dtype(query.dtype))
+        return (o, lse) if return_lse else o
+    autocast_off = torch.autocast(query.device.type, enabled=False)  # the tiers choose their own precision
+    with torch.no_grad(), autocast_off:  # inference only, on every tier
         if pick_decode_backend(query) == "triton":
             from .kernels.decode import flash_decode
 

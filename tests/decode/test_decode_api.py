@@ -118,3 +118,33 @@ def test_paged_call_refuses_bad_tables(what, override, error, match):
     args.update(override)
     with pytest.raises(error, match=match):
         flashtile.decode_attention(**args)
+
+
+def test_meta_tensors_give_shapes_without_computing():
+    q = torch.empty(2, 8, 3, 16, device="meta")
+    k = torch.empty(2, 2, 40, 16, device="meta")
+    o, lse = flashtile.decode_attention(q, k, k, torch.empty(2, dtype=torch.int32, device="meta"), return_lse=True)
+    assert o.device.type == "meta" and o.shape == (2, 8, 3, 16) and lse.shape == (2, 8, 3)
+    assert lse.dtype == torch.float32
+
+
+def test_autocast_does_not_lower_the_precision_of_either_tier():
+    lengths = [30, 5]
+    q, k, v = random_decode_inputs(2, 4, 2, 2, 30, 16, torch.float64, seed=8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        o = flashtile.decode_attention(q, k, v, _seqlens(*lengths), num_splits=2)
+        o32 = flashtile.decode_attention(q.float(), k.float(), v.float(), _seqlens(*lengths), num_splits=2)
+    o_true = decode_truth(q, k, v, lengths)[0]
+    assert o.dtype == torch.float64 and o32.dtype == torch.float32
+    assert_close_to_truth(o, o_true, "o", rtol=1e-12, atol=1e-12)
+    assert_close_to_truth(o32, o_true, "o", rtol=2e-5, atol=2e-5)
+
+
+def test_numpy_scalars_are_accepted_like_python_ones():
+    import numpy as np
+
+    q, k, v = random_decode_inputs(1, 2, 2, 1, 20, 8, seed=0)
+    o, _ = flashtile.decode_attention(q, k, v, scale=np.float32(0.5), num_splits=np.int64(2),
+                                      return_lse=np.bool_(True))
+    o_ref = flashtile.decode_attention(q, k, v, scale=0.5, num_splits=2)
+    assert torch.equal(o, o_ref)
