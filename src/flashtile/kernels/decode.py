@@ -15,7 +15,8 @@ block-table read).
 
 Status (candid): supports fp16, bf16 and fp32 (fp32 dots in full fp32), 1 <= D <= 256, Tq 1 to 16,
 any GQA ratio, ragged lengths, paged caches of any page size, any strides. Checked on the CPU through
-Triton's interpreter; not yet measured or tested on a GPU in this repository (issue 12 stays open for
+Triton's interpreter, and compiled (not run) for sm_90 by ``tests/decode/test_decode_compiles.py``;
+not yet measured or tested on a GPU in this repository (issue 12 stays open for
 that: ``flashtile.bench.decode`` and ``tests/decode/test_decode_gpu.py`` are written and unrun). The
 tile sizes below are a first guess, not tuned. The launcher checks shapes, not values: a length
 above the capacity or a block-table entry outside the pool reads out of bounds, so users call
