@@ -128,3 +128,16 @@ def test_infinite_scores_follow_the_package_rule_on_both_tiers():
                    decode_attention_reference(q.double(), k.double(), v.double(), seqlens, num_splits=3)):
         assert_close_to_truth(o, o_true, "o", **TOL[torch.float32])
         assert_close_to_truth(lse, lse_true, "lse", **TOL[torch.float32])
+
+
+def test_nan_value_behind_the_diagonal_agrees_with_the_truth():
+    from flashtile.reference.decode import decode_attention_reference
+
+    q, k, v = random_decode_inputs(1, 1, 1, 2, 20, 16, seed=1)
+    v[0, 0, 19] = float("nan")  # the second new token's own value: hidden from the first new token
+    seqlens = torch.tensor([20], dtype=torch.int32)
+    o_true, _ = decode_truth(q, k, v, [20])
+    assert torch.isnan(o_true).all()  # 0 * NaN in P V: the einsum truth's convention too
+    o_kernel, _ = flash_decode(q, k, v, seqlens, num_splits=2)
+    o_ref, _ = decode_attention_reference(q.double(), k.double(), v.double(), seqlens, num_splits=2)
+    assert torch.isnan(o_kernel).all() and torch.isnan(o_ref).all()

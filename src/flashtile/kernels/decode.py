@@ -20,9 +20,9 @@ not yet measured or tested on a GPU in this repository (issue 12 stays open for
 that: ``flashtile.bench.decode`` and ``tests/decode/test_decode_gpu.py`` are written and unrun). The
 tile sizes below are a first guess, not tuned. The launcher checks shapes, not values: a length
 above the capacity or a block-table entry outside the pool reads out of bounds, so users call
-``flashtile.decode_attention``, which checks them. Like the forward kernel, a NaN in the value of a
-key that the causal rule hides from an earlier new token (a later new token's own value) still
-reaches that token's row, as 0 · NaN in the P·V dot.
+``flashtile.decode_attention``, which checks them. As in the forward kernel and in the float64
+truth, a NaN in the value of a key that the causal rule hides from an earlier new token (a later new
+token's own value) still reaches that token's row, as 0 · NaN in the P·V dot.
 """
 
 from __future__ import annotations
