@@ -27,6 +27,7 @@ METHOD = (
     "every repetition, so the cache is read from HBM each time; bf16; Tq = 1; tbps = 2 * H_kv * sum(lengths) * "
     "D * 2 bytes / time (K and V read once)"
 )
+DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 HEADLINE = [dict(B=1, H=32, H_kv=H_kv, Tk=Tk, D=128) for H_kv in (32, 8) for Tk in (8192, 32768, 131072)]
 FULL = [
     *HEADLINE,
@@ -37,17 +38,17 @@ FULL = [
 ]
 
 
-def make_inputs(shape: dict, seed: int = 0):
+def make_inputs(shape: dict, seed: int = 0, device="cuda", dtype=torch.bfloat16):
     """q (B, H, 1, D); contiguous caches (B, H_kv, Tk, D); lengths (B,) int32 (random in [Tk/2, Tk] if ragged)."""
-    gen = torch.Generator(device="cuda").manual_seed(seed)
+    gen = torch.Generator(device=device).manual_seed(seed)
     B, H, H_kv, Tk, D = (shape[n] for n in ("B", "H", "H_kv", "Tk", "D"))
-    q = torch.randn(B, H, 1, D, generator=gen, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(B, H_kv, Tk, D, generator=gen, device="cuda", dtype=torch.bfloat16)
-    v = torch.randn(B, H_kv, Tk, D, generator=gen, device="cuda", dtype=torch.bfloat16)
+    q = torch.randn(B, H, 1, D, generator=gen, device=device).to(dtype)
+    k = torch.randn(B, H_kv, Tk, D, generator=gen, device=device).to(dtype)
+    v = torch.randn(B, H_kv, Tk, D, generator=gen, device=device).to(dtype)
     if shape.get("ragged"):
-        lengths = torch.randint(Tk // 2, Tk + 1, (B,), generator=gen, device="cuda", dtype=torch.int32)
+        lengths = torch.randint(Tk // 2, Tk + 1, (B,), generator=gen, device=device, dtype=torch.int32)
     else:
-        lengths = torch.full((B,), Tk, device="cuda", dtype=torch.int32)
+        lengths = torch.full((B,), Tk, device=device, dtype=torch.int32)
     return q, k, v, lengths
 
 
@@ -104,12 +105,13 @@ def expected_output(shape, q, k, v, lengths):
     ])  # fmt: skip
 
 
-def measure(shape: dict) -> list[dict]:
-    q, k, v, lengths = make_inputs(shape)
+def measure(shape: dict, device="cuda", dtype=torch.bfloat16) -> list[dict]:
+    """One row per provider for ``shape``; ``device`` and ``dtype`` exist for the CPU test of this module."""
+    q, k, v, lengths = make_inputs(shape, device=device, dtype=dtype)
     expected = expected_output(shape, q, k, v, lengths)
-    total = kv_cache_bytes(lengths.tolist(), shape["H_kv"], shape["D"], itemsize=2)
+    total = kv_cache_bytes(lengths.tolist(), shape["H_kv"], shape["D"], itemsize=q.element_size())
     base = {"pass": "decode", "B": shape["B"], "H": shape["H"], "H_kv": shape["H_kv"], "Tq": 1, "Tk": shape["Tk"],
-            "D": shape["D"], "causal": False, "layout": "bhtd", "dtype": "bf16"}  # Tq = 1 sees every key
+            "D": shape["D"], "causal": False, "layout": "bhtd", "dtype": DTYPE_NAMES[dtype]}  # Tq = 1 sees every key
     extra = {key: shape[key] for key in ("page_size", "ragged") if key in shape}
     rows = []
     for name, fn in providers(shape, q, k, v, lengths).items():

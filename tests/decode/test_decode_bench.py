@@ -1,0 +1,45 @@
+"""The decode benchmark module runs end to end on the CPU at a tiny shape (timing faked), so that the
+first GPU session spends its time measuring, not debugging: rows follow BENCH_SCHEMA.md, paged and
+contiguous inputs agree, a backend that cannot run is recorded as a row with ``ms: null``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from flashtile._env import is_interpreting
+
+pytestmark = pytest.mark.skipif(torch.cuda.is_available() or not is_interpreting(), reason="a CPU-only dry run")
+
+REQUIRED = {"pass", "provider", "B", "H", "H_kv", "Tq", "Tk", "D", "causal", "layout", "dtype", "ms"}
+
+
+def test_paged_inputs_hold_the_contiguous_cache_page_by_page():
+    from flashtile.bench.decode import paged
+
+    k, v = torch.randn(2, 3, 64, 8), torch.randn(2, 3, 64, 8)
+    k_pages, v_pages, table = paged(k, v, 16)
+    assert sorted(table.flatten().tolist()) == list(range(8))
+    for b in range(2):
+        for j in range(4):
+            assert torch.equal(k_pages[table[b, j]], k[b, :, j * 16 : (j + 1) * 16])
+            assert torch.equal(v_pages[table[b, j]], v[b, :, j * 16 : (j + 1) * 16])
+
+
+@pytest.mark.parametrize("extra", [{}, {"page_size": 16}, {"ragged": True}], ids=["contiguous", "paged", "ragged"])
+def test_measure_writes_schema_rows(monkeypatch, extra):
+    from flashtile.bench import decode
+
+    monkeypatch.setattr(decode, "median_ms", lambda fn: (fn(), 1e-6)[1])  # one call, a fixed 1 ns
+    shape = dict(B=2, H=4, H_kv=2, Tk=64, D=16, **extra)
+    rows = decode.measure(shape, device="cpu", dtype=torch.float32)
+    providers = [row["provider"] for row in rows]
+    assert providers[0] == "flashtile_split_k" and all(p.startswith(("flashtile", "sdpa_")) for p in providers)
+    for row in rows:
+        assert REQUIRED <= set(row) and row["pass"] == "decode" and row["dtype"] == "fp32"
+    ours = rows[0]
+    assert ours["max_abs_diff_vs_sdpa"] < 1e-4
+    if not extra.get("ragged"):  # 2 caches x 2 KV heads x 128 keys x 16 dims x 4 bytes, in 1 ns
+        assert ours["tbps"] == round(2 * 2 * 128 * 16 * 4 / 1e-9 / 1e12, 3) == 32.768
+    for row in rows:  # a backend that cannot run here (cuDNN on the CPU) is recorded, not raised
+        assert (row["ms"] is None and row["tbps"] is None and row["error"]) or row["tbps"] > 0
