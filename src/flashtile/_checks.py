@@ -162,6 +162,7 @@ def check_alignment(alignment) -> str:
     return alignment
 
 
+# --8<-- [start:flags]
 def check_flag(name: str, value) -> bool:
     """A yes/no argument: a Python or NumPy bool. Anything else (1, "no", None) is refused, because
     ``bool("no")`` is True and a silently enabled option is worse than an error."""
@@ -198,3 +199,4 @@ def resolve_scale(scale, D: int, dtype: torch.dtype | None = None) -> float:
             f"float32), got {value:.3e}; use float64 inputs for larger scales"
         )
     return value
+# --8<-- [end:flags]

@@ -13,6 +13,7 @@ import os
 _TRUE = ("1", "true", "on", "yes", "y")  # Triton's own reading, for Triton builds without ``knobs``
 
 
+# --8<-- [start:interpret]
 def is_interpreting() -> bool:
     """True when TRITON_INTERPRET asks for the interpreter, read the way Triton reads it."""
     try:
@@ -20,3 +21,4 @@ def is_interpreting() -> bool:
     except ImportError:  # no Triton at all (a platform without it), or a Triton older than knobs
         return os.environ.get("TRITON_INTERPRET", "").strip().lower() in _TRUE
     return bool(knobs.runtime.interpret)
+# --8<-- [end:interpret]

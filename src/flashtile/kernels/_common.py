@@ -82,6 +82,7 @@ def head_batch_grid(n_tiles: int, heads: int, batch: int) -> tuple[int, int, int
     return (n_tiles, heads, batch)
 
 
+# --8<-- [start:kernel_scale]
 class KernelScale(NamedTuple):
     """How the kernels carry the softmax scale τ so that every exponent is a difference of raw dots.
 
@@ -113,6 +114,7 @@ def apply_sign(q, SIGN: tl.constexpr):
     elif SIGN == 0:
         q = q * 0.0
     return q
+# --8<-- [end:kernel_scale]
 
 
 # --8<-- [start:program_offset]

@@ -52,6 +52,7 @@ from ._common import (
 from .backward_preprocess import backward_preprocess
 
 
+# --8<-- [start:row_stats]
 @triton.jit
 def load_row_stats(M, L, rows, Tq):
     """The forward's final (m, l) for ``rows``, as (m, log2 l) ready for p = exp2((u - m) * qk_scale - log2 l).
@@ -84,6 +85,7 @@ def recompute_p(u, m, log2_l, qk_scale, keep):
     """
     p = tl.math.exp2((u - m[:, None]) * qk_scale - log2_l[:, None])
     return tl.where(keep, p, 0.0)
+# --8<-- [end:row_stats]
 
 
 # --8<-- [start:dkdv]
