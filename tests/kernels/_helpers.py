@@ -11,9 +11,9 @@ import torch
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 ON_GPU = DEVICE == "cuda"
 
-# Forward tolerances against a float64 naive_attention run on the same (rounded) inputs.
-# fp32: full fp32 dots ("ieee") in the interpreter and on the GPU. fp16: P is rounded to fp16 before the P @ V dot and O is
-# stored in fp16, each a relative error of at most 2**-11.
+# Forward tolerances against the float64 truth on the same (rounded) inputs.
+# fp32: full fp32 dots ("ieee") in the interpreter and on the GPU. fp16: P is rounded to fp16 before the
+# P @ V dot and O is stored in fp16, each a relative error of at most 2**-11.
 FORWARD_TOL = {
     torch.float32: dict(atol=5e-5, rtol=5e-5) if ON_GPU else dict(atol=2e-5, rtol=2e-5),
     torch.float16: dict(atol=3e-3, rtol=3e-3),
