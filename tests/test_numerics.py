@@ -186,6 +186,18 @@ def test_double_backward_through_reference_attention_raises():
         g.sum().backward()
 
 
+def test_reference_attention_under_torch_func_is_right_or_refused():
+    q, k, v, _ = qkv_do(Tq=8, Tk=8, seed=13, dtype=torch.float64)
+    loss = lambda a: flashtile.reference_attention(a, k, v, True).square().sum()
+    leaf = q.clone().requires_grad_()
+    loss(leaf).backward()
+    torch.testing.assert_close(torch.func.grad(loss)(q), leaf.grad)  # the same gradient as autograd
+    with pytest.raises(NotImplementedError, match="jvp"):
+        torch.func.jvp(lambda a: flashtile.reference_attention(a, k, v), (q,), (torch.ones_like(q),))
+    with pytest.raises(RuntimeError, match="vmap"):
+        torch.func.vmap(lambda a: flashtile.reference_attention(a, k, v))(q[None].expand(2, -1, -1, -1, -1))
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_the_reference_tier_backpropagates_its_own_16_bit_forward(dtype):
     q, k, v, do = (t.cpu().to(dtype) for t in qkv_do(seed=11))

@@ -17,13 +17,19 @@ from .forward import flash_attention_forward
 class FlashAttentionFunction(torch.autograd.Function):
     """Reference FlashAttention with a tiled backward; saves (q, k, v, o, lse) only."""
 
+    # forward and setup_context are separate so that torch.func.grad works; forward-mode AD (no jvp) and
+    # vmap (the forward writes tiles in place) raise torch's own clear errors instead of a wrong tangent.
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale, block_q, block_k, alignment):
-        o, lse = flash_attention_forward(q, k, v, causal, scale, block_q, block_k, alignment)
+    def forward(q, k, v, causal, scale, block_q, block_k, alignment):
+        return flash_attention_forward(q, k, v, causal, scale, block_q, block_k, alignment)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        q, k, v, causal, scale, block_q, block_k, alignment = inputs
+        o, lse = output
         ctx.save_for_backward(q, k, v, o, lse)  # lse is (B, H, Tq): O(T), not O(T^2)
         ctx.config = (causal, scale, block_q, block_k, alignment)
         ctx.mark_non_differentiable(lse)
-        return o, lse
 
     @staticmethod
     @once_differentiable  # the backward is not itself differentiable: a second backward raises, never lies
