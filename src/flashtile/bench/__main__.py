@@ -1,12 +1,12 @@
-"""``python -m flashtile.bench [forward|backward|softmax] [options]``; no name runs all three tables."""
+"""``python -m flashtile.bench [forward|backward|softmax|decode] [options]``; no name runs all four tables."""
 
 from __future__ import annotations
 
 import sys
 
-from . import backward, forward, softmax
+from . import backward, decode, forward, softmax
 
-TABLES = {"forward": forward, "backward": backward, "softmax": softmax}
+TABLES = {"forward": forward, "backward": backward, "softmax": softmax, "decode": decode}
 
 
 def main(argv: list[str]) -> None:
