@@ -81,11 +81,31 @@ def softmax_table(result: dict) -> list[str]:
     return lines
 
 
+DECODE_PROVIDERS = ("flashtile_split_k", "flashtile", "sdpa_cudnn", "sdpa_flash")
+
+
+def decode_table(result: dict) -> list[str]:
+    lines = [
+        _line(["cache", "H / H_kv", "split-K µs", "TB/s", "forward kernel µs", "TB/s", "cuDNN µs", "TB/s",
+               "flash µs", "TB/s", "split-K / cuDNN speed"]),  # fmt: skip
+        _line(["---"] * 11),
+    ]
+    for (Tk, H, H_kv), by in _group(result["rows"], lambda r: (r["Tk"], r["H"], r["H_kv"])).items():
+        cells = [f"{Tk // 1024}k", f"{H} / {H_kv}"]
+        for p in DECODE_PROVIDERS:
+            cells += [f"{1000 * by[p]['ms']:.1f}", f"{by[p]['tbps']:.2f}"]
+        lines.append(_line([*cells, f"{by['sdpa_cudnn']['ms'] / by['flashtile_split_k']['ms']:.2f}"]))
+    copy = result["copy"]
+    lines += ["", f"Device-to-device copy in the same run: {copy['copy_tbps']:.2f} TB/s (read + write)."]
+    return lines
+
+
 # name in the page marker -> (JSON file, renderer)
 TABLES = {
     "forward": ("forward-first-table.json", forward_table),
     "backward": ("backward-first-table.json", backward_table),
     "softmax": ("softmax-first-table.json", softmax_table),
+    "decode": ("decode.json", decode_table),
 }
 
 
