@@ -104,20 +104,20 @@ def backward_dkdv_kernel(
 ):  # fmt: skip
     """One program per (key tile, kv head, batch): dk, dv for that tile, summed over the group's heads."""
     k_start = tl.program_id(0) * BLOCK_K
-    g = tl.program_id(1).to(tl.int64)  # the kv head; query heads g * group .. g * group + group - 1 read it
+    h_kv = tl.program_id(1).to(tl.int64)  # the kv head; query heads h_kv * group + r, r < group, read it
     b = tl.program_id(2).to(tl.int64)
     group = H // H_kv
     keys = k_start + tl.arange(0, BLOCK_K)
     cols = tl.arange(0, HEAD_DIM_PAD)
-    k_tile = load_tile(K + b * stride_kb + g * stride_kh, stride_kt, stride_kd, keys, cols, Tk, head_dim)
-    v_tile = load_tile(V + b * stride_vb + g * stride_vh, stride_vt, stride_vd, keys, cols, Tk, head_dim)
+    k_tile = load_tile(K + b * stride_kb + h_kv * stride_kh, stride_kt, stride_kd, keys, cols, Tk, head_dim)
+    v_tile = load_tile(V + b * stride_vb + h_kv * stride_vh, stride_vt, stride_vd, keys, cols, Tk, head_dim)
     dk = tl.zeros((BLOCK_K, HEAD_DIM_PAD), dtype=tl.float32)  # lives in registers for the whole program
     dv = tl.zeros((BLOCK_K, HEAD_DIM_PAD), dtype=tl.float32)
     q_lo = 0
     if CAUSAL:  # start at the tile of the first query that sees key k_start
         q_lo = (first_query_row(k_start, offset) // BLOCK_Q) * BLOCK_Q
     for r in range(0, group):  # the group's query heads, in a fixed order: no atomics, no partials
-        h = g * group + r
+        h = h_kv * group + r
         q_ptr = Q + b * stride_qb + h * stride_qh
         do_ptr = DO + b * stride_dob + h * stride_doh
         row_base = (b * H + h) * Tq  # m, l and delta are (B, H, Tq), contiguous
@@ -135,8 +135,8 @@ def backward_dkdv_kernel(
             ds = tl.where(keep, p * (dp - delta[:, None]), 0.0)  # a hidden pair: 0, even if its row is NaN
             dk += tl.dot(tl.trans(ds.to(q_tile.dtype)), q_tile, input_precision=DOT_PRECISION)
     dk = dk * unit  # S = τ Q K^T = unit (sign Q) K^T, so dK = unit * dS^T (sign Q)
-    store_tile(DK + b * stride_dkb + g * stride_dkh, stride_dkt, stride_dkd, keys, cols, Tk, head_dim, dk)
-    store_tile(DV + b * stride_dvb + g * stride_dvh, stride_dvt, stride_dvd, keys, cols, Tk, head_dim, dv)
+    store_tile(DK + b * stride_dkb + h_kv * stride_dkh, stride_dkt, stride_dkd, keys, cols, Tk, head_dim, dk)
+    store_tile(DV + b * stride_dvb + h_kv * stride_dvh, stride_dvt, stride_dvd, keys, cols, Tk, head_dim, dv)
 # --8<-- [end:dkdv]
 
 
@@ -157,7 +157,7 @@ def backward_dq_kernel(
     q_start = tl.program_id(0) * BLOCK_Q
     h = tl.program_id(1).to(tl.int64)
     b = tl.program_id(2).to(tl.int64)
-    g = h // (H // H_kv)  # the kv head this query head reads: K and V are indexed, never repeated
+    h_kv = h // (H // H_kv)  # the kv head this query head reads: K and V are indexed, never repeated
     rows = q_start + tl.arange(0, BLOCK_Q)
     cols = tl.arange(0, HEAD_DIM_PAD)
     row_base = (b * H + h) * Tq  # m, l and delta are (B, H, Tq), contiguous
@@ -170,8 +170,8 @@ def backward_dq_kernel(
     k_hi = Tk
     if CAUSAL:  # the tile's last row, min(q_start + BLOCK_Q, Tq) - 1, sees keys up to that row + offset
         k_hi = tl.minimum(tl.maximum(tl.minimum(q_start + BLOCK_Q, Tq) + offset, 0), Tk)
-    k_ptr = K + b * stride_kb + g * stride_kh
-    v_ptr = V + b * stride_vb + g * stride_vh
+    k_ptr = K + b * stride_kb + h_kv * stride_kh
+    v_ptr = V + b * stride_vb + h_kv * stride_vh
     for k_start in range(0, k_hi, BLOCK_K):
         keys = k_start + tl.arange(0, BLOCK_K)
         k_tile = load_tile(k_ptr, stride_kt, stride_kd, keys, cols, Tk, head_dim)

@@ -78,10 +78,10 @@ def _attend_key_tiles(
             k = tl.load(k_ptrs)
         u = tl.dot(q, k, input_precision=DOT_PRECISION)  # (BLOCK_Q, BLOCK_K) fp32 raw dots; S = unit * u
         if MASKED:
-            hidden = j[None, :] >= Tk  # padded keys must score -inf, not 0
+            visible = j[None, :] < Tk  # padded keys must score -inf, not 0
             if CAUSAL:
-                hidden = hidden | (j[None, :] > i[:, None] + offset)
-            u = tl.where(hidden, float("-inf"), u)
+                visible = visible & (j[None, :] <= i[:, None] + offset)
+            u = tl.where(visible, u, float("-inf"))
         m_new = tl.maximum(m, tl.max(u, 1))
         if MASKED:
             # A row that has seen no key yet has m_new = -inf; subtracting it would give
