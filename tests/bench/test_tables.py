@@ -39,7 +39,7 @@ def test_results_carry_provenance_and_every_provider(name):
 
 
 def test_first_forward_table_has_the_issue_shape():
-    result = tables.load("forward-first-table.json")
+    result = tables.load("forward.json")
     assert result["main_shape"] == dict(B=8, H=16, T=2048, D=64, causal=True)
     main = [r for r in result["rows"] if all(r[k] == v for k, v in result["main_shape"].items())]
     assert sorted(r["provider"] for r in main) == sorted(tables.ATTENTION_PROVIDERS)

@@ -12,7 +12,7 @@ import argparse
 
 import torch
 
-from .common import attention_tflops, median_ms, random_inputs, save_result, sdpa_providers
+from .common import RESULTS, attention_tflops, median_ms, random_inputs, save_result, sdpa_providers
 
 TOKENS, WIDTH = 16384, 2048  # B * T and H * D, as in the team's anchor measurements
 SHAPES = [
@@ -96,9 +96,9 @@ def run(out: str, do_sweep: bool = False) -> dict:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m flashtile.bench backward", description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="bench/results/backward-first-table.json")
+    parser.add_argument("--out", help="default: bench/results/backward.json, or sweeps/backward-configs.json")
     parser.add_argument("--sweep", action="store_true", help="time launch configs of our backward instead")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("the benchmarks need a CUDA device")
-    run(args.out, args.sweep)
+    run(args.out or RESULTS / ("sweeps/backward-configs.json" if args.sweep else "backward.json"), args.sweep)

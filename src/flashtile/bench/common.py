@@ -7,8 +7,15 @@ import json
 import os
 import platform
 import subprocess
+from pathlib import Path
 
 import torch
+
+# Where every result lives, by role: bench/results/<table>.json for the tables the site renders,
+# bench/results/sweeps/ for launch-config sweeps, bench/results/history/ for superseded comparisons.
+# The CLI writes here and the site reads from here, whatever the working directory.
+ROOT = Path(__file__).resolve().parents[3]
+RESULTS = ROOT / "bench" / "results"
 
 # The convention of the team's anchor file (shared/anchors): causal work is counted as half of dense,
 # and a backward as 2.5 forwards (five matmuls instead of two).
@@ -75,9 +82,10 @@ def provenance(method: str) -> dict:
     )
 
 
-def save_result(out: str, rows: list[dict], method: str, **extra) -> dict:
+def save_result(out: str | Path, rows: list[dict], method: str, **extra) -> dict:
     """Write ``{"provenance": ..., **extra, "rows": rows}`` to ``out`` as JSON and return it."""
     result = dict(provenance=provenance(method), **extra, rows=rows)
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
     with open(out, "w") as f:
         json.dump(result, f, indent=1)
     return result

@@ -20,7 +20,7 @@ import argparse
 import torch
 
 from ..reference.decode import kv_cache_bytes
-from .common import median_ms, save_result
+from .common import RESULTS, median_ms, save_result
 
 METHOD = (
     "triton.testing.do_bench median (warmup 50 ms, rep 200 ms), which clears the L2 (writes 256 MB) before "
@@ -143,7 +143,7 @@ def run(out: str, full: bool = False) -> dict:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m flashtile.bench.decode", description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="bench/results/decode.json")
+    parser.add_argument("--out", default=str(RESULTS / "decode.json"))
     parser.add_argument("--full", action="store_true", help="B = 8, 4k caches, paged and ragged rows too")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():

@@ -11,7 +11,7 @@ import argparse
 
 import torch
 
-from .common import attention_tflops, median_ms, random_inputs, save_result, sdpa_providers
+from .common import RESULTS, attention_tflops, median_ms, random_inputs, save_result, sdpa_providers
 
 MAIN_SHAPE = dict(B=8, H=16, T=2048, D=64, causal=True)
 EXTRA_SHAPES = [
@@ -74,10 +74,12 @@ def run(out: str, sweep: bool = False, sweep_d256: bool = False) -> dict:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m flashtile.bench forward", description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="bench/results/forward-first-table.json")
+    parser.add_argument("--out", help="default: bench/results/forward.json, or sweeps/forward-configs.json")
     parser.add_argument("--sweep", action="store_true", help="time launch configs of our kernel instead")
     parser.add_argument("--sweep-d256", action="store_true", help="the sweep, for head dim 256")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("the benchmarks need a CUDA device")
-    run(args.out, args.sweep, args.sweep_d256)
+    sweeping = args.sweep or args.sweep_d256
+    out = args.out or RESULTS / ("sweeps/forward-configs.json" if sweeping else "forward.json")
+    run(out, args.sweep, args.sweep_d256)

@@ -12,7 +12,7 @@ import argparse
 
 import torch
 
-from .common import median_ms, save_result
+from .common import RESULTS, median_ms, save_result
 
 SHAPES = [(16384, 1024), (8192, 4096), (4096, 8192), (2048, 32768), (256, 100_000)]
 METHOD = "triton.testing.do_bench median (warmup 25 ms, rep 100 ms); bf16; useful GB/s = 2 * N * s / time"
@@ -48,7 +48,7 @@ def run(out: str) -> dict:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m flashtile.bench softmax", description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="bench/results/softmax-first-table.json")
+    parser.add_argument("--out", default=str(RESULTS / "softmax.json"))
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("the benchmarks need a CUDA device")

@@ -16,10 +16,9 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[3]
-RESULTS = ROOT / "bench" / "results"
+from .common import RESULTS, ROOT
+
 ATTENTION_PROVIDERS = ("flashtile", "sdpa_cudnn", "sdpa_flash")
 BLOCK = re.compile(r"(<!-- bench-table: (?P<name>[a-z]+) -->\n)(?P<body>.*?)(<!-- /bench-table -->)", re.S)
 
@@ -102,9 +101,9 @@ def decode_table(result: dict) -> list[str]:
 
 # name in the page marker -> (JSON file, renderer)
 TABLES = {
-    "forward": ("forward-first-table.json", forward_table),
-    "backward": ("backward-first-table.json", backward_table),
-    "softmax": ("softmax-first-table.json", softmax_table),
+    "forward": ("forward.json", forward_table),
+    "backward": ("backward.json", backward_table),
+    "softmax": ("softmax.json", softmax_table),
     "decode": ("decode.json", decode_table),
 }
 

@@ -193,14 +193,14 @@ def backward_config(head_dim: int, dtype: torch.dtype) -> dict:
 
     The dK/dV kernel keeps k, v, dk and dv of BLOCK_K keys resident while query tiles stream past,
     the dQ kernel keeps q, do and dq of BLOCK_Q queries. On the H200 a 64 x 64 dK/dV tile with 4 warps
-    beat 64 x 128 tiles by 1.5-1.7x (bench/results/backward-config-sweep.json): four fp32-sized resident
+    beat 64 x 128 tiles by 1.5-1.7x (bench/results/sweeps/backward-configs.json): four fp32-sized resident
     tiles of 128 rows are more than the register file holds. fp32 inputs count as twice the head dim.
     The interpreter runs programs one after another: fewer, larger tiles are faster there.
     """
     wide = head_dim_pad(head_dim) * (2 if dtype == torch.float32 else 1)
     if is_interpreting():
         return dict(dkdv=(32, 32, 4, 1), dq=(32, 32, 4, 1))
-    if wide <= 128:  # from bench/results/backward-config-sweep.json (H200, T = 8192, D = 64 and 128)
+    if wide <= 128:  # from bench/results/sweeps/backward-configs.json (H200, T = 8192, D = 64 and 128)
         return dict(dkdv=(64, 64, 4, 3), dq=(128, 64, 8, 3))
     return dict(dkdv=(32, 64, 4, 1), dq=(64, 32, 4, 1))
 # --8<-- [end:config]
