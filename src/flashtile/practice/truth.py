@@ -1,0 +1,55 @@
+"""The practice battery's own float64 truth: attention and softmax straight from their definitions.
+
+This module imports nothing from the rest of flashtile, on purpose: when the battery checks the
+package's own functions, the expected values must not come from the code under test. It is the same
+idea as the test suite's ``tests/_truth.py``, written again here so that an installed flashtile (which
+has no tests/ folder) can still check a reader's module.
+
+Conventions (the package's): causal query i sees key j iff j <= i + offset, with offset 0
+("upper_left") or Tk - Tq ("lower_right"); a row that sees no key has o = 0 and lse = -inf.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+# --8<-- [start:truth]
+def visible(Tq: int, Tk: int, causal: bool, alignment: str = "upper_left") -> torch.Tensor:
+    """Boolean (Tq, Tk): True where query i sees key j."""
+    if not causal:
+        return torch.ones(Tq, Tk, dtype=torch.bool)
+    offset = 0 if alignment == "upper_left" else Tk - Tq
+    return torch.arange(Tk)[None, :] <= torch.arange(Tq)[:, None] + offset
+
+
+def attention_truth(q, k, v, causal=False, scale=None, alignment="upper_left"):
+    """(o, lse) in float64 for (B, H, Tq, D) q and (B, H, Tk, D) k, v; differentiable."""
+    q, k, v = (t.double().cpu() for t in (q, k, v))
+    tau = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    s = tau * torch.einsum("bhid,bhjd->bhij", q, k)
+    s = s.masked_fill(~visible(q.shape[2], k.shape[2], causal, alignment), float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    empty = torch.isneginf(lse)[..., None]  # a row that sees no key: P = 0, not softmax's NaN
+    p = torch.where(empty, 0.0, torch.softmax(torch.where(empty, 0.0, s), dim=-1))
+    return torch.einsum("bhij,bhjd->bhid", p, v), lse
+# --8<-- [end:truth]
+
+
+def attention_grads_truth(q, k, v, do, causal=False, scale=None, alignment="upper_left"):
+    """(o, lse, dq, dk, dv) in float64, the gradients by torch autograd through ``attention_truth``."""
+    q64, k64, v64 = (t.detach().double().cpu().requires_grad_() for t in (q, k, v))
+    o, lse = attention_truth(q64, k64, v64, causal, scale, alignment)
+    dq, dk, dv = torch.autograd.grad(o, (q64, k64, v64), do.detach().double().cpu())
+    return o.detach(), lse.detach(), dq, dk, dv
+
+
+def softmax_truth(x: torch.Tensor) -> torch.Tensor:
+    """Row softmax of x's last dimension in float64 (a row of all -inf gives NaN, as torch does)."""
+    return torch.softmax(x.double().cpu(), dim=-1)
+
+
+def logsumexp_truth(x: torch.Tensor) -> torch.Tensor:
+    return torch.logsumexp(x.double().cpu(), dim=-1)
