@@ -43,7 +43,7 @@ from ._checks import (
     resolve_scale,
     stats_dtype,
 )
-from ._env import is_interpreting
+from .api import no_autocast, pick_backend
 
 MAX_NEW_TOKENS = 16  # Tq: a decode step (1) or a short speculative / chunked step (up to 16)
 H200_SM_COUNT = 132  # the split heuristic's SM count when there is no CUDA device to ask
@@ -182,17 +182,6 @@ def sm_count(device: torch.device) -> int:
     return H200_SM_COUNT
 
 
-def pick_decode_backend(query: torch.Tensor) -> str:
-    """The tier that runs (see the module docstring): "triton" or "reference"."""
-    if query.dtype == torch.float64:
-        return "reference"
-    if query.device.type == "cuda":
-        return "triton"
-    if is_interpreting() and query.dtype != torch.bfloat16:  # the interpreter's bf16 is wrong: Triton issue 11584
-        return "triton"
-    return "reference"
-
-
 # --8<-- [start:decode_attention]
 def decode_attention(
     query, key_cache, value_cache, cache_seqlens=None, *, scale=None, num_splits=None, block_table=None,
@@ -223,9 +212,8 @@ def decode_attention(
     if meta:
         o, lse = query.new_empty(query.shape), query.new_empty(query.shape[:-1], dtype=stats_dtype(query.dtype))
         return (o, lse) if return_lse else o
-    autocast_off = torch.autocast(query.device.type, enabled=False)  # the tiers choose their own precision
-    with torch.no_grad(), autocast_off:  # inference only, on every tier
-        if pick_decode_backend(query) == "triton":
+    with torch.no_grad(), no_autocast(query.device.type):  # inference only; the tiers choose their precision
+        if pick_backend(query) == "triton":  # the dispatch of flashtile.attention, use_backend included
             from .kernels.decode import flash_decode
 
             o, lse = flash_decode(query, key_cache, value_cache, cache_seqlens, scale=scale,

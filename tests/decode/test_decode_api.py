@@ -8,7 +8,9 @@ from _decode_cases import decode_truth, random_decode_inputs, to_pages
 
 import flashtile
 from _truth import assert_close_to_truth
-from flashtile.decode import H200_SM_COUNT, MIN_KEYS_PER_SPLIT, pick_decode_backend, pick_num_splits
+from flashtile._env import is_interpreting
+from flashtile.api import pick_backend, use_backend
+from flashtile.decode import H200_SM_COUNT, MIN_KEYS_PER_SPLIT, pick_num_splits
 
 
 def _seqlens(*n):
@@ -28,12 +30,16 @@ def test_decode_attention_matches_truth_on_every_cpu_tier(dtype):
     assert_close_to_truth(lse, lse_true, "lse", rtol=tol, atol=tol)
 
 
-def test_backend_choice_follows_flashtile_attention():
-    q = torch.zeros(1, 1, 1, 4)
-    assert pick_decode_backend(q.double()) == "reference"
-    assert pick_decode_backend(q.bfloat16()) == "reference"  # the interpreter's bf16 is wrong
-    expected = "triton" if flashtile.decode.is_interpreting() else "reference"
-    assert pick_decode_backend(q) == expected
+def test_decode_dispatches_like_flashtile_attention_use_backend_included():
+    # decode_attention asks api.pick_backend: the same tier choice, and use_backend forces it too.
+    q, k, v = random_decode_inputs(1, 4, 2, 1, 9, 16, seed=5)
+    seqlens = _seqlens(9)
+    assert pick_backend(q.double()) == "reference"
+    assert pick_backend(q.bfloat16()) == "reference"  # the interpreter's bf16 is wrong
+    assert pick_backend(q) == ("triton" if is_interpreting() or q.is_cuda else "reference")
+    with use_backend("reference"):
+        by_reference = flashtile.decode_attention(q, k, v, seqlens)
+    torch.testing.assert_close(by_reference, flashtile.decode_attention(q, k, v, seqlens), atol=2e-5, rtol=2e-5)
 
 
 def test_paged_call_through_the_public_function_with_padded_table():
