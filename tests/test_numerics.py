@@ -90,6 +90,21 @@ def test_rows_that_see_no_key_are_zero_with_lse_minus_inf_and_zero_gradients(tie
 
 
 @pytest.mark.parametrize("tier", TIERS)
+def test_a_first_tile_of_minus_inf_scores_weighs_nothing(tier):
+    # Keys 0..63 hold -inf in component 0 and every query has a positive component 0: their scores are
+    # -inf, unmasked, in the first (FULL) tiles. The float64 formula gives them weight 0, nothing NaN.
+    q, k, v, do = qkv_do(Tq=40, Tk=100, seed=14)
+    q[..., 0] = q[..., 0].abs() + 0.5
+    k[:, :, :64, 0] = float("-inf")
+    o, lse, grads = run(tier, q, k, v, do, False)
+    o_ref, lse_ref, grads_ref = truth_with_grads(q, k, v, do, False)
+    assert torch.isfinite(o_ref).all()
+    assert_close_to_truth(o, o_ref, "o", **TOL)
+    assert_close_to_truth(lse, lse_ref, "lse", **TOL)
+    assert_close_to_truth(grads[2], grads_ref[2], "dv", **TOL)
+
+
+@pytest.mark.parametrize("tier", TIERS)
 def test_the_tiers_agree_on_every_non_finite_entry(tier):
     q, k, v, do = qkv_do(seed=4)
     q[0, 0, 2, 0], k[0, 1, 9, 4] = float("nan"), float("inf")

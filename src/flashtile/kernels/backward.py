@@ -68,9 +68,10 @@ def load_row_stats(M, L, rows, Tq):
 
 
 @triton.jit
-def visible(rows, keys, Tk, offset, CAUSAL: tl.constexpr):
-    """Which (row, key) pairs contribute: keys inside [0, Tk) and, if causal, j <= i + offset."""
-    ok = keys[None, :] < Tk
+def visible(rows, keys, Tq, Tk, offset, CAUSAL: tl.constexpr):
+    """Which (row, key) pairs contribute: rows inside [0, Tq), keys inside [0, Tk) and, if causal,
+    j <= i + offset. Padding rows load q = 0, and 0 * inf is NaN: they must give P = 0 explicitly."""
+    ok = (rows[:, None] < Tq) & (keys[None, :] < Tk)
     if CAUSAL:
         ok = ok & (keys[None, :] <= rows[:, None] + offset)
     return ok
@@ -128,7 +129,7 @@ def backward_dkdv_kernel(
             m, log2_l = load_row_stats(M + row_base, L + row_base, rows, Tq)
             delta = tl.load(DELTA + row_base + rows, mask=rows < Tq, other=0.0)
             u = tl.dot(q_tile, tl.trans(k_tile), input_precision=DOT_PRECISION)  # the forward's raw dots
-            keep = visible(rows, keys, Tk, offset, CAUSAL)
+            keep = visible(rows, keys, Tq, Tk, offset, CAUSAL)
             p = recompute_p(u, m, log2_l, qk_scale, keep)  # never stored
             dv += tl.dot(tl.trans(p.to(do_tile.dtype)), do_tile, input_precision=DOT_PRECISION)
             dp = tl.dot(do_tile, tl.trans(v_tile), input_precision=DOT_PRECISION)
@@ -177,7 +178,7 @@ def backward_dq_kernel(
         k_tile = load_tile(k_ptr, stride_kt, stride_kd, keys, cols, Tk, head_dim)
         v_tile = load_tile(v_ptr, stride_vt, stride_vd, keys, cols, Tk, head_dim)
         u = tl.dot(q_tile, tl.trans(k_tile), input_precision=DOT_PRECISION)
-        keep = visible(rows, keys, Tk, offset, CAUSAL)
+        keep = visible(rows, keys, Tq, Tk, offset, CAUSAL)
         p = recompute_p(u, m, log2_l, qk_scale, keep)
         dp = tl.dot(do_tile, tl.trans(v_tile), input_precision=DOT_PRECISION)
         ds = tl.where(keep, p * (dp - delta[:, None]), 0.0)

@@ -83,12 +83,10 @@ def _attend_key_tiles(
                 visible = visible & (j[None, :] <= i[:, None] + offset)
             u = tl.where(visible, u, float("-inf"))
         m_new = tl.maximum(m, tl.max(u, 1))
-        if MASKED:
-            # A row that has seen no key yet has m_new = -inf; subtracting it would give
-            # exp(-inf - (-inf)) = NaN. Subtracting 0 instead gives p = 0 and alpha = 0.
-            m_new_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        else:
-            m_new_safe = m_new  # a FULL tile gives every row a finite score
+        # A row that has seen only -inf scores so far (masked keys, or keys scoring -inf) has m_new = -inf;
+        # subtracting it would give exp(-inf - (-inf)) = NaN. Subtracting 0 instead gives p = 0 and
+        # alpha = 0. One select per row, in every tile: a FULL tile can hold -inf scores too.
+        m_new_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.math.exp2((m - m_new_safe) * qk_scale)  # shrink what we had to the new max
         p = tl.math.exp2((u - m_new_safe[:, None]) * qk_scale)  # u - m first: exact for the max
         l = alpha * l + tl.sum(p, 1)
