@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import numbers
 
 import torch
 
@@ -220,7 +221,7 @@ def attention(
     """
     if attn_mask is not None:
         raise ValueError("attn_mask is not supported by flashtile.attention; pass is_causal=True for a causal mask")
-    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)) or dropout_p != 0.0:
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real) or dropout_p != 0.0:
         raise ValueError(f"dropout_p must be 0.0: flashtile.attention has no dropout, got {dropout_p!r}")
     shape = check_attention_inputs(query, key, value, names=("query", "key", "value"))
     is_causal = check_causal(is_causal, "is_causal")
