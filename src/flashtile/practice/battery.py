@@ -182,7 +182,7 @@ def online_softmax_cases() -> list[Case]:
         Case("stats, block of 1 column", _stats_case(rows, 1), HINT_RESCALE, fast=False),
         Case("stats, block wider than the row (64 > 37)", _stats_case(rows, 64), HINT_RESCALE, fast=False),
         Case("stats, first 9 columns -inf, blocks of 4", _stats_case(masked_prefix, 4), HINT_NEG_INF),
-        Case("stats, a row of all -inf (lse must be -inf)", _stats_case(all_masked, 4), HINT_NEG_INF),
+        Case("stats, 2 rows of 10 columns all -inf (lse must be -inf)", _stats_case(all_masked, 4), HINT_NEG_INF),
         Case("merge two halves cut at column 13", _merge_case(rows, 13, 4), HINT_RESCALE),
     ]
 # --8<-- [end:cases]
