@@ -1,0 +1,182 @@
+"""flashtile as an attention implementation of Hugging Face transformers (5.x).
+
+    from flashtile.integrations.transformers import register
+    name = register()                                   # "ftile"
+    model = AutoModelForCausalLM.from_config(config, attn_implementation=name)
+    model.set_attn_implementation(name)                 # or switch a model you already have
+
+What it supports:
+
+* causal language models (Llama, Mistral, Qwen2, ... : any model whose attention layers call
+  ``ALL_ATTENTION_FUNCTIONS``): training (reverse-mode autograd), evaluation, and generation with a KV
+  cache, the new tokens aligned lower-right to the cache; one new token without a mask and without
+  gradients runs ``flashtile.decode_attention``;
+* grouped-query attention without repeating K/V (``enable_gqa=True``); inputs as transformers passes
+  them, (B, H, T, D) views of (B, T, H, D) projections;
+* padded batches (left or right padding): each sequence's real tokens run on their own, so the answer on
+  the real tokens is exact; padding rows come out as zeros.
+
+What it refuses, with an error that names the limitation (never a silently ignored mask): a mask that is
+not "causal, restricted to one contiguous run of real keys per sequence" (sliding windows, packed
+sequences, block or prefix masks, additive biases, per-head masks), a mask on a non-causal layer,
+attention dropout, logit soft-capping, attention sinks and position biases.
+
+Two traps this module handles for its users:
+
+* transformers treats every attention-implementation name that contains "flash" as a request for a
+  FlashAttention kernel package, and fails to load it: ``register`` refuses such names;
+* a custom attention function receives ``attention_mask=None`` for a padded batch unless a mask function
+  is registered under the same name (``AttentionMaskInterface``): ``register`` registers one.
+
+Measured status: the CPU tests in tests/integrations compare logits, every parameter gradient and greedy
+generation with transformers' eager attention on tiny Llama and Qwen2 models. A padded batch takes one
+attention call per sequence (and reads the mask on the host), so it is slower than one batched call and
+is not ``torch.compile`` fullgraph-clean; an unpadded batch is a single call.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..api import attention
+from ..decode import decode_attention
+
+DEFAULT_NAME = "ftile"
+
+
+# --8<-- [start:register]
+def register(name: str = DEFAULT_NAME) -> str:
+    """Register flashtile with transformers under ``name``; return the name. Idempotent.
+
+    Registers two things under the same name: the attention function (``AttentionInterface``) and a mask
+    function (``AttentionMaskInterface``), without which the model would pass ``attention_mask=None``
+    for a padded batch. Raises ValueError for a name containing "flash" (transformers would look for a
+    FlashAttention kernel package) or a name already taken by another implementation.
+    """
+    try:
+        from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    except ImportError as exc:
+        raise ImportError("flashtile.integrations.transformers needs transformers>=5: pip install transformers") from exc
+    if not isinstance(name, str) or not name or "flash" in name.lower() or name == "eager" or "|" in name:
+        raise ValueError(
+            f"cannot register flashtile as {name!r}: transformers reads any attention implementation whose name "
+            "contains 'flash' as a request for a FlashAttention kernel package and fails to load it; 'eager' "
+            f"and names with '|' are reserved too. Use another name, e.g. {DEFAULT_NAME!r}"
+        )
+    for interface, function in ((AttentionInterface, flashtile_attention_forward), (AttentionMaskInterface, sdpa_mask)):
+        taken = interface._global_mapping.get(name)
+        if taken is not None and taken is not function:
+            raise ValueError(f"{name!r} is already registered in transformers' {interface.__name__} as {taken!r}")
+    AttentionInterface.register(name, flashtile_attention_forward)
+    # sdpa's mask: None when the batch is plain causal (no padding), else a (B, 1, Tq, Tk) bool mask
+    AttentionMaskInterface.register(name, sdpa_mask)
+    return name
+# --8<-- [end:register]
+
+
+# --8<-- [start:attention_forward]
+def flashtile_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,  # (B, H, Tq, D), a view of the (B, Tq, H, D) projection
+    key: torch.Tensor,  # (B, H_kv, Tk, D): the whole cache so far, the new tokens last
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,  # None, or (B, 1, Tq, Tk): True (or 0.0) where a key may be seen
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """The function transformers calls in every attention layer; returns (o (B, Tq, H, D), None)."""
+    refuse_unsupported(module, key, dropout, kwargs)
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    gqa = query.shape[1] != key.shape[1]
+    if attention_mask is not None:
+        o = attention_per_sequence(query, key, value, allowed_keys(attention_mask, query, key), causal, scaling, gqa)
+    elif query.shape[2] == 1 and not (torch.is_grad_enabled() and query.requires_grad):
+        o = decode_attention(query, key, value, scale=scaling)  # one new token sees every cached key
+    else:  # new tokens are the last Tq of Tk keys: the causal diagonal sits at the lower right
+        o = attention(query, key, value, is_causal=causal, scale=scaling, enable_gqa=gqa, alignment="lower_right")
+    return o.transpose(1, 2).contiguous(), None  # (B, Tq, H, D), as the model's reshape expects
+# --8<-- [end:attention_forward]
+
+
+def refuse_unsupported(module, key: torch.Tensor, dropout: float, kwargs: dict) -> None:
+    """Raise for what flashtile cannot compute, rather than compute something else."""
+    if dropout:
+        raise ValueError(
+            f"flashtile has no attention dropout, but this layer asks for dropout={dropout} (the config's "
+            "attention_dropout, in training mode): set attention_dropout=0.0 or use attn_implementation='sdpa'"
+        )
+    for option in ("softcap", "s_aux", "sinks", "position_bias"):
+        if kwargs.get(option) is not None:
+            raise ValueError(f"flashtile does not support {option!r} in attention; use attn_implementation='sdpa'")
+    window = kwargs.get("sliding_window")
+    if window is not None and key.shape[2] > window:
+        raise ValueError(
+            f"flashtile has no sliding-window attention: this layer has a window of {window} keys and "
+            f"{key.shape[2]} keys to attend to; use attn_implementation='sdpa'"
+        )
+
+
+def allowed_keys(mask: torch.Tensor, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+    """(B, Tq, Tk) bool, True where a key may be seen, from transformers' (B, 1, Tq, Tk) bool or 0/-inf mask."""
+    B, _, Tq, _ = query.shape
+    Tk = key.shape[2]
+    if mask.dim() != 4 or mask.shape[1] != 1 or mask.shape[-2:] != (Tq, Tk) or mask.shape[0] not in (1, B):
+        raise ValueError(
+            f"flashtile takes a (B, 1, Tq, Tk) = ({B}, 1, {Tq}, {Tk}) padding mask, got shape {tuple(mask.shape)} "
+            "(per-head and other shapes are not supported); use attn_implementation='sdpa'"
+        )
+    if mask.dtype == torch.bool:
+        allowed = mask[:, 0]
+    else:  # additive: 0 where seen, a huge negative number (or -inf) where not; anything else is a bias
+        allowed = mask[:, 0] == 0
+        blocked = mask[:, 0] <= torch.finfo(mask.dtype).min / 2
+        if not bool((allowed | blocked).all()):
+            raise ValueError("flashtile cannot add a bias to the scores (this float mask is not 0/-inf); use 'sdpa'")
+    return allowed.expand(B, Tq, Tk)
+
+
+# --8<-- [start:per_sequence]
+def attention_per_sequence(query, key, value, allowed, causal: bool, scale, gqa: bool) -> torch.Tensor:
+    """A padded batch, one sequence at a time: each sequence's real keys are one run [start, end).
+
+    The mask must be exactly "causal, aligned so that query i sits at key position i + offset, and only
+    keys in [start_b, end_b)": left padding (start_b > 0), right padding (end_b < Tk), or both. Anything
+    else raises. Query rows that are padding (outside [start_b, end_b)) come out as zeros.
+    """
+    B, H, Tq, D = query.shape
+    Tk = key.shape[2]
+    if not causal:
+        raise ValueError("flashtile supports padding masks on causal layers only; use attn_implementation='sdpa'")
+    seen = allowed.any(dim=1)  # (B, Tk): keys that some query of the sequence may see
+    real = seen.any(dim=1)
+    start = torch.where(real, seen.int().argmax(dim=1), 0)  # first real key
+    end = torch.where(real, Tk - seen.flip(1).int().argmax(dim=1), 0)  # one past the last real key
+    j = torch.arange(Tk, device=query.device)
+    in_run = (j >= start[:, None, None]) & (j < end[:, None, None])  # (B, 1, Tk)
+    # a dynamic cache holds exactly Tk keys (offset Tk - Tq); a static one is longer than the sequences
+    for offset in dict.fromkeys((Tk - Tq, int(end.max()) - Tq)):
+        i = torch.arange(Tq, device=query.device)[:, None] + offset  # (Tq, 1): each query's key position
+        if torch.equal(allowed, (j <= i) & in_run):
+            break
+    else:
+        raise ValueError(
+            "flashtile has no attn_mask: it runs a padded batch one sequence at a time when every sequence's "
+            "real tokens are one contiguous run under a causal mask (left or right padding). This mask is "
+            "something else (a sliding window, packed sequences, a block or custom mask, or right padding "
+            "during generation: pad on the left to generate); use attn_implementation='sdpa' for it"
+        )
+    rows = []
+    for b, (s, e) in enumerate(zip(start.tolist(), end.tolist())):
+        q0, q1 = max(s - offset, 0), max(e - offset, 0)  # the real queries: key positions s ... e - 1
+        o = query.new_zeros(1, H, Tq, D)
+        if q1 > q0:
+            o = attention(query[b : b + 1, :, q0:q1], key[b : b + 1, :, s:e], value[b : b + 1, :, s:e],
+                          is_causal=True, scale=scale, enable_gqa=gqa, alignment="lower_right")  # fmt: skip
+            o = F.pad(o, (0, 0, q0, Tq - q1))  # zeros for the padding rows
+        rows.append(o)
+    return torch.cat(rows)  # (B, H, Tq, D)
+# --8<-- [end:per_sequence]
