@@ -1,0 +1,55 @@
+"""Tiny transformers models with random weights (no downloads) for the integration tests.
+
+``twins(config, name)`` builds the same weights twice: one model on transformers' own eager attention
+(the truth: its attention is matmul + softmax, independent of flashtile) and one on ``name``. Each model
+gets its own copy of the config: ``from_config`` writes the attention implementation into the config
+object it is given, so two models built from one config object would both end up on the last one.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+VOCAB = 97
+# initializer_range 0.3 (transformers' default is 0.02) makes the attention weights far from uniform, so a
+# wrong mask or a wrong alignment changes the logits by far more than the tolerance
+TINY = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            max_position_embeddings=64, initializer_range=0.3)  # fmt: skip
+
+
+def llama_config(num_key_value_heads: int = 2, **overrides):
+    from transformers import LlamaConfig
+
+    return LlamaConfig(**{**TINY, "num_key_value_heads": num_key_value_heads, **overrides})
+
+
+def qwen2_config(num_key_value_heads: int = 4, **overrides):
+    from transformers import Qwen2Config
+
+    return Qwen2Config(**{**TINY, "num_key_value_heads": num_key_value_heads, **overrides})
+
+
+def build(config, attn_implementation: str, seed: int = 0, dtype=torch.float32):
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation=attn_implementation)
+    return model.to(dtype)
+
+
+def twins(config, name: str, truth_dtype=torch.float64):
+    """(truth, ours): eager in ``truth_dtype`` and ``name`` in float32, with the same weights."""
+    truth = build(config, "eager", dtype=truth_dtype)
+    ours = build(config, name)
+    ours.load_state_dict({k: v.float() for k, v in truth.state_dict().items()})
+    return truth, ours
+
+
+def token_ids(B: int, T: int, seed: int = 1) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(1, VOCAB, (B, T), generator=gen)
