@@ -157,15 +157,24 @@ def check(directory: Path | None, steps: list[str] | None, fast: bool) -> int:
         results.append(result)
         print(f" {'ok' if result.ok else 'FAILED'}")
     for result in results:
-        for failure in result.failures[:1]:  # the first failure of a step says the most
-            more = len(result.failures) - 1
-            print(f"\nFAILED {result.step.name}: {failure.case}" + (f"  (and {more} more)" if more > 0 else ""))
-            print(f"  error: {failure.error}")
-            print(f"  hint:  {failure.hint}")
-            print(f"  read:  {SITE}{failure.chapter}")
+        if not result.ok:
+            print("\n" + failure_report(result))
     print(summary_table(results))
     return 0 if all(r.ok for r in results) else 1
 # --8<-- [end:check]
+
+
+def failure_report(result: StepResult) -> str:
+    """The first failure of a step (it says the most): the case, the error, the hint, the chapter."""
+    if result.ok:
+        return f"{result.step.name}: all {result.passed} cases pass"
+    failure, more = result.failures[0], len(result.failures) - 1
+    return "\n".join([
+        f"FAILED {result.step.name}: {failure.case}" + (f"  (and {more} more)" if more > 0 else ""),
+        f"  error: {failure.error}",
+        f"  hint:  {failure.hint}",
+        f"  read:  {SITE}{failure.chapter}",
+    ])
 
 
 def _import_failure(step: Step, exc: Exception):
