@@ -1,0 +1,34 @@
+"""The train-step benchmark (flashtile.bench.train_step): its rows on a CPU with a toy shape, and the
+real measurement on a GPU (the model of the benchmark: 8 layers, hidden 1024, B=2, T=2048, bf16)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from flashtile.bench import train_step  # noqa: E402
+
+TOY = dict(layers=2, hidden=64, H=4, H_kv=2, D=16, intermediate=128, vocab=97, B=2, T=16)
+SCHEMA_FIELDS = {"pass", "provider", "B", "H", "H_kv", "Tq", "Tk", "D", "causal", "layout", "dtype", "ms", "tflops"}
+
+
+def test_train_step_rows_follow_the_schema_on_a_toy_model():
+    rows = train_step.measure(TOY, check=True, device="cpu", dtype=torch.float32, timer=train_step.wall_clock_ms)
+    assert [row["provider"] for row in rows] == ["flashtile", "sdpa"]
+    for row in rows:
+        assert SCHEMA_FIELDS <= row.keys() and row["pass"] == "train_step" and row["layout"] == "bthd"
+        assert row["ms"] > 0 and isinstance(row["tflops"], float)  # a toy model rounds to 0.0 TFLOP/s
+        assert 0 < row["logits_max_abs_err"] < 1e-4 and 0 < row["grad_rel_err"] < 1e-4  # float32 vs float32
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_train_step_of_the_benchmark_model_is_as_accurate_as_sdpa_on_the_gpu():
+    rows = {row["provider"]: row for row in train_step.measure(train_step.MAIN_SHAPE, check=True)}
+    ours, sdpa = rows["flashtile"], rows["sdpa"]
+    # bf16 against a float32 eager truth: flashtile's error may not exceed SDPA's by more than 10 %
+    assert ours["logits_max_abs_err"] <= 1.1 * sdpa["logits_max_abs_err"] + 1e-3
+    assert ours["grad_rel_err"] <= 1.1 * sdpa["grad_rel_err"] + 1e-4
+    print(f"sdpa_ms / flashtile_ms = {sdpa['ms'] / ours['ms']:.3f}")  # the speed target (>= 0.9) is a report
