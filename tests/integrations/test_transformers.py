@@ -97,6 +97,37 @@ def test_greedy_generation_with_a_kv_cache_matches_eager_token_for_token(name, b
     assert got.shape == (2, 20) and torch.equal(got, expected)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_several_new_tokens_after_a_cache_align_lower_right(name, backend):
+    """A chunked prefill: 9 tokens, then 5 more against the cache (Tq = 5 < Tk = 14), with and without
+    left padding. Upper-left alignment would let the first new token see only keys 0 ... 0."""
+    from transformers import DynamicCache
+
+    truth, ours = twins(llama_config(), name, truth_dtype=torch.float32)  # see PADDED_TRUTH
+    ids = token_ids(2, 14)
+    for left_padding in (0, 4):
+        mask = torch.ones(2, 14, dtype=torch.long)
+        mask[0, :left_padding] = 0
+        logits = []
+        for model in (truth, ours):
+            with torch.no_grad(), use_backend(backend):
+                cache = DynamicCache(config=model.config)
+                model(ids[:, :9], attention_mask=mask[:, :9], cache=cache)
+                logits.append(model(ids[:, 9:], attention_mask=mask, cache=cache).logits)
+        assert (logits[0] - logits[1]).abs().max().item() < LOGITS_ATOL
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_generation_with_a_static_cache_matches_eager(name, padded):
+    """A static cache is longer than the sequence: slots past it are empty and must not be attended to."""
+    truth, ours = twins(llama_config(), name, truth_dtype=torch.float32)  # see PADDED_TRUTH
+    ids, mask = token_ids(2, 8), torch.ones(2, 8, dtype=torch.long)
+    if padded:
+        mask[0, :3] = 0
+    kwargs = dict(attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0, cache_implementation="static")
+    assert torch.equal(ours.generate(ids, **kwargs), truth.generate(ids, **kwargs))
+
+
 def test_one_new_token_without_a_mask_runs_the_decode_kernel(name, monkeypatch):
     calls = []
     decode = integration.decode_attention

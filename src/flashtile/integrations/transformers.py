@@ -9,8 +9,8 @@ What it supports:
 
 * causal language models (Llama, Mistral, Qwen2, ... : any model whose attention layers call
   ``ALL_ATTENTION_FUNCTIONS``): training (reverse-mode autograd), evaluation, and generation with a KV
-  cache, the new tokens aligned lower-right to the cache; one new token without a mask and without
-  gradients runs ``flashtile.decode_attention``;
+  cache (dynamic or static), the new tokens aligned lower-right to the cache; one new token without a
+  mask and without gradients runs ``flashtile.decode_attention``;
 * grouped-query attention without repeating K/V (``enable_gqa=True``); inputs as transformers passes
   them, (B, H, T, D) views of (B, T, H, D) projections;
 * padded batches (left or right padding): each sequence's real tokens run on their own, so the answer on
@@ -92,12 +92,16 @@ def flashtile_attention_forward(
     refuse_unsupported(module, key, dropout, kwargs)
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     gqa = query.shape[1] != key.shape[1]
-    if attention_mask is not None:
+    Tq, Tk = query.shape[2], key.shape[2]
+    if attention_mask is not None:  # padding, or new tokens after a cache: the mask says where each row sits
         o = attention_per_sequence(query, key, value, allowed_keys(attention_mask, query, key), causal, scaling, gqa)
-    elif query.shape[2] == 1 and not (torch.is_grad_enabled() and query.requires_grad):
+    elif Tq == 1 and not (torch.is_grad_enabled() and query.requires_grad):
         o = decode_attention(query, key, value, scale=scaling)  # one new token sees every cached key
-    else:  # new tokens are the last Tq of Tk keys: the causal diagonal sits at the lower right
-        o = attention(query, key, value, is_causal=causal, scale=scaling, enable_gqa=gqa, alignment="lower_right")
+    else:  # sdpa's mask function skips the mask only for Tq == 1, Tq == Tk, or an empty cache (rows 0 ... Tq-1)
+        causal = causal and Tq > 1
+        if causal and Tk > Tq:  # an empty static cache: slots Tq ... Tk-1 hold no token yet
+            key, value = key[:, :, :Tq], value[:, :, :Tq]
+        o = attention(query, key, value, is_causal=causal, scale=scaling, enable_gqa=gqa)
     return o.transpose(1, 2).contiguous(), None  # (B, Tq, H, D), as the model's reshape expects
 # --8<-- [end:attention_forward]
 
@@ -141,7 +145,7 @@ def allowed_keys(mask: torch.Tensor, query: torch.Tensor, key: torch.Tensor) -> 
 
 # --8<-- [start:per_sequence]
 def attention_per_sequence(query, key, value, allowed, causal: bool, scale, gqa: bool) -> torch.Tensor:
-    """A padded batch, one sequence at a time: each sequence's real keys are one run [start, end).
+    """A masked batch: each sequence's real keys are one run [start, end); one call per distinct run.
 
     The mask must be exactly "causal, aligned so that query i sits at key position i + offset, and only
     keys in [start_b, end_b)": left padding (start_b > 0), right padding (end_b < Tk), or both. Anything
@@ -157,8 +161,9 @@ def attention_per_sequence(query, key, value, allowed, causal: bool, scale, gqa:
     end = torch.where(real, Tk - seen.flip(1).int().argmax(dim=1), 0)  # one past the last real key
     j = torch.arange(Tk, device=query.device)
     in_run = (j >= start[:, None, None]) & (j < end[:, None, None])  # (B, 1, Tk)
-    # a dynamic cache holds exactly Tk keys (offset Tk - Tq); a static one is longer than the sequences
-    for offset in dict.fromkeys((Tk - Tq, int(end.max()) - Tq)):
+    # the offset puts the last query on the last real key (a static cache has empty slots after it); with
+    # right padding and no cache, rows sit at keys 0 ... Tq-1 (offset Tk - Tq = 0)
+    for offset in dict.fromkeys((int(end.max()) - Tq, Tk - Tq)):
         i = torch.arange(Tq, device=query.device)[:, None] + offset  # (Tq, 1): each query's key position
         if torch.equal(allowed, (j <= i) & in_run):
             break
@@ -169,12 +174,15 @@ def attention_per_sequence(query, key, value, allowed, causal: bool, scale, gqa:
             "something else (a sliding window, packed sequences, a block or custom mask, or right padding "
             "during generation: pad on the left to generate); use attn_implementation='sdpa' for it"
         )
+    runs = [(b, b + 1, s, e) for b, (s, e) in enumerate(zip(start.tolist(), end.tolist()))]
+    if len({run[2:] for run in runs}) == 1:  # the same run everywhere (a cache, no padding): one call, not B
+        runs = [(0, B, *runs[0][2:])]
     rows = []
-    for b, (s, e) in enumerate(zip(start.tolist(), end.tolist())):
+    for b0, b1, s, e in runs:
         q0, q1 = max(s - offset, 0), max(e - offset, 0)  # the real queries: key positions s ... e - 1
-        o = query.new_zeros(1, H, Tq, D)
-        if q1 > q0:
-            o = attention(query[b : b + 1, :, q0:q1], key[b : b + 1, :, s:e], value[b : b + 1, :, s:e],
+        o = query.new_zeros(b1 - b0, H, Tq, D)
+        if q1 > q0:  # the new tokens are the last rows: the causal diagonal sits at the lower right
+            o = attention(query[b0:b1, :, q0:q1], key[b0:b1, :, s:e], value[b0:b1, :, s:e],
                           is_causal=True, scale=scale, enable_gqa=gqa, alignment="lower_right")  # fmt: skip
             o = F.pad(o, (0, 0, q0, Tq - q1))  # zeros for the padding rows
         rows.append(o)
