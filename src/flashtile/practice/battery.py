@@ -314,8 +314,9 @@ def _kernel_case(B, H, Tq, Tk, D, block_q, block_k, causal=False, alignment="upp
         check_dtype("lse", lse, torch.float32, HINT_LSE)
         hint = HINT_STRIDES if transposed else HINT_NEG_INF if causal and Tq > Tk else None
         hint = hint or (HINT_PADDED if Tk % block_k else None)
-        compare("o", o, o_ref, 2e-5 if dtype == torch.float32 else 3e-3, hint)
-        compare("lse", lse, lse_ref, 2e-5 if dtype == torch.float32 else 1e-4, hint or HINT_LSE)
+        fp32 = 5e-5  # full-fp32 dots; the compiled kernel's exp2 and reduction order differ from the CPU's
+        compare("o", o, o_ref, fp32 if dtype == torch.float32 else 3e-3, hint)
+        compare("lse", lse, lse_ref, fp32 if dtype == torch.float32 else 1e-4, hint or HINT_LSE)
     return run
 
 
