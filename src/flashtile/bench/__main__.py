@@ -1,12 +1,12 @@
-"""``python -m flashtile.bench [forward|backward|softmax|decode] [options]``; no name runs all four tables."""
+"""``python -m flashtile.bench [forward|backward|softmax|decode|train_step] [options]``; no name runs them all."""
 
 from __future__ import annotations
 
 import sys
 
-from . import backward, decode, forward, softmax
+from . import backward, decode, forward, softmax, train_step
 
-TABLES = {"forward": forward, "backward": backward, "softmax": softmax, "decode": decode}
+TABLES = {"forward": forward, "backward": backward, "softmax": softmax, "decode": decode, "train_step": train_step}
 
 
 def main(argv: list[str]) -> None:
