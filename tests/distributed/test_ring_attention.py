@@ -5,9 +5,9 @@ import os
 import pytest
 import torch
 import torch.distributed as dist
+from _ring_cases import attention_truth, random_qkv
 
 import flashtile
-from _truth import attention_truth, random_qkv
 from flashtile.api import use_backend
 from flashtile.distributed import merge_partial, ring_attention, shard_sequence, simulate_ring, unshard_sequence
 

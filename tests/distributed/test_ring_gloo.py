@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
-from _truth import attention_truth, random_qkv
+from _ring_cases import attention_truth, random_qkv
 
 from flashtile.distributed import ring_attention, ring_attention_on_shards, run_local_ring, unshard_sequence
 from flashtile.distributed.local import RankFailed

@@ -1,0 +1,28 @@
+"""Inputs and the float64 truth for the ring tests.
+
+The truth is the suite's one float64 formula, tests/_truth.py (einsum and torch.softmax, no import from
+flashtile), so a bug shared by the ring and the reference tier cannot hide in it; this module only
+adapts it to the ring tests' shape of call and draws their inputs.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from _truth import truth_with_grads
+
+
+def attention_truth(q, k, v, do, is_causal: bool, scale: float | None = None):
+    """(o, dq, dk, dv) in float64 for q (B, H, T, D), k, v (B, H_kv, T, D), do like q."""
+    o, _lse, (dq, dk, dv) = truth_with_grads(q, k, v, do, is_causal, scale)
+    return o, dq, dk, dv
+
+
+def random_qkv(B, H, H_kv, T, D, seed, dtype=torch.float64):
+    """q, k, v, do drawn from one seeded generator (never zeros)."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, H, T, D, generator=gen, dtype=dtype)
+    k = torch.randn(B, H_kv, T, D, generator=gen, dtype=dtype)
+    v = torch.randn(B, H_kv, T, D, generator=gen, dtype=dtype)
+    do = torch.randn(B, H, T, D, generator=gen, dtype=dtype)
+    return q, k, v, do
