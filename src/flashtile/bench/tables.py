@@ -108,11 +108,16 @@ TABLES = {
 }
 
 
+def markdown_text(text: str) -> str:
+    """Plain text for Markdown: a formula like 4*B*H*T*T*D must not turn into emphasis."""
+    return text.replace("*", "\\*").replace("_", "\\_")
+
+
 def provenance_line(result: dict) -> str:
     p = result["provenance"]
     return (
         f"Measured on an {p['gpu']} with torch {p['torch']}, triton {p['triton']} and CUDA {p['cuda']} "
-        f"at {p['date_utc']} (commit {p['commit']}); method: {p['method']}."
+        f"at {p['date_utc']} (commit {p['commit']}); method: {markdown_text(p['method'])}."
     )
 
 
