@@ -205,8 +205,9 @@ def ring_table(result: dict) -> str:
     """The chapter's table: one line per (T, causal, what was timed), times in ms, then the provenance."""
     rows = result["rows"]
     world = max(r["world_size"] for r in rows)
-    head = ["H", "T", "causal", "timed", "1 GPU, flashtile.attention", "ring, 1 GPU", f"ring, {world} GPUs",
-            "speed-up", f"TFLOP/s on {world} GPUs", "rel. error vs 1 GPU: o / dq / dk / dv"]  # fmt: skip
+    several_H = len({r["H"] for r in rows}) > 1
+    head = [*(["H"] if several_H else []), "T", "causal", "timed", "1 GPU ms", "ring 1 GPU ms", f"ring {world} GPUs ms",
+            "speed-up", f"TFLOP/s ({world} GPUs)", "rel. error ×10³: o / dq / dk / dv"]  # fmt: skip
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     by_shape: dict = {}
     for r in rows:
@@ -214,18 +215,20 @@ def ring_table(result: dict) -> str:
     for (H, T, causal, measures), by in by_shape.items():
         wide = by["flashtile_ring", world]
         names = ("o", "dq", "dk", "dv") if measures == "forward_backward" else ("o",)
-        errors = " / ".join(f"{wide['rel_err_vs_1gpu'][k]:.1e}" for k in names)
+        errors = " / ".join(f"{1000 * wide['rel_err_vs_1gpu'][k]:.1f}" for k in names)
         T_name = f"{T // 1024}k" if T % 1024 == 0 else str(T)
-        cells = [H, T_name, "yes" if causal else "no", measures.replace("_", " + "),
+        cells = [*([H] if several_H else []), T_name, "yes" if causal else "no", measures.replace("_", " + "),
                  f"{by['flashtile', 1]['ms']:.1f}", f"{by['flashtile_ring', 1]['ms']:.1f}", f"{wide['ms']:.1f}",
                  f"{wide['speedup_vs_1gpu']:.2f}x", f"{wide['tflops']:.0f}", errors]  # fmt: skip
         lines.append("| " + " | ".join(map(str, cells)) + " |")
-    p = result["provenance"]
+    p = {k: v.replace("*", "\\*").replace("_", "\\_") if isinstance(v, str) else v
+         for k, v in result["provenance"].items()}  # plain text in Markdown: * and _ are not emphasis
     lines += [
         "",
         f"Measured on {p['gpus']}x {p['gpu']} (NCCL {p['nccl']}, NVLink multicast off; ring transfer "
         f"{p['ring_GBps']:.0f} GB/s per direction) with torch {p['torch']}, triton {p['triton']}, CUDA {p['cuda']} "
-        f"at {p['date_utc']} (commit {p['commit']}); B = {rows[0]['B']}, H_kv = H, D = {rows[0]['D']}, "
+        f"at {p['date_utc']} (commit {p['commit']}); B = {rows[0]['B']}, "
+        + ("" if several_H else f"H = {rows[0]['H']}, ") + f"H\\_kv = H, D = {rows[0]['D']}, "
         f"{rows[0]['dtype']}. Method: {p['method']}.",
     ]
     return "\n".join(lines) + "\n"
