@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from .._checks import check_attention_inputs, check_causal, resolve_scale
-from ..reference.online_softmax import lse_from_stats, merge, safe_exp_diff
+from ..reference.decode import merge_partials
 from .sharding import LAYOUTS, layout_for
 
 REFERENCE_BLOCK = 64  # tile size of the reference tier on CPU: any value gives the same result up to rounding
@@ -46,17 +46,11 @@ def merge_partial(o_a, lse_a, o_b, lse_b):
     """The attention result over two disjoint sets of keys, from the results over each.
 
     o_a, o_b: (..., T, D), each normalised over its own keys; lse_a, lse_b: (..., T). Computed in
-    lse_a's dtype. A part that saw no key (lse = -inf) counts for nothing. Returns (o, lse).
+    lse_a's dtype (fp32, or float64 for float64 inputs), whatever the dtype of the outputs, by the one
+    (o, lse) merge of the reference tier. A part that saw no key (lse = -inf) counts for nothing.
     """
     c = lse_a.dtype
-    # A normalised part is the online-softmax state (m = lse, l = 1): e^m * l is the sum it stands for.
-    one = torch.ones_like(lse_a)
-    m, l = merge(lse_a, one, lse_b.to(c), one)
-    l_safe = torch.where(l > 0, l, 1.0)
-    w_a = safe_exp_diff(lse_a, m) / l_safe  # part a's share of the union's sum, e^(lse_a - lse)
-    w_b = safe_exp_diff(lse_b.to(c), m) / l_safe
-    o = w_a[..., None] * o_a.to(c) + w_b[..., None] * o_b.to(c)
-    return o, lse_from_stats(m, l)
+    return merge_partials(o_a.to(c), lse_a, o_b.to(c), lse_b.to(c))
 # --8<-- [end:merge]
 
 
