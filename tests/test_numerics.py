@@ -181,23 +181,25 @@ def test_torch_func_transforms_are_refused_with_a_clear_error(transform):
             torch.func.vmap(lambda a: flashtile.attention(a, k, v))(q[None])
 
 
-@pytest.mark.parametrize("tier", TIERS)
-def test_double_backward_raises_instead_of_a_wrong_answer(tier):
-    q, k, v, _ = qkv_do(Tq=8, Tk=8, seed=9)
+@pytest.mark.parametrize(
+    "entry,error,match",
+    [
+        ("reference", NotImplementedError, "double backward .* is not supported"),
+        ("triton", NotImplementedError, "double backward .* is not supported"),
+        ("reference_attention", RuntimeError, "differentiate twice .* marked with @once_differentiable"),
+    ],
+)
+def test_double_backward_raises_instead_of_a_wrong_answer(entry, error, match):
+    dtype = torch.float64 if entry == "reference_attention" else F32
+    q, k, v, _ = qkv_do(Tq=8, Tk=8, seed=9, dtype=dtype)
     q.requires_grad_()
-    with use_backend(tier):
-        o = flashtile.attention(q, k, v)
+    if entry == "reference_attention":
+        o = flashtile.reference_attention(q, k, v)
+    else:
+        with use_backend(entry):
+            o = flashtile.attention(q, k, v)
     (g,) = torch.autograd.grad(o.square().sum(), q, create_graph=True)
-    with pytest.raises(NotImplementedError, match="double backward .* is not supported"):
-        g.sum().backward()
-
-
-def test_double_backward_through_reference_attention_raises():
-    q, k, v, _ = qkv_do(Tq=8, Tk=8, seed=10, dtype=torch.float64)
-    q.requires_grad_()
-    o = flashtile.reference_attention(q, k, v)
-    (g,) = torch.autograd.grad(o.square().sum(), q, create_graph=True)
-    with pytest.raises(RuntimeError, match="differentiate twice a function that was marked with @once_differentiable"):
+    with pytest.raises(error, match=match):
         g.sum().backward()
 
 
