@@ -11,6 +11,12 @@ A figure pasted as a PNG drifts the moment the code changes. These are computed 
   ``flashtile.reference.io_model``, against the on-chip memory M and the sequence length T, with
   FlashAttention's limit (12 + 16/d) T^2 d^2 / M and the lower bound no exact algorithm can beat drawn
   for comparison. matplotlib, rendered to SVG in memory.
+* ``figures/perf-*.svg``: the performance chapter's measured plots (scale-up, ratio to cuDNN, roofline),
+  drawn by ``flashtile.bench.plots`` from the committed JSON under ``bench/results/``.
+
+The same chapter shows ``bench/PERF_LOG.md``, the record of every kernel change with its prediction
+and outcome, where its source has the line ``<!-- perf-log -->`` (``on_page_markdown``): the log stays
+the one source. (pymdownx.snippets could include it, but the drift test allows only named src sections.)
 """
 
 from __future__ import annotations
@@ -151,5 +157,18 @@ def on_files(files, config):
         svg = causal_tiles_svg(Tq, Tk, block_q, block_k, alignment)
         files.append(File.generated(config, f"figures/{stem}.svg", content=svg))
     files.append(File.generated(config, "figures/io-traffic.svg", content=io_traffic_svg()))
-    log.info("drew %d causal tile maps and the IO traffic plot", len(CAUSAL_PANELS))
+    from flashtile.bench.plots import figures
+
+    perf = figures()
+    for name, svg in perf.items():
+        files.append(File.generated(config, f"figures/{name}", content=svg))
+    log.info("drew %d causal tile maps, the IO traffic plot and %d performance plots", len(CAUSAL_PANELS), len(perf))
     return files
+
+
+def on_page_markdown(markdown, page, config, files):
+    from flashtile.bench.tables import PERF_LOG, PERF_LOG_MARKER, perf_log_markdown
+
+    if PERF_LOG_MARKER not in markdown:
+        return markdown
+    return markdown.replace(PERF_LOG_MARKER, perf_log_markdown(PERF_LOG.read_text(encoding="utf-8")))

@@ -15,7 +15,7 @@ def test_tflops_follow_the_anchor_convention():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA message")
-@pytest.mark.parametrize("table", ["forward", "backward", "softmax", "decode", "train_step"])
+@pytest.mark.parametrize("table", ["forward", "overhead", "backward", "softmax", "decode", "train_step"])
 def test_each_table_needs_cuda(table, tmp_path):
     with pytest.raises(SystemExit, match="need a CUDA device"):
         cli.main([table, "--out", str(tmp_path / "x.json")])

@@ -1,12 +1,19 @@
-"""``python -m flashtile.bench [forward|backward|softmax|decode|train_step] [options]``; no name runs them all."""
+"""``python -m flashtile.bench [forward|overhead|backward|softmax|decode|train_step] [options]``; no name: all."""
 
 from __future__ import annotations
 
 import sys
 
-from . import backward, decode, forward, softmax, train_step
+from . import backward, decode, forward, overhead, softmax, train_step
 
-TABLES = {"forward": forward, "backward": backward, "softmax": softmax, "decode": decode, "train_step": train_step}
+TABLES = {
+    "forward": forward,
+    "overhead": overhead,
+    "backward": backward,
+    "softmax": softmax,
+    "decode": decode,
+    "train_step": train_step,
+}
 
 
 def main(argv: list[str]) -> None:

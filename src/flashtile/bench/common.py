@@ -18,14 +18,27 @@ ROOT = Path(__file__).resolve().parents[3]
 RESULTS = ROOT / "bench" / "results"
 
 # The convention of the team's anchor file (shared/anchors): causal work is counted as half of dense,
-# and a backward as 2.5 forwards (five matmuls instead of two).
-MODE_FACTOR = {"fwd": 1.0, "bwd": 2.5}
+# and a backward as 2.5 forwards (five matmuls instead of two), so a forward and backward is 3.5.
+MODE_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwd+bwd": 3.5}
+
+
+def attention_flops(shape: dict, mode: str = "fwd") -> float:
+    """FLOPs of one attention call by the convention: 4·B·H·Tq·Tk·D, ×0.5 if causal, ×2.5 for a backward.
+
+    ``shape`` has B, H, D, causal and either Tq and Tk (the bench schema) or T (older rows, Tq = Tk = T).
+    Halving is the convention for a square causal call only; a causal call with Tq != Tk has no agreed
+    count here and is refused rather than mislabelled.
+    """
+    Tq, Tk = (shape[key] if key in shape else shape["T"] for key in ("Tq", "Tk"))
+    if shape["causal"] and Tq != Tk:
+        raise ValueError(f"the causal FLOP convention (x0.5) is for Tq == Tk; got Tq={Tq}, Tk={Tk}")
+    flops = 4 * shape["B"] * shape["H"] * Tq * Tk * shape["D"] * (0.5 if shape["causal"] else 1.0)
+    return MODE_FACTOR[mode] * flops
 
 
 def attention_tflops(shape: dict, ms: float, mode: str = "fwd") -> float:
-    """TFLOP/s of one attention call of ``shape`` (B, H, T, D, causal) that took ``ms`` milliseconds."""
-    flops = 4 * shape["B"] * shape["H"] * shape["T"] ** 2 * shape["D"] * (0.5 if shape["causal"] else 1.0)
-    return MODE_FACTOR[mode] * flops / (ms * 1e-3) / 1e12
+    """TFLOP/s of one attention call of ``shape`` (see ``attention_flops``) that took ``ms`` milliseconds."""
+    return attention_flops(shape, mode) / (ms * 1e-3) / 1e12
 
 
 def random_inputs(shape: dict, count: int, dtype=torch.bfloat16, seed: int = 0) -> list[torch.Tensor]:

@@ -1,4 +1,4 @@
-"""The Part B pages' GPU tables, rendered from the committed benchmark JSON.
+"""The site's GPU tables, rendered from the committed benchmark JSON.
 
 The site builds without a GPU, so its numbers come from ``bench/results/*.json``. Each table sits on
 its page between two HTML comments,
@@ -9,7 +9,13 @@ its page between two HTML comments,
 
 ``python -m flashtile.bench.tables`` rewrites every such block from its JSON after a re-run, and
 ``tests/bench/test_tables.py`` fails if a page and its JSON disagree, so a hand-edited number or a
-forgotten update cannot reach the site.
+forgotten update cannot reach the site. A table whose JSON does not exist yet renders as one line
+saying so and naming the command that measures it; the next ``python -m flashtile.bench.tables``
+after that run fills the block in.
+
+Forward results follow BENCH_SCHEMA.md (``Tq``, ``Tk``, ``H_kv``, ``layout``, ``dtype``). A provider
+that did not run a shape (``ms: null``) shows as ``OOM``, ``skip`` (the math backend above its memory
+budget) or ``fails``, with the reasons for ``fails`` listed under the table.
 """
 
 from __future__ import annotations
@@ -18,9 +24,13 @@ import json
 import re
 
 from .common import RESULTS, ROOT
+from .shapes import STANDARD_D, STANDARD_T, is_standard
 
 ATTENTION_PROVIDERS = ("flashtile", "sdpa_cudnn", "sdpa_flash")
-BLOCK = re.compile(r"(<!-- bench-table: (?P<name>[a-z]+) -->\n)(?P<body>.*?)(<!-- /bench-table -->)", re.S)
+# Every forward provider, in table order, with its column name.
+FORWARD_PROVIDERS = {"flashtile": "flashtile", "sdpa_cudnn": "cuDNN", "sdpa_flash": "flash",
+                     "sdpa_efficient": "efficient", "sdpa_math": "math", "flex": "flex", "naive": "naive"}  # fmt: skip
+BLOCK = re.compile(r"(<!-- bench-table: (?P<name>[a-z0-9-]+) -->\n)(?P<body>.*?)(<!-- /bench-table -->)", re.S)
 
 
 def load(json_name: str) -> dict:
@@ -39,18 +49,129 @@ def _line(cells) -> str:
     return "| " + " | ".join(str(c) for c in cells) + " |"
 
 
+def _ok(row: dict | None) -> bool:
+    return row is not None and row.get("ms") is not None
+
+
+def short_reason(row: dict | None) -> str:
+    """The cell of a provider that has no time: not in the file, out of memory, skipped, or failed."""
+    if row is None:
+        return "—"
+    error = row.get("error", "")
+    return "OOM" if error == "OOM" else "skip" if error.startswith("skipped") else "fails"
+
+
+def _heads(row: dict) -> str:
+    return f"{row['H']}" if row["H_kv"] == row["H"] else f"{row['H']} / {row['H_kv']}"
+
+
+def failures(rows: list[dict]) -> list[str]:
+    """One Markdown list line per (provider, reason) among rows that failed (not OOM, not skipped)."""
+    seen: dict = {}
+    for row in rows:
+        if not _ok(row) and short_reason(row) == "fails":
+            seen.setdefault((row["provider"], row.get("error", "")), []).append(row)
+    lines = []
+    for (provider, error), where in seen.items():
+        shapes = "; ".join(f"B={r['B']} H={_heads(r).replace(' ', '')} T={r['Tq']} D={r['D']} {r['layout']} "
+                           f"{r['dtype']}" for r in where)  # fmt: skip
+        lines.append(f"- {FORWARD_PROVIDERS.get(provider, provider)} fails at {shapes}: {markdown_text(error)}")
+    return ["", "Not run:", "", *lines] if lines else []
+
+
 def forward_table(result: dict) -> list[str]:
+    """Multi-head, bhtd, bf16 rows with flashtile, cuDNN and flash, one line per shape, in file order."""
     lines = [
         _line(["B", "H", "T", "D", "causal", "flashtile ms", "TFLOP/s", "cuDNN ms", "TFLOP/s", "flash ms", "TFLOP/s",
                "flashtile / cuDNN"]),  # fmt: skip
         _line(["---"] * 12),
     ]
-    shape_of = lambda r: (r["B"], r["H"], r["T"], r["D"], r["causal"])
-    for (B, H, T, D, causal), by in _group(result["rows"], shape_of).items():
+    keep = lambda r: (r["pass"] == "forward" and r["dtype"] == "bf16" and r["layout"] == "bhtd"
+                      and r["H_kv"] == r["H"] and r["Tq"] == r["Tk"])  # fmt: skip
+    shape_of = lambda r: (r["B"], r["H"], r["Tq"], r["D"], r["causal"])
+    for (B, H, T, D, causal), by in _group([r for r in result["rows"] if keep(r)], shape_of).items():
         cells = [B, H, T, D, "yes" if causal else "no"]
         for p in ATTENTION_PROVIDERS:
-            cells += [f"{by[p]['ms']:.3f}", f"{by[p]['tflops']:.1f}"]
-        lines.append(_line([*cells, f"{by['flashtile']['tflops'] / by['sdpa_cudnn']['tflops']:.0%}"]))
+            row = by.get(p)
+            cells += [f"{row['ms']:.3f}", f"{row['tflops']:.1f}"] if _ok(row) else [short_reason(row)] * 2
+        ours, cudnn = by.get("flashtile"), by.get("sdpa_cudnn")
+        ratio = f"{ours['tflops'] / cudnn['tflops']:.0%}" if _ok(ours) and _ok(cudnn) else "—"
+        lines.append(_line([*cells, ratio]))
+    return lines
+
+
+def sweep_table(result: dict) -> list[str]:
+    """The standard sweep as a grid: T down, (D, causal) across; each cell flashtile · cuDNN · flash TFLOP/s
+    and, in brackets, flashtile / cuDNN. A cell the file does not hold is "—"."""
+    cells = {}
+    for row in result["rows"]:
+        if row["pass"] == "forward" and is_standard(row):
+            cells.setdefault((row["Tq"], row["D"], row["causal"], row["dtype"]), {})[row["provider"]] = row
+    dtypes = sorted({key[3] for key in cells}) or ["bf16"]
+    columns = [(D, causal) for D in STANDARD_D for causal in (True, False)]
+    lines = [
+        _line(["dtype", "T", *(f"D = {D}, {'causal' if causal else 'full'}" for D, causal in columns)]),
+        _line(["---"] * (2 + len(columns))),
+    ]
+    for dtype in dtypes:
+        for T in STANDARD_T:
+            row_cells = []
+            for D, causal in columns:
+                by = cells.get((T, D, causal, dtype))
+                if by is None:
+                    row_cells.append("—")
+                    continue
+                tf = [f"{by[p]['tflops']:.0f}" if _ok(by.get(p)) else short_reason(by.get(p))
+                      for p in ATTENTION_PROVIDERS]  # fmt: skip
+                ours, cudnn = by.get("flashtile"), by.get("sdpa_cudnn")
+                ratio = f" ({ours['tflops'] / cudnn['tflops']:.0%})" if _ok(ours) and _ok(cudnn) else ""
+                row_cells.append(" · ".join(tf) + ratio)
+            if any(c != "—" for c in row_cells):
+                lines.append(_line([dtype, T, *row_cells]))
+    return lines + failures([r for by in cells.values() for p, r in by.items() if p in ATTENTION_PROVIDERS])
+
+
+def _providers_in(rows: list[dict]) -> list[str]:
+    present = {r["provider"] for r in rows}
+    return [p for p in FORWARD_PROVIDERS if p in present] + sorted(present - set(FORWARD_PROVIDERS))
+
+
+def models_table(result: dict) -> list[str]:
+    """One line per shape: TFLOP/s of every provider in the file, and flashtile / cuDNN."""
+    rows = [r for r in result["rows"] if r["pass"] == "forward"]
+    names = _providers_in(rows)
+    lines = [
+        _line(["B", "H / H_kv", "T", "D", "causal", "layout", *(FORWARD_PROVIDERS.get(p, p) for p in names),
+               "flashtile / cuDNN"]),  # fmt: skip
+        _line(["---"] * (7 + len(names))),
+    ]
+    shape_of = lambda r: (r["B"], r["H"], r["H_kv"], r["Tq"], r["D"], r["causal"], r["layout"], r["dtype"])
+    for (B, H, H_kv, T, D, causal, layout, _dtype), by in _group(rows, shape_of).items():
+        tf = [f"{by[p]['tflops']:.1f}" if _ok(by.get(p)) else short_reason(by.get(p)) for p in names]
+        ours, cudnn = by.get("flashtile"), by.get("sdpa_cudnn")
+        ratio = f"{ours['tflops'] / cudnn['tflops']:.0%}" if _ok(ours) and _ok(cudnn) else "—"
+        lines.append(_line([B, f"{H} / {H_kv}", T, D, "yes" if causal else "no", layout, *tf, ratio]))
+    return lines + failures(rows)
+
+
+def scaleup_table(result: dict) -> list[str]:
+    """T down, providers across, TFLOP/s (or why there is none)."""
+    rows = [r for r in result["rows"] if r["pass"] == "forward"]
+    names = _providers_in(rows)
+    lines = [_line(["T", *(FORWARD_PROVIDERS.get(p, p) for p in names)]), _line(["---"] * (1 + len(names)))]
+    for T, by in _group(rows, lambda r: r["Tq"]).items():
+        lines.append(_line([T, *(f"{by[p]['tflops']:.1f}" if _ok(by.get(p)) else short_reason(by.get(p))
+                                 for p in names)]))  # fmt: skip
+    return lines + failures(rows)
+
+
+def overhead_table(result: dict) -> list[str]:
+    """Host time per call, µs, forward and forward + backward, per entry point."""
+    lines = [_line(["entry point", "forward µs", "forward + backward µs"]), _line(["---"] * 3)]
+    for provider in dict.fromkeys(r["provider"] for r in result["rows"]):  # in file order
+        modes = {r["mode"]: r for r in result["rows"] if r["provider"] == provider}
+        cells = [f"{modes[m]['us_per_call']:.1f}" if m in modes else "—" for m in ("fwd", "fwd+bwd")]
+        lines.append(_line([f"`{provider}`", *cells]))
     return lines
 
 
@@ -99,13 +220,23 @@ def decode_table(result: dict) -> list[str]:
     return lines
 
 
-# name in the page marker -> (JSON file, renderer)
+# name in the page marker -> (JSON file, renderer, the command that measures it)
 TABLES = {
-    "forward": ("forward.json", forward_table),
-    "backward": ("backward.json", backward_table),
-    "softmax": ("softmax.json", softmax_table),
-    "decode": ("decode.json", decode_table),
+    "forward": ("forward.json", forward_table, "python -m flashtile.bench forward --set main"),
+    "forward-sweep": ("forward.json", sweep_table, "python -m flashtile.bench forward --set main"),
+    "forward-fp16": ("forward-fp16.json", sweep_table, "python -m flashtile.bench forward --set fp16"),
+    "forward-models": ("forward-models.json", models_table, "python -m flashtile.bench forward --set models"),
+    "forward-scaleup": ("forward-scaleup.json", scaleup_table, "python -m flashtile.bench forward --set scaleup"),
+    "overhead": ("overhead.json", overhead_table, "python -m flashtile.bench overhead"),
+    "backward": ("backward.json", backward_table, "python -m flashtile.bench backward"),
+    "softmax": ("softmax.json", softmax_table, "python -m flashtile.bench softmax"),
+    "decode": ("decode.json", decode_table, "python -m flashtile.bench decode"),
 }
+
+
+def measured(name: str) -> bool:
+    """Whether the JSON of table ``name`` exists."""
+    return (RESULTS / TABLES[name][0]).is_file()
 
 
 def markdown_text(text: str) -> str:
@@ -122,10 +253,32 @@ def provenance_line(result: dict) -> str:
 
 
 def render(name: str) -> str:
-    """The block body for table ``name``: the table, a blank line, the provenance line."""
-    json_name, renderer = TABLES[name]
+    """The block body for table ``name``: the table, a blank line, the provenance line (or "not yet measured")."""
+    json_name, renderer, command = TABLES[name]
+    if not measured(name):
+        return f"*Not yet measured: `{command}` writes `bench/results/{json_name}`.*\n"
     result = load(json_name)
     return "\n".join(renderer(result)) + "\n\n" + provenance_line(result) + "\n"
+
+
+PERF_LOG = ROOT / "bench" / "PERF_LOG.md"
+PERF_LOG_MARKER = "<!-- perf-log -->"
+
+
+def perf_log_markdown(text: str) -> str:
+    """bench/PERF_LOG.md as a section of a page: its title dropped, every heading one level deeper.
+
+    The build (``hooks/figures.py``) puts this where a page has the line ``<!-- perf-log -->``, so the
+    log stays the one source and the page shows it as it is, whoever edited it last.
+    """
+    lines = text.splitlines()
+    if lines and lines[0].startswith("# "):
+        lines = lines[1:]
+    out, in_fence = [], False
+    for line in lines:
+        in_fence ^= line.startswith("```")
+        out.append("#" + line if not in_fence and re.match(r"#{2,5} ", line) else line)
+    return "\n".join(out).strip() + "\n"
 
 
 def blocks(text: str) -> list[tuple[str, str]]:
