@@ -127,6 +127,27 @@ def test_torch_compile_graph_holds_the_custom_ops_as_single_nodes():
 
 
 @pytest.mark.parametrize("backend", ["triton", "reference"])
+def test_eager_calls_skip_the_custom_op_and_match_it_bit_for_bit(backend, monkeypatch):
+    q, k, v = make_qkv(1, 4, 2, 23, 29, 16, seed=14)
+    do = torch.randn(q.shape, generator=torch.Generator().manual_seed(15)).to(DEVICE)
+    o_op, lse_op, stats_op = attention_fwd(q, k, v, True, 0.3, "lower_right", backend)
+    grads_op = torch.autograd.grad(o_op, (q, k, v), do)
+
+    def refuse(*args):
+        raise AssertionError("an eager call went through the custom op")
+
+    monkeypatch.setattr(flashtile.api, "attention_fwd", refuse)
+    with use_backend(backend):
+        kwargs = dict(is_causal=True, scale=0.3, enable_gqa=True, alignment="lower_right")
+        o, lse = attention(q, k, v, return_lse=True, **kwargs)
+        grads = torch.autograd.grad(o, (q, k, v), do)
+        o_no_grad = attention(q.detach(), k.detach(), v.detach(), **kwargs)
+    assert torch.equal(o, o_op) and torch.equal(lse, lse_op) and torch.equal(o_no_grad, o_op)
+    for ours, theirs in zip(grads, grads_op):
+        assert torch.equal(ours, theirs)
+
+
+@pytest.mark.parametrize("backend", ["triton", "reference"])
 def test_custom_ops_pass_torch_library_opcheck(backend):
     q, k, v = make_qkv(1, 2, 1, 20, 20, 16, seed=12)
     args = (q, k, v, True, 0.25, "lower_right", backend)

@@ -34,8 +34,8 @@ MUTANTS = {
     # The launcher's favourite bug: assume K is contiguous, so a (B, T, H, D) view is read wrongly.
     "forward_ignores_the_key_row_stride": Mutant(
         "kernels/forward.py",
-        "j[None, :].to(tl.int64) * stride_kt",
-        "j[None, :].to(tl.int64) * HEAD_DIM",
+        "j0[None, :].to(tl.int64) * stride_kt",
+        "j0[None, :].to(tl.int64) * HEAD_DIM",
         ("tests/kernels/test_forward.py",),
     ),
     # The softmax kernel reads columns as if they were adjacent.
@@ -62,8 +62,8 @@ MUTANTS = {
     # The hand-off in mixed units: m stored scaled while the backward subtracts it from raw dots.
     "hand_off_in_mixed_units": Mutant(
         "kernels/forward.py",
-        "tl.store(M + row, m, mask=i < Tq)",
-        "tl.store(M + row, m * qk_scale, mask=i < Tq)",
+        "tl.store(STATS + row, m, mask=i < Tq)",
+        "tl.store(STATS + row, m * qk_scale, mask=i < Tq)",
         ("tests/kernels/test_backward.py",),
     ),
     # tf32 for fp32 inputs in the backward only: the recomputed raw dots no longer match the forward's.

@@ -96,13 +96,9 @@ def pick_backend(q: torch.Tensor) -> str:
 REFERENCE_BLOCK = 64  # the reference tier's tile size: any value gives the same result up to rounding
 
 
-# --8<-- [start:forward_op]
-@torch.library.custom_op("flashtile::attention_fwd", mutates_args=())
-def attention_fwd(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float, alignment: str, backend: str
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(o, lse, stats): o (B, H, Tq, D) contiguous in q's dtype; lse (B, H, Tq) float32 (float64 for float64);
-    stats, what the backward needs besides lse: the kernels' final (m, l), (2, B, H, Tq), or empty."""
+# --8<-- [start:impl]
+def forward_impl(q, k, v, causal, scale, alignment, backend):
+    """What the forward op computes, callable without the op: (o, lse, stats), see ``attention_fwd``."""
     if check_backend(backend) == "triton":
         from .kernels.forward import flash_attention
 
@@ -111,6 +107,32 @@ def attention_fwd(
 
     o, lse = flash_attention_forward(q, k, v, causal, scale, REFERENCE_BLOCK, REFERENCE_BLOCK, alignment)
     return o.contiguous(), lse.contiguous(), lse.new_empty((0,))
+
+
+def backward_impl(do, q, k, v, o, lse, stats, causal, scale, alignment, backend):
+    """What the backward op computes, callable without the op: (dq, dk, dv), see ``attention_bwd``."""
+    if check_backend(backend) == "triton":
+        from .kernels.backward import flash_attention_backward
+
+        dq, dk, dv = flash_attention_backward(q, k, v, o, lse, do, causal, scale, alignment, stats=stats)
+    else:
+        from .reference.backward import flash_attention_backward
+
+        dq, dk, dv = flash_attention_backward(
+            q, k, v, o, lse, do, causal, scale, REFERENCE_BLOCK, REFERENCE_BLOCK, alignment
+        )
+    return dq.contiguous(), dk.contiguous(), dv.contiguous()
+# --8<-- [end:impl]
+
+
+# --8<-- [start:forward_op]
+@torch.library.custom_op("flashtile::attention_fwd", mutates_args=())
+def attention_fwd(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float, alignment: str, backend: str
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(o, lse, stats): o (B, H, Tq, D) contiguous in q's dtype; lse (B, H, Tq) float32 (float64 for float64);
+    stats, what the backward needs besides lse: the kernels' final (m, l), (2, B, H, Tq), or empty."""
+    return forward_impl(q, k, v, causal, scale, alignment, backend)
 
 
 @attention_fwd.register_fake
@@ -139,17 +161,7 @@ def attention_bwd(
     backend: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv), contiguous, in the inputs' dtype; dk and dv summed over each GQA group."""
-    if check_backend(backend) == "triton":
-        from .kernels.backward import flash_attention_backward
-
-        dq, dk, dv = flash_attention_backward(q, k, v, o, lse, do, causal, scale, alignment, stats=stats)
-    else:
-        from .reference.backward import flash_attention_backward
-
-        dq, dk, dv = flash_attention_backward(
-            q, k, v, o, lse, do, causal, scale, REFERENCE_BLOCK, REFERENCE_BLOCK, alignment
-        )
-    return dq.contiguous(), dk.contiguous(), dv.contiguous()
+    return backward_impl(do, q, k, v, o, lse, stats, causal, scale, alignment, backend)
 
 
 @attention_bwd.register_fake
@@ -176,6 +188,52 @@ def _backward(ctx, do, _dlse, _dstats):
 
 attention_fwd.register_autograd(_backward, setup_context=_setup_context)
 # --8<-- [end:autograd]
+
+
+# --8<-- [start:eager]
+class _EagerAttention(torch.autograd.Function):
+    """The same forward and backward as the two custom ops, for eager calls.
+
+    Each call through a custom op pays for the dispatcher's generic checks (about 0.2 ms per call on
+    the H200's host, measured; more than the whole kernel at small shapes). Outside ``torch.compile``
+    nothing needs the op's graph node, so eager calls run the implementations through this plain
+    autograd function; under ``torch.compile`` the op is traced as one node, as before. Both save the
+    same tensors and give the same numbers. With ``create_graph=True`` the backward goes through the
+    backward op, whose own backward refuses a second derivative with a clear error.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, scale, alignment, backend):
+        o, lse, stats = forward_impl(q, k, v, causal, scale, alignment, backend)
+        ctx.save_for_backward(q, k, v, o, lse, stats)
+        ctx.config = (causal, scale, alignment, backend)
+        ctx.mark_non_differentiable(lse, stats)
+        return o, lse, stats
+
+    @staticmethod
+    def backward(ctx, do, _dlse, _dstats):
+        q, k, v, o, lse, stats = ctx.saved_tensors
+        args = (do, q, k, v, o, lse, stats, *ctx.config)
+        # Grad mode is on inside a backward only under create_graph=True: then take the op, whose
+        # registered backward raises at the second derivative instead of returning a wrong one.
+        dq, dk, dv = attention_bwd(*args) if torch.is_grad_enabled() else backward_impl(*args)
+        return dq, dk, dv, None, None, None, None
+
+
+PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+
+
+def run_forward(q, k, v, causal, scale, alignment, backend):
+    """(o, lse, stats) through the custom op when compiling or for anything but plain CPU or CUDA
+    tensors (meta tensors, fake tensors, subclasses: the op's fake implementation serves them);
+    through ``_EagerAttention`` otherwise, and straight to the implementation when no gradient can flow."""
+    plain = all(type(x) in PLAIN_TENSORS for x in (q, k, v)) and q.device.type in ("cuda", "cpu")
+    if torch.compiler.is_compiling() or not plain:
+        return attention_fwd(q, k, v, causal, scale, alignment, backend)
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return _EagerAttention.apply(q, k, v, causal, scale, alignment, backend)
+    return forward_impl(q, k, v, causal, scale, alignment, backend)
+# --8<-- [end:eager]
 
 
 def _no_double_backward(ctx, *grads):
@@ -238,7 +296,7 @@ def attention(
     query, key, value = autocast_inputs(query, key, value)
     scale = resolve_scale(scale, shape.D, query.dtype)
     with no_autocast(query.device.type):  # the tiers choose their own precision
-        o, lse, _stats = attention_fwd(query, key, value, is_causal, scale, alignment, pick_backend(query))
+        o, lse, _stats = run_forward(query, key, value, is_causal, scale, alignment, pick_backend(query))
     return (o, lse) if return_lse else o
 # --8<-- [end:attention]
 

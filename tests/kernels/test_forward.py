@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from _truth import attention_truth
+from flashtile.kernels._common import tma_strides
 from flashtile.kernels.forward import flash_attention, forward_config
 from flashtile.reference.causal import diagonal_offset, last_key_tile
 
@@ -40,13 +41,14 @@ def _run_and_check(q, k, v, causal, alignment, **blocks):
     return o, lse
 
 
+@pytest.mark.parametrize("tma", [True, False], ids=["tma", "pointers"])
 @pytest.mark.parametrize("case", CASES, ids=case_id)
-def test_forward_matches_naive_on_ragged_causal_and_gqa_shapes(case):
+def test_forward_matches_naive_on_ragged_causal_and_gqa_shapes(case, tma):
     B, H, H_kv, Tq, Tk, D, causal, alignment, dtype = case
     gen = torch.Generator().manual_seed(Tq * 1000 + Tk + D)
     q = randn(B, H, Tq, D, dtype=dtype, generator=gen)
     k, v = randn(B, H_kv, Tk, D, dtype=dtype, generator=gen), randn(B, H_kv, Tk, D, dtype=dtype, generator=gen)
-    _run_and_check(q, k, v, causal, alignment, block_q=16, block_k=16)
+    _run_and_check(q, k, v, causal, alignment, block_q=16, block_k=16, tma=tma)
 
 
 @pytest.mark.parametrize("block_q,block_k", [(16, 32), (32, 16)])
@@ -75,8 +77,9 @@ def test_forward_gives_zero_output_and_minus_inf_lse_to_rows_that_see_no_key():
     assert torch.isneginf(lse[:, :, :blind]).all() and torch.isfinite(lse[:, :, blind:]).all()
 
 
+@pytest.mark.parametrize("tma", [True, False], ids=["tma", "pointers"])
 @pytest.mark.parametrize("block_k", [16, 32])
-def test_forward_never_reads_key_tiles_above_the_diagonal(block_k):
+def test_forward_never_reads_key_tiles_above_the_diagonal(block_k, tma):
     # Poison every key tile that no query tile may touch: one NaN read there would reach o through
     # P @ V (0 * NaN = NaN) even if the scores were masked. Upper-left with Tq < Tk is the layout
     # where such tiles exist for the whole tensor (lower-right's last row always sees every key).
@@ -88,7 +91,9 @@ def test_forward_never_reads_key_tiles_above_the_diagonal(block_k):
     k_poisoned, v_poisoned = k.clone(), v.clone()
     k_poisoned[:, :, first_skipped_key:] = float("nan")
     v_poisoned[:, :, first_skipped_key:] = float("nan")
-    o, lse = flash_attention(q, k_poisoned, v_poisoned, causal=True, alignment=alignment, block_q=16, block_k=block_k)
+    o, lse = flash_attention(
+        q, k_poisoned, v_poisoned, causal=True, alignment=alignment, block_q=16, block_k=block_k, tma=tma
+    )
     o_ref, lse_ref = attention_truth(q.double(), k.double(), v.double(), causal=True, alignment=alignment)
     assert_attention_close(o, lse, o_ref, lse_ref, q.dtype)
 
@@ -98,7 +103,7 @@ def test_forward_uses_default_blocks_and_custom_scale():
     o, lse = flash_attention(q, k, v, causal=True, scale=0.3)
     o_ref, lse_ref = attention_truth(q.double(), k.double(), v.double(), causal=True, scale=0.3)
     assert_attention_close(o, lse, o_ref, lse_ref, q.dtype)
-    assert set(forward_config(96, torch.float16)) == {"block_q", "block_k", "num_warps", "num_stages"}
+    assert set(forward_config(96, torch.float16)) == {"block_q", "block_k", "num_warps", "num_stages", "tma"}
 
 
 def test_forward_handles_head_dims_at_both_ends_of_the_range():
@@ -137,6 +142,7 @@ def test_forward_rejects_bad_tensors(kwargs, error, match):
         (dict(causal=1), TypeError, "causal must be a bool"),
         (dict(alignment="lower_left"), ValueError, "alignment must be one of"),
         (dict(scale=float("inf")), ValueError, "scale must be finite"),
+        (dict(tma="yes"), TypeError, "tma must be a bool"),
     ],
 )
 def test_forward_rejects_bad_arguments(kwargs, error, match):
@@ -177,3 +183,28 @@ def test_forward_runs_on_the_device_the_tests_chose():
     q, k, v = _qkv()
     o, lse = flash_attention(q, k, v)
     assert o.device.type == DEVICE and lse.shape == (1, 2, 8)
+
+
+# --- which path loads the tiles ------------------------------------------------------------------
+
+
+def test_tma_is_refused_by_name_when_the_head_dim_is_not_contiguous():
+    q, k, v = _qkv()
+    k_t = k.transpose(-1, -2).contiguous().transpose(-1, -2)  # same values, head dim strided
+    with pytest.raises(ValueError, match="tma=True needs"):
+        flash_attention(q, k_t, v, tma=True)
+    o, lse = flash_attention(q, k_t, v)  # tma=None falls back to pointers and gives the same answer
+    o_ref, lse_ref = attention_truth(q.double(), k.double(), v.double())
+    assert_attention_close(o, lse, o_ref, lse_ref, q.dtype)
+
+
+def test_tma_strides_free_size_one_dims_and_refuse_what_the_copy_engine_cannot_step():
+    assert tma_strides(torch.empty(2, 3, 5, 24, dtype=torch.float16)) == [360, 120, 24, 1]  # 48-byte rows
+    assert tma_strides(torch.empty(2, 5, 3, 24, dtype=torch.float16).transpose(1, 2)) == [360, 24, 72, 1]
+    odd = torch.empty(100, dtype=torch.float16).as_strided((1, 1, 2, 24), (3, 3, 24, 1))
+    assert tma_strides(odd) == [48, 48, 24, 1]  # one batch, one head: their odd strides are replaced
+    assert tma_strides(torch.empty(2, 3, 5, 20, dtype=torch.float16)) is None  # 40-byte rows
+    assert tma_strides(torch.empty(2, 1, 5, 24).expand(2, 3, 5, 24)) is None  # stride 0 along heads
+    assert tma_strides(torch.empty(2, 3, 5, 25, dtype=torch.float16)[..., 1:]) is None  # base off by 2 bytes
+    assert tma_strides(torch.empty(2, 3, 5, 24).transpose(-1, -2)) is None  # head dim not contiguous
+    assert tma_strides(torch.empty(2, 3, 0, 24)) is None  # nothing to describe

@@ -52,16 +52,17 @@ def _sdpa(q, k, v, causal, alignment):
     return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)[:, :, pad:]
 
 
+@pytest.mark.parametrize("tma", [True, False], ids=["tma", "pointers"])
 @pytest.mark.parametrize("D", HEAD_DIMS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
 @pytest.mark.parametrize("variant", list(VARIANTS))
-def test_forward_error_is_at_most_twice_sdpa_error(variant, dtype, D):
+def test_forward_error_is_at_most_twice_sdpa_error(variant, dtype, D, tma):
     B, H, H_kv, Tq, Tk, causal, alignment, layout = VARIANTS[variant]
     gen = torch.Generator(device="cuda").manual_seed(zlib.crc32(f"{variant}-{D}".encode()))
     q = _make(B, H, Tq, D, dtype, layout, gen)
     k, v = _make(B, H_kv, Tk, D, dtype, layout, gen), _make(B, H_kv, Tk, D, dtype, layout, gen)
 
-    o, lse = flash_attention(q, k, v, causal=causal, alignment=alignment)
+    o, lse = flash_attention(q, k, v, causal=causal, alignment=alignment, tma=tma)
     o_ref, lse_ref = attention_truth(q.double(), k.double(), v.double(), causal=causal, alignment=alignment)
     o_sdpa = _sdpa(q, k, v, causal, alignment)
 

@@ -12,6 +12,7 @@ the same way the reference does.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
@@ -54,7 +55,7 @@ def dot_precision(dtype: torch.dtype) -> str:
 
 def head_dim_pad(head_dim: int) -> int:
     """The head dim rounded up to a power of two (tl.arange needs one) and to 16 (tl.dot needs it)."""
-    return max(MIN_DOT_BLOCK, triton.next_power_of_2(head_dim))
+    return max(MIN_DOT_BLOCK, 1 << (head_dim - 1).bit_length())  # plain Python: this runs on every call
 
 
 def check_tile_size(name: str, value, minimum: int = MIN_DOT_BLOCK) -> int:
@@ -115,6 +116,76 @@ def apply_sign(q, SIGN: tl.constexpr):
         q = q * 0.0
     return q
 # --8<-- [end:kernel_scale]
+
+
+# --8<-- [start:softmax_step]
+@triton.jit
+def online_softmax_step(acc, l, m, u, v, qk_scale, DOT_PRECISION: tl.constexpr):
+    """Fold one key tile into the running (acc, l, m): the online-softmax update of Part A, in raw-dot units.
+
+    u: (rows, BLOCK_K) fp32 raw dots of the tile, -inf where a key is hidden; v: (BLOCK_K, HEAD_DIM_PAD)
+    value tile in the input dtype. Every kernel that walks key tiles (forward, decode) calls this one
+    function, so the update and its -inf guard are written once.
+    """
+    m_new = tl.maximum(m, tl.max(u, 1))
+    # A row that has seen only -inf scores so far (masked keys, or keys scoring -inf) has m_new = -inf;
+    # subtracting it would give exp(-inf - (-inf)) = NaN. Subtracting 0 instead gives p = 0 and
+    # alpha = 0. One select per row, in every tile: an unmasked tile can hold -inf scores too.
+    m_new_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.math.exp2((m - m_new_safe) * qk_scale)  # shrink what we had to the new max
+    p = tl.math.exp2((u - m_new_safe[:, None]) * qk_scale)  # u - m first: exact for the max
+    l = alpha * l + tl.sum(p, 1)
+    acc = acc * alpha[:, None]
+    acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)  # P in the input dtype
+    return acc, l, m_new
+# --8<-- [end:softmax_step]
+
+
+# --8<-- [start:tma]
+def tma_strides(x: torch.Tensor) -> list[int] | None:
+    """Strides under which the tensor-memory accelerator (TMA) can fetch tiles of ``x``, or None.
+
+    A TMA descriptor needs a 16-byte-aligned base, a contiguous last dim, and every other stride a
+    positive multiple of 16 bytes. A dim of size 1 is never stepped along, so its stride is free: it
+    is replaced by one that qualifies. Anything else (a transposed head dim, heads expanded with
+    stride 0, a (B, T, H, D) view with an odd head dim, an empty dim) takes the pointer path.
+    """
+    if x.numel() == 0 or x.stride(-1) != 1 or x.data_ptr() % 16:
+        return None
+    align = 16 // x.element_size()  # elements per 16 bytes
+    strides = list(x.stride())
+    for i in reversed(range(x.dim() - 1)):
+        if x.shape[i] == 1:  # never stepped along: any aligned stride will do
+            strides[i] = -(-strides[i + 1] * x.shape[i + 1] // align) * align
+        if strides[i] <= 0 or strides[i] % align:
+            return None
+    return strides
+
+
+@functools.cache
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
+def has_tma(device: torch.device) -> bool:
+    """Whether ``device`` has TMA: Hopper (sm_90) and newer GPUs, and Triton's interpreter, which
+    emulates descriptors on the CPU."""
+    if device.type == "cuda":
+        return _capability(device.index if device.index is not None else torch.cuda.current_device()) >= (9, 0)
+    return is_interpreting()
+
+
+def tile_descriptor(x: torch.Tensor, strides: list[int], block_rows: int, head_dim_pad: int):
+    """A host-built TMA descriptor for (1, 1, block_rows, head_dim_pad) tiles of a (B, H, T, D) tensor.
+
+    Rows past T and columns past D read as zeros, so the kernel needs no load masks on this path. Built
+    on the host, the descriptor reaches the kernel as a launch argument; a descriptor built inside the
+    kernel costs every program a global-memory write and a fence, measured 5-25% slower at T = 1k.
+    """
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    return TensorDescriptor(x, list(x.shape), strides, [1, 1, block_rows, head_dim_pad])
+# --8<-- [end:tma]
 
 
 # --8<-- [start:program_offset]

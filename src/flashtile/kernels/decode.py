@@ -46,6 +46,7 @@ from ._common import (
     head_dim_pad,
     is_interpreting,
     kernel_scale,
+    online_softmax_step,
     program_offset,
 )
 
@@ -97,23 +98,13 @@ def _decode_key_tiles(
         if MASKED:
             hidden = (j[None, :] >= k_end) | (j[None, :] > t[:, None] + offset)
             u = tl.where(hidden, float("-inf"), u)
-        m_new = tl.maximum(m, tl.max(u, 1))
-        if MASKED:  # a row that has seen no key yet: subtract 0, not -inf, so p = 0 and alpha = 0
-            m_new_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        else:
-            m_new_safe = m_new
-        alpha = tl.math.exp2((m - m_new_safe) * qk_scale)
-        p = tl.math.exp2((u - m_new_safe[:, None]) * qk_scale)
-        l = alpha * l + tl.sum(p, 1)
         v_mask = in_slice[:, None] & (d[None, :] < HEAD_DIM)
         v_ptrs = V + page[:, None] * stride_vp + slot[:, None] * stride_vt + d[None, :].to(tl.int64) * stride_vd
         if MASKED or HEAD_DIM != HEAD_DIM_PAD:
             v = tl.load(v_ptrs, mask=v_mask, other=0.0)  # (BLOCK_K, HEAD_DIM_PAD)
         else:
             v = tl.load(v_ptrs)
-        acc = acc * alpha[:, None]
-        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
-        m = m_new
+        acc, l, m = online_softmax_step(acc, l, m, u, v, qk_scale, DOT_PRECISION)  # as in the forward
     return acc, l, m
 # --8<-- [end:inner]
 

@@ -22,6 +22,7 @@ that sees no key gives o = 0 and lse = -inf.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -29,7 +30,6 @@ import triton
 import triton.language as tl
 
 from .._checks import check_alignment, check_attention_inputs, check_causal, check_flag, resolve_scale
-from ..reference.causal import diagonal_offset
 from ._common import (
     KERNEL_DTYPES,
     apply_sign,
@@ -38,12 +38,15 @@ from ._common import (
     check_tile_size,
     dot_precision,
     full_key_tiles,
+    has_tma,
     head_batch_grid,
     head_dim_pad,
-    is_interpreting,
     kernel_scale,
     last_key_tile,
+    online_softmax_step,
     program_offset,
+    tile_descriptor,
+    tma_strides,
 )
 
 LN2 = tl.constexpr(math.log(2.0))  # a constexpr global, so the jit function may read it
@@ -53,66 +56,58 @@ LN2 = tl.constexpr(math.log(2.0))  # a constexpr global, so the jit function may
 @triton.jit
 def _attend_key_tiles(
     acc, l, m, q,
-    k_base, v_base, stride_kt, stride_kd, stride_vt, stride_vd,
+    K, V, b, h_kv, stride_kt, stride_kd, stride_vt, stride_vd,
     i, d, first_k_index, end_k_index, Tk, offset, qk_scale,
     BLOCK_K: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
-    MASKED: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    MASKED: tl.constexpr, CAUSAL: tl.constexpr, USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """Fold key tiles first_k_index .. end_k_index - 1 into (acc, l, m); i holds the query rows.
 
     MASKED is a compile-time switch: the FULL tiles run the branch-free body, and only the tiles
-    that straddle the diagonal or the end of the keys pay for the mask.
+    that straddle the diagonal or the end of the keys pay for the mask. With USE_TMA, K and V are
+    tensor descriptors and the copy engine fetches each tile (zeros past Tk and D, no address
+    arithmetic in the loop); otherwise they point at this (batch, KV head) and the tile's addresses
+    are one 64-bit add away from offsets computed once, before the loop.
     """
+    j0 = tl.arange(0, BLOCK_K)
+    k_offsets = d[:, None].to(tl.int64) * stride_kd + j0[None, :].to(tl.int64) * stride_kt  # K^T tile
+    v_offsets = j0[:, None].to(tl.int64) * stride_vt + d[None, :].to(tl.int64) * stride_vd
     for k_index in range(first_k_index, end_k_index):
         k_start = k_index * BLOCK_K
-        j = k_start + tl.arange(0, BLOCK_K)  # the key columns of this tile
-        k_mask = d[:, None] < HEAD_DIM  # padding of the head dim up to a power of two
-        v_mask = d[None, :] < HEAD_DIM
-        if MASKED:
-            k_mask = k_mask & (j[None, :] < Tk)
-            v_mask = v_mask & (j[:, None] < Tk)
-        k_ptrs = k_base + d[:, None].to(tl.int64) * stride_kd + j[None, :].to(tl.int64) * stride_kt
-        if MASKED or HEAD_DIM != HEAD_DIM_PAD:
-            k = tl.load(k_ptrs, mask=k_mask, other=0.0)  # K^T tile: (HEAD_DIM_PAD, BLOCK_K)
+        j = k_start + j0  # the key columns of this tile
+        if USE_TMA:  # (1, 1, BLOCK_K, HEAD_DIM_PAD) boxes of the (B, H_kv, Tk, D) tensors, zeros outside
+            k = tl.trans(K.load([b, h_kv, k_start, 0]).reshape(BLOCK_K, HEAD_DIM_PAD))  # K^T tile
+            v = V.load([b, h_kv, k_start, 0]).reshape(BLOCK_K, HEAD_DIM_PAD)
+        elif MASKED or HEAD_DIM != HEAD_DIM_PAD:
+            k_mask = (d[:, None] < HEAD_DIM) & (j[None, :] < Tk)  # zeros past the keys and the head dim
+            v_mask = (j[:, None] < Tk) & (d[None, :] < HEAD_DIM)
+            k = tl.load(K + k_start.to(tl.int64) * stride_kt + k_offsets, mask=k_mask, other=0.0)
+            v = tl.load(V + k_start.to(tl.int64) * stride_vt + v_offsets, mask=v_mask, other=0.0)
         else:
-            k = tl.load(k_ptrs)
+            k = tl.load(K + k_start.to(tl.int64) * stride_kt + k_offsets)  # (HEAD_DIM_PAD, BLOCK_K)
+            v = tl.load(V + k_start.to(tl.int64) * stride_vt + v_offsets)  # (BLOCK_K, HEAD_DIM_PAD)
         u = tl.dot(q, k, input_precision=DOT_PRECISION)  # (BLOCK_Q, BLOCK_K) fp32 raw dots; S = unit * u
         if MASKED:
             visible = j[None, :] < Tk  # padded keys must score -inf, not 0
             if CAUSAL:
                 visible = visible & (j[None, :] <= i[:, None] + offset)
             u = tl.where(visible, u, float("-inf"))
-        m_new = tl.maximum(m, tl.max(u, 1))
-        # A row that has seen only -inf scores so far (masked keys, or keys scoring -inf) has m_new = -inf;
-        # subtracting it would give exp(-inf - (-inf)) = NaN. Subtracting 0 instead gives p = 0 and
-        # alpha = 0. One select per row, in every tile: a FULL tile can hold -inf scores too.
-        m_new_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.math.exp2((m - m_new_safe) * qk_scale)  # shrink what we had to the new max
-        p = tl.math.exp2((u - m_new_safe[:, None]) * qk_scale)  # u - m first: exact for the max
-        l = alpha * l + tl.sum(p, 1)
-        v_ptrs = v_base + j[:, None].to(tl.int64) * stride_vt + d[None, :].to(tl.int64) * stride_vd
-        if MASKED or HEAD_DIM != HEAD_DIM_PAD:
-            v = tl.load(v_ptrs, mask=v_mask, other=0.0)  # (BLOCK_K, HEAD_DIM_PAD)
-        else:
-            v = tl.load(v_ptrs)
-        acc = acc * alpha[:, None]
-        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)  # P in the input dtype
-        m = m_new
+        acc, l, m = online_softmax_step(acc, l, m, u, v, qk_scale, DOT_PRECISION)
     return acc, l, m
 # --8<-- [end:inner]
 
 
 @triton.jit
 def _forward_kernel(
-    Q, K, V, O, LSE, M, L,
+    Q, K, V, O, LSE, STATS,
     stride_qb, stride_qh, stride_qt, stride_qd,
     stride_kb, stride_kh, stride_kt, stride_kd,
     stride_vb, stride_vh, stride_vt, stride_vd,
     stride_ob, stride_oh, stride_ot, stride_od,
-    H, group, Tq, Tk, offset, qk_scale,
+    H, group, Tq, Tk, offset, qk_scale, n_rows,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr, SIGN: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     # --8<-- [start:program]
     q_index = tl.program_id(0)
@@ -128,12 +123,17 @@ def _forward_kernel(
     # --8<-- [end:program]
 
     # --8<-- [start:pointers]
-    q_base = Q + program_offset(b, stride_qb) + program_offset(h, stride_qh)
-    k_base = K + program_offset(b, stride_kb) + program_offset(h_kv, stride_kh)
-    v_base = V + program_offset(b, stride_vb) + program_offset(h_kv, stride_vh)
-    q_ptrs = q_base + i[:, None].to(tl.int64) * stride_qt + d[None, :].to(tl.int64) * stride_qd
     q_mask = (i[:, None] < Tq) & (d[None, :] < HEAD_DIM)
-    q = tl.load(q_ptrs, mask=q_mask, other=0.0)  # loaded once, reused for every key tile
+    if USE_TMA:  # Q, K, V are TMA descriptors of the (B, H, T, D) tensors: tiles by coordinates
+        q = Q.load([b, h, q_start, 0]).reshape(BLOCK_Q, HEAD_DIM_PAD)
+        k_base = K
+        v_base = V
+    else:  # Q, K, V are pointers: move them to this (batch, head) in 64 bits
+        q_base = Q + program_offset(b, stride_qb) + program_offset(h, stride_qh)
+        k_base = K + program_offset(b, stride_kb) + program_offset(h_kv, stride_kh)
+        v_base = V + program_offset(b, stride_vb) + program_offset(h_kv, stride_vh)
+        q_ptrs = q_base + i[:, None].to(tl.int64) * stride_qt + d[None, :].to(tl.int64) * stride_qd
+        q = tl.load(q_ptrs, mask=q_mask, other=0.0)  # loaded once, reused for every key tile
     q = apply_sign(q, SIGN)  # sign(τ) · q, so that the raw dots u order the scores as S = τ q·k does
     # --8<-- [end:pointers]
 
@@ -151,14 +151,14 @@ def _forward_kernel(
         n_full_tiles = Tk // BLOCK_K  # every tile but a ragged last one
         n_key_tiles = tl.cdiv(Tk, BLOCK_K)
     acc, l, m = _attend_key_tiles(
-        acc, l, m, q, k_base, v_base, stride_kt, stride_kd, stride_vt, stride_vd,
+        acc, l, m, q, k_base, v_base, b, h_kv, stride_kt, stride_kd, stride_vt, stride_vd,
         i, d, 0, n_full_tiles, Tk, offset, qk_scale,
-        BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, MASKED=False, CAUSAL=CAUSAL, DOT_PRECISION=DOT_PRECISION,
+        BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, MASKED=False, CAUSAL=CAUSAL, USE_TMA=USE_TMA, DOT_PRECISION=DOT_PRECISION,
     )
     acc, l, m = _attend_key_tiles(
-        acc, l, m, q, k_base, v_base, stride_kt, stride_kd, stride_vt, stride_vd,
+        acc, l, m, q, k_base, v_base, b, h_kv, stride_kt, stride_kd, stride_vt, stride_vd,
         i, d, n_full_tiles, n_key_tiles, Tk, offset, qk_scale,
-        BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, MASKED=True, CAUSAL=CAUSAL, DOT_PRECISION=DOT_PRECISION,
+        BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, MASKED=True, CAUSAL=CAUSAL, USE_TMA=USE_TMA, DOT_PRECISION=DOT_PRECISION,
     )
     # --8<-- [end:loops]
 
@@ -172,36 +172,66 @@ def _forward_kernel(
     o_ptrs = (O + program_offset(b, stride_ob) + program_offset(h, stride_oh)
               + i[:, None].to(tl.int64) * stride_ot + d[None, :].to(tl.int64) * stride_od)
     tl.store(o_ptrs, o.to(O.dtype.element_ty), mask=q_mask)
-    row = program_offset(b * H + h, Tq) + i  # lse and the (m, l) statistics are (B, H, Tq), contiguous
+    row = program_offset(b * H + h, Tq) + i  # lse is (B, H, Tq) and STATS (2, B, H, Tq), contiguous
     tl.store(LSE + row, lse, mask=i < Tq)
-    tl.store(M + row, m, mask=i < Tq)  # for the backward: the final (m, l), m in raw-dot units
-    tl.store(L + row, l, mask=i < Tq)
+    tl.store(STATS + row, m, mask=i < Tq)  # for the backward: the final (m, l), m in raw-dot units
+    tl.store(STATS + n_rows + row, l, mask=i < Tq)
     # --8<-- [end:epilogue]
 
 
 # --8<-- [start:config]
-def forward_config(head_dim: int, dtype: torch.dtype) -> dict:
-    """Default tile sizes and launch settings for the H200 (performance tuning is a later step).
+@functools.cache  # a pure function of its arguments, asked on every call: look it up once
+def forward_config(head_dim: int, dtype: torch.dtype, interpreted: bool = False, causal: bool = False,
+                   short: bool = False) -> dict:  # fmt: skip
+    """Tile sizes, launch settings and the load path, measured on the H200 (bench/PERF_LOG.md, v5).
 
-    Bigger head dims make each tile heavier in shared memory and registers, so the tiles shrink;
-    fp32 inputs take twice the bytes of fp16/bf16 ones. The interpreter runs every program one
-    after another on the CPU, where fewer, larger tiles are faster, and stages and warps mean nothing.
+    ``short`` is Tq <= 1024. ``tma``: "auto" loads through TMA descriptors where the layout allows,
+    False always through pointers. At D = 64 both paths run equally fast, and pointers cost the host
+    less per call; at D = 128 TMA with 128 x 128 tiles wins by 5-15%, except short causal calls,
+    whose few long rows favour small tiles. fp32 takes twice the bytes per tile and stays on the
+    pointer path, as does D = 256. The interpreter (CPU tensors) runs programs one after another,
+    where fewer, larger tiles are faster; it takes TMA where it can, so CPU tests cover that path.
     """
-    wide = head_dim_pad(head_dim) * (2 if dtype == torch.float32 else 1)  # bytes-weighted head dim
-    if is_interpreting():
-        return dict(block_q=32, block_k=32, num_warps=4, num_stages=1)
-    if wide <= 128:  # measured on the H200: 8 warps beat 4 by 9% at D=64 and 51% at D=128
-        return dict(block_q=128, block_k=64, num_warps=8, num_stages=3)
-    if dtype != torch.float32:  # D = 256 in 16 bits: 455 TFLOP/s, against 354 for 64 x 32 tiles and 4 warps
-        return dict(block_q=128, block_k=64, num_warps=8, num_stages=2)
-    return dict(block_q=64, block_k=32, num_warps=4, num_stages=2)  # fp32 with D >= 128: twice the bytes
+    pad = head_dim_pad(head_dim)
+    if interpreted:
+        return dict(block_q=32, block_k=32, num_warps=4, num_stages=1, tma="auto")
+    if dtype == torch.float32:
+        if pad <= 64:
+            return dict(block_q=128, block_k=64, num_warps=8, num_stages=3, tma=False)
+        return dict(block_q=64, block_k=32, num_warps=4, num_stages=2, tma=False)
+    if pad <= 64:
+        return dict(block_q=128, block_k=64, num_warps=8, num_stages=3, tma=False)
+    if pad == 128 and causal and short:
+        return dict(block_q=64, block_k=64, num_warps=4, num_stages=3, tma="auto")
+    if pad == 128:
+        return dict(block_q=128, block_k=128, num_warps=8, num_stages=3, tma="auto")
+    return dict(block_q=128, block_k=64, num_warps=8, num_stages=2, tma=False)  # D = 256: 128 x 64, 2 stages
 # --8<-- [end:config]
+
+
+def use_tma(tma, *tensors) -> list | None:
+    """The strides of each tensor's TMA descriptor, or None where the pointer path runs.
+
+    tma=True asks for TMA and raises when the device (compute capability 9.0 or newer; the interpreter
+    emulates it) or a tensor's layout (``tma_strides``) cannot have it; "auto" takes it when possible;
+    False never does. The launcher passes ``forward_config``'s choice unless the caller gives one.
+    """
+    if tma is False:
+        return None
+    strides = [tma_strides(x) for x in tensors]
+    possible = all(s is not None for s in strides) and has_tma(tensors[0].device)
+    if tma is True and not possible:
+        raise ValueError(
+            "tma=True needs a device with TMA (compute capability >= 9.0) and q, k, v with a contiguous head "
+            "dim, 16-byte-aligned data and strides that are positive multiples of 16 bytes"
+        )
+    return strides if possible else None
 
 
 # --8<-- [start:launcher]
 def flash_attention(
     q, k, v, causal=False, scale=None, alignment="upper_left", block_q=None, block_k=None, *,
-    num_warps=None, num_stages=None, return_stats=False,
+    num_warps=None, num_stages=None, return_stats=False, tma=None,
 ):
     """Attention forward on the GPU, without materialising the Tq x Tk score matrix.
 
@@ -214,6 +244,8 @@ def flash_attention(
         num_warps, num_stages: launch settings, for benchmarks; defaults from ``forward_config``.
         return_stats: also return the final (m, l) of every row, the exact hand-off to
             ``flash_attention_backward(..., stats=...)``.
+        tma: load tiles through TMA descriptors (True), through pointers (False), or let the launcher
+            choose (None: ``forward_config``'s choice, where the strides and the device allow it).
 
     Returns:
         o: (B, H, Tq, D) contiguous, in q's dtype. lse: (B, H, Tq) fp32, natural log; a row that
@@ -224,9 +256,10 @@ def flash_attention(
     check_causal(causal)
     check_alignment(alignment)
     return_stats = check_flag("return_stats", return_stats)
+    tma = None if tma is None else check_flag("tma", tma)
     scale = resolve_scale(scale, shape.D, q.dtype)
     check_kernel_device("q", q)
-    config = forward_config(shape.D, q.dtype)
+    config = forward_config(shape.D, q.dtype, q.device.type == "cpu", causal, shape.Tq <= 1024)
     block_q = config["block_q"] if block_q is None else check_tile_size("block_q", block_q)
     block_k = config["block_k"] if block_k is None else check_tile_size("block_k", block_k)
     num_warps, num_stages = check_launch(
@@ -234,18 +267,24 @@ def flash_attention(
         config["num_stages"] if num_stages is None else num_stages,
     )
     B, H, H_kv, Tq, Tk, D = shape
-    grid = head_batch_grid(triton.cdiv(Tq, block_q), H, B)
+    grid = head_batch_grid(-(-Tq // block_q), H, B)  # cdiv in plain Python: triton.cdiv is a jit function
     units = kernel_scale(scale)
+    loads = (q, k, v)  # what the kernel reads tiles through: the tensors, or TMA descriptors of them
+    strides = use_tma(config["tma"] if tma is None else tma, q, k, v)
+    if strides is not None:
+        rows = (block_q, block_k, block_k)
+        loads = tuple(tile_descriptor(x, s, r, head_dim_pad(D)) for x, s, r in zip(loads, strides, rows))
 
     o = torch.empty((B, H, Tq, D), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, H, Tq), dtype=torch.float32, device=q.device)
     stats = torch.empty((2, B, H, Tq), dtype=torch.float32, device=q.device)
     _forward_kernel[grid](
-        q, k, v, o, lse, stats[0], stats[1],
+        *loads, o, lse, stats,
         *q.stride(), *k.stride(), *v.stride(), *o.stride(),
-        H, shape.group, Tq, Tk, diagonal_offset(Tq, Tk, alignment), units.qk_scale,
+        H, shape.group, Tq, Tk, 0 if alignment == "upper_left" else Tk - Tq, units.qk_scale, B * H * Tq,  # offset:
+        # reference.causal.diagonal_offset, inlined (it re-checks the alignment, done above)
         HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D),
-        BLOCK_Q=block_q, BLOCK_K=block_k, CAUSAL=causal, SIGN=units.sign,
+        BLOCK_Q=block_q, BLOCK_K=block_k, CAUSAL=causal, SIGN=units.sign, USE_TMA=strides is not None,
         DOT_PRECISION=dot_precision(q.dtype), num_warps=num_warps, num_stages=num_stages,
     )
     return (o, lse, stats) if return_stats else (o, lse)
