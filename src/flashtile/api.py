@@ -302,8 +302,9 @@ def attention(
 
 
 def no_autocast(device: str):
-    """Autocast off for the tiers' own arithmetic (a no-op on devices without autocast, such as meta)."""
-    if device in ("cuda", "cpu"):
+    """Autocast off for the tiers' own arithmetic; nothing to switch off (a no-op) where it is not on,
+    which skips the context manager's cost on every ordinary call."""
+    if device in ("cuda", "cpu") and torch.is_autocast_enabled(device):
         return torch.autocast(device, enabled=False)
     return contextlib.nullcontext()
 
