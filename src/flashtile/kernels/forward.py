@@ -182,15 +182,16 @@ def _forward_kernel(
 # --8<-- [start:config]
 @functools.cache  # a pure function of its arguments, asked on every call: look it up once
 def forward_config(head_dim: int, dtype: torch.dtype, interpreted: bool = False, causal: bool = False,
-                   short: bool = False) -> dict:  # fmt: skip
+                   Tq: int = 4096) -> dict:  # fmt: skip
     """Tile sizes, launch settings and the load path, measured on the H200 (bench/PERF_LOG.md, v5).
 
-    ``short`` is Tq <= 1024. ``tma``: "auto" loads through TMA descriptors where the layout allows,
-    False always through pointers. At D = 64 both paths run equally fast, and pointers cost the host
-    less per call; at D = 128 TMA with 128 x 128 tiles wins by 5-15%, except short causal calls,
-    whose few long rows favour small tiles. fp32 takes twice the bytes per tile and stays on the
-    pointer path, as does D = 256. The interpreter (CPU tensors) runs programs one after another,
-    where fewer, larger tiles are faster; it takes TMA where it can, so CPU tests cover that path.
+    ``tma``: "auto" loads through TMA descriptors where the layout allows, False always through
+    pointers. At D = 64 both paths run equally fast, and pointers cost the host less per call; at
+    D = 128 TMA with 128 x 128 tiles wins by 5-15% from T = 2k, short sequences (Tq <= 1024) favour
+    64 x 64 tiles with 4 warps, and at Tq <= 512 causal the pointer path did best. fp32 takes twice
+    the bytes per tile and stays on the pointer path, as does D = 256. The interpreter (CPU tensors)
+    runs programs one after another, where fewer, larger tiles are faster; it takes TMA where it can,
+    so CPU tests cover that path.
     """
     pad = head_dim_pad(head_dim)
     if interpreted:
@@ -201,7 +202,9 @@ def forward_config(head_dim: int, dtype: torch.dtype, interpreted: bool = False,
         return dict(block_q=64, block_k=32, num_warps=4, num_stages=2, tma=False)
     if pad <= 64:
         return dict(block_q=128, block_k=64, num_warps=8, num_stages=3, tma=False)
-    if pad == 128 and causal and short:
+    if pad == 128 and Tq <= 512 and causal:
+        return dict(block_q=64, block_k=64, num_warps=4, num_stages=3, tma=False)
+    if pad == 128 and (Tq <= 512 or (Tq <= 1024 and causal)):
         return dict(block_q=64, block_k=64, num_warps=4, num_stages=3, tma="auto")
     if pad == 128:
         return dict(block_q=128, block_k=128, num_warps=8, num_stages=3, tma="auto")
@@ -259,7 +262,8 @@ def flash_attention(
     tma = None if tma is None else check_flag("tma", tma)
     scale = resolve_scale(scale, shape.D, q.dtype)
     check_kernel_device("q", q)
-    config = forward_config(shape.D, q.dtype, q.device.type == "cpu", causal, shape.Tq <= 1024)
+    config = forward_config(shape.D, q.dtype, q.device.type == "cpu", causal, 512 if shape.Tq <= 512 else (
+        1024 if shape.Tq <= 1024 else 4096))  # three length classes, so the cache stays small
     block_q = config["block_q"] if block_q is None else check_tile_size("block_q", block_q)
     block_k = config["block_k"] if block_k is None else check_tile_size("block_k", block_k)
     num_warps, num_stages = check_launch(
