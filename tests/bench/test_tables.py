@@ -38,7 +38,7 @@ def test_results_carry_provenance_and_every_provider(name):
         assert providers == {"flashtile", "torch_softmax", "unfused_5_kernels"}
     elif name == "decode":
         assert providers == set(tables.DECODE_PROVIDERS)
-    elif name == "overhead":
+    elif name in ("overhead", "train-step"):
         assert providers >= {"flashtile", "sdpa"}
     elif name == "backward":
         assert providers == set(tables.ATTENTION_PROVIDERS)

@@ -220,6 +220,26 @@ def decode_table(result: dict) -> list[str]:
     return lines
 
 
+def train_step_table(result: dict) -> list[str]:
+    """ms per training step of each model, flashtile against SDPA, and accuracy where it was checked."""
+    lines = [
+        _line(["model", "B", "T", "flashtile ms", "SDPA ms", "SDPA / flashtile", "logits error (flashtile / SDPA)",
+               "gradient error (flashtile / SDPA)"]),  # fmt: skip
+        _line(["---"] * 8),
+    ]
+    key = lambda r: (r["layers"], r["hidden"], r["H"], r["H_kv"], r["D"], r["B"], r["Tq"])
+    for (layers, hidden, H, H_kv, D, B, T), by in _group(result["rows"], key).items():
+        ours, sdpa = by["flashtile"], by["sdpa"]
+        errors = [
+            f"{ours[name]} / {sdpa[name]}" if ours.get(name) is not None else "—"
+            for name in ("logits_max_abs_err", "grad_rel_err")
+        ]
+        model = f"{layers} layers, hidden {hidden}, {H} / {H_kv} heads, d = {D}"
+        lines.append(_line([model, B, T, f"{ours['ms']:.2f}", f"{sdpa['ms']:.2f}", f"{sdpa['ms'] / ours['ms']:.2f}",
+                            *errors]))  # fmt: skip
+    return lines
+
+
 # name in the page marker -> (JSON file, renderer, the command that measures it)
 TABLES = {
     "forward": ("forward.json", forward_table, "python -m flashtile.bench forward --set main"),
@@ -231,6 +251,7 @@ TABLES = {
     "backward": ("backward.json", backward_table, "python -m flashtile.bench backward"),
     "softmax": ("softmax.json", softmax_table, "python -m flashtile.bench softmax"),
     "decode": ("decode.json", decode_table, "python -m flashtile.bench decode"),
+    "train-step": ("train_step.json", train_step_table, "python -m flashtile.bench.train_step"),
 }
 
 
