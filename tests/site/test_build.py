@@ -48,3 +48,38 @@ def test_notebooks_are_executed_and_downloadable(built_site):
         assert 'class="md-button"' in html and f'href="{nb.name}"' in html, f"{nb.name}: no download button"
         copied = json.loads((folder / nb.name).read_text(encoding="utf-8"))
         assert copied["cells"], f"{nb.name}: downloadable copy is empty"
+
+
+# What a search preview must never show: TeX written for MathJax, and a notebook's prompts and copy
+# button. (A preview is the entry's text, shown raw by Material's search.)
+RAW_IN_SEARCH = re.compile(r"\\[()\[\]]|\$\$|\\frac|\b(?:In|Out)\s*\[\s*\d*\s*\]:|Copied!|\u00b6")
+# Outside code, neither a lone $ of notebook math nor any TeX command may be left either.
+RAW_IN_SEARCH_PROSE = re.compile(r"\$|\\[A-Za-z]+")
+
+
+def unreadable_search_entries(index: dict) -> list[str]:
+    """Entries of a search index whose title or text holds TeX or notebook chrome, with what was found."""
+    bad = []
+    for entry in index["docs"]:
+        for field in ("title", "text"):
+            text = entry[field]
+            prose = re.sub(r"<(pre|code)>.*?</\1>", " ", text, flags=re.S)
+            found = RAW_IN_SEARCH.findall(text) + RAW_IN_SEARCH_PROSE.findall(prose)
+            if found:
+                at = min(text.find(f) for f in found if f in text)
+                bad.append(f"{entry['location']} ({field}): {found[:3]} in {text[max(0, at - 40):at + 60]!r}")
+    return bad
+
+
+def test_search_index_holds_readable_text(built_site):
+    """hooks/search_text.py gives the index math as text and no notebook chrome; the pages keep theirs."""
+    index = json.loads((built_site / "search" / "search_index.json").read_text(encoding="utf-8"))
+    assert len(index["docs"]) > 100, "the search index has too few entries; was the plugin disabled?"
+    bad = unreadable_search_entries(index)
+    assert not bad, f"{len(bad)} search entries show raw TeX or notebook chrome:\n" + "\n".join(bad[:10])
+    # The math is still in the index, as text: the IO chapter's bound reads T^2 d^2 / M.
+    io_text = " ".join(e["text"] for e in index["docs"] if e["location"].startswith("part-a/io-bound/"))
+    assert "Θ(T^2 d^2 / M)" in io_text
+    # And the pages themselves still carry the TeX, for MathJax.
+    page = (built_site / "part-a" / "io-bound" / "index.html").read_text(encoding="utf-8")
+    assert '<span class="arithmatex">\\(' in page
