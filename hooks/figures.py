@@ -11,6 +11,8 @@ A figure pasted as a PNG drifts the moment the code changes. These are computed 
   ``flashtile.reference.io_model``, against the on-chip memory M and the sequence length T, with
   FlashAttention's limit (12 + 16/d) T^2 d^2 / M and the lower bound no exact algorithm can beat drawn
   for comparison. matplotlib, rendered to SVG in memory.
+* ``figures/training-curves.svg``: the "In a real model" chapter's training claim, run again and drawn
+  by ``flashtile.integrations.training_curves``.
 * ``figures/perf-*.svg``: the performance chapter's measured plots (scale-up, ratio to cuDNN, roofline),
   drawn by ``flashtile.bench.plots`` from the committed JSON under ``bench/results/``.
 
@@ -162,8 +164,25 @@ def on_files(files, config):
     perf = figures()
     for name, svg in perf.items():
         files.append(File.generated(config, f"figures/{name}", content=svg))
-    log.info("drew %d causal tile maps, the IO traffic plot and %d performance plots", len(CAUSAL_PANELS), len(perf))
+    files.append(File.generated(config, "figures/training-curves.svg", content=training_curves_figure()))
+    log.info("drew %d causal tile maps, the IO traffic plot, %d performance plots and the training curves",
+             len(CAUSAL_PANELS), len(perf))  # fmt: skip
     return files
+
+
+def training_curves_figure() -> str:
+    """The "In a real model" chapter's claim 3, trained again here and drawn: flashtile (reference tier)
+    and transformers' SDPA on the tiny Llama, twelve AdamW steps from the same start (a few seconds)."""
+    from transformers import LlamaConfig
+
+    from flashtile.api import use_backend
+    from flashtile.integrations.training_curves import TINY_LLAMA, training_curves, training_curves_svg
+    from flashtile.integrations.transformers import register
+
+    name = register()
+    with use_backend("reference"):
+        curves = training_curves(LlamaConfig(**TINY_LLAMA), (name, "sdpa"))
+    return training_curves_svg(curves, {name: "flashtile", "sdpa": "transformers' SDPA"})
 
 
 def on_page_markdown(markdown, page, config, files):

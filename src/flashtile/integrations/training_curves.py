@@ -69,6 +69,6 @@ def training_curves_svg(curves: dict[str, list[float]], labels: dict[str, str]) 
     ax.legend(loc="upper right", frameon=False)
     fig.tight_layout()
     out = io.StringIO()
-    fig.savefig(out, format="svg")
+    fig.savefig(out, format="svg", metadata={"Date": None})  # no timestamp: the same curves, the same file
     plt.close(fig)
     return out.getvalue()
