@@ -21,6 +21,13 @@ def test_each_table_needs_cuda(table, tmp_path):
         cli.main([table, "--out", str(tmp_path / "x.json")])
 
 
+def test_help_lists_every_table_with_its_first_docstring_line(capsys):
+    cli.main(["--help"])
+    out = capsys.readouterr().out
+    for name, module in cli.TABLES.items():
+        assert f"  {name}" in out and module.__doc__.splitlines()[0] in out
+
+
 def test_unknown_table_name_is_rejected():
     with pytest.raises(SystemExit, match="usage: python -m flashtile.bench"):
         cli.main(["sideways"])

@@ -17,6 +17,11 @@ TABLES = {
 
 
 def main(argv: list[str]) -> None:
+    if argv and argv[0] in ("-h", "--help"):
+        names = "\n".join(f"  {name:<11} {module.__doc__.splitlines()[0]}" for name, module in TABLES.items())
+        print(f"usage: python -m flashtile.bench [{'|'.join(TABLES)}] [options]; no name: all\n\n{names}\n\n"
+              "python -m flashtile.bench NAME --help shows a table's options.")  # fmt: skip
+        return
     if argv and argv[0] in TABLES:
         TABLES[argv[0]].main(argv[1:])
     elif not argv:
