@@ -1,10 +1,15 @@
-"""Part B benchmarks: flashtile's kernels against PyTorch SDPA (cuDNN and flash backends) in one run.
+"""Benchmarks: flashtile's kernels against PyTorch SDPA's backends (and flex and naive attention where
+they run) in one process, one run.
 
 Run on a CUDA machine from the repository root:
 
-    python -m flashtile.bench                      # forward, backward and softmax tables
-    python -m flashtile.bench forward --sweep      # one table, or a launch-config sweep
+    python -m flashtile.bench                          # every table
+    python -m flashtile.bench --help                   # the tables: forward, overhead, backward, softmax,
+                                                       # decode, train_step
+    python -m flashtile.bench forward --set main       # one shape set of one table
+    python -m flashtile.bench forward --sweep          # a launch-config sweep of the forward kernel
+    python -m flashtile.bench.tables                   # re-render the site's tables from the JSON
 
-Results are JSON with provenance (GPU, versions, date, commit) under ``bench/results/``; the site
-renders its tables from those files, so it builds without a GPU.
+Results are JSON with provenance (GPU, versions, date, commit) under ``bench/results/``, in the schema
+every table shares; the site renders its tables and plots from those files, so it builds without a GPU.
 """
