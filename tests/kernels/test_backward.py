@@ -60,6 +60,20 @@ def test_backward_matches_float64_autograd(causal, alignment, Tq, Tk, H, H_kv, d
     assert_gradients_close(actual, expected, dtype)
 
 
+@pytest.mark.parametrize("dtype", [F32, F16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("H,H_kv,D", [(4, 4, 16), (4, 1, 40)], ids=["mha", "gqa4-d40"])
+@pytest.mark.parametrize("Tq,Tk", [(37, 37), (37, 23), (23, 53)])
+@pytest.mark.parametrize("causal,alignment", ATTN, ids=["full", "causal_ul", "causal_lr"])
+def test_atomic_dq_matches_float64_autograd(causal, alignment, Tq, Tk, H, H_kv, D, dtype):
+    # dQ added up with atomics inside the dK/dV kernel (deterministic=False): every key tile's share must
+    # land on the right rows, head and columns, including GQA heads and a padded head dim.
+    q, k, v, do = make_inputs(1, H, H_kv, Tq, Tk, D, dtype, seed=Tq * 100 + Tk + D)
+    actual = kernel_gradients(q, k, v, do, causal, alignment, block_q=16, block_k=16, deterministic=False)
+    _, expected = reference_gradients(q, k, v, do, causal, alignment)
+    assert_gradients_close(actual, expected, dtype)
+    assert all(g.is_contiguous() for g in actual)
+
+
 @pytest.mark.parametrize("block_q,block_k", [(16, 32), (32, 16), (None, None)])
 def test_backward_matches_when_block_q_differs_from_block_k(block_q, block_k):
     q, k, v, do = make_inputs(2, 8, 2, 45, 51, 32, F32, seed=7)
@@ -145,6 +159,7 @@ def test_dq_kernel_stops_at_the_last_key_tile_it_needs():
         (dict(do_shape=(1, 2, 16, 8)), ValueError, "do must have shape"),
         (dict(dtype=torch.float64), TypeError, "q must have dtype in"),
         (dict(alignment="diagonal"), ValueError, "alignment must be one of"),
+        (dict(deterministic="no"), TypeError, "deterministic must be a bool"),
     ],
 )
 def test_backward_rejects_bad_input_with_a_clear_message(override, error, match):
@@ -154,7 +169,7 @@ def test_backward_rejects_bad_input_with_a_clear_message(override, error, match)
     lse = torch.zeros(override.get("lse_shape", (1, 2, 16)), dtype=torch.float32, device=DEVICE)
     if "do_shape" in override:
         do = randn(*override["do_shape"])
-    blocks = {name: override[name] for name in ("block_q", "block_k") if name in override}
+    blocks = {name: override[name] for name in ("block_q", "block_k", "deterministic") if name in override}
     with pytest.raises(error, match=match):
         flash_attention_backward(q, k, v, o, lse, do, alignment=override.get("alignment", "upper_left"), **blocks)
 

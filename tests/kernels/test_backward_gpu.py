@@ -68,22 +68,25 @@ def sdpa_gradients(q, k, v, do, causal, alignment):
     return dq, fold(dk), fold(dv)
 
 
-def ours(q, k, v, do, causal, alignment):
+def ours(q, k, v, do, causal, alignment, deterministic=True):
     o, lse, stats = flash_attention(q, k, v, causal=causal, alignment=alignment, return_stats=True)
-    return flash_attention_backward(q, k, v, o, lse, do, causal=causal, alignment=alignment, stats=stats)
+    return flash_attention_backward(
+        q, k, v, o, lse, do, causal=causal, alignment=alignment, stats=stats, deterministic=deterministic
+    )
 
 
 def max_error(a, ref):
     return (a.double() - ref).abs().max().item()
 
 
+@pytest.mark.parametrize("deterministic", [True, False], ids=["deterministic", "atomic_dq"])
 @pytest.mark.parametrize("case", CASES, ids=case_id)
-def test_backward_error_is_at_most_twice_sdpa_error(case):
+def test_backward_error_is_at_most_twice_sdpa_error(case, deterministic):
     B, H, H_kv, Tq, Tk, D, causal, alignment, dtype = case
     q, k, v, do = make_inputs(B, H, H_kv, Tq, Tk, D, dtype, seed=Tq + Tk + D)
     truth = float64_gradients(q, k, v, do, causal, alignment)
     theirs = sdpa_gradients(q, k, v, do, causal, alignment)
-    mine = ours(q, k, v, do, causal, alignment)
+    mine = ours(q, k, v, do, causal, alignment, deterministic)
     for name, g, g_sdpa, g_ref in zip(("dq", "dk", "dv"), mine, theirs, truth):
         assert g.dtype == dtype and g.shape == g_ref.shape, name
         assert torch.isfinite(g).all(), f"{name} has NaN or inf"

@@ -1,9 +1,12 @@
 """Backward table: the flashtile backward against SDPA's cuDNN and flash backends, same run.
 
-Each provider is timed on its backward alone: the forward runs once, then ``o.backward(do,
-retain_graph=True)`` is timed, the same way for all three. Before timing, each provider's dq, dk, dv
-are checked against SDPA's flash backend. ``--sweep`` times launch configs of the backward launcher
-instead (how ``kernels.backward.backward_config`` was chosen).
+Providers: ``flashtile`` (``flashtile.attention``: the deterministic default, dQ in its own kernel),
+``flashtile_atomic_dq`` (the same kernels with ``deterministic=False``: dQ added up with float32 atomics
+inside the dK/dV kernel), ``sdpa_cudnn`` and ``sdpa_flash``. Each provider is timed on its backward
+alone: the forward runs once, then ``o.backward(do, retain_graph=True)`` is timed, the same way for
+every provider. Before timing, each provider's dq, dk, dv are checked against SDPA's flash backend.
+``--sweep`` times launch configs of the backward launcher instead (how ``kernels.backward.backward_config``
+was chosen).
 """
 
 from __future__ import annotations
@@ -30,10 +33,35 @@ METHOD = (
 SWEEP_METHOD = "launcher only: flash_attention_backward, do_bench median (warmup 25 ms, rep 100 ms)"
 
 
+class AtomicDq(torch.autograd.Function):
+    """flashtile's forward, and its backward with ``deterministic=False``: the opt-in atomic-dQ path."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal):
+        from ..kernels.forward import flash_attention
+
+        o, lse, stats = flash_attention(q, k, v, causal=causal, return_stats=True)
+        ctx.save_for_backward(q, k, v, o, lse, stats)
+        ctx.causal = causal
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        from ..kernels.backward import flash_attention_backward
+
+        q, k, v, o, lse, stats = ctx.saved_tensors
+        grads = flash_attention_backward(q, k, v, o, lse, do, ctx.causal, stats=stats, deterministic=False)
+        return (*grads, None)
+
+
 def providers(causal: bool) -> dict:
     from ..api import attention
 
-    return {"flashtile": lambda q, k, v: attention(q, k, v, is_causal=causal), **sdpa_providers(causal)}
+    return {
+        "flashtile": lambda q, k, v: attention(q, k, v, is_causal=causal),
+        "flashtile_atomic_dq": lambda q, k, v: AtomicDq.apply(q, k, v, causal),
+        **sdpa_providers(causal),
+    }
 
 
 def gradients(fn, q, k, v, do):

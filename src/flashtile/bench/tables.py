@@ -176,14 +176,18 @@ def overhead_table(result: dict) -> list[str]:
 
 
 def backward_table(result: dict) -> list[str]:
-    lines = [
-        _line(["D", "T", "causal", "flashtile", "SDPA cuDNN", "SDPA flash", "flashtile / cuDNN", "flashtile / flash"]),
-        _line(["---"] * 8),
-    ]
+    """TFLOP/s of the backward alone; the atomic-dQ column appears once a run has measured it."""
+    atomic = any(r["provider"] == "flashtile_atomic_dq" for r in result["rows"])
+    head = ["D", "T", "causal", "flashtile", *(["flashtile, atomic dQ"] if atomic else []), "SDPA cuDNN", "SDPA flash",
+            "flashtile / cuDNN", *(["atomic dQ / cuDNN"] if atomic else []), "flashtile / flash"]  # fmt: skip
+    lines = [_line(head), _line(["---"] * len(head))]
     for (D, T, causal), by in sorted(_group(result["rows"], lambda r: (r["D"], r["T"], r["causal"])).items()):
         ours, cudnn, flash = (by[p]["tflops"] for p in ATTENTION_PROVIDERS)
-        cells = [D, T, "yes" if causal else "no", f"{ours:.1f}", f"{cudnn:.1f}", f"{flash:.1f}"]
-        lines.append(_line([*cells, f"{ours / cudnn:.2f}", f"{ours / flash:.2f}"]))
+        fast = [by["flashtile_atomic_dq"]["tflops"]] if atomic else []
+        cells = [D, T, "yes" if causal else "no", f"{ours:.1f}", *(f"{x:.1f}" for x in fast), f"{cudnn:.1f}",
+                 f"{flash:.1f}", f"{ours / cudnn:.2f}", *(f"{x / cudnn:.2f}" for x in fast),
+                 f"{ours / flash:.2f}"]  # fmt: skip
+        lines.append(_line(cells))
     return lines
 
 

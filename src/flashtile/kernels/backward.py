@@ -28,6 +28,7 @@ from .._checks import (
     check_alignment,
     check_attention_inputs,
     check_causal,
+    check_flag,
     check_like,
     check_lse,
     check_tensor,
@@ -92,18 +93,22 @@ def recompute_p(u, m, log2_l, qk_scale, keep):
 # --8<-- [start:dkdv]
 @triton.jit
 def backward_dkdv_kernel(
-    Q, K, V, DO, M, L, DELTA, DK, DV,
+    Q, K, V, DO, M, L, DELTA, DK, DV, DQ_ACC,
     stride_qb, stride_qh, stride_qt, stride_qd,
     stride_kb, stride_kh, stride_kt, stride_kd,
     stride_vb, stride_vh, stride_vt, stride_vd,
     stride_dob, stride_doh, stride_dot, stride_dod,
     stride_dkb, stride_dkh, stride_dkt, stride_dkd,
     stride_dvb, stride_dvh, stride_dvt, stride_dvd,
-    H, H_kv, Tq, Tk, head_dim, unit, qk_scale, offset,
+    H, H_kv, Tq, Tk, head_dim, unit, scale, qk_scale, offset,
     CAUSAL: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
-    SIGN: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    SIGN: tl.constexpr, DOT_PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr,
 ):  # fmt: skip
-    """One program per (key tile, kv head, batch): dk, dv for that tile, summed over the group's heads."""
+    """One program per (key tile, kv head, batch): dk, dv for that tile, summed over the group's heads.
+
+    With ATOMIC_DQ the same program also adds this key tile's share of dq, τ dS K, into DQ_ACC, a float32
+    (B, H, Tq, HEAD_DIM_PAD) buffer, with atomic adds: one kernel and five matmuls per tile instead of
+    seven over two kernels, at the price of a summation order that changes from run to run."""
     k_start = tl.program_id(0) * BLOCK_K
     h_kv = tl.program_id(1).to(tl.int64)  # the kv head; query heads h_kv * group + r, r < group, read it
     b = tl.program_id(2).to(tl.int64)
@@ -135,6 +140,10 @@ def backward_dkdv_kernel(
             dp = tl.dot(do_tile, tl.trans(v_tile), input_precision=DOT_PRECISION)
             ds = tl.where(keep, p * (dp - delta[:, None]), 0.0)  # a hidden pair: 0, even if its row is NaN
             dk += tl.dot(tl.trans(ds.to(q_tile.dtype)), q_tile, input_precision=DOT_PRECISION)
+            if ATOMIC_DQ:  # this key tile's share of dQ = τ dS K; other key tiles add theirs concurrently
+                dq_share = tl.dot(ds.to(k_tile.dtype), k_tile, input_precision=DOT_PRECISION) * scale
+                dq_ptrs = DQ_ACC + (row_base + rows)[:, None] * HEAD_DIM_PAD + cols[None, :]
+                tl.atomic_add(dq_ptrs, dq_share, mask=(rows[:, None] < Tq) & (cols[None, :] < head_dim))
     dk = dk * unit  # S = τ Q K^T = unit (sign Q) K^T, so dK = unit * dS^T (sign Q)
     store_tile(DK + b * stride_dkb + h_kv * stride_dkh, stride_dkt, stride_dkd, keys, cols, Tk, head_dim, dk)
     store_tile(DV + b * stride_dvb + h_kv * stride_dvh, stride_dvt, stride_dvd, keys, cols, Tk, head_dim, dv)
@@ -235,7 +244,7 @@ def stats_from_lse(lse: torch.Tensor, scale: float) -> torch.Tensor:
 # --8<-- [start:launcher]
 def flash_attention_backward(
     q, k, v, o, lse, do, causal=False, scale=None, alignment="upper_left", block_q=None, block_k=None, *,
-    stats=None, config=None,
+    stats=None, config=None, deterministic=True,
 ):
     """Gradients of attention from the forward's o and lse, with three Triton launches.
 
@@ -248,6 +257,9 @@ def flash_attention_backward(
             the exact hand-off. Without it, (m, l) are derived from lse (``stats_from_lse``).
         config: replaces ``backward_config``'s choice, {"dkdv": (bq, bk, warps, stages), "dq": (...)};
             for tuning sweeps.
+        deterministic: True (the default) computes dQ in its own kernel, bitwise the same on every run;
+            False adds it up with float32 atomics inside the dK/dV kernel (two launches, five matmuls
+            per tile instead of seven), whose summation order, and so whose last bits, vary between runs.
 
     Returns:
         dq like q; dk, dv like k (contiguous), each accumulated in float32 and cast to the input dtype.
@@ -270,23 +282,28 @@ def flash_attention_backward(
         raise ValueError(f"stats must be (2, B, H, Tq) = {(2, *lse.shape)} on {q.device}, got {tuple(stats.shape)}")
     stats = stats.contiguous()
     units = kernel_scale(scale)
+    deterministic = check_flag("deterministic", deterministic)
 
     delta = backward_preprocess(o, do, block_q or config["dq"][0])
-    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
-    common = dict(
-        CAUSAL=causal, HEAD_DIM_PAD=head_dim_pad(shape.D), SIGN=units.sign, DOT_PRECISION=dot_precision(q.dtype)
-    )
-
+    pad = head_dim_pad(shape.D)
+    common = dict(CAUSAL=causal, HEAD_DIM_PAD=pad, SIGN=units.sign, DOT_PRECISION=dot_precision(q.dtype))
+    if deterministic:  # dQ gets its own kernel below, and the dK/dV kernel ignores this argument
+        dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        dq_acc = dq
+    else:  # a float32 accumulator that every key tile adds into: zeroed first, cast once at the end
+        dq_acc = torch.zeros((*q.shape[:3], pad), dtype=torch.float32, device=q.device)
     bq, bk, warps, stages = config["dkdv"]
     bq, bk = block_q or bq, block_k or bk
     backward_dkdv_kernel[head_batch_grid(triton.cdiv(shape.Tk, bk), shape.H_kv, shape.B)](
-        q, k, v, do, stats[0], stats[1], delta, dk, dv,
+        q, k, v, do, stats[0], stats[1], delta, dk, dv, dq_acc,
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
-        shape.H, shape.H_kv, shape.Tq, shape.Tk, shape.D, units.unit, units.qk_scale, offset,
-        BLOCK_Q=bq, BLOCK_K=bk, **common, num_warps=warps, num_stages=stages,
+        shape.H, shape.H_kv, shape.Tq, shape.Tk, shape.D, units.unit, scale, units.qk_scale, offset,
+        BLOCK_Q=bq, BLOCK_K=bk, **common, ATOMIC_DQ=not deterministic, num_warps=warps, num_stages=stages,
     )  # fmt: skip
+    if not deterministic:
+        return dq_acc[..., : shape.D].to(q.dtype).contiguous(), dk, dv
     bq, bk, warps, stages = config["dq"]
     bq, bk = block_q or bq, block_k or bk
     backward_dq_kernel[head_batch_grid(triton.cdiv(shape.Tq, bq), shape.H, shape.B)](
