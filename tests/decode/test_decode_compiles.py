@@ -8,51 +8,29 @@ fail on the first GPU call. A fresh process, without TRITON_INTERPRET, compiles 
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import textwrap
+from _sm90 import compile_in_fresh_process
 
-import pytest
+BODY = """
+from flashtile.kernels import decode
 
-SCRIPT = textwrap.dedent(
-    """
-    import inspect, json
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-    from flashtile.kernels import decode
-
-    def compile_(fn, pointers, constexprs, **options):
-        names = inspect.signature(fn.fn).parameters
-        signature = {n: "constexpr" if n in constexprs else pointers.get(n, "fp32" if n == "qk_scale" else "i32")
-                     for n in names}
-        source = ASTSource(fn=fn, signature=signature, constexprs=constexprs)
-        return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options).metadata.shared
-
-    shared = {}
-    for dtype, paged in [("bf16", False), ("bf16", True), ("fp32", True)]:
-        pointers = dict(Q="*" + dtype, K="*" + dtype, V="*" + dtype, SEQLENS="*i32", BLOCK_TABLE="*i32",
-                        O_PART="*fp32", LSE_PART="*fp32")
-        constexprs = dict(HEAD_DIM=80, HEAD_DIM_PAD=128, BLOCK_M=64, BLOCK_K=64 if dtype == "bf16" else 32,
-                          PAGE_SIZE=16, PAGED=paged, HAS_SEQLENS=True, SIGN=1,
-                          DOT_PRECISION="ieee" if dtype == "fp32" else "tf32")
-        stages = 3 if dtype == "bf16" else 2
-        shared[f"split-{dtype}-paged={paged}"] = compile_(decode._decode_split_kernel, pointers, constexprs,
-                                                          num_warps=4, num_stages=stages)
-    shared["merge-bf16"] = compile_(decode._decode_merge_kernel, dict(O_PART="*fp32", LSE_PART="*fp32", O="*bf16",
-                                    LSE="*fp32"), dict(HEAD_DIM=128, HEAD_DIM_PAD=128, SPLITS_PAD=128), num_warps=4)
-    print(json.dumps(shared))
-    """
-)
+shared = {}
+for dtype, paged in [("bf16", False), ("bf16", True), ("fp32", True)]:
+    types = dict(Q="*" + dtype, K="*" + dtype, V="*" + dtype, SEQLENS="*i32", BLOCK_TABLE="*i32",
+                 O_PART="*fp32", LSE_PART="*fp32", qk_scale="fp32")
+    constexprs = dict(HEAD_DIM=80, HEAD_DIM_PAD=128, BLOCK_M=64, BLOCK_K=64 if dtype == "bf16" else 32,
+                      PAGE_SIZE=16, PAGED=paged, HAS_SEQLENS=True, SIGN=1,
+                      DOT_PRECISION="ieee" if dtype == "fp32" else "tf32")
+    stages = 3 if dtype == "bf16" else 2
+    kernel = sm90(decode._decode_split_kernel, types, constexprs, num_warps=4, num_stages=stages)
+    shared[f"split-{dtype}-paged={paged}"] = kernel.metadata.shared
+merge = sm90(decode._decode_merge_kernel, dict(O_PART="*fp32", LSE_PART="*fp32", O="*bf16", LSE="*fp32"),
+             dict(HEAD_DIM=128, HEAD_DIM_PAD=128, SPLITS_PAD=128), num_warps=4)
+shared["merge-bf16"] = merge.metadata.shared
+print(json.dumps(shared))
+"""
 
 
 def test_decode_kernels_compile_for_sm90_without_a_gpu():
-    pytest.importorskip("triton.backends.nvidia")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    shared = json.loads(done.stdout.strip().splitlines()[-1])
+    shared = compile_in_fresh_process(BODY)
     assert len(shared) == 4
     assert all(0 <= n <= 227 * 1024 for n in shared.values()), shared

@@ -14,51 +14,33 @@ Skipped only where Triton has no NVIDIA backend (no ptxas to finish the compile)
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import textwrap
-
 import pytest
 
-SCRIPT = textwrap.dedent(
-    """
-    import inspect, json
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-    from flashtile.kernels import forward
+from _sm90 import compile_in_fresh_process
 
-    D, BLOCK_Q, BLOCK_K = 64, 128, 64
-    fn = forward._forward_kernel
-    pointers = dict(Q="*bf16", K="*bf16", V="*bf16", O="*bf16", LSE="*fp32", STATS="*fp32", qk_scale="fp32")
-    out = {}
-    for use_tma in (False, True):
-        types = dict(pointers)
-        if use_tma:  # what mangle_type(TensorDescriptor(x, shape, strides, [1, 1, rows, D])) gives
-            types.update(Q=f"tensordesc<bf16[1, 1, {BLOCK_Q}, {D}]>", K=f"tensordesc<bf16[1, 1, {BLOCK_K}, {D}]>",
-                         V=f"tensordesc<bf16[1, 1, {BLOCK_K}, {D}]>")
-        constexprs = dict(HEAD_DIM=D, HEAD_DIM_PAD=D, BLOCK_Q=BLOCK_Q, BLOCK_K=BLOCK_K, CAUSAL=True, SIGN=1,
-                          USE_TMA=use_tma, DOT_PRECISION="tf32")
-        signature = {n: "constexpr" if n in constexprs else types.get(n, "i32")
-                     for n in inspect.signature(fn.fn).parameters}
-        kernel = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs),
-                                target=GPUTarget("cuda", 90, 32), options=dict(num_warps=8, num_stages=3))
-        out["tma" if use_tma else "pointers"] = kernel.asm["ptx"]
-    print(json.dumps(out))
-    """
-)
+BODY = """
+from flashtile.kernels import forward
+
+D, BLOCK_Q, BLOCK_K = 64, 128, 64
+pointers = dict(Q="*bf16", K="*bf16", V="*bf16", O="*bf16", LSE="*fp32", STATS="*fp32", qk_scale="fp32")
+out = {}
+for use_tma in (False, True):
+    types = dict(pointers)
+    if use_tma:  # what mangle_type(TensorDescriptor(x, shape, strides, [1, 1, rows, D])) gives
+        types.update(Q=f"tensordesc<bf16[1, 1, {BLOCK_Q}, {D}]>", K=f"tensordesc<bf16[1, 1, {BLOCK_K}, {D}]>",
+                     V=f"tensordesc<bf16[1, 1, {BLOCK_K}, {D}]>")
+    constexprs = dict(HEAD_DIM=D, HEAD_DIM_PAD=D, BLOCK_Q=BLOCK_Q, BLOCK_K=BLOCK_K, CAUSAL=True, SIGN=1,
+                      USE_TMA=use_tma, DOT_PRECISION="tf32")
+    kernel = sm90(forward._forward_kernel, types, constexprs, num_warps=8, num_stages=3)
+    out["tma" if use_tma else "pointers"] = kernel.asm["ptx"]
+print(json.dumps(out))
+"""
 
 
 @pytest.fixture(scope="module")
 def sm90_ptx() -> dict[str, str]:
     """load path ("pointers", "tma") -> PTX of the bf16, D = 64 forward kernel for sm_90."""
-    pytest.importorskip("triton.backends.nvidia", reason="Triton's NVIDIA backend (and its ptxas) is not installed")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return compile_in_fresh_process(BODY)
 
 
 @pytest.mark.parametrize("path", ["pointers", "tma"])

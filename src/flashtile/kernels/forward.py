@@ -273,11 +273,12 @@ def flash_attention(
     B, H, H_kv, Tq, Tk, D = shape
     grid = head_batch_grid(-(-Tq // block_q), H, B)  # cdiv in plain Python: triton.cdiv is a jit function
     units = kernel_scale(scale)
+    pad = head_dim_pad(D)
     loads = (q, k, v)  # what the kernel reads tiles through: the tensors, or TMA descriptors of them
     strides = use_tma(config["tma"] if tma is None else tma, q, k, v)
     if strides is not None:
         rows = (block_q, block_k, block_k)
-        loads = tuple(tile_descriptor(x, s, r, head_dim_pad(D)) for x, s, r in zip(loads, strides, rows))
+        loads = tuple(tile_descriptor(x, s, r, pad) for x, s, r in zip(loads, strides, rows))
 
     o = torch.empty((B, H, Tq, D), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, H, Tq), dtype=torch.float32, device=q.device)
@@ -287,7 +288,7 @@ def flash_attention(
         *q.stride(), *k.stride(), *v.stride(), *o.stride(),
         H, shape.group, Tq, Tk, 0 if alignment == "upper_left" else Tk - Tq, units.qk_scale, B * H * Tq,  # offset:
         # reference.causal.diagonal_offset, inlined (it re-checks the alignment, done above)
-        HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D),
+        HEAD_DIM=D, HEAD_DIM_PAD=pad,
         BLOCK_Q=block_q, BLOCK_K=block_k, CAUSAL=causal, SIGN=units.sign, USE_TMA=strides is not None,
         DOT_PRECISION=dot_precision(q.dtype), num_warps=num_warps, num_stages=num_stages,
     )

@@ -1,0 +1,44 @@
+"""Compile flashtile's Triton kernels for the H200 (sm_90) on a machine without a GPU.
+
+The interpreter runs a kernel's Python, not Triton's compiler, so what only the compiler decides (the
+instructions ``tl.dot`` becomes, atomics, shared memory, a type mismatch in a loop-carried value) is
+checked on its output. ``compile_in_fresh_process(body)`` runs ``body`` in a new Python process without
+TRITON_INTERPRET, after a prelude that defines ``sm90(fn, types, constexprs, **options)``, which compiles
+``fn`` for ``GPUTarget("cuda", 90, 32)`` and returns the compiled kernel (``.asm["ptx"]``,
+``.metadata.shared``). Parameters not named in ``types`` or ``constexprs`` are int32. The body prints
+one JSON object on its last line; that object is returned. Skipped where Triton has no NVIDIA backend.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+PRELUDE = textwrap.dedent(
+    """
+    import inspect, json
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    def sm90(fn, types, constexprs, **options):
+        signature = {name: "constexpr" if name in constexprs else types.get(name, "i32")
+                     for name in inspect.signature(fn.fn).parameters}
+        source = ASTSource(fn=fn, signature=signature, constexprs=constexprs)
+        return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+    """
+)
+
+
+def compile_in_fresh_process(body: str) -> dict:
+    pytest.importorskip("triton.backends.nvidia", reason="Triton's NVIDIA backend (and its ptxas) is not installed")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    script = PRELUDE + textwrap.dedent(body)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
