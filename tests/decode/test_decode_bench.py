@@ -31,6 +31,7 @@ def test_measure_writes_schema_rows(monkeypatch, extra):
     from flashtile.bench import decode
 
     monkeypatch.setattr(decode, "median_ms", lambda fn: (fn(), 1e-6)[1])  # one call, a fixed 1 ns
+    monkeypatch.setattr(decode, "graph_ms", lambda fn: (fn(), 2e-6)[1])  # no CUDA graphs on the CPU: 2 ns
     shape = dict(B=2, H=4, H_kv=2, Tk=64, D=16, **extra)
     rows = decode.measure(shape, device="cpu", dtype=torch.float32)
     providers = [row["provider"] for row in rows]
@@ -41,5 +42,6 @@ def test_measure_writes_schema_rows(monkeypatch, extra):
     assert ours["max_abs_diff_vs_sdpa"] < 1e-4
     if not extra.get("ragged"):  # 2 caches x 2 KV heads x 128 keys x 16 dims x 4 bytes, in 1 ns
         assert ours["tbps"] == round(2 * 2 * 128 * 16 * 4 / 1e-9 / 1e12, 3) == 32.768
+        assert ours["tbps_graph"] == 16.384
     for row in rows:  # a backend that cannot run here (cuDNN on the CPU) is recorded, not raised
         assert (row["ms"] is None and row["tbps"] is None and row["error"]) or row["tbps"] > 0

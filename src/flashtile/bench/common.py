@@ -69,6 +69,26 @@ def median_ms(fn, warmup: int = 50, rep: int = 200, **kwargs) -> float:
     return triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median", **kwargs)
 
 
+def graph_ms(fn, warmup: int = 50, rep: int = 200) -> float:
+    """Median time of one replay of ``fn`` captured in a CUDA graph: the GPU's time without the host's.
+
+    Serving engines capture their decode steps in graphs, so the host launches one graph per step,
+    whatever the Python around the kernels costs. ``do_bench`` still clears the L2 before each replay.
+    """
+    import triton
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm up (compile, allocate) outside the capture
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return triton.testing.do_bench(graph.replay, warmup=warmup, rep=rep, return_mode="median")
+
+
 def _git_commit() -> str:
     if os.environ.get("FLASHTILE_COMMIT"):  # a copy of the tree without its .git history says it here
         return os.environ["FLASHTILE_COMMIT"]

@@ -20,12 +20,14 @@ import argparse
 import torch
 
 from ..reference.decode import kv_cache_bytes
-from .common import RESULTS, median_ms, save_result
+from .common import RESULTS, graph_ms, median_ms, save_result
 
 METHOD = (
     "triton.testing.do_bench median (warmup 50 ms, rep 200 ms), which clears the L2 (writes 256 MB) before "
-    "every repetition, so the cache is read from HBM each time; bf16; Tq = 1; tbps = 2 * H_kv * sum(lengths) * "
-    "D * 2 bytes / time (K and V read once)"
+    "every repetition, so the cache is read from HBM each time: ms times the eager call (host work included "
+    "where it exceeds the GPU's), ms_graph one replay of the call captured in a CUDA graph (the GPU's time "
+    "alone, as serving engines run decode steps); bf16; Tq = 1; tbps = 2 * H_kv * sum(lengths) * D * 2 bytes / "
+    "time (K and V read once)"
 )
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 HEADLINE = [dict(B=1, H=32, H_kv=H_kv, Tk=Tk, D=128) for H_kv in (32, 8) for Tk in (8192, 32768, 131072)]
@@ -121,10 +123,16 @@ def measure(shape: dict, device="cuda", dtype=torch.bfloat16) -> list[dict]:
             assert err < 5e-2, f"{name} disagrees with SDPA by {err}"
             ms = median_ms(fn)
             row.update(ms=round(ms, 4), tbps=round(total / (ms * 1e-3) / 1e12, 3), max_abs_diff_vs_sdpa=err)
+            try:
+                ms_graph = graph_ms(fn)
+                row.update(ms_graph=round(ms_graph, 4), tbps_graph=round(total / (ms_graph * 1e-3) / 1e12, 3))
+            except RuntimeError as exc:  # a provider that cannot be captured keeps its eager time
+                row.update(ms_graph=None, tbps_graph=None, graph_error=str(exc).splitlines()[0][:120])
         except (RuntimeError, AssertionError) as exc:  # a backend that refuses the shape, or runs out of memory
             row.update(ms=None, tbps=None, error=str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__)
         rows.append(row)
-        print(f"{name:>18} {shape} {row['ms']} ms {row['tbps']} TB/s", flush=True)
+        print(f"{name:>18} {shape} {row['ms']} ms {row['tbps']} TB/s, graphed {row.get('ms_graph')} ms "
+              f"{row.get('tbps_graph')} TB/s", flush=True)
     return rows
 
 

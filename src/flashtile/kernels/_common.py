@@ -252,3 +252,99 @@ def first_query_row(k_start, offset):
     """The first query row that sees key k_start (i >= k_start - offset), clamped at row 0."""
     return tl.maximum(k_start - offset, 0)
 # --8<-- [end:tile_counts]
+
+
+# --8<-- [start:launch]
+MAX_COMPILED = 1024  # specialisations remembered by ``launch``; past that the table starts over
+
+
+def specialization(arg):
+    """What Triton compiles a separate kernel for, given one launch argument, or a finer key.
+
+    Triton specialises a tensor on its dtype and on whether its address is a multiple of 16 bytes; an
+    int on being 1, being a multiple of 16, and fitting 32 bits; a descriptor on its dtype and tile.
+    A key finer than Triton's only costs an extra trip through the full launch path, never a wrong kernel.
+    """
+    if isinstance(arg, torch.Tensor):
+        return arg.dtype, arg.data_ptr() % 16 == 0
+    if isinstance(arg, bool) or arg is None or isinstance(arg, str):
+        return arg
+    if isinstance(arg, int):
+        return arg == 1, arg % 16 == 0, -(2**31) <= arg < 2**31, arg < 2**63
+    if isinstance(arg, float):
+        return float
+    base = getattr(arg, "base", None)  # a host TMA descriptor: its tensor, geometry and tile
+    if isinstance(base, torch.Tensor):
+        return (base.dtype, base.data_ptr() % 16 == 0, tuple(arg.shape), tuple(arg.strides), tuple(arg.block_shape),
+                arg.padding)  # fmt: skip
+    return arg
+
+
+_compiled: dict = {}
+
+
+def _launch_hooked() -> bool:
+    """Whether a profiler hooks Triton's launches (None or an empty chain of hooks when not)."""
+    hook = triton.knobs.runtime.launch_enter_hook
+    return hook is not None and bool(getattr(hook, "calls", True))
+
+
+def launch(kernel, grid, args, constexprs: dict, num_warps: int, num_stages: int) -> None:
+    """``kernel[grid](*args, **constexprs, num_warps=..., num_stages=...)`` at a third of the host cost.
+
+    Triton's launch path re-binds every argument, rebuilds the specialisation key and looks up the device
+    and stream on each call: about 40 us on the H200's host, against 10 us for the compiled launcher
+    itself (bench/PERF_LOG.md, v6). The first call of each specialisation takes that path and keeps the
+    compiled kernel; later calls hand their arguments straight to its launcher. The interpreter, and
+    profilers that hook Triton's launches, always take the full path.
+    """
+    if is_interpreting() or _launch_hooked():
+        kernel[grid](*args, **constexprs, num_warps=num_warps, num_stages=num_stages)
+        return
+    device = torch.cuda.current_device()
+    key = (kernel, device, num_warps, num_stages, *constexprs.values(), *map(specialization, args))
+    entry = _compiled.get(key)
+    if entry is None:  # the full path compiles (or finds) the kernel and launches it
+        compiled = kernel[grid](*args, **constexprs, num_warps=num_warps, num_stages=num_stages)
+        compiled = compiled.result() if hasattr(compiled, "result") else compiled  # an asynchronous compile
+        tail = tuple(constexprs[name] for name in kernel.arg_names[len(args):])  # the rest, in declared order
+        if len(_compiled) >= MAX_COMPILED:
+            _compiled.clear()
+        _compiled[key] = (compiled.run, compiled.function, compiled.packed_metadata, tail)
+        return
+    run, function, metadata, tail = entry
+    stream = torch.cuda.current_stream(device).cuda_stream
+    run(*grid, stream, function, metadata, None, None, None, *args, *tail)
+
+
+MAX_PLANS = 1024
+_plans: dict = {}
+
+
+def layout_key(x: torch.Tensor | None) -> tuple | None:
+    """All that the checks and the compiled kernel read from a tensor: everything but its values."""
+    if x is None:  # an optional tensor left out
+        return None
+    return x.shape, x.stride(), x.dtype, x.device, x.data_ptr() % 16 == 0
+
+
+def cached_plan(make_plan, tensors, *flags):
+    """``make_plan(*tensors, *flags)``, worked out once per layout of the tensors and flag values.
+
+    A launcher's checks read only the tensors' layouts and the flags (with their types: ``True`` and
+    ``1`` are different arguments), so a call whose key was seen before has passed them already, and
+    gets the same launch. Anything that cannot form a key (a non-tensor, an unhashable flag) goes
+    straight to ``make_plan``, whose checks say what is wrong.
+    """
+    try:
+        key = (make_plan, *map(layout_key, tensors), *((type(f), f) for f in flags))
+        plan = _plans.get(key)
+    except (AttributeError, TypeError, RuntimeError):
+        return make_plan(*tensors, *flags)
+    if plan is None:
+        plan = make_plan(*tensors, *flags)
+        if len(_plans) >= MAX_PLANS:
+            _plans.clear()
+        _plans[key] = plan
+    return plan
+# --8<-- [end:launch]

@@ -28,16 +28,18 @@ token's own value) still reaches that token's row, as 0 · NaN in the P·V dot.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
 from .._checks import resolve_scale
-from ..decode import check_decode_inputs, check_num_splits, pick_num_splits, sm_count
+from ..decode import DecodeShape, check_decode_inputs, check_num_splits, pick_num_splits, sm_count
 from ._common import (
     KERNEL_DTYPES,
     apply_sign,
+    cached_plan,
     check_kernel_device,
     check_launch,
     check_tile_size,
@@ -46,6 +48,7 @@ from ._common import (
     head_dim_pad,
     is_interpreting,
     kernel_scale,
+    launch,
     online_softmax_step,
     program_offset,
 )
@@ -245,15 +248,22 @@ def decode_config(head_dim: int, dtype: torch.dtype, rows: int) -> dict:
 
 
 # --8<-- [start:launcher]
-def flash_decode(
-    q, key_cache, value_cache, cache_seqlens=None, *, scale=None, num_splits=None, block_table=None,
-    block_k=None, num_warps=None, num_stages=None,
-):
-    """Split-K decode on the GPU (or the interpreter). Arguments as ``flashtile.decode_attention``;
-    block_k, num_warps, num_stages override ``decode_config`` (for benchmarks). Checks shapes only.
+class DecodePlan(NamedTuple):
+    """The launches of one decode call, worked out once per layout (see ``_common.cached_plan``)."""
 
-    Returns (o, lse): o (B, H, Tq, D) contiguous in q's dtype, lse (B, H, Tq) float32, natural log.
-    """
+    shape: DecodeShape
+    num_splits: int
+    split_grid: tuple
+    split_scalars: tuple  # the split kernel's arguments after its tensors, up to the constexprs
+    split_constexprs: dict
+    merge_constexprs: dict
+    num_warps: int
+    num_stages: int
+
+
+def make_decode_plan(q, key_cache, value_cache, cache_seqlens, block_table, scale, num_splits, block_k, num_warps,
+                     num_stages) -> DecodePlan:  # fmt: skip
+    """Check one call's shapes and flags and derive its launches; raises on anything the kernels cannot take."""
     shape = check_decode_inputs(q, key_cache, value_cache, cache_seqlens, block_table, dtypes=KERNEL_DTYPES,
                                 check_values=False)
     check_kernel_device("query", q)
@@ -264,41 +274,63 @@ def flash_decode(
         config["num_warps"] if num_warps is None else num_warps,
         config["num_stages"] if num_stages is None else num_stages,
     )
-    n_row_blocks = triton.cdiv(shape.group * shape.Tq, block_m)
+    n_row_blocks = -(-shape.group * shape.Tq // block_m)
     programs = shape.B * shape.H_kv * n_row_blocks  # without splits: often far fewer than the SMs
     num_splits = check_num_splits(num_splits)
     if num_splits is None:
         num_splits = pick_num_splits(programs, shape.capacity, sm_count(q.device))
     units = kernel_scale(resolve_scale(scale, shape.D, q.dtype))
-    B, H, Tq, D = q.shape
+    B, H, Tq, D = shape.B, shape.H, shape.Tq, shape.D
+    if num_splits == 1:  # the one partial is the answer: written in place into o and lse, split stride 0
+        o_strides, lse_strides = (H * Tq * D, Tq * D, D, 0, 1), (H * Tq, Tq, 1, 0)
+    else:  # the fp32 workspace (B, H, Tq, num_splits, D) and (B, H, Tq, num_splits), contiguous
+        o_strides = (H * Tq * num_splits * D, Tq * num_splits * D, num_splits * D, D, 1)
+        lse_strides = (H * Tq * num_splits, Tq * num_splits, num_splits, 1)
+    table_strides = block_table.stride() if block_table is not None else (0, 0)
+    return DecodePlan(
+        shape=shape,
+        num_splits=num_splits,
+        split_grid=head_batch_grid(num_splits, shape.H_kv * n_row_blocks, B),
+        split_scalars=(*q.stride(), *key_cache.stride(), *value_cache.stride(), *table_strides, *o_strides,
+                       *lse_strides, Tq, shape.group, shape.capacity, num_splits, units.qk_scale),  # fmt: skip
+        split_constexprs=dict(
+            HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D), BLOCK_M=block_m, BLOCK_K=block_k,
+            PAGE_SIZE=shape.page_size or 1, PAGED=block_table is not None, HAS_SEQLENS=cache_seqlens is not None,
+            SIGN=units.sign, DOT_PRECISION=dot_precision(q.dtype),
+        ),  # fmt: skip
+        merge_constexprs=dict(HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D), SPLITS_PAD=triton.next_power_of_2(num_splits)),
+        num_warps=num_warps,
+        num_stages=num_stages,
+    )
 
+
+def flash_decode(
+    q, key_cache, value_cache, cache_seqlens=None, *, scale=None, num_splits=None, block_table=None,
+    block_k=None, num_warps=None, num_stages=None,
+):
+    """Split-K decode on the GPU (or the interpreter). Arguments as ``flashtile.decode_attention``;
+    block_k, num_warps, num_stages override ``decode_config`` (for benchmarks). Checks shapes only.
+
+    Returns (o, lse): o (B, H, Tq, D) contiguous in q's dtype, lse (B, H, Tq) float32, natural log.
+    """
+    plan = cached_plan(make_decode_plan, (q, key_cache, value_cache, cache_seqlens, block_table), scale,
+                       num_splits, block_k, num_warps, num_stages)  # fmt: skip
+    B, H, Tq, D = plan.shape.B, plan.shape.H, plan.shape.Tq, plan.shape.D
     o = torch.empty((B, H, Tq, D), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, H, Tq), dtype=torch.float32, device=q.device)
-    if num_splits == 1:  # the one partial is the answer: write it in place, with a split stride of 0
+    if plan.num_splits == 1:
         o_part, lse_part = o, lse
-        o_strides, lse_strides = (*o.stride()[:3], 0, o.stride(3)), (*lse.stride(), 0)
     else:
-        o_part = torch.empty((B, H, Tq, num_splits, D), dtype=torch.float32, device=q.device)
-        lse_part = torch.empty((B, H, Tq, num_splits), dtype=torch.float32, device=q.device)
-        o_strides, lse_strides = o_part.stride(), lse_part.stride()
+        o_part = torch.empty((B, H, Tq, plan.num_splits, D), dtype=torch.float32, device=q.device)
+        lse_part = torch.empty((B, H, Tq, plan.num_splits), dtype=torch.float32, device=q.device)
     seqlens = cache_seqlens if cache_seqlens is not None else lse  # a dummy pointer, never read
     table = block_table if block_table is not None else lse  # likewise
-    table_strides = block_table.stride() if block_table is not None else (0, 0)
-    k_strides = (key_cache.stride(0), key_cache.stride(1), key_cache.stride(2), key_cache.stride(3))
-    v_strides = (value_cache.stride(0), value_cache.stride(1), value_cache.stride(2), value_cache.stride(3))
-    grid = head_batch_grid(num_splits, shape.H_kv * n_row_blocks, B)
-    _decode_split_kernel[grid](
-        q, key_cache, value_cache, seqlens, table, o_part, lse_part,
-        *q.stride(), *k_strides, *v_strides, *table_strides, *o_strides, *lse_strides,
-        Tq, shape.group, shape.capacity, num_splits, units.qk_scale,
-        HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D), BLOCK_M=block_m, BLOCK_K=block_k,
-        PAGE_SIZE=shape.page_size or 1, PAGED=block_table is not None, HAS_SEQLENS=cache_seqlens is not None,
-        SIGN=units.sign, DOT_PRECISION=dot_precision(q.dtype), num_warps=num_warps, num_stages=num_stages,
-    )
-    if num_splits > 1:
-        _decode_merge_kernel[head_batch_grid(Tq, H, B)](
-            o_part, lse_part, o, lse, *o_part.stride(), *lse_part.stride(), *o.stride(), H, Tq, num_splits,
-            HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D), SPLITS_PAD=triton.next_power_of_2(num_splits),
-        )
+    launch(_decode_split_kernel, plan.split_grid,
+           (q, key_cache, value_cache, seqlens, table, o_part, lse_part, *plan.split_scalars),
+           plan.split_constexprs, plan.num_warps, plan.num_stages)  # fmt: skip
+    if plan.num_splits > 1:
+        launch(_decode_merge_kernel, head_batch_grid(Tq, H, B),
+               (o_part, lse_part, o, lse, *o_part.stride(), *lse_part.stride(), *o.stride(), H, Tq, plan.num_splits),
+               plan.merge_constexprs, 4, 3)  # fmt: skip
     return o, lse
 # --8<-- [end:launcher]

@@ -24,15 +24,18 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
 from .._checks import check_alignment, check_attention_inputs, check_causal, check_flag, resolve_scale
+from ..reference.causal import diagonal_offset
 from ._common import (
     KERNEL_DTYPES,
     apply_sign,
+    cached_plan,
     check_kernel_device,
     check_launch,
     check_tile_size,
@@ -43,6 +46,7 @@ from ._common import (
     head_dim_pad,
     kernel_scale,
     last_key_tile,
+    launch,
     online_softmax_step,
     program_offset,
     tile_descriptor,
@@ -232,6 +236,56 @@ def use_tma(tma, *tensors) -> list | None:
 
 
 # --8<-- [start:launcher]
+class ForwardPlan(NamedTuple):
+    """Everything about a launch that follows from the inputs' layout and the flags, worked out once."""
+
+    out_shape: tuple  # (B, H, Tq, D) of o; lse and stats drop the last dim
+    grid: tuple
+    scalars: tuple  # the kernel's arguments after its tensors: strides, sizes, offset, qk_scale, rows
+    constexprs: dict
+    num_warps: int
+    num_stages: int
+    tma: tuple | None  # (strides, tile rows) of each of q, k, v's descriptors, or None for pointers
+    return_stats: bool
+
+
+def make_forward_plan(q, k, v, causal, scale, alignment, block_q, block_k, num_warps, num_stages, tma,
+                      return_stats) -> ForwardPlan:  # fmt: skip
+    """Validate one call's arguments and derive its launch; raises on anything the kernel cannot take."""
+    shape = check_attention_inputs(q, k, v, dtypes=KERNEL_DTYPES)
+    check_causal(causal)
+    check_alignment(alignment)
+    return_stats = check_flag("return_stats", return_stats)
+    tma = None if tma is None else check_flag("tma", tma)
+    scale = resolve_scale(scale, shape.D, q.dtype)
+    check_kernel_device("q", q)
+    config = forward_config(shape.D, q.dtype, q.device.type == "cpu", causal, 512 if shape.Tq <= 512 else (
+        1024 if shape.Tq <= 1024 else 4096))  # three length classes, so the cache stays small
+    block_q = config["block_q"] if block_q is None else check_tile_size("block_q", block_q)
+    block_k = config["block_k"] if block_k is None else check_tile_size("block_k", block_k)
+    num_warps, num_stages = check_launch(
+        config["num_warps"] if num_warps is None else num_warps,
+        config["num_stages"] if num_stages is None else num_stages,
+    )
+    B, H, H_kv, Tq, Tk, D = shape
+    units = kernel_scale(scale)
+    strides = use_tma(config["tma"] if tma is None else tma, q, k, v)
+    o_strides = (H * Tq * D, Tq * D, D, 1)  # o is allocated contiguous
+    offset = diagonal_offset(Tq, Tk, alignment)
+    return ForwardPlan(
+        out_shape=(B, H, Tq, D),
+        grid=head_batch_grid(-(-Tq // block_q), H, B),  # cdiv in plain Python: triton.cdiv is a jit function
+        scalars=(*q.stride(), *k.stride(), *v.stride(), *o_strides, H, shape.group, Tq, Tk, offset,
+                 units.qk_scale, B * H * Tq),  # fmt: skip
+        constexprs=dict(HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D), BLOCK_Q=block_q, BLOCK_K=block_k, CAUSAL=causal,
+                        SIGN=units.sign, USE_TMA=strides is not None, DOT_PRECISION=dot_precision(q.dtype)),
+        num_warps=num_warps,
+        num_stages=num_stages,
+        tma=None if strides is None else tuple(zip(strides, (block_q, block_k, block_k))),
+        return_stats=return_stats,
+    )
+
+
 def flash_attention(
     q, k, v, causal=False, scale=None, alignment="upper_left", block_q=None, block_k=None, *,
     num_warps=None, num_stages=None, return_stats=False, tma=None,
@@ -255,42 +309,16 @@ def flash_attention(
         sees no key gets o = 0 and lse = -inf. With return_stats, also stats: (2, B, H, Tq) fp32,
         stats[0] = m (the row max of the raw dots sign(τ)·q·k) and stats[1] = l.
     """
-    shape = check_attention_inputs(q, k, v, dtypes=KERNEL_DTYPES)
-    check_causal(causal)
-    check_alignment(alignment)
-    return_stats = check_flag("return_stats", return_stats)
-    tma = None if tma is None else check_flag("tma", tma)
-    scale = resolve_scale(scale, shape.D, q.dtype)
-    check_kernel_device("q", q)
-    config = forward_config(shape.D, q.dtype, q.device.type == "cpu", causal, 512 if shape.Tq <= 512 else (
-        1024 if shape.Tq <= 1024 else 4096))  # three length classes, so the cache stays small
-    block_q = config["block_q"] if block_q is None else check_tile_size("block_q", block_q)
-    block_k = config["block_k"] if block_k is None else check_tile_size("block_k", block_k)
-    num_warps, num_stages = check_launch(
-        config["num_warps"] if num_warps is None else num_warps,
-        config["num_stages"] if num_stages is None else num_stages,
-    )
-    B, H, H_kv, Tq, Tk, D = shape
-    grid = head_batch_grid(-(-Tq // block_q), H, B)  # cdiv in plain Python: triton.cdiv is a jit function
-    units = kernel_scale(scale)
-    pad = head_dim_pad(D)
+    plan = cached_plan(make_forward_plan, (q, k, v), causal, scale, alignment, block_q, block_k, num_warps,
+                       num_stages, tma, return_stats)  # fmt: skip
     loads = (q, k, v)  # what the kernel reads tiles through: the tensors, or TMA descriptors of them
-    strides = use_tma(config["tma"] if tma is None else tma, q, k, v)
-    if strides is not None:
-        rows = (block_q, block_k, block_k)
-        loads = tuple(tile_descriptor(x, s, r, pad) for x, s, r in zip(loads, strides, rows))
-
-    o = torch.empty((B, H, Tq, D), dtype=q.dtype, device=q.device)
-    lse = torch.empty((B, H, Tq), dtype=torch.float32, device=q.device)
-    stats = torch.empty((2, B, H, Tq), dtype=torch.float32, device=q.device)
-    _forward_kernel[grid](
-        *loads, o, lse, stats,
-        *q.stride(), *k.stride(), *v.stride(), *o.stride(),
-        H, shape.group, Tq, Tk, 0 if alignment == "upper_left" else Tk - Tq, units.qk_scale, B * H * Tq,  # offset:
-        # reference.causal.diagonal_offset, inlined (it re-checks the alignment, done above)
-        HEAD_DIM=D, HEAD_DIM_PAD=pad,
-        BLOCK_Q=block_q, BLOCK_K=block_k, CAUSAL=causal, SIGN=units.sign, USE_TMA=strides is not None,
-        DOT_PRECISION=dot_precision(q.dtype), num_warps=num_warps, num_stages=num_stages,
-    )
-    return (o, lse, stats) if return_stats else (o, lse)
+    if plan.tma is not None:
+        pad = plan.constexprs["HEAD_DIM_PAD"]
+        loads = tuple(tile_descriptor(x, strides, rows, pad) for x, (strides, rows) in zip(loads, plan.tma))
+    o = torch.empty(plan.out_shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty(plan.out_shape[:3], dtype=torch.float32, device=q.device)
+    stats = torch.empty((2, *plan.out_shape[:3]), dtype=torch.float32, device=q.device)
+    launch(_forward_kernel, plan.grid, (*loads, o, lse, stats, *plan.scalars), plan.constexprs, plan.num_warps,
+           plan.num_stages)  # fmt: skip
+    return (o, lse, stats) if plan.return_stats else (o, lse)
 # --8<-- [end:launcher]

@@ -1,0 +1,100 @@
+"""The launch path: a plan worked out once per layout must never let a bad argument through.
+
+``_common.cached_plan`` skips the checks for a layout and flags it has seen before. These tests make a
+valid call first, so that its plan is cached, then an invalid call that differs from it in only one
+thing, and require the same error a fresh process would give (the contract is one answer per input,
+whatever ran before). They run the kernels through the interpreter on the CPU.
+"""
+
+import pytest
+import torch
+
+from _truth import attention_truth
+from flashtile.kernels import _common
+from flashtile.kernels.decode import flash_decode
+from flashtile.kernels.forward import flash_attention
+
+from ._helpers import DEVICE, FORWARD_TOL, randn
+
+
+def _qkv(T=40, D=32, dtype=torch.float32):
+    return randn(1, 2, T, D, dtype=dtype), randn(1, 2, T, D, dtype=dtype), randn(1, 2, T, D, dtype=dtype)
+
+
+@pytest.mark.parametrize(
+    ("changed", "error"),
+    [
+        (dict(causal=1), TypeError),  # 1 == True and hash(1) == hash(True): the key must tell them apart
+        (dict(causal="yes"), TypeError),
+        (dict(scale=float("nan")), ValueError),
+        (dict(alignment="lower_left"), ValueError),
+        (dict(block_q=24), ValueError),
+        (dict(return_stats=1), TypeError),
+        (dict(tma=[True]), TypeError),  # unhashable: no key at all, straight to the checks
+    ],
+)
+def test_a_cached_plan_does_not_let_a_bad_flag_through(changed, error):
+    q, k, v = _qkv()
+    good = dict(causal=True, scale=0.3, alignment="upper_left", block_q=16, return_stats=True, tma=False)
+    flash_attention(q, k, v, **good)  # cached now
+    with pytest.raises(error):
+        flash_attention(q, k, v, **{**good, **changed})
+
+
+def test_a_cached_plan_does_not_let_a_bad_tensor_through():
+    q, k, v = _qkv()
+    flash_attention(q, k, v)
+    with pytest.raises(TypeError, match="dtype"):
+        flash_attention(q, k.double(), v)
+    with pytest.raises(ValueError, match="head dim"):
+        flash_attention(q, k[..., :16], v[..., :16])
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        flash_attention(q, k.tolist(), v)
+
+
+def test_the_same_layout_at_new_addresses_and_new_values_gives_each_call_its_own_answer():
+    # Same shapes and strides, new tensors: the cached plan is reused, the data is not.
+    for _ in range(3):
+        q, k, v = _qkv(T=37, D=24)
+        o, _ = flash_attention(q, k, v, causal=True)
+        expected, _ = attention_truth(q.double(), k.double(), v.double(), causal=True)
+        torch.testing.assert_close(o.double(), expected, **FORWARD_TOL[q.dtype])
+
+
+def test_decode_plans_tell_a_missing_table_from_a_present_one():
+    q = randn(2, 4, 1, 32)
+    k, v = randn(2, 2, 48, 32), randn(2, 2, 48, 32)
+    lengths = torch.tensor([48, 20], dtype=torch.int32, device=DEVICE)
+    o_plain, _ = flash_decode(q, k, v, lengths)
+    with pytest.raises(TypeError, match="block_table"):
+        flash_decode(q, k, v, lengths, block_table=lengths.view(2, 1).to(torch.int64))
+    o_again, _ = flash_decode(q, k, v, lengths)
+    torch.testing.assert_close(o_again, o_plain, rtol=0, atol=0)
+
+
+def test_the_plan_table_starts_over_when_full(monkeypatch):
+    monkeypatch.setattr(_common, "MAX_PLANS", 2)
+    monkeypatch.setattr(_common, "_plans", {})
+    for T in (17, 18, 19):
+        q, k, v = _qkv(T=T)
+        flash_attention(q, k, v)
+    assert len(_common._plans) <= 2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_fast_launch_repeats_the_full_launch_bit_for_bit_and_specialises_on_alignment():
+    q, k, v = _qkv(T=300, D=64, dtype=torch.float16)
+    first, _ = flash_attention(q, k, v, causal=True)  # the full Triton path, which fills the table
+    assert any(key[0] is not None for key in _common._compiled)
+    for _ in range(3):  # the fast path
+        again, _ = flash_attention(q, k, v, causal=True)
+        assert torch.equal(again, first)
+    # The same layout 2 bytes past a 16-byte boundary: Triton compiles another kernel for it.
+    storage = torch.randn(3 * q.numel() + 8, device="cuda").to(torch.float16)
+    shifted = [storage[1 + i * q.numel() : 1 + (i + 1) * q.numel()].view(q.shape) for i in range(3)]
+    assert all(x.data_ptr() % 16 for x in shifted)
+    for _ in range(2):
+        o, _ = flash_attention(*shifted, causal=True)
+        expected, _ = attention_truth(*(x.double() for x in shifted), causal=True)
+        torch.testing.assert_close(o.double(), expected, **FORWARD_TOL[torch.float16])
