@@ -205,22 +205,42 @@ def softmax_table(result: dict) -> list[str]:
     return lines
 
 
-DECODE_PROVIDERS = ("flashtile_split_k", "flashtile", "sdpa_cudnn", "sdpa_flash")
+def _decode_layout(row: dict) -> str:
+    if row.get("page_size"):
+        return f"pages of {row['page_size']}"
+    return "ragged lengths" if row.get("ragged") else "contiguous"
 
 
 def decode_table(result: dict) -> list[str]:
+    """One row per decode shape: each provider's graphed time and rate, split-K's eager time, and
+    split-K against cuDNN both ways. A provider that has no row for a shape (SDPA has no paged cache)
+    shows a dash."""
     lines = [
-        _line(["cache", "H / H_kv", "split-K µs", "TB/s", "forward kernel µs", "TB/s", "cuDNN µs", "TB/s",
-               "flash µs", "TB/s", "split-K / cuDNN speed"]),  # fmt: skip
-        _line(["---"] * 11),
+        _line(["B", "cache", "H / H_kv", "cache layout", "split-K µs (eager)", "split-K µs", "TB/s",
+               "forward kernel TB/s", "cuDNN µs", "TB/s", "flash TB/s", "split-K / cuDNN speed",
+               "same, eager"]),  # fmt: skip
+        _line(["---"] * 13),
     ]
-    for (Tk, H, H_kv), by in _group(result["rows"], lambda r: (r["Tk"], r["H"], r["H_kv"])).items():
-        cells = [f"{Tk // 1024}k", f"{H} / {H_kv}"]
-        for p in DECODE_PROVIDERS:
-            cells += [f"{1000 * by[p]['ms']:.1f}", f"{by[p]['tbps']:.2f}"]
-        lines.append(_line([*cells, f"{by['sdpa_cudnn']['ms'] / by['flashtile_split_k']['ms']:.2f}"]))
+    key = lambda r: (r["B"], r["Tk"], r["H"], r["H_kv"], r.get("page_size"), bool(r.get("ragged")))
+    for (B, Tk, H, H_kv, _, _), by in _group(result["rows"], key).items():
+        ours, cudnn = by["flashtile_split_k"], by.get("sdpa_cudnn")
+        rate = lambda p: f"{by[p]['tbps_graph']:.2f}" if _ok(by.get(p)) and by[p].get("tbps_graph") else "—"
+        versus = [
+            f"{cudnn[k] / ours[k]:.2f}" if _ok(cudnn) and cudnn.get(k) and ours.get(k) else "—"
+            for k in ("ms_graph", "ms")
+        ]
+        lines.append(_line([
+            B, f"{Tk // 1024}k", f"{H} / {H_kv}", _decode_layout(ours), f"{1000 * ours['ms']:.1f}",
+            f"{1000 * ours['ms_graph']:.1f}", rate("flashtile_split_k"), rate("flashtile"),
+            f"{1000 * cudnn['ms_graph']:.1f}" if _ok(cudnn) and cudnn.get("ms_graph") else "—", rate("sdpa_cudnn"),
+            rate("sdpa_flash"), *versus,
+        ]))  # fmt: skip
     copy = result["copy"]
-    lines += ["", f"Device-to-device copy in the same run: {copy['copy_tbps']:.2f} TB/s (read + write)."]
+    lines += [
+        "",
+        f"Rates from the graphed times (one replay of a CUDA graph holding the call: the GPU's time). "
+        f"Device-to-device copy in the same run: {copy['copy_tbps']:.2f} TB/s (read + write).",
+    ]
     return lines
 
 
