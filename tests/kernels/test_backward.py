@@ -81,6 +81,49 @@ def test_backward_matches_when_block_q_differs_from_block_k(block_q, block_k):
     assert_gradients_close(actual, reference_gradients(q, k, v, do, True, "lower_right")[1], F32)
 
 
+@pytest.mark.parametrize("deterministic", [True, False], ids=["deterministic", "atomic_dq"])
+@pytest.mark.parametrize("block_q,block_k", [(16, 32), (32, 16)])
+@pytest.mark.parametrize("Tq,Tk", [(70, 100), (100, 70), (64, 96), (33, 97)])
+@pytest.mark.parametrize("causal,alignment", ATTN, ids=["full", "causal_ul", "causal_lr"])
+def test_every_kind_of_tile_matches_float64_autograd(causal, alignment, Tq, Tk, block_q, block_k, deterministic):
+    # Shapes with several tiles of each kind in both kernels: a diagonal band wider than one tile (block_q !=
+    # block_k), unmasked interior tiles, ragged last tiles of Tq and Tk (or none: 64, 96), rows that see no
+    # key (lower-right, Tq > Tk), and GQA, so each program sums the masked and unmasked tiles of two heads.
+    q, k, v, do = make_inputs(1, 4, 2, Tq, Tk, 16, F32, seed=Tq * 1000 + Tk + block_q)
+    actual = kernel_gradients(q, k, v, do, causal, alignment, block_q=block_q, block_k=block_k,
+                              deterministic=deterministic)  # fmt: skip
+    assert_gradients_close(actual, reference_gradients(q, k, v, do, causal, alignment)[1], F32)
+
+
+@pytest.mark.parametrize("causal,alignment", ATTN, ids=["full", "causal_ul", "causal_lr"])
+def test_padding_keys_stay_masked_when_every_real_score_is_very_negative(causal, alignment):
+    # Every score is about -100, so a padding key past Tk (k = 0, score 0) would get P = exp(100), inf in
+    # float32: a ragged key tile must stay masked in every query tile, or dS K turns inf * 0 into NaN.
+    q, k, v, do = make_inputs(1, 2, 1, 40, 37, 16, F32, seed=14)
+    q[..., 0], k[..., 0] = -20.0, 20.0  # q·k = -400 + O(4), scaled by 1/4
+    expected = reference_gradients(q, k, v, do, causal, alignment)[1]
+    for deterministic in (True, False):
+        actual = kernel_gradients(q, k, v, do, causal, alignment, block_q=16, block_k=16,
+                                  deterministic=deterministic)  # fmt: skip
+        assert_gradients_close(actual, expected, F32)
+
+
+def test_wide_offsets_are_chosen_only_where_a_tile_can_span_2_31_elements(monkeypatch):
+    from flashtile.kernels import backward
+
+    # Storage (B, H, D, T) with a 50M-element head-dim stride: 64 columns of one tile span 3.2e9 elements.
+    outer_head_dim = torch.empty_strided((1, 1, 256, 64), (0, 0, 1, 50 * 2**20), device="meta")
+    assert backward.wide_offsets(128, 64, torch.empty(2, 16, 8192, 128, device="meta"), outer_head_dim)
+    assert not backward.wide_offsets(128, 128, torch.empty(2, 16, 8192, 128, device="meta"))
+    # The int64 in-tile offsets compute the same gradients (forced on here; the GPU test covers real strides).
+    monkeypatch.setattr(backward, "wide_offsets", lambda *args: True)
+    q, k, v, do = make_inputs(1, 2, 1, 37, 45, 24, F32, seed=13)
+    for deterministic in (True, False):
+        actual = kernel_gradients(q, k, v, do, True, "lower_right", block_q=16, block_k=16,
+                                  deterministic=deterministic)  # fmt: skip
+        assert_gradients_close(actual, reference_gradients(q, k, v, do, True, "lower_right")[1], F32)
+
+
 @pytest.mark.parametrize("D", [24, 80])
 def test_backward_matches_when_head_dim_is_not_a_power_of_two(D):
     q, k, v, do = make_inputs(1, 2, 1, 37, 37, D, F32, seed=D)

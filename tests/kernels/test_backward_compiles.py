@@ -23,8 +23,8 @@ types = dict(Q="*bf16", K="*bf16", V="*bf16", DO="*bf16", M="*fp32", L="*fp32", 
              DV="*bf16", DQ_ACC="*fp32", unit="fp32", scale="fp32", qk_scale="fp32")
 out = {}
 for atomic in (False, True):
-    constexprs = dict(CAUSAL=True, BLOCK_Q=64, BLOCK_K=64, HEAD_DIM_PAD=64, SIGN=1, DOT_PRECISION="tf32",
-                      ATOMIC_DQ=atomic)
+    constexprs = dict(CAUSAL=True, BLOCK_Q=64, BLOCK_K=64, HEAD_DIM=64, HEAD_DIM_PAD=64, SIGN=1,
+                      DOT_PRECISION="tf32", ATOMIC_DQ=atomic, WIDE=False, INTERPRETED=False)
     kernel = sm90(backward.backward_dkdv_kernel, types, constexprs, num_warps=4, num_stages=3)
     out["atomic" if atomic else "deterministic"] = kernel.asm["ptx"]
 print(json.dumps(out))

@@ -43,11 +43,12 @@ from ._common import (
     check_tile_size,
     dot_precision,
     first_query_row,
+    full_key_tiles,
     head_batch_grid,
     head_dim_pad,
     is_interpreting,
     kernel_scale,
-    load_tile,
+    last_key_tile,
     store_tile,
 )
 from .backward_preprocess import backward_preprocess
@@ -71,26 +72,107 @@ def load_row_stats(M, L, rows, Tq):
 @triton.jit
 def visible(rows, keys, Tq, Tk, offset, CAUSAL: tl.constexpr):
     """Which (row, key) pairs contribute: rows inside [0, Tq), keys inside [0, Tk) and, if causal,
-    j <= i + offset. Padding rows load q = 0, and 0 * inf is NaN: they must give P = 0 explicitly."""
-    ok = (rows[:, None] < Tq) & (keys[None, :] < Tk)
+    j <= i + offset. ``rows`` and ``keys`` come already shaped for the tile: (1, BLOCK_Q) against
+    (BLOCK_K, 1) in the dK/dV kernel, which works on transposed tiles, (BLOCK_Q, 1) against
+    (1, BLOCK_K) in the dQ kernel. Padding rows load q = 0, and 0 * inf is NaN: they must give P = 0
+    explicitly."""
+    ok = (rows < Tq) & (keys < Tk)
     if CAUSAL:
-        ok = ok & (keys[None, :] <= rows[:, None] + offset)
+        ok = ok & (keys <= rows + offset)
     return ok
 
 
 @triton.jit
-def recompute_p(u, m, log2_l, qk_scale, keep):
-    """P for one tile from the raw dots u and the forward's (m, log2 l); 0 where the forward masked.
+def recompute_p(u, m, log2_l, qk_scale):
+    """P for one tile from the raw dots u and the forward's (m, log2 l), shaped to broadcast against u.
 
-    The mask is applied to P itself, not to u: a row whose statistics are NaN must still give 0, not
-    NaN, for the keys it never saw.
+    The caller masks P itself, not u, and only on tiles that need it: a row whose statistics are NaN
+    must still give 0, not NaN, for the keys it never saw.
     """
-    p = tl.math.exp2((u - m[:, None]) * qk_scale - log2_l[:, None])
-    return tl.where(keep, p, 0.0)
+    return tl.math.exp2((u - m) * qk_scale - log2_l)
 # --8<-- [end:row_stats]
 
 
+# --8<-- [start:loads]
+@triton.jit
+def tile_offsets(rows, cols, stride_t, stride_d, WIDE: tl.constexpr):
+    """rows * stride_t + cols * stride_d for the rows and columns of one tile, counted from the tile's
+    first row. The kernels add that row's own offset in 64 bits, so these stay below
+    BLOCK * stride_t + HEAD_DIM_PAD * stride_d: int32 unless the launcher finds that this can pass
+    2**31 (WIDE, a head dim stored as an outer axis, say)."""
+    if WIDE:
+        rows = rows.to(tl.int64)
+        cols = cols.to(tl.int64)
+    return rows * stride_t + cols * stride_d
+
+
+@triton.jit
+def load_masked(ptrs, row_ok, col_ok, MASK_ROWS: tl.constexpr, MASK_COLS: tl.constexpr):
+    """tl.load with zeros where a row or a column is out of range. A mask known at compile time to be
+    all True is left out: a full tile of a head dim that is a power of two loads with no mask at all."""
+    if MASK_ROWS and MASK_COLS:
+        x = tl.load(ptrs, mask=row_ok & col_ok, other=0.0)
+    elif MASK_ROWS:
+        x = tl.load(ptrs, mask=row_ok, other=0.0)
+    elif MASK_COLS:
+        x = tl.load(ptrs, mask=col_ok, other=0.0)
+    else:
+        x = tl.load(ptrs)
+    return x
+# --8<-- [end:loads]
+
+
 # --8<-- [start:dkdv]
+@triton.jit
+def dkdv_query_tiles(
+    dk, dv, k, v, Q, DO, M, L, DELTA, DQ_ACC, q_offsets, do_offsets, acc_offsets, rows0, cols, keys,
+    stride_qt, stride_dot, first, end, Tq, Tk, offset, scale, qk_scale,
+    BLOCK_Q: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, MASKED: tl.constexpr,
+    CAUSAL: tl.constexpr, SIGN: tl.constexpr, DOT_PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr,
+    INTERPRETED: tl.constexpr,
+):  # fmt: skip
+    """Fold query tiles first .. end - 1 of one head into (dk, dv), on transposed tiles.
+
+    Every (BLOCK_K, BLOCK_Q) tile here is the transpose of the forward's: uT = K Q^T, pT, dpT, dsT.
+    Then dV = P^T dO and dK = dS^T Q are plain products, and Q arrives as qT, a (HEAD_DIM_PAD,
+    BLOCK_Q) load through transposed pointers; no register tile is ever transposed. MASKED is a
+    compile-time switch: the tiles on the causal diagonal or past Tq or Tk pay for the mask, the
+    interior tiles load and compute without one.
+    """
+    for q_index in range(first, end):
+        q_start = q_index * BLOCK_Q
+        rows = q_start + rows0
+        qT = load_masked(Q + q_start.to(tl.int64) * stride_qt + q_offsets, rows[None, :] < Tq,
+                         cols[:, None] < HEAD_DIM, MASKED, HEAD_DIM != HEAD_DIM_PAD)  # fmt: skip
+        qT = apply_sign(qT, SIGN)  # sign(τ) · q, as in the forward
+        do = load_masked(DO + q_start.to(tl.int64) * stride_dot + do_offsets, rows[:, None] < Tq,
+                         cols[None, :] < HEAD_DIM, MASKED, HEAD_DIM != HEAD_DIM_PAD)  # fmt: skip
+        m, log2_l = load_row_stats(M, L, rows, Tq)
+        delta = tl.load(DELTA + rows, mask=rows < Tq, other=0.0)
+        if INTERPRETED:  # numpy's matmul rounds k·q and q·k differently: take the forward's orientation
+            uT = tl.trans(tl.dot(tl.trans(qT), tl.trans(k), input_precision=DOT_PRECISION))
+        else:  # the forward's raw dots, transposed: on the GPU the same products summed in the same order
+            uT = tl.dot(k, qT, input_precision=DOT_PRECISION)
+        pT = recompute_p(uT, m[None, :], log2_l[None, :], qk_scale)  # never stored
+        if MASKED:
+            keep = visible(rows[None, :], keys[:, None], Tq, Tk, offset, CAUSAL)
+            pT = tl.where(keep, pT, 0.0)
+        dv += tl.dot(pT.to(do.dtype), do, input_precision=DOT_PRECISION)
+        dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)  # trans of a loaded tile: a view
+        dsT = pT * (dpT - delta[None, :])
+        if MASKED:
+            dsT = tl.where(keep, dsT, 0.0)  # a hidden pair: 0, even if its row is NaN
+        dk += tl.dot(dsT.to(qT.dtype), tl.trans(qT), input_precision=DOT_PRECISION)
+        if ATOMIC_DQ:  # this key tile's share of dQ = τ dS K; other key tiles add theirs concurrently
+            dq_share = tl.dot(tl.trans(dsT.to(k.dtype)), k, input_precision=DOT_PRECISION) * scale
+            dq_ptrs = DQ_ACC + q_start.to(tl.int64) * HEAD_DIM_PAD + acc_offsets
+            if MASKED:  # the buffer is HEAD_DIM_PAD wide: only rows past Tq are out of range
+                tl.atomic_add(dq_ptrs, dq_share, mask=rows[:, None] < Tq, sem="relaxed")
+            else:
+                tl.atomic_add(dq_ptrs, dq_share, sem="relaxed")
+    return dk, dv
+
+
 @triton.jit
 def backward_dkdv_kernel(
     Q, K, V, DO, M, L, DELTA, DK, DV, DQ_ACC,
@@ -100,57 +182,103 @@ def backward_dkdv_kernel(
     stride_dob, stride_doh, stride_dot, stride_dod,
     stride_dkb, stride_dkh, stride_dkt, stride_dkd,
     stride_dvb, stride_dvh, stride_dvt, stride_dvd,
-    H, H_kv, Tq, Tk, head_dim, unit, scale, qk_scale, offset,
-    CAUSAL: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
-    SIGN: tl.constexpr, DOT_PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr,
+    H, H_kv, Tq, Tk, unit, scale, qk_scale, offset,
+    CAUSAL: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr, SIGN: tl.constexpr, DOT_PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr,
+    WIDE: tl.constexpr, INTERPRETED: tl.constexpr,
 ):  # fmt: skip
     """One program per (key tile, kv head, batch): dk, dv for that tile, summed over the group's heads.
 
     With ATOMIC_DQ the same program also adds this key tile's share of dq, τ dS K, into DQ_ACC, a float32
     (B, H, Tq, HEAD_DIM_PAD) buffer, with atomic adds: one kernel and five matmuls per tile instead of
     seven over two kernels, at the price of a summation order that changes from run to run."""
-    k_start = tl.program_id(0) * BLOCK_K
+    k_start = tl.program_id(0) * BLOCK_K  # under causal, key tile 0 has the most work: it launches first
     h_kv = tl.program_id(1).to(tl.int64)  # the kv head; query heads h_kv * group + r, r < group, read it
     b = tl.program_id(2).to(tl.int64)
     group = H // H_kv
     keys = k_start + tl.arange(0, BLOCK_K)
+    rows0 = tl.arange(0, BLOCK_Q)
     cols = tl.arange(0, HEAD_DIM_PAD)
-    k_tile = load_tile(K + b * stride_kb + h_kv * stride_kh, stride_kt, stride_kd, keys, cols, Tk, head_dim)
-    v_tile = load_tile(V + b * stride_vb + h_kv * stride_vh, stride_vt, stride_vd, keys, cols, Tk, head_dim)
+    key_ok, col_ok = keys[:, None] < Tk, cols[None, :] < HEAD_DIM
+    k_offsets = tile_offsets(keys[:, None] - k_start, cols[None, :], stride_kt, stride_kd, WIDE)
+    v_offsets = tile_offsets(keys[:, None] - k_start, cols[None, :], stride_vt, stride_vd, WIDE)
+    k_tile = load_masked(K + b * stride_kb + h_kv * stride_kh + k_start.to(tl.int64) * stride_kt + k_offsets,
+                         key_ok, col_ok, True, HEAD_DIM != HEAD_DIM_PAD)  # fmt: skip
+    v_tile = load_masked(V + b * stride_vb + h_kv * stride_vh + k_start.to(tl.int64) * stride_vt + v_offsets,
+                         key_ok, col_ok, True, HEAD_DIM != HEAD_DIM_PAD)  # fmt: skip
+    q_offsets = tile_offsets(rows0[None, :], cols[:, None], stride_qt, stride_qd, WIDE)  # qT: (HEAD_DIM_PAD, BLOCK_Q)
+    do_offsets = tile_offsets(rows0[:, None], cols[None, :], stride_dot, stride_dod, WIDE)
+    acc_offsets = rows0[:, None] * HEAD_DIM_PAD + cols[None, :]  # DQ_ACC: contiguous along the head dim
     dk = tl.zeros((BLOCK_K, HEAD_DIM_PAD), dtype=tl.float32)  # lives in registers for the whole program
     dv = tl.zeros((BLOCK_K, HEAD_DIM_PAD), dtype=tl.float32)
-    q_lo = 0
-    if CAUSAL:  # start at the tile of the first query that sees key k_start
-        q_lo = (first_query_row(k_start, offset) // BLOCK_Q) * BLOCK_Q
+    # Query tiles [lo, mid) straddle the diagonal, [mid, hi) see every key of this tile, [hi, n) hold rows past Tq.
+    n = tl.cdiv(Tq, BLOCK_Q)
+    lo = 0
+    mid = 0
+    if CAUSAL:  # from the tile of the first query that sees key k_start (step 8) to the first that sees them all
+        lo = tl.minimum(first_query_row(k_start, offset) // BLOCK_Q, n)
+        mid = tl.minimum(tl.cdiv(first_query_row(k_start + BLOCK_K - 1, offset), BLOCK_Q), n)
+    mid = tl.where(k_start + BLOCK_K > Tk, n, mid)  # a ragged key tile masks its padding keys everywhere
+    hi = tl.maximum(mid, Tq // BLOCK_Q)
     for r in range(0, group):  # the group's query heads, in a fixed order: no atomics, no partials
         h = h_kv * group + r
         q_ptr = Q + b * stride_qb + h * stride_qh
         do_ptr = DO + b * stride_dob + h * stride_doh
-        row_base = (b * H + h) * Tq  # m, l and delta are (B, H, Tq), contiguous
-        for q_start in range(q_lo, Tq, BLOCK_Q):
-            rows = q_start + tl.arange(0, BLOCK_Q)
-            q_tile = apply_sign(load_tile(q_ptr, stride_qt, stride_qd, rows, cols, Tq, head_dim), SIGN)
-            do_tile = load_tile(do_ptr, stride_dot, stride_dod, rows, cols, Tq, head_dim)
-            m, log2_l = load_row_stats(M + row_base, L + row_base, rows, Tq)
-            delta = tl.load(DELTA + row_base + rows, mask=rows < Tq, other=0.0)
-            u = tl.dot(q_tile, tl.trans(k_tile), input_precision=DOT_PRECISION)  # the forward's raw dots
-            keep = visible(rows, keys, Tq, Tk, offset, CAUSAL)
-            p = recompute_p(u, m, log2_l, qk_scale, keep)  # never stored
-            dv += tl.dot(tl.trans(p.to(do_tile.dtype)), do_tile, input_precision=DOT_PRECISION)
-            dp = tl.dot(do_tile, tl.trans(v_tile), input_precision=DOT_PRECISION)
-            ds = tl.where(keep, p * (dp - delta[:, None]), 0.0)  # a hidden pair: 0, even if its row is NaN
-            dk += tl.dot(tl.trans(ds.to(q_tile.dtype)), q_tile, input_precision=DOT_PRECISION)
-            if ATOMIC_DQ:  # this key tile's share of dQ = τ dS K; other key tiles add theirs concurrently
-                dq_share = tl.dot(ds.to(k_tile.dtype), k_tile, input_precision=DOT_PRECISION) * scale
-                dq_ptrs = DQ_ACC + (row_base + rows)[:, None] * HEAD_DIM_PAD + cols[None, :]
-                tl.atomic_add(dq_ptrs, dq_share, mask=(rows[:, None] < Tq) & (cols[None, :] < head_dim))
+        row_base = (b * H + h) * Tq  # m, l and delta are (B, H, Tq), contiguous; DQ_ACC is (B, H, Tq, pad)
+        m_ptr, l_ptr, delta_ptr = M + row_base, L + row_base, DELTA + row_base
+        acc_ptr = DQ_ACC + row_base * HEAD_DIM_PAD
+        dk, dv = dkdv_query_tiles(
+            dk, dv, k_tile, v_tile, q_ptr, do_ptr, m_ptr, l_ptr, delta_ptr, acc_ptr, q_offsets, do_offsets,
+            acc_offsets, rows0, cols, keys, stride_qt, stride_dot, lo, mid, Tq, Tk, offset, scale, qk_scale,
+            BLOCK_Q, HEAD_DIM, HEAD_DIM_PAD, True, CAUSAL, SIGN, DOT_PRECISION, ATOMIC_DQ, INTERPRETED,
+        )  # fmt: skip
+        dk, dv = dkdv_query_tiles(
+            dk, dv, k_tile, v_tile, q_ptr, do_ptr, m_ptr, l_ptr, delta_ptr, acc_ptr, q_offsets, do_offsets,
+            acc_offsets, rows0, cols, keys, stride_qt, stride_dot, mid, hi, Tq, Tk, offset, scale, qk_scale,
+            BLOCK_Q, HEAD_DIM, HEAD_DIM_PAD, False, CAUSAL, SIGN, DOT_PRECISION, ATOMIC_DQ, INTERPRETED,
+        )  # fmt: skip
+        dk, dv = dkdv_query_tiles(
+            dk, dv, k_tile, v_tile, q_ptr, do_ptr, m_ptr, l_ptr, delta_ptr, acc_ptr, q_offsets, do_offsets,
+            acc_offsets, rows0, cols, keys, stride_qt, stride_dot, hi, n, Tq, Tk, offset, scale, qk_scale,
+            BLOCK_Q, HEAD_DIM, HEAD_DIM_PAD, True, CAUSAL, SIGN, DOT_PRECISION, ATOMIC_DQ, INTERPRETED,
+        )  # fmt: skip
     dk = dk * unit  # S = τ Q K^T = unit (sign Q) K^T, so dK = unit * dS^T (sign Q)
-    store_tile(DK + b * stride_dkb + h_kv * stride_dkh, stride_dkt, stride_dkd, keys, cols, Tk, head_dim, dk)
-    store_tile(DV + b * stride_dvb + h_kv * stride_dvh, stride_dvt, stride_dvd, keys, cols, Tk, head_dim, dv)
+    store_tile(DK + b * stride_dkb + h_kv * stride_dkh, stride_dkt, stride_dkd, keys, cols, Tk, HEAD_DIM, dk)
+    store_tile(DV + b * stride_dvb + h_kv * stride_dvh, stride_dvt, stride_dvd, keys, cols, Tk, HEAD_DIM, dv)
 # --8<-- [end:dkdv]
 
 
 # --8<-- [start:dq]
+@triton.jit
+def dq_key_tiles(
+    dq, q, do, m, log2_l, delta, K, V, kT_offsets, vT_offsets, rows, keys0, cols,
+    stride_kt, stride_vt, first, end, Tq, Tk, offset, qk_scale,
+    BLOCK_K: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, MASKED: tl.constexpr,
+    CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """Fold key tiles first .. end - 1 into dq. K and V arrive as kT, vT, (HEAD_DIM_PAD, BLOCK_K) loads
+    through transposed pointers, so S = Q K^T and dP = dO V^T are plain products; dQ = dS K reads kT as a
+    transposed view of the loaded tile."""
+    for k_index in range(first, end):
+        k_start = k_index * BLOCK_K
+        keys = k_start + keys0
+        kT = load_masked(K + k_start.to(tl.int64) * stride_kt + kT_offsets, keys[None, :] < Tk,
+                         cols[:, None] < HEAD_DIM, MASKED, HEAD_DIM != HEAD_DIM_PAD)  # fmt: skip
+        vT = load_masked(V + k_start.to(tl.int64) * stride_vt + vT_offsets, keys[None, :] < Tk,
+                         cols[:, None] < HEAD_DIM, MASKED, HEAD_DIM != HEAD_DIM_PAD)  # fmt: skip
+        u = tl.dot(q, kT, input_precision=DOT_PRECISION)
+        p = recompute_p(u, m[:, None], log2_l[:, None], qk_scale)
+        if MASKED:
+            keep = visible(rows[:, None], keys[None, :], Tq, Tk, offset, CAUSAL)
+            p = tl.where(keep, p, 0.0)
+        dp = tl.dot(do, vT, input_precision=DOT_PRECISION)
+        ds = p * (dp - delta[:, None])
+        if MASKED:
+            ds = tl.where(keep, ds, 0.0)
+        dq += tl.dot(ds.to(kT.dtype), tl.trans(kT), input_precision=DOT_PRECISION)
+    return dq
+
+
 @triton.jit
 def backward_dq_kernel(
     Q, K, V, DO, M, L, DELTA, DQ,
@@ -159,41 +287,55 @@ def backward_dq_kernel(
     stride_vb, stride_vh, stride_vt, stride_vd,
     stride_dob, stride_doh, stride_dot, stride_dod,
     stride_dqb, stride_dqh, stride_dqt, stride_dqd,
-    H, H_kv, Tq, Tk, head_dim, scale, qk_scale, offset,
-    CAUSAL: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
-    SIGN: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    H, H_kv, Tq, Tk, scale, qk_scale, offset,
+    CAUSAL: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr, SIGN: tl.constexpr, DOT_PRECISION: tl.constexpr, WIDE: tl.constexpr,
 ):  # fmt: skip
     """One program per (query tile, head, batch): dq for that tile, a sum over its key tiles."""
-    q_start = tl.program_id(0) * BLOCK_Q
+    q_index = tl.program_id(0)
+    if CAUSAL:  # later query tiles see more keys: launch them first, so the short ones fill the tail
+        q_index = tl.num_programs(0) - 1 - q_index
+    q_start = q_index * BLOCK_Q
     h = tl.program_id(1).to(tl.int64)
     b = tl.program_id(2).to(tl.int64)
     h_kv = h // (H // H_kv)  # the kv head this query head reads: K and V are indexed, never repeated
     rows = q_start + tl.arange(0, BLOCK_Q)
+    keys0 = tl.arange(0, BLOCK_K)
     cols = tl.arange(0, HEAD_DIM_PAD)
     row_base = (b * H + h) * Tq  # m, l and delta are (B, H, Tq), contiguous
-    q_tile = load_tile(Q + b * stride_qb + h * stride_qh, stride_qt, stride_qd, rows, cols, Tq, head_dim)
+    row_ok, col_ok = rows[:, None] < Tq, cols[None, :] < HEAD_DIM
+    q_ptr = Q + b * stride_qb + h * stride_qh + q_start.to(tl.int64) * stride_qt
+    q_tile = load_masked(q_ptr + tile_offsets(rows[:, None] - q_start, cols[None, :], stride_qt, stride_qd, WIDE),
+                         row_ok, col_ok, True, HEAD_DIM != HEAD_DIM_PAD)  # fmt: skip
     q_tile = apply_sign(q_tile, SIGN)  # sign(τ) · q, as in the forward
-    do_tile = load_tile(DO + b * stride_dob + h * stride_doh, stride_dot, stride_dod, rows, cols, Tq, head_dim)
+    do_ptr = DO + b * stride_dob + h * stride_doh + q_start.to(tl.int64) * stride_dot
+    do_tile = load_masked(do_ptr + tile_offsets(rows[:, None] - q_start, cols[None, :], stride_dot, stride_dod, WIDE),
+                          row_ok, col_ok, True, HEAD_DIM != HEAD_DIM_PAD)  # fmt: skip
     m, log2_l = load_row_stats(M + row_base, L + row_base, rows, Tq)
     delta = tl.load(DELTA + row_base + rows, mask=rows < Tq, other=0.0)
     dq = tl.zeros((BLOCK_Q, HEAD_DIM_PAD), dtype=tl.float32)
-    k_hi = Tk
-    if CAUSAL:  # the tile's last row, min(q_start + BLOCK_Q, Tq) - 1, sees keys up to that row + offset
-        k_hi = tl.minimum(tl.maximum(tl.minimum(q_start + BLOCK_Q, Tq) + offset, 0), Tk)
+    if CAUSAL:  # key tiles [0, n_full) are visible from every row, [n_full, n) cross the diagonal (step 9)
+        n_full = full_key_tiles(q_start, Tk, offset, BLOCK_K)
+        n = last_key_tile(tl.minimum(q_start + BLOCK_Q, Tq), Tk, offset, BLOCK_K)
+    else:  # every key tile but a ragged last one
+        n_full = Tk // BLOCK_K
+        n = tl.cdiv(Tk, BLOCK_K)
     k_ptr = K + b * stride_kb + h_kv * stride_kh
     v_ptr = V + b * stride_vb + h_kv * stride_vh
-    for k_start in range(0, k_hi, BLOCK_K):
-        keys = k_start + tl.arange(0, BLOCK_K)
-        k_tile = load_tile(k_ptr, stride_kt, stride_kd, keys, cols, Tk, head_dim)
-        v_tile = load_tile(v_ptr, stride_vt, stride_vd, keys, cols, Tk, head_dim)
-        u = tl.dot(q_tile, tl.trans(k_tile), input_precision=DOT_PRECISION)
-        keep = visible(rows, keys, Tq, Tk, offset, CAUSAL)
-        p = recompute_p(u, m, log2_l, qk_scale, keep)
-        dp = tl.dot(do_tile, tl.trans(v_tile), input_precision=DOT_PRECISION)
-        ds = tl.where(keep, p * (dp - delta[:, None]), 0.0)
-        dq += tl.dot(ds.to(k_tile.dtype), k_tile, input_precision=DOT_PRECISION)
+    kT_offsets = tile_offsets(keys0[None, :], cols[:, None], stride_kt, stride_kd, WIDE)  # (HEAD_DIM_PAD, BLOCK_K)
+    vT_offsets = tile_offsets(keys0[None, :], cols[:, None], stride_vt, stride_vd, WIDE)
+    dq = dq_key_tiles(  # the full tiles first, then the diagonal band and a ragged last tile, masked
+        dq, q_tile, do_tile, m, log2_l, delta, k_ptr, v_ptr, kT_offsets, vT_offsets, rows, keys0, cols,
+        stride_kt, stride_vt, 0, n_full, Tq, Tk, offset, qk_scale,
+        BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, False, CAUSAL, DOT_PRECISION,
+    )  # fmt: skip
+    dq = dq_key_tiles(
+        dq, q_tile, do_tile, m, log2_l, delta, k_ptr, v_ptr, kT_offsets, vT_offsets, rows, keys0, cols,
+        stride_kt, stride_vt, n_full, n, Tq, Tk, offset, qk_scale,
+        BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, True, CAUSAL, DOT_PRECISION,
+    )  # fmt: skip
     dq = dq * scale  # dQ = τ dS K, with the signed τ
-    store_tile(DQ + b * stride_dqb + h * stride_dqh, stride_dqt, stride_dqd, rows, cols, Tq, head_dim, dq)
+    store_tile(DQ + b * stride_dqb + h * stride_dqh, stride_dqt, stride_dqd, rows, cols, Tq, HEAD_DIM, dq)
 # --8<-- [end:dq]
 
 
@@ -239,6 +381,14 @@ def stats_from_lse(lse: torch.Tensor, scale: float) -> torch.Tensor:
     m = lse.float() / kernel_scale(scale).unit
     l = torch.where(torch.isneginf(lse), 0.0, 1.0).to(torch.float32)
     return torch.stack([m, l])
+
+
+def wide_offsets(rows: int, pad: int, *tensors: torch.Tensor) -> bool:
+    """Whether an offset inside one tile, row * stride_t + col * stride_d with row < ``rows`` and
+    col < ``pad``, can pass 2**31 - 1 in any of the (B, H, T, D) ``tensors``: then the kernels compute
+    in-tile offsets in int64 (their WIDE switch). Each tile's first row and each (batch, head) are
+    always offset in int64; this only decides the per-element part."""
+    return any(rows * x.stride(2) + pad * x.stride(3) >= 2**31 for x in tensors)
 
 
 # --8<-- [start:launcher]
@@ -288,7 +438,9 @@ def flash_attention_backward(
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     pad = head_dim_pad(shape.D)
-    common = dict(CAUSAL=causal, HEAD_DIM_PAD=pad, SIGN=units.sign, DOT_PRECISION=dot_precision(q.dtype))
+    tiles = config["dkdv"][:2] + config["dq"][:2] + (block_q or 0, block_k or 0)
+    common = dict(CAUSAL=causal, HEAD_DIM=shape.D, HEAD_DIM_PAD=pad, SIGN=units.sign,
+                  DOT_PRECISION=dot_precision(q.dtype), WIDE=wide_offsets(max(tiles), pad, q, k, v, do))  # fmt: skip
     if deterministic:  # dQ gets its own kernel below, and the dK/dV kernel ignores this argument
         dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         dq_acc = dq
@@ -299,8 +451,9 @@ def flash_attention_backward(
     backward_dkdv_kernel[head_batch_grid(triton.cdiv(shape.Tk, bk), shape.H_kv, shape.B)](
         q, k, v, do, stats[0], stats[1], delta, dk, dv, dq_acc,
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
-        shape.H, shape.H_kv, shape.Tq, shape.Tk, shape.D, units.unit, scale, units.qk_scale, offset,
-        BLOCK_Q=bq, BLOCK_K=bk, **common, ATOMIC_DQ=not deterministic, num_warps=warps, num_stages=stages,
+        shape.H, shape.H_kv, shape.Tq, shape.Tk, units.unit, scale, units.qk_scale, offset,
+        BLOCK_Q=bq, BLOCK_K=bk, **common, ATOMIC_DQ=not deterministic, INTERPRETED=q.device.type == "cpu",
+        num_warps=warps, num_stages=stages,
     )  # fmt: skip
     if not deterministic:
         return dq_acc[..., : shape.D].to(q.dtype).contiguous(), dk, dv
@@ -309,7 +462,7 @@ def flash_attention_backward(
     backward_dq_kernel[head_batch_grid(triton.cdiv(shape.Tq, bq), shape.H, shape.B)](
         q, k, v, do, stats[0], stats[1], delta, dq,
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
-        shape.H, shape.H_kv, shape.Tq, shape.Tk, shape.D, scale, units.qk_scale, offset,
+        shape.H, shape.H_kv, shape.Tq, shape.Tk, scale, units.qk_scale, offset,
         BLOCK_Q=bq, BLOCK_K=bk, **common, num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return dq, dk, dv
