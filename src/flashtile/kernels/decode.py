@@ -255,6 +255,7 @@ class DecodePlan(NamedTuple):
     split_grid: tuple
     split_scalars: tuple  # the split kernel's arguments after its tensors, up to the constexprs
     split_constexprs: dict
+    merge_scalars: tuple  # the merge kernel's strides of the workspace and of o and lse, and sizes
     merge_constexprs: dict
     num_warps: int
     num_stages: int
@@ -297,6 +298,7 @@ def make_decode_plan(q, key_cache, value_cache, cache_seqlens, block_table, scal
             PAGE_SIZE=shape.page_size or 1, PAGED=block_table is not None, HAS_SEQLENS=cache_seqlens is not None,
             SIGN=units.sign, DOT_PRECISION=dot_precision(q.dtype),
         ),  # fmt: skip
+        merge_scalars=(*o_strides, *lse_strides, H * Tq * D, Tq * D, D, 1, H, Tq, num_splits),
         merge_constexprs=dict(HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D), SPLITS_PAD=triton.next_power_of_2(num_splits)),
         num_warps=num_warps,
         num_stages=num_stages,
@@ -324,12 +326,10 @@ def flash_decode(
         lse_part = torch.empty((B, H, Tq, plan.num_splits), dtype=torch.float32, device=q.device)
     seqlens = cache_seqlens if cache_seqlens is not None else lse  # a dummy pointer, never read
     table = block_table if block_table is not None else lse  # likewise
-    launch(_decode_split_kernel, plan.split_grid,
-           (q, key_cache, value_cache, seqlens, table, o_part, lse_part, *plan.split_scalars),
-           plan.split_constexprs, plan.num_warps, plan.num_stages)  # fmt: skip
+    launch(_decode_split_kernel, plan.split_grid, (q, key_cache, value_cache, seqlens, table, o_part, lse_part),
+           plan.split_scalars, plan.split_constexprs, plan.num_warps, plan.num_stages)  # fmt: skip
     if plan.num_splits > 1:
-        launch(_decode_merge_kernel, head_batch_grid(Tq, H, B),
-               (o_part, lse_part, o, lse, *o_part.stride(), *lse_part.stride(), *o.stride(), H, Tq, plan.num_splits),
+        launch(_decode_merge_kernel, head_batch_grid(Tq, H, B), (o_part, lse_part, o, lse), plan.merge_scalars,
                plan.merge_constexprs, 4, 3)  # fmt: skip
     return o, lse
 # --8<-- [end:launcher]

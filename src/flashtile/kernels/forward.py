@@ -318,7 +318,7 @@ def flash_attention(
     o = torch.empty(plan.out_shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(plan.out_shape[:3], dtype=torch.float32, device=q.device)
     stats = torch.empty((2, *plan.out_shape[:3]), dtype=torch.float32, device=q.device)
-    launch(_forward_kernel, plan.grid, (*loads, o, lse, stats, *plan.scalars), plan.constexprs, plan.num_warps,
+    launch(_forward_kernel, plan.grid, (*loads, o, lse, stats), plan.scalars, plan.constexprs, plan.num_warps,
            plan.num_stages)  # fmt: skip
     return (o, lse, stats) if plan.return_stats else (o, lse)
 # --8<-- [end:launcher]
