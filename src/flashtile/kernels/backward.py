@@ -126,12 +126,13 @@ def load_masked(ptrs, row_ok, col_ok, MASK_ROWS: tl.constexpr, MASK_COLS: tl.con
 @triton.jit
 def dkdv_query_tiles(
     dk, dv, k, v, Q, DO, M, L, DELTA, DQ_ACC, q_offsets, do_offsets, acc_offsets, rows0, cols, keys,
-    stride_qt, stride_dot, first, end, Tq, Tk, offset, scale, qk_scale,
+    stride_qt, stride_dot, first, end, jump_at, jump_by, Tq, Tk, offset, scale, qk_scale,
     BLOCK_Q: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, MASKED: tl.constexpr,
     CAUSAL: tl.constexpr, SIGN: tl.constexpr, DOT_PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr,
     INTERPRETED: tl.constexpr,
 ):  # fmt: skip
-    """Fold query tiles first .. end - 1 of one head into (dk, dv), on transposed tiles.
+    """Fold query tiles t = first .. end - 1 of one head into (dk, dv), on transposed tiles; a t from
+    jump_at on stands for tile t + jump_by, so one loop can walk two separate runs of tiles.
 
     Every (BLOCK_K, BLOCK_Q) tile here is the transpose of the forward's: uT = K Q^T, pT, dpT, dsT.
     Then dV = P^T dO and dK = dS^T Q are plain products, and Q arrives as qT, a (HEAD_DIM_PAD,
@@ -139,7 +140,8 @@ def dkdv_query_tiles(
     compile-time switch: the tiles on the causal diagonal or past Tq or Tk pay for the mask, the
     interior tiles load and compute without one.
     """
-    for q_index in range(first, end):
+    for t in range(first, end):
+        q_index = tl.where(t < jump_at, t, t + jump_by)
         q_start = q_index * BLOCK_Q
         rows = q_start + rows0
         qT = load_masked(Q + q_start.to(tl.int64) * stride_qt + q_offsets, rows[None, :] < Tq,
@@ -149,10 +151,12 @@ def dkdv_query_tiles(
                          cols[None, :] < HEAD_DIM, MASKED, HEAD_DIM != HEAD_DIM_PAD)  # fmt: skip
         m, log2_l = load_row_stats(M, L, rows, Tq)
         delta = tl.load(DELTA + rows, mask=rows < Tq, other=0.0)
-        if INTERPRETED:  # numpy's matmul rounds k·q and q·k differently: take the forward's orientation
-            uT = tl.trans(tl.dot(tl.trans(qT), tl.trans(k), input_precision=DOT_PRECISION))
-        else:  # the forward's raw dots, transposed: on the GPU the same products summed in the same order
-            uT = tl.dot(k, qT, input_precision=DOT_PRECISION)
+        a, b = k, qT  # uT = K Q^T: the forward's raw dots, transposed; the same sums on the GPU
+        if INTERPRETED:  # numpy's matmul rounds k·q and q·k differently: multiply as the forward did
+            a, b = tl.trans(qT), tl.trans(k)
+        uT = tl.dot(a, b, input_precision=DOT_PRECISION)
+        if INTERPRETED:
+            uT = tl.trans(uT)
         pT = recompute_p(uT, m[None, :], log2_l[None, :], qk_scale)  # never stored
         if MASKED:
             keep = visible(rows[None, :], keys[:, None], Tq, Tk, offset, CAUSAL)
@@ -211,7 +215,8 @@ def backward_dkdv_kernel(
     acc_offsets = rows0[:, None] * HEAD_DIM_PAD + cols[None, :]  # DQ_ACC: contiguous along the head dim
     dk = tl.zeros((BLOCK_K, HEAD_DIM_PAD), dtype=tl.float32)  # lives in registers for the whole program
     dv = tl.zeros((BLOCK_K, HEAD_DIM_PAD), dtype=tl.float32)
-    # Query tiles [lo, mid) straddle the diagonal, [mid, hi) see every key of this tile, [hi, n) hold rows past Tq.
+    # Query tiles [lo, mid) straddle the diagonal, [mid, hi) see every key of this tile, [hi, n) hold rows
+    # past Tq. The masked body is compiled once, for both masked runs: each copy of it costs registers.
     n = tl.cdiv(Tq, BLOCK_Q)
     lo = 0
     mid = 0
@@ -227,20 +232,17 @@ def backward_dkdv_kernel(
         row_base = (b * H + h) * Tq  # m, l and delta are (B, H, Tq), contiguous; DQ_ACC is (B, H, Tq, pad)
         m_ptr, l_ptr, delta_ptr = M + row_base, L + row_base, DELTA + row_base
         acc_ptr = DQ_ACC + row_base * HEAD_DIM_PAD
-        dk, dv = dkdv_query_tiles(
+        dk, dv = dkdv_query_tiles(  # the interior, unmasked
             dk, dv, k_tile, v_tile, q_ptr, do_ptr, m_ptr, l_ptr, delta_ptr, acc_ptr, q_offsets, do_offsets,
-            acc_offsets, rows0, cols, keys, stride_qt, stride_dot, lo, mid, Tq, Tk, offset, scale, qk_scale,
-            BLOCK_Q, HEAD_DIM, HEAD_DIM_PAD, True, CAUSAL, SIGN, DOT_PRECISION, ATOMIC_DQ, INTERPRETED,
+            acc_offsets, rows0, cols, keys, stride_qt, stride_dot, mid, hi, hi, 0, Tq, Tk, offset,
+            scale, qk_scale, BLOCK_Q, HEAD_DIM, HEAD_DIM_PAD, False, CAUSAL, SIGN, DOT_PRECISION, ATOMIC_DQ,
+            INTERPRETED,
         )  # fmt: skip
-        dk, dv = dkdv_query_tiles(
+        dk, dv = dkdv_query_tiles(  # one masked loop: the band [lo, mid), then the tail [hi, n)
             dk, dv, k_tile, v_tile, q_ptr, do_ptr, m_ptr, l_ptr, delta_ptr, acc_ptr, q_offsets, do_offsets,
-            acc_offsets, rows0, cols, keys, stride_qt, stride_dot, mid, hi, Tq, Tk, offset, scale, qk_scale,
-            BLOCK_Q, HEAD_DIM, HEAD_DIM_PAD, False, CAUSAL, SIGN, DOT_PRECISION, ATOMIC_DQ, INTERPRETED,
-        )  # fmt: skip
-        dk, dv = dkdv_query_tiles(
-            dk, dv, k_tile, v_tile, q_ptr, do_ptr, m_ptr, l_ptr, delta_ptr, acc_ptr, q_offsets, do_offsets,
-            acc_offsets, rows0, cols, keys, stride_qt, stride_dot, hi, n, Tq, Tk, offset, scale, qk_scale,
-            BLOCK_Q, HEAD_DIM, HEAD_DIM_PAD, True, CAUSAL, SIGN, DOT_PRECISION, ATOMIC_DQ, INTERPRETED,
+            acc_offsets, rows0, cols, keys, stride_qt, stride_dot, lo, mid + n - hi, mid, hi - mid, Tq, Tk, offset,
+            scale, qk_scale, BLOCK_Q, HEAD_DIM, HEAD_DIM_PAD, True, CAUSAL, SIGN, DOT_PRECISION, ATOMIC_DQ,
+            INTERPRETED,
         )  # fmt: skip
     dk = dk * unit  # S = τ Q K^T = unit (sign Q) K^T, so dK = unit * dS^T (sign Q)
     store_tile(DK + b * stride_dkb + h_kv * stride_dkh, stride_dkt, stride_dkd, keys, cols, Tk, HEAD_DIM, dk)
