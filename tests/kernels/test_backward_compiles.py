@@ -1,10 +1,15 @@
-"""The backward's dK/dV kernel compiles for sm_90 in both dQ modes, without a GPU.
+"""The backward kernels compile for sm_90 without a GPU: atomics only where asked for, and no spills.
 
 The atomic-dQ mode (``deterministic=False``) adds ``tl.atomic_add`` of a float32 tile inside the dK/dV
 kernel. The interpreter runs it on the CPU (tests/kernels/test_backward.py checks its numbers), but the
-interpreter does not compile; this test does (``tests/_sm90.py``), with the H200 settings of
-``backward_config`` for bf16, D = 64 (64 x 64 tiles, 4 warps, 3 stages), and checks that the atomic
-mode emits float32 atomic adds (``red``/``atom`` ... ``.add.f32``) and the deterministic mode none.
+interpreter does not compile; this test does (``tests/_sm90.py``), and checks that the atomic mode emits
+float32 atomic adds (``red``/``atom`` ... ``.add.f32``) and the deterministic mode none.
+
+It also compiles both kernels with the H200 settings ``backward_config`` picks for bf16 at D = 64 and
+D = 128, causal, as a launch on contiguous tensors would specialise them (head-dim strides of 1, pointers
+and row strides divisible by 16), and runs ptxas on the result: a kernel that spills registers to local
+memory is slower than a smaller tile that does not, so the chosen settings must not spill. (The compiled
+kernel's own ``n_spills`` needs a GPU driver; ``ptxas -v`` reports the same count from the PTX.)
 Skipped only where Triton has no NVIDIA backend.
 """
 
@@ -17,28 +22,77 @@ import pytest
 from _sm90 import compile_in_fresh_process
 
 BODY = """
+import re, subprocess, tempfile
+import torch
 from flashtile.kernels import backward
 
-types = dict(Q="*bf16", K="*bf16", V="*bf16", DO="*bf16", M="*fp32", L="*fp32", DELTA="*fp32", DK="*bf16",
-             DV="*bf16", DQ_ACC="*fp32", unit="fp32", scale="fp32", qk_scale="fp32")
-out = {}
-for atomic in (False, True):
-    constexprs = dict(CAUSAL=True, BLOCK_Q=64, BLOCK_K=64, HEAD_DIM=64, HEAD_DIM_PAD=64, SIGN=1,
-                      DOT_PRECISION="tf32", ATOMIC_DQ=atomic, WIDE=False, INTERPRETED=False)
-    kernel = sm90(backward.backward_dkdv_kernel, types, constexprs, num_warps=4, num_stages=3)
-    out["atomic" if atomic else "deterministic"] = kernel.asm["ptx"]
+POINTERS = dict(Q="*bf16", K="*bf16", V="*bf16", DO="*bf16", M="*fp32", L="*fp32", DELTA="*fp32", DK="*bf16",
+                DV="*bf16", DQ="*bf16", DQ_ACC="*fp32", unit="fp32", scale="fp32", qk_scale="fp32")
+
+
+def like_a_launch(fn, constexprs, num_warps, num_stages):
+    # What the launcher's specialisation adds for contiguous tensors at T = 8192: head-dim strides of 1,
+    # and 16-divisible pointers, strides and lengths (the hints that let loads be vectorised).
+    names = list(inspect.signature(fn.fn).parameters)
+    constexprs = dict(constexprs, **{n: 1 for n in names if n.startswith("stride_") and n.endswith("d")})
+    signature = {n: "constexpr" if n in constexprs else POINTERS.get(n, "i32") for n in names}
+    aligned = [n for n in names if n not in constexprs
+               and (POINTERS.get(n, "").startswith("*") or n.startswith("stride_") or n in ("Tq", "Tk"))]
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
+    source = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                          options=dict(num_warps=num_warps, num_stages=num_stages))
+
+
+def spills(kernel):
+    with tempfile.TemporaryDirectory() as tmp:
+        with open(f"{tmp}/k.ptx", "w") as f:
+            f.write(kernel.asm["ptx"])
+        log = subprocess.run([triton.knobs.nvidia.ptxas.path, "-v", "--regAllocOptLevel=2", "--gpu-name=sm_90a",
+                              f"{tmp}/k.ptx", "-o", f"{tmp}/k.o"], capture_output=True, text=True, check=True).stderr
+    spilled = int(re.search(r"(\\d+) bytes spill stores", log).group(1))
+    return spilled, int(re.search(r"Used (\\d+) registers", log).group(1))
+
+
+out = {"ptx": {}, "stats": []}
+for D in (64, 128):
+    config = backward.backward_config(D, torch.bfloat16)
+    common = dict(CAUSAL=True, HEAD_DIM=D, HEAD_DIM_PAD=D, SIGN=1, DOT_PRECISION="tf32", WIDE=False)
+    bq, bk, warps, stages = config["dkdv"]
+    for atomic in (False, True):
+        kernel = like_a_launch(backward.backward_dkdv_kernel, dict(common, BLOCK_Q=bq, BLOCK_K=bk, ATOMIC_DQ=atomic,
+                               INTERPRETED=False), warps, stages)
+        name = "dkdv_atomic" if atomic else "dkdv"
+        if D == 64:
+            out["ptx"]["atomic" if atomic else "deterministic"] = kernel.asm["ptx"]
+        out["stats"].append([name, D, config["dkdv"], *spills(kernel), kernel.metadata.shared])
+    bq, bk, warps, stages = config["dq"]
+    kernel = like_a_launch(backward.backward_dq_kernel, dict(common, BLOCK_Q=bq, BLOCK_K=bk), warps, stages)
+    out["stats"].append(["dq", D, config["dq"], *spills(kernel), kernel.metadata.shared])
 print(json.dumps(out))
 """
 ATOMIC_ADD_F32 = re.compile(r"\b(red|atom)\.[\w.]*add\.(v\d\.)?f32")
+H200_SHARED_BYTES = 227 * 1024  # the most shared memory one block may use on the H100 and H200
 
 
 @pytest.fixture(scope="module")
-def sm90_ptx() -> dict[str, str]:
-    """dQ mode ("deterministic", "atomic") -> PTX of the bf16, D = 64 dK/dV kernel for sm_90."""
+def sm90() -> dict:
+    """{"ptx": dQ mode -> PTX of the bf16, D = 64 dK/dV kernel, "stats": [kernel, D, config, spills, regs, shared]}."""
     return compile_in_fresh_process(BODY)
 
 
-def test_atomic_dq_compiles_to_float32_atomic_adds_and_the_default_has_none(sm90_ptx):
-    assert ".target sm_90a" in sm90_ptx["atomic"]
-    assert ATOMIC_ADD_F32.search(sm90_ptx["atomic"]), "no float32 atomic add in the atomic-dQ kernel"
-    assert not ATOMIC_ADD_F32.search(sm90_ptx["deterministic"]), "the deterministic kernel must not use atomics"
+def test_atomic_dq_compiles_to_float32_atomic_adds_and_the_default_has_none(sm90):
+    ptx = sm90["ptx"]
+    assert ".target sm_90a" in ptx["atomic"]
+    assert ATOMIC_ADD_F32.search(ptx["atomic"]), "no float32 atomic add in the atomic-dQ kernel"
+    assert not ATOMIC_ADD_F32.search(ptx["deterministic"]), "the deterministic kernel must not use atomics"
+
+
+def test_the_h200_configs_compile_without_spills_and_fit_in_shared_memory(sm90):
+    for kernel, D, config, spill_bytes, regs, shared in sm90["stats"]:
+        where = f"{kernel} at D = {D} with {config}: {regs} registers, {shared} bytes of shared memory"
+        # The atomic mode shares the dK/dV tile sizes, chosen for the default: its extra matmul may spill a
+        # few bytes (24 at D = 128 when this was written), not a tile's worth.
+        allowed = 64 if kernel == "dkdv_atomic" else 0
+        assert spill_bytes <= allowed, f"{where} spills {spill_bytes} bytes"
+        assert shared <= H200_SHARED_BYTES, where

@@ -345,18 +345,26 @@ def backward_dq_kernel(
 def backward_config(head_dim: int, dtype: torch.dtype) -> dict:
     """(block_q, block_k, num_warps, num_stages) for each kernel, by head dim and dtype.
 
-    The dK/dV kernel keeps k, v, dk and dv of BLOCK_K keys resident while query tiles stream past,
-    the dQ kernel keeps q, do and dq of BLOCK_Q queries. On the H200 a 64 x 64 dK/dV tile with 4 warps
-    beat 64 x 128 tiles by 1.5-1.7x (bench/results/sweeps/backward-configs.json): four fp32-sized resident
-    tiles of 128 rows are more than the register file holds. fp32 inputs count as twice the head dim.
+    The dK/dV kernel keeps k, v, dk and dv of BLOCK_K keys resident while query tiles of BLOCK_Q rows
+    stream past, the dQ kernel keeps q, do and dq of BLOCK_Q queries while key tiles stream past. What
+    limits the tiles is the register file: compiled for sm_90 (tests/kernels/test_backward_compiles.py),
+    these are the largest tiles whose 16-bit kernels do not spill, with shared memory under the H200's
+    227 KB; the GPU sweep (``python -m flashtile.bench backward --sweep``) measures the neighbours.
+    fp32 inputs multiply on the CUDA cores, not the tensor cores, and need far smaller tiles.
     The interpreter runs programs one after another: fewer, larger tiles are faster there.
     """
-    wide = head_dim_pad(head_dim) * (2 if dtype == torch.float32 else 1)
+    pad = head_dim_pad(head_dim)
     if is_interpreting():
         return dict(dkdv=(32, 32, 4, 1), dq=(32, 32, 4, 1))
-    if wide <= 128:  # from bench/results/sweeps/backward-configs.json (H200, T = 8192, D = 64 and 128)
-        return dict(dkdv=(64, 64, 4, 3), dq=(128, 64, 8, 3))
-    return dict(dkdv=(32, 64, 4, 1), dq=(64, 32, 4, 1))
+    if dtype == torch.float32:
+        return dict(dkdv=(32 if pad <= 64 else 16, 32, 4, 2), dq=(32, 32, 4, 2))
+    if pad <= 64:  # 128 keys resident, 32 query rows per step
+        return dict(dkdv=(32, 128, 8, 3), dq=(128, 64, 8, 3))
+    if pad == 128:
+        return dict(dkdv=(32, 64, 8, 3), dq=(128, 64, 8, 2))
+    return dict(dkdv=(16, 32, 4, 2), dq=(64, 32, 8, 2))  # D = 256
+
+
 # --8<-- [end:config]
 
 
