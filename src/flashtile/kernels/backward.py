@@ -357,7 +357,7 @@ def backward_config(head_dim: int, dtype: torch.dtype) -> dict:
     if is_interpreting():
         return dict(dkdv=(32, 32, 4, 1), dq=(32, 32, 4, 1))
     if dtype == torch.float32:
-        return dict(dkdv=(32 if pad <= 64 else 16, 32, 4, 2), dq=(32, 32, 4, 2))
+        return dict(dkdv=(32, 32, 4, 2) if pad <= 64 else (16, 32, 8, 2), dq=(32, 32, 4, 2))
     if pad <= 64:  # 128 keys resident, 32 query rows per step
         return dict(dkdv=(32, 128, 8, 3), dq=(128, 64, 8, 3))
     if pad == 128:
