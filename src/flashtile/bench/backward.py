@@ -90,8 +90,9 @@ def measure(shape: dict) -> list[dict]:
         assert err < 0.25, f"{name} gradients disagree with sdpa_flash by {err}"
         ms = median_ms(lambda o=o: o.backward(do, retain_graph=True), grad_to_none=leaves)
         tflops = attention_tflops(shape, ms, "bwd")
-        rows.append(dict(shape, dtype="bf16", mode="bwd", provider=name, ms=round(ms, 4), tflops=round(tflops, 1),
-                         max_abs_grad_diff_vs_sdpa_flash=err))  # fmt: skip
+        schema = dict(H_kv=shape["H"], Tq=shape["T"], Tk=shape["T"], layout="bhtd")  # BENCH_SCHEMA.md's names
+        rows.append(dict({"pass": "backward"}, **shape, **schema, dtype="bf16", mode="bwd", provider=name,
+                         ms=round(ms, 4), tflops=round(tflops, 1), max_abs_grad_diff_vs_sdpa_flash=err))  # fmt: skip
         print(f"{name:>10} {shape} {ms:.4f} ms {tflops:.1f} TFLOP/s (grad diff {err:.3g})", flush=True)
     return rows
 

@@ -224,7 +224,7 @@ def decode_table(result: dict) -> list[str]:
     key = lambda r: (r["B"], r["Tk"], r["H"], r["H_kv"], r.get("page_size"), bool(r.get("ragged")))
     for (B, Tk, H, H_kv, _, _), by in _group(result["rows"], key).items():
         ours, cudnn = by["flashtile_split_k"], by.get("sdpa_cudnn")
-        rate = lambda p: f"{by[p]['tbps_graph']:.2f}" if _ok(by.get(p)) and by[p].get("tbps_graph") else "—"
+        rate = lambda p, by=by: f"{by[p]['tbps_graph']:.2f}" if _ok(by.get(p)) and by[p].get("tbps_graph") else "—"
         versus = [
             f"{cudnn[k] / ours[k]:.2f}" if _ok(cudnn) and cudnn.get(k) and ours.get(k) else "—"
             for k in ("ms_graph", "ms")

@@ -49,6 +49,7 @@ from ._common import (
     is_interpreting,
     kernel_scale,
     last_key_tile,
+    launch,
     store_tile,
 )
 from .backward_preprocess import backward_preprocess
@@ -358,10 +359,10 @@ def backward_config(head_dim: int, dtype: torch.dtype) -> dict:
         return dict(dkdv=(32, 32, 4, 1), dq=(32, 32, 4, 1))
     if dtype == torch.float32:
         return dict(dkdv=(32, 32, 4, 2) if pad <= 64 else (16, 32, 8, 2), dq=(32, 32, 4, 2))
-    if pad <= 64:  # 128 keys resident, 32 query rows per step
-        return dict(dkdv=(32, 128, 8, 3), dq=(128, 64, 8, 3))
-    if pad == 128:
-        return dict(dkdv=(32, 64, 8, 3), dq=(128, 64, 8, 2))
+    if pad <= 64:  # measured best on the H200 (bench/results/sweeps/backward-v2-configs.json)
+        return dict(dkdv=(32, 128, 4, 3), dq=(64, 64, 4, 3))
+    if pad == 128:  # 8 warps spill nothing here but ran at half the speed of 4
+        return dict(dkdv=(32, 64, 4, 3), dq=(128, 64, 8, 3))
     return dict(dkdv=(16, 32, 4, 2), dq=(64, 32, 8, 2))  # D = 256
 
 
@@ -458,22 +459,24 @@ def flash_attention_backward(
         dq_acc = torch.zeros((*q.shape[:3], pad), dtype=torch.float32, device=q.device)
     bq, bk, warps, stages = config["dkdv"]
     bq, bk = block_q or bq, block_k or bk
-    backward_dkdv_kernel[head_batch_grid(triton.cdiv(shape.Tk, bk), shape.H_kv, shape.B)](
-        q, k, v, do, stats[0], stats[1], delta, dk, dv, dq_acc,
-        *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
-        shape.H, shape.H_kv, shape.Tq, shape.Tk, units.unit, scale, units.qk_scale, offset,
-        BLOCK_Q=bq, BLOCK_K=bk, **common, ATOMIC_DQ=not deterministic, INTERPRETED=q.device.type == "cpu",
-        num_warps=warps, num_stages=stages,
+    launch(
+        backward_dkdv_kernel, head_batch_grid(-(-shape.Tk // bk), shape.H_kv, shape.B),
+        (q, k, v, do, stats[0], stats[1], delta, dk, dv, dq_acc),
+        (*q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
+         shape.H, shape.H_kv, shape.Tq, shape.Tk, units.unit, scale, units.qk_scale, offset),
+        dict(BLOCK_Q=bq, BLOCK_K=bk, **common, ATOMIC_DQ=not deterministic, INTERPRETED=q.device.type == "cpu"),
+        warps, stages,
     )  # fmt: skip
     if not deterministic:
         return dq_acc[..., : shape.D].to(q.dtype).contiguous(), dk, dv
     bq, bk, warps, stages = config["dq"]
     bq, bk = block_q or bq, block_k or bk
-    backward_dq_kernel[head_batch_grid(triton.cdiv(shape.Tq, bq), shape.H, shape.B)](
-        q, k, v, do, stats[0], stats[1], delta, dq,
-        *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
-        shape.H, shape.H_kv, shape.Tq, shape.Tk, scale, units.qk_scale, offset,
-        BLOCK_Q=bq, BLOCK_K=bk, **common, num_warps=warps, num_stages=stages,
+    launch(
+        backward_dq_kernel, head_batch_grid(-(-shape.Tq // bq), shape.H, shape.B),
+        (q, k, v, do, stats[0], stats[1], delta, dq),
+        (*q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
+         shape.H, shape.H_kv, shape.Tq, shape.Tk, scale, units.qk_scale, offset),
+        dict(BLOCK_Q=bq, BLOCK_K=bk, **common), warps, stages,
     )  # fmt: skip
     return dq, dk, dv
 # --8<-- [end:launcher]

@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import head_batch_grid, head_dim_pad, load_tile
+from ._common import head_batch_grid, head_dim_pad, launch, load_tile
 
 
 # --8<-- [start:preprocess]
@@ -42,7 +42,6 @@ def backward_preprocess(o: torch.Tensor, do: torch.Tensor, block_q: int) -> torc
     B, H, Tq, D = o.shape
     delta = torch.empty((B, H, Tq), dtype=torch.float32, device=o.device)
     grid = head_batch_grid(triton.cdiv(Tq, block_q), H, B)
-    backward_preprocess_kernel[grid](
-        o, do, delta, *o.stride(), *do.stride(), H, Tq, D, BLOCK_Q=block_q, HEAD_DIM_PAD=head_dim_pad(D)
-    )
+    launch(backward_preprocess_kernel, grid, (o, do, delta), (*o.stride(), *do.stride(), H, Tq, D),
+           dict(BLOCK_Q=block_q, HEAD_DIM_PAD=head_dim_pad(D)), 4, 3)  # Triton's default warps and stages
     return delta
