@@ -98,3 +98,18 @@ def test_the_fast_launch_repeats_the_full_launch_bit_for_bit_and_specialises_on_
         o, _ = flash_attention(*shifted, causal=True)
         expected, _ = attention_truth(*(x.double() for x in shifted), causal=True)
         torch.testing.assert_close(o.double(), expected, **FORWARD_TOL[torch.float16])
+
+
+@pytest.mark.parametrize(("changed", "error"), [(dict(deterministic=1), TypeError), (dict(causal=0), TypeError)])
+def test_a_cached_backward_plan_does_not_let_a_bad_flag_through(changed, error):
+    from flashtile.kernels.backward import flash_attention_backward
+
+    q, k, v = _qkv()
+    do = randn(*q.shape)
+    o, lse, stats = flash_attention(q, k, v, causal=True, return_stats=True)
+    good = dict(causal=True, stats=stats, deterministic=True)
+    first = flash_attention_backward(q, k, v, o, lse, do, **good)  # cached now
+    again = flash_attention_backward(q, k, v, o, lse, do, **good)
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+    with pytest.raises(error):
+        flash_attention_backward(q, k, v, o, lse, do, **{**good, **changed})

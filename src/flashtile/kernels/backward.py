@@ -20,6 +20,8 @@ lse itself: its rounding, relative to |lse|, becomes an error in P of the same r
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -38,6 +40,7 @@ from ..reference.causal import diagonal_offset
 from ._common import (
     KERNEL_DTYPES,
     apply_sign,
+    cached_plan,
     check_kernel_device,
     check_launch,
     check_tile_size,
@@ -402,6 +405,82 @@ def wide_offsets(rows: int, pad: int, *tensors: torch.Tensor) -> bool:
     return any(rows * x.stride(2) + pad * x.stride(3) >= 2**31 for x in tensors)
 
 
+def contiguous_strides(shape) -> tuple:
+    """The strides torch.empty(shape) gets: what the launcher's outputs will have, known before they exist."""
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= size
+    return tuple(reversed(strides))
+
+
+class BackwardPlan(NamedTuple):
+    """The launches of one backward call, worked out once per layout (see ``_common.cached_plan``)."""
+
+    scale: float
+    pad: int
+    deterministic: bool
+    preprocess_block: int
+    dkdv_grid: tuple
+    dkdv_scalars: tuple
+    dkdv_constexprs: dict
+    dkdv_launch: tuple  # (num_warps, num_stages)
+    dq_grid: tuple
+    dq_scalars: tuple
+    dq_constexprs: dict
+    dq_launch: tuple
+
+
+def make_backward_plan(q, k, v, o, lse, do, stats, causal, scale, alignment, block_q, block_k, config,
+                       deterministic) -> BackwardPlan:  # fmt: skip
+    """Check one backward call's arguments and derive its launches; raises on anything the kernels cannot take."""
+    shape = check_attention_inputs(q, k, v, dtypes=KERNEL_DTYPES)
+    check_like("o", o, "q", q)
+    check_like("do", do, "q", q)
+    check_lse(lse, shape, q)
+    check_causal(causal)
+    offset = diagonal_offset(shape.Tq, shape.Tk, check_alignment(alignment))
+    scale = resolve_scale(scale, shape.D, q.dtype)
+    check_kernel_device("q", q)
+    block_q = None if block_q is None else check_tile_size("block_q", block_q)
+    block_k = None if block_k is None else check_tile_size("block_k", block_k)
+    config = backward_config(shape.D, q.dtype) if config is None else check_config(config)
+    if stats is not None:
+        check_tensor("stats", stats, rank=4, dtypes=(torch.float32,))
+        if tuple(stats.shape) != (2, *lse.shape) or stats.device != q.device:
+            raise ValueError(f"stats must be (2, B, H, Tq) = {(2, *lse.shape)} on {q.device}, got "
+                             f"{tuple(stats.shape)}")  # fmt: skip
+    units = kernel_scale(scale)
+    deterministic = check_flag("deterministic", deterministic)
+    pad = head_dim_pad(shape.D)
+    tiles = config["dkdv"][:2] + config["dq"][:2] + (block_q or 0, block_k or 0)
+    common = dict(CAUSAL=causal, HEAD_DIM=shape.D, HEAD_DIM_PAD=pad, SIGN=units.sign,
+                  DOT_PRECISION=dot_precision(q.dtype), WIDE=wide_offsets(max(tiles), pad, q, k, v, do))  # fmt: skip
+    kv_strides = contiguous_strides(k.shape)  # dk and dv
+    dkdv_q, dkdv_k, dkdv_warps, dkdv_stages = config["dkdv"]
+    dkdv_q, dkdv_k = block_q or dkdv_q, block_k or dkdv_k
+    dq_q, dq_k, dq_warps, dq_stages = config["dq"]
+    dq_q, dq_k = block_q or dq_q, block_k or dq_k
+    sizes = (shape.H, shape.H_kv, shape.Tq, shape.Tk)
+    return BackwardPlan(
+        scale=scale,
+        pad=pad,
+        deterministic=deterministic,
+        preprocess_block=block_q or config["dq"][0],
+        dkdv_grid=head_batch_grid(-(-shape.Tk // dkdv_k), shape.H_kv, shape.B),
+        dkdv_scalars=(*q.stride(), *k.stride(), *v.stride(), *do.stride(), *kv_strides, *kv_strides, *sizes,
+                      units.unit, scale, units.qk_scale, offset),  # fmt: skip
+        dkdv_constexprs=dict(BLOCK_Q=dkdv_q, BLOCK_K=dkdv_k, **common, ATOMIC_DQ=not deterministic,
+                             INTERPRETED=q.device.type == "cpu"),  # fmt: skip
+        dkdv_launch=(dkdv_warps, dkdv_stages),
+        dq_grid=head_batch_grid(-(-shape.Tq // dq_q), shape.H, shape.B),
+        dq_scalars=(*q.stride(), *k.stride(), *v.stride(), *do.stride(), *contiguous_strides(q.shape), *sizes,
+                    scale, units.qk_scale, offset),  # fmt: skip
+        dq_constexprs=dict(BLOCK_Q=dq_q, BLOCK_K=dq_k, **common),
+        dq_launch=(dq_warps, dq_stages),
+    )
+
+
 # --8<-- [start:launcher]
 def flash_attention_backward(
     q, k, v, o, lse, do, causal=False, scale=None, alignment="upper_left", block_q=None, block_k=None, *,
@@ -425,58 +504,24 @@ def flash_attention_backward(
     Returns:
         dq like q; dk, dv like k (contiguous), each accumulated in float32 and cast to the input dtype.
     """
-    shape = check_attention_inputs(q, k, v, dtypes=KERNEL_DTYPES)
-    check_like("o", o, "q", q)
-    check_like("do", do, "q", q)
-    check_lse(lse, shape, q)
-    check_causal(causal)
-    offset = diagonal_offset(shape.Tq, shape.Tk, check_alignment(alignment))
-    scale = resolve_scale(scale, shape.D, q.dtype)
-    check_kernel_device("q", q)
-    block_q = None if block_q is None else check_tile_size("block_q", block_q)
-    block_k = None if block_k is None else check_tile_size("block_k", block_k)
-    config = backward_config(shape.D, q.dtype) if config is None else check_config(config)
-    if stats is None:
-        stats = stats_from_lse(lse, scale)
-    check_tensor("stats", stats, rank=4, dtypes=(torch.float32,))
-    if tuple(stats.shape) != (2, *lse.shape) or stats.device != q.device:
-        raise ValueError(f"stats must be (2, B, H, Tq) = {(2, *lse.shape)} on {q.device}, got {tuple(stats.shape)}")
-    stats = stats.contiguous()
-    units = kernel_scale(scale)
-    deterministic = check_flag("deterministic", deterministic)
-
-    delta = backward_preprocess(o, do, block_q or config["dq"][0])
+    plan = cached_plan(make_backward_plan, (q, k, v, o, lse, do, stats), causal, scale, alignment, block_q, block_k,
+                       config, deterministic)  # fmt: skip
+    stats = (stats_from_lse(lse, plan.scale) if stats is None else stats).contiguous()
+    delta = backward_preprocess(o, do, plan.preprocess_block)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
-    pad = head_dim_pad(shape.D)
-    tiles = config["dkdv"][:2] + config["dq"][:2] + (block_q or 0, block_k or 0)
-    common = dict(CAUSAL=causal, HEAD_DIM=shape.D, HEAD_DIM_PAD=pad, SIGN=units.sign,
-                  DOT_PRECISION=dot_precision(q.dtype), WIDE=wide_offsets(max(tiles), pad, q, k, v, do))  # fmt: skip
-    if deterministic:  # dQ gets its own kernel below, and the dK/dV kernel ignores this argument
+    if plan.deterministic:  # dQ gets its own kernel below, and the dK/dV kernel ignores this argument
         dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         dq_acc = dq
     else:  # a float32 accumulator that every key tile adds into: zeroed first, cast once at the end
-        dq_acc = torch.zeros((*q.shape[:3], pad), dtype=torch.float32, device=q.device)
-    bq, bk, warps, stages = config["dkdv"]
-    bq, bk = block_q or bq, block_k or bk
-    launch(
-        backward_dkdv_kernel, head_batch_grid(-(-shape.Tk // bk), shape.H_kv, shape.B),
-        (q, k, v, do, stats[0], stats[1], delta, dk, dv, dq_acc),
-        (*q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
-         shape.H, shape.H_kv, shape.Tq, shape.Tk, units.unit, scale, units.qk_scale, offset),
-        dict(BLOCK_Q=bq, BLOCK_K=bk, **common, ATOMIC_DQ=not deterministic, INTERPRETED=q.device.type == "cpu"),
-        warps, stages,
-    )  # fmt: skip
-    if not deterministic:
-        return dq_acc[..., : shape.D].to(q.dtype).contiguous(), dk, dv
-    bq, bk, warps, stages = config["dq"]
-    bq, bk = block_q or bq, block_k or bk
-    launch(
-        backward_dq_kernel, head_batch_grid(-(-shape.Tq // bq), shape.H, shape.B),
-        (q, k, v, do, stats[0], stats[1], delta, dq),
-        (*q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
-         shape.H, shape.H_kv, shape.Tq, shape.Tk, scale, units.qk_scale, offset),
-        dict(BLOCK_Q=bq, BLOCK_K=bk, **common), warps, stages,
-    )  # fmt: skip
+        dq_acc = torch.zeros((*q.shape[:3], plan.pad), dtype=torch.float32, device=q.device)
+    launch(backward_dkdv_kernel, plan.dkdv_grid, (q, k, v, do, stats[0], stats[1], delta, dk, dv, dq_acc),
+           plan.dkdv_scalars, plan.dkdv_constexprs, *plan.dkdv_launch)  # fmt: skip
+    if not plan.deterministic:
+        return dq_acc[..., : q.shape[3]].to(q.dtype).contiguous(), dk, dv
+    launch(backward_dq_kernel, plan.dq_grid, (q, k, v, do, stats[0], stats[1], delta, dq), plan.dq_scalars,
+           plan.dq_constexprs, *plan.dq_launch)  # fmt: skip
     return dq, dk, dv
+
+
 # --8<-- [end:launcher]
