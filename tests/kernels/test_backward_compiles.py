@@ -1,4 +1,4 @@
-"""The backward kernels compile for sm_90 without a GPU: atomics only where asked for, and no spills.
+"""The backward kernels compile for sm_90 without a GPU: atomics only where asked for, few spills.
 
 The atomic-dQ mode (``deterministic=False``) adds ``tl.atomic_add`` of a float32 tile inside the dK/dV
 kernel. The interpreter runs it on the CPU (tests/kernels/test_backward.py checks its numbers), but the
@@ -8,7 +8,8 @@ float32 atomic adds (``red``/``atom`` ... ``.add.f32``) and the deterministic mo
 It also compiles both kernels with the H200 settings ``backward_config`` picks for bf16 at D = 64 and
 D = 128, causal, as a launch on contiguous tensors would specialise them (head-dim strides of 1, pointers
 and row strides divisible by 16), and runs ptxas on the result: a kernel that spills registers to local
-memory is slower than a smaller tile that does not, so the chosen settings must not spill. (The compiled
+memory can be slower than a smaller tile that does not. Measured on the H200 it was not, for a few hundred
+bytes (120-500 with the chosen settings), but a tile's worth of spills must not come back. (The compiled
 kernel's own ``n_spills`` needs a GPU driver; ``ptxas -v`` reports the same count from the PTX.)
 Skipped only where Triton has no NVIDIA backend.
 """
@@ -88,11 +89,15 @@ def test_atomic_dq_compiles_to_float32_atomic_adds_and_the_default_has_none(sm90
     assert not ATOMIC_ADD_F32.search(ptx["deterministic"]), "the deterministic kernel must not use atomics"
 
 
-def test_the_h200_configs_compile_without_spills_and_fit_in_shared_memory(sm90):
+# The measured H200 configs (4 warps) spill a few hundred bytes, and ran twice as fast as the 8-warp
+# tiles that spill nothing (bench/results/sweeps/backward-v2-configs.json). What must not come back is
+# a tile's worth of spills: the first backward's 64 x 64 dK/dV tiles spilled 748 bytes at D = 128, its
+# fp32 dQ tiles 32 KB.
+MAX_SPILL_BYTES = 512
+
+
+def test_the_h200_configs_spill_at_most_a_few_registers_and_fit_in_shared_memory(sm90):
     for kernel, D, config, spill_bytes, regs, shared in sm90["stats"]:
         where = f"{kernel} at D = {D} with {config}: {regs} registers, {shared} bytes of shared memory"
-        # The atomic mode shares the dK/dV tile sizes, chosen for the default: its extra matmul may spill a
-        # few bytes (24 at D = 128 when this was written), not a tile's worth.
-        allowed = 64 if kernel == "dkdv_atomic" else 0
-        assert spill_bytes <= allowed, f"{where} spills {spill_bytes} bytes"
+        assert spill_bytes <= MAX_SPILL_BYTES, f"{where} spills {spill_bytes} bytes"
         assert shared <= H200_SHARED_BYTES, where

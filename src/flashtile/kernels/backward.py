@@ -350,10 +350,11 @@ def backward_config(head_dim: int, dtype: torch.dtype) -> dict:
     """(block_q, block_k, num_warps, num_stages) for each kernel, by head dim and dtype.
 
     The dK/dV kernel keeps k, v, dk and dv of BLOCK_K keys resident while query tiles of BLOCK_Q rows
-    stream past, the dQ kernel keeps q, do and dq of BLOCK_Q queries while key tiles stream past. What
-    limits the tiles is the register file: compiled for sm_90 (tests/kernels/test_backward_compiles.py),
-    these are the largest tiles whose 16-bit kernels do not spill, with shared memory under the H200's
-    227 KB; the GPU sweep (``python -m flashtile.bench backward --sweep``) measures the neighbours.
+    stream past, the dQ kernel keeps q, do and dq of BLOCK_Q queries while key tiles stream past. The
+    16-bit settings are the fastest of a sweep on the H200 (bench/results/sweeps/backward-v2-configs.json).
+    Every dK/dV setting sits at the 255-register limit; these spill 120-250 bytes (ptxas, sm_90), and
+    still ran 1.5-2 times as fast as the 8-warp tiles that spill nothing (tests/kernels/test_backward_compiles.py
+    keeps the spills to a few hundred bytes).
     fp32 inputs multiply on the CUDA cores, not the tensor cores, and need far smaller tiles.
     The interpreter runs programs one after another: fewer, larger tiles are faster there.
     """
