@@ -45,3 +45,22 @@ def test_measure_writes_schema_rows(monkeypatch, extra):
         assert ours["tbps_graph"] == 16.384
     for row in rows:  # a backend that cannot run here (cuDNN on the CPU) is recorded, not raised
         assert (row["ms"] is None and row["tbps"] is None and row["error"]) or row["tbps"] > 0
+
+
+def test_run_takes_every_eager_time_before_the_first_graph(monkeypatch):
+    from flashtile.bench import decode
+
+    calls = []
+
+    def fake_measure(shape, clock):
+        calls.append((shape["Tk"], clock))
+        row = {"provider": "flashtile_split_k", "Tk": shape["Tk"]}
+        return [dict(row, ms=1.0) if clock == "eager" else dict(row, ms_graph=0.5, tbps_graph=2.0)]
+
+    monkeypatch.setattr(decode, "measure", fake_measure)
+    monkeypatch.setattr(decode, "copy_rate", lambda: {})
+    monkeypatch.setattr(decode, "save_result", lambda out, rows, method, **extra: rows)
+    rows = decode.run("unused.json")
+    shapes = len(decode.HEADLINE)
+    assert [clock for _, clock in calls] == ["eager"] * shapes + ["graph"] * shapes
+    assert all(row["ms"] == 1.0 and row["ms_graph"] == 0.5 and row["tbps_graph"] == 2.0 for row in rows)
