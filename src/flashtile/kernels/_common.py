@@ -316,7 +316,7 @@ def launch(kernel, grid, tensors: tuple, scalars: tuple, constexprs: dict, num_w
     if scalar_spec is None:
         scalar_spec = _remember(_scalar_keys, scalar_key, tuple(map(specialization, scalars)))
     device = torch.cuda.current_device()
-    key = (kernel, device, num_warps, num_stages, *constexprs.values(), scalar_spec, *map(specialization, tensors))
+    key = (kernel, device, num_warps, num_stages, *constexprs.items(), scalar_spec, *map(specialization, tensors))
     entry = _compiled.get(key)
     if entry is None:  # the full path compiles (or finds) the kernel and launches it
         compiled = kernel[grid](*tensors, *scalars, **constexprs, num_warps=num_warps, num_stages=num_stages)
