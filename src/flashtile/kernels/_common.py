@@ -335,6 +335,15 @@ def _current_stream(device: int) -> int:
     return raw(device) if raw is not None else torch.cuda.current_stream(device).cuda_stream
 
 
+def contiguous_strides(shape) -> tuple:
+    """The strides torch.empty(shape) gets: what the launcher's outputs will have, known before they exist."""
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= size
+    return tuple(reversed(strides))
+
+
 MAX_PLANS = 1024
 _plans: dict = {}
 

@@ -44,6 +44,7 @@ from ._common import (
     check_kernel_device,
     check_launch,
     check_tile_size,
+    contiguous_strides,
     dot_precision,
     first_query_row,
     full_key_tiles,
@@ -404,15 +405,6 @@ def wide_offsets(rows: int, pad: int, *tensors: torch.Tensor) -> bool:
     in-tile offsets in int64 (their WIDE switch). Each tile's first row and each (batch, head) are
     always offset in int64; this only decides the per-element part."""
     return any(rows * x.stride(2) + pad * x.stride(3) >= 2**31 for x in tensors)
-
-
-def contiguous_strides(shape) -> tuple:
-    """The strides torch.empty(shape) gets: what the launcher's outputs will have, known before they exist."""
-    strides, step = [], 1
-    for size in reversed(shape):
-        strides.append(step)
-        step *= size
-    return tuple(reversed(strides))
 
 
 class BackwardPlan(NamedTuple):

@@ -41,6 +41,7 @@ from ._common import (
     check_kernel_device,
     check_launch,
     check_tile_size,
+    contiguous_strides,
     dot_precision,
     head_batch_grid,
     head_dim_pad,
@@ -295,11 +296,10 @@ def make_decode_plan(q, key_cache, value_cache, cache_seqlens, block_table, scal
         num_splits = pick_num_splits(programs, shape.capacity, sm_count(q.device))
     units = kernel_scale(resolve_scale(scale, shape.D, q.dtype))
     B, H, Tq, D = shape.B, shape.H, shape.Tq, shape.D
-    if num_splits == 1:  # the one partial is the answer: written in place into o and lse, split stride 0
-        o_strides, lse_strides = (H * Tq * D, Tq * D, D, 0, 1), (H * Tq, Tq, 1, 0)
-    else:  # the fp32 workspace (B, H, Tq, num_splits, D) and (B, H, Tq, num_splits), contiguous
-        o_strides = (H * Tq * num_splits * D, Tq * num_splits * D, num_splits * D, D, 1)
-        lse_strides = (H * Tq * num_splits, Tq * num_splits, num_splits, 1)
+    # The partials' workspace, (B, H, Tq, num_splits, D) and (B, H, Tq, num_splits), contiguous. With one
+    # split it is o and lse themselves, whose layout is the same with the split axis of size 1.
+    o_strides = contiguous_strides((B, H, Tq, num_splits, D))
+    lse_strides = contiguous_strides((B, H, Tq, num_splits))
     table_strides = block_table.stride() if block_table is not None else (0, 0)
     return DecodePlan(
         shape=shape,
@@ -312,7 +312,7 @@ def make_decode_plan(q, key_cache, value_cache, cache_seqlens, block_table, scal
             PAGE_SIZE=shape.page_size or 1, PAGED=block_table is not None, HAS_SEQLENS=cache_seqlens is not None,
             SIGN=units.sign, DOT_PRECISION=dot_precision(q.dtype),
         ),  # fmt: skip
-        merge_scalars=(*o_strides, *lse_strides, H * Tq * D, Tq * D, D, 1, H, Tq, num_splits),
+        merge_scalars=(*o_strides, *lse_strides, *contiguous_strides((B, H, Tq, D)), H, Tq, num_splits),
         merge_constexprs=dict(HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D), SPLITS_PAD=triton.next_power_of_2(num_splits)),
         num_warps=num_warps,
         num_stages=num_stages,

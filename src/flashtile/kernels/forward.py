@@ -39,6 +39,7 @@ from ._common import (
     check_kernel_device,
     check_launch,
     check_tile_size,
+    contiguous_strides,
     dot_precision,
     full_key_tiles,
     has_tma,
@@ -270,13 +271,12 @@ def make_forward_plan(q, k, v, causal, scale, alignment, block_q, block_k, num_w
     B, H, H_kv, Tq, Tk, D = shape
     units = kernel_scale(scale)
     strides = use_tma(config["tma"] if tma is None else tma, q, k, v)
-    o_strides = (H * Tq * D, Tq * D, D, 1)  # o is allocated contiguous
     offset = diagonal_offset(Tq, Tk, alignment)
     return ForwardPlan(
         out_shape=(B, H, Tq, D),
         grid=head_batch_grid(-(-Tq // block_q), H, B),  # cdiv in plain Python: triton.cdiv is a jit function
-        scalars=(*q.stride(), *k.stride(), *v.stride(), *o_strides, H, shape.group, Tq, Tk, offset,
-                 units.qk_scale, B * H * Tq),  # fmt: skip
+        scalars=(*q.stride(), *k.stride(), *v.stride(), *contiguous_strides((B, H, Tq, D)), H, shape.group, Tq, Tk,
+                 offset, units.qk_scale, B * H * Tq),  # fmt: skip
         constexprs=dict(HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D), BLOCK_Q=block_q, BLOCK_K=block_k, CAUSAL=causal,
                         SIGN=units.sign, USE_TMA=strides is not None, DOT_PRECISION=dot_precision(q.dtype)),
         num_warps=num_warps,
