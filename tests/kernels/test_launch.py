@@ -6,6 +6,8 @@ thing, and require the same error a fresh process would give (the contract is on
 whatever ran before). They run the kernels through the interpreter on the CPU.
 """
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -85,8 +87,9 @@ def test_the_plan_table_starts_over_when_full(monkeypatch):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_the_fast_launch_repeats_the_full_launch_bit_for_bit_and_specialises_on_alignment():
     q, k, v = _qkv(T=300, D=64, dtype=torch.float16)
-    first, _ = flash_attention(q, k, v, causal=True)  # the full Triton path, which fills the table
-    assert any(key[0] is not None for key in _common._compiled)
+    first, _ = flash_attention(q, k, v, causal=True)  # the full Triton path, which keeps the compiled kernel
+    plan = next(plan for key, plan in _common._plans.items() if key[1][2] == q.dtype and key[1][0] == q.shape)
+    assert len(plan.launch._compiled) == 1
     for _ in range(3):  # the fast path
         again, _ = flash_attention(q, k, v, causal=True)
         assert torch.equal(again, first)
@@ -98,6 +101,20 @@ def test_the_fast_launch_repeats_the_full_launch_bit_for_bit_and_specialises_on_
         o, _ = flash_attention(*shifted, causal=True)
         expected, _ = attention_truth(*(x.double() for x in shifted), causal=True)
         torch.testing.assert_close(o.double(), expected, **FORWARD_TOL[torch.float16])
+
+
+def test_a_launch_remembers_a_bounded_number_of_specialisations(monkeypatch):
+    class StandIn(_common.KernelLaunch):  # Triton's full path stood in for: compiles nothing
+        __slots__ = ()
+
+        def _full_launch(self, tensors):
+            return SimpleNamespace(run=None, function=None, packed_metadata=None)
+
+    monkeypatch.setattr(_common, "MAX_COMPILED", 2)
+    kernel_launch = StandIn(SimpleNamespace(arg_names=["x"]), (1,), (), {}, 4, 3)
+    for dtype in (torch.float32, torch.float16, torch.int32):  # three specialisations
+        kernel_launch._compile_and_launch((torch.empty(8, dtype=dtype),), 0)
+    assert 1 <= len(kernel_launch._compiled) <= 2
 
 
 @pytest.mark.parametrize(("changed", "error"), [(dict(deterministic=1), TypeError), (dict(causal=0), TypeError)])

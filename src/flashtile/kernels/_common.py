@@ -255,33 +255,24 @@ def first_query_row(k_start, offset):
 
 
 # --8<-- [start:launch]
-MAX_COMPILED = 1024  # specialisations remembered by ``launch``; past that the table starts over
+MAX_COMPILED = 16  # specialisations one launch remembers (devices, alignments); past that it starts over
 
 
 def specialization(arg):
-    """What Triton compiles a separate kernel for, given one launch argument, or a finer key.
+    """What Triton compiles a separate kernel for, given one tensor-like launch argument.
 
-    Triton specialises a tensor on its dtype and on whether its address is a multiple of 16 bytes; an
-    int on being 1, being a multiple of 16, and fitting 32 bits; a descriptor on its dtype and tile.
-    A key finer than Triton's only costs an extra trip through the full launch path, never a wrong kernel.
+    Triton specialises a tensor on its dtype and on whether its address is a multiple of 16 bytes, and a
+    TMA descriptor on its tensor's dtype and alignment, its geometry and its tile. (Ints and floats are
+    specialised too, but a plan fixes those.) A key finer than Triton's only costs an extra trip
+    through the full launch path, never a wrong kernel.
     """
     if isinstance(arg, torch.Tensor):
         return arg.dtype, arg.data_ptr() % 16 == 0
-    if isinstance(arg, bool) or arg is None or isinstance(arg, str):
-        return arg
-    if isinstance(arg, int):
-        return arg == 1, arg % 16 == 0, -(2**31) <= arg < 2**31, arg < 2**63
-    if isinstance(arg, float):
-        return float
     base = getattr(arg, "base", None)  # a host TMA descriptor: its tensor, geometry and tile
     if isinstance(base, torch.Tensor):
         return (base.dtype, base.data_ptr() % 16 == 0, tuple(arg.shape), tuple(arg.strides), tuple(arg.block_shape),
                 arg.padding)  # fmt: skip
-    return arg
-
-
-_compiled: dict = {}  # (kernel, device, settings, specialisation) -> the compiled kernel's launcher and handles
-_scalar_keys: dict = {}  # (kernel, scalars, their types) -> their specialisation, worked out once
+    return arg  # None, for an optional tensor left out
 
 
 def _launch_hooked() -> bool:
@@ -290,43 +281,51 @@ def _launch_hooked() -> bool:
     return hook is not None and bool(getattr(hook, "calls", True))
 
 
-def _remember(table: dict, key, value):
-    if len(table) >= MAX_COMPILED:
-        table.clear()
-    table[key] = value
-    return value
-
-
-def launch(kernel, grid, tensors: tuple, scalars: tuple, constexprs: dict, num_warps: int, num_stages: int) -> None:
-    """``kernel[grid](*tensors, *scalars, **constexprs, num_warps=..., num_stages=...)``, at a fraction of
-    the host cost.
+class KernelLaunch:
+    """``kernel[grid](*tensors, *scalars, **constexprs, num_warps=..., num_stages=...)``, at a fraction
+    of the host cost: one kernel's launch, as a plan works it out once per layout.
 
     Triton's launch path re-binds every argument, rebuilds the specialisation key and looks up the device
     and stream on each call: about 40 µs on the H200's host, against 10 µs for the compiled launcher
-    itself (bench/PERF_LOG.md, v6). The first call of each specialisation takes that path and keeps the
-    compiled kernel; later calls hand their arguments straight to its launcher. Of the key, only the
-    tensors' addresses change from call to call of one layout: the scalars' part is looked up, not
-    rebuilt. An interpreted kernel (TRITON_INTERPRET=1), and a launch a profiler hooks, take the full path.
+    itself (bench/PERF_LOG.md, v6). Everything in that key but the tensors' addresses is fixed by the
+    plan that holds this launch, so a call only reads each tensor's dtype and 16-byte alignment, finds
+    the compiled kernel kept for them, and hands its arguments straight to that kernel's launcher. The
+    first call of each specialisation takes Triton's full path and keeps what it compiled. An interpreted
+    kernel (TRITON_INTERPRET=1), and a launch a profiler hooks, always take the full path.
     """
-    if type(kernel) is not triton.JITFunction or _launch_hooked():
-        kernel[grid](*tensors, *scalars, **constexprs, num_warps=num_warps, num_stages=num_stages)
-        return
-    scalar_key = (kernel, scalars, *map(type, scalars))  # the types too: 1 == 1.0, but an int is not a float
-    scalar_spec = _scalar_keys.get(scalar_key)
-    if scalar_spec is None:
-        scalar_spec = _remember(_scalar_keys, scalar_key, tuple(map(specialization, scalars)))
-    device = torch.cuda.current_device()
-    key = (kernel, device, num_warps, num_stages, *constexprs.items(), scalar_spec, *map(specialization, tensors))
-    entry = _compiled.get(key)
-    if entry is None:  # the full path compiles (or finds) the kernel and launches it
-        compiled = kernel[grid](*tensors, *scalars, **constexprs, num_warps=num_warps, num_stages=num_stages)
+
+    __slots__ = ("kernel", "grid", "scalars", "constexprs", "num_warps", "num_stages", "_compiled")
+
+    def __init__(self, kernel, grid: tuple, scalars: tuple, constexprs: dict, num_warps: int, num_stages: int):
+        self.kernel, self.grid, self.scalars, self.constexprs = kernel, grid, scalars, constexprs
+        self.num_warps, self.num_stages = num_warps, num_stages
+        self._compiled = {}  # (device, specialisation of each tensor) -> the compiled kernel's launcher
+
+    def __call__(self, *tensors) -> None:
+        if type(self.kernel) is not triton.JITFunction or _launch_hooked():
+            self._full_launch(tensors)
+            return
+        device = torch.cuda.current_device()
+        entry = self._compiled.get((device, *map(specialization, tensors)))
+        if entry is None:
+            self._compile_and_launch(tensors, device)
+            return
+        run, function, metadata, tail = entry
+        run(*self.grid, _current_stream(device), function, metadata, None, None, None, *tensors, *self.scalars, *tail)
+
+    def _full_launch(self, tensors):
+        return self.kernel[self.grid](*tensors, *self.scalars, **self.constexprs, num_warps=self.num_warps,
+                                      num_stages=self.num_stages)  # fmt: skip
+
+    def _compile_and_launch(self, tensors, device):
+        compiled = self._full_launch(tensors)  # compiles (or finds) the kernel, and launches it
         compiled = compiled.result() if hasattr(compiled, "result") else compiled  # an asynchronous compile
-        n_args = len(tensors) + len(scalars)
-        tail = tuple(constexprs[name] for name in kernel.arg_names[n_args:])  # the rest, in declared order
-        _remember(_compiled, key, (compiled.run, compiled.function, compiled.packed_metadata, tail))
-        return
-    run, function, metadata, tail = entry
-    run(*grid, _current_stream(device), function, metadata, None, None, None, *tensors, *scalars, *tail)
+        n_args = len(tensors) + len(self.scalars)
+        tail = tuple(self.constexprs[name] for name in self.kernel.arg_names[n_args:])  # in declared order
+        if len(self._compiled) >= MAX_COMPILED:
+            self._compiled.clear()
+        self._compiled[(device, *map(specialization, tensors))] = (compiled.run, compiled.function,
+                                                                    compiled.packed_metadata, tail)  # fmt: skip
 
 
 def _current_stream(device: int) -> int:

@@ -39,6 +39,7 @@ from .._checks import (
 from ..reference.causal import diagonal_offset
 from ._common import (
     KERNEL_DTYPES,
+    KernelLaunch,
     apply_sign,
     cached_plan,
     check_kernel_device,
@@ -53,10 +54,9 @@ from ._common import (
     is_interpreting,
     kernel_scale,
     last_key_tile,
-    launch,
     store_tile,
 )
-from .backward_preprocess import backward_preprocess
+from .backward_preprocess import backward_preprocess, preprocess_launch
 
 
 # --8<-- [start:row_stats]
@@ -413,15 +413,9 @@ class BackwardPlan(NamedTuple):
     scale: float
     pad: int
     deterministic: bool
-    preprocess_block: int
-    dkdv_grid: tuple
-    dkdv_scalars: tuple
-    dkdv_constexprs: dict
-    dkdv_launch: tuple  # (num_warps, num_stages)
-    dq_grid: tuple
-    dq_scalars: tuple
-    dq_constexprs: dict
-    dq_launch: tuple
+    preprocess: KernelLaunch  # delta = rowsum(dO * O)
+    dkdv: KernelLaunch  # one program per key tile: dK, dV (and with atomics, its share of dQ)
+    dq: KernelLaunch  # one program per query tile: dQ
 
 
 def make_backward_plan(q, k, v, o, lse, do, stats, causal, scale, alignment, block_q, block_k, config,
@@ -459,18 +453,26 @@ def make_backward_plan(q, k, v, o, lse, do, stats, causal, scale, alignment, blo
         scale=scale,
         pad=pad,
         deterministic=deterministic,
-        preprocess_block=block_q or config["dq"][0],
-        dkdv_grid=head_batch_grid(-(-shape.Tk // dkdv_k), shape.H_kv, shape.B),
-        dkdv_scalars=(*q.stride(), *k.stride(), *v.stride(), *do.stride(), *kv_strides, *kv_strides, *sizes,
-                      units.unit, scale, units.qk_scale, offset),  # fmt: skip
-        dkdv_constexprs=dict(BLOCK_Q=dkdv_q, BLOCK_K=dkdv_k, **common, ATOMIC_DQ=not deterministic,
-                             INTERPRETED=q.device.type == "cpu"),  # fmt: skip
-        dkdv_launch=(dkdv_warps, dkdv_stages),
-        dq_grid=head_batch_grid(-(-shape.Tq // dq_q), shape.H, shape.B),
-        dq_scalars=(*q.stride(), *k.stride(), *v.stride(), *do.stride(), *contiguous_strides(q.shape), *sizes,
-                    scale, units.qk_scale, offset),  # fmt: skip
-        dq_constexprs=dict(BLOCK_Q=dq_q, BLOCK_K=dq_k, **common),
-        dq_launch=(dq_warps, dq_stages),
+        preprocess=preprocess_launch(o, do, block_q or config["dq"][0]),
+        dkdv=KernelLaunch(
+            backward_dkdv_kernel,
+            grid=head_batch_grid(-(-shape.Tk // dkdv_k), shape.H_kv, shape.B),
+            scalars=(*q.stride(), *k.stride(), *v.stride(), *do.stride(), *kv_strides, *kv_strides, *sizes,
+                     units.unit, scale, units.qk_scale, offset),  # fmt: skip
+            constexprs=dict(BLOCK_Q=dkdv_q, BLOCK_K=dkdv_k, **common, ATOMIC_DQ=not deterministic,
+                            INTERPRETED=q.device.type == "cpu"),  # fmt: skip
+            num_warps=dkdv_warps,
+            num_stages=dkdv_stages,
+        ),
+        dq=KernelLaunch(
+            backward_dq_kernel,
+            grid=head_batch_grid(-(-shape.Tq // dq_q), shape.H, shape.B),
+            scalars=(*q.stride(), *k.stride(), *v.stride(), *do.stride(), *contiguous_strides(q.shape), *sizes,
+                     scale, units.qk_scale, offset),  # fmt: skip
+            constexprs=dict(BLOCK_Q=dq_q, BLOCK_K=dq_k, **common),
+            num_warps=dq_warps,
+            num_stages=dq_stages,
+        ),
     )
 
 
@@ -500,7 +502,7 @@ def flash_attention_backward(
     plan = cached_plan(make_backward_plan, (q, k, v, o, lse, do, stats), causal, scale, alignment, block_q, block_k,
                        config, deterministic)  # fmt: skip
     stats = (stats_from_lse(lse, plan.scale) if stats is None else stats).contiguous()
-    delta = backward_preprocess(o, do, plan.preprocess_block)
+    delta = backward_preprocess(o, do, plan.preprocess)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     if plan.deterministic:  # dQ gets its own kernel below, and the dK/dV kernel ignores this argument
@@ -508,12 +510,10 @@ def flash_attention_backward(
         dq_acc = dq
     else:  # a float32 accumulator that every key tile adds into: zeroed first, cast once at the end
         dq_acc = torch.zeros((*q.shape[:3], plan.pad), dtype=torch.float32, device=q.device)
-    launch(backward_dkdv_kernel, plan.dkdv_grid, (q, k, v, do, stats[0], stats[1], delta, dk, dv, dq_acc),
-           plan.dkdv_scalars, plan.dkdv_constexprs, *plan.dkdv_launch)  # fmt: skip
+    plan.dkdv(q, k, v, do, stats[0], stats[1], delta, dk, dv, dq_acc)
     if not plan.deterministic:
         return dq_acc[..., : q.shape[3]].to(q.dtype).contiguous(), dk, dv
-    launch(backward_dq_kernel, plan.dq_grid, (q, k, v, do, stats[0], stats[1], delta, dq), plan.dq_scalars,
-           plan.dq_constexprs, *plan.dq_launch)  # fmt: skip
+    plan.dq(q, k, v, do, stats[0], stats[1], delta, dq)
     return dq, dk, dv
 
 

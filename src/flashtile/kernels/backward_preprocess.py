@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import head_batch_grid, head_dim_pad, launch, load_tile
+from ._common import KernelLaunch, head_batch_grid, head_dim_pad, load_tile
 
 
 # --8<-- [start:preprocess]
@@ -37,11 +37,17 @@ def backward_preprocess_kernel(
 # --8<-- [end:preprocess]
 
 
-def backward_preprocess(o: torch.Tensor, do: torch.Tensor, block_q: int) -> torch.Tensor:
-    """delta = rowsum(dO * O): (B, H, Tq) float32, contiguous. o and do are (B, H, Tq, D), any strides."""
+def preprocess_launch(o: torch.Tensor, do: torch.Tensor, block_q: int) -> KernelLaunch:
+    """The preprocess kernel's launch for o and do of one layout (part of the backward's plan)."""
     B, H, Tq, D = o.shape
-    delta = torch.empty((B, H, Tq), dtype=torch.float32, device=o.device)
-    grid = head_batch_grid(triton.cdiv(Tq, block_q), H, B)
-    launch(backward_preprocess_kernel, grid, (o, do, delta), (*o.stride(), *do.stride(), H, Tq, D),
-           dict(BLOCK_Q=block_q, HEAD_DIM_PAD=head_dim_pad(D)), 4, 3)  # Triton's default warps and stages
+    return KernelLaunch(backward_preprocess_kernel, head_batch_grid(triton.cdiv(Tq, block_q), H, B),
+                        (*o.stride(), *do.stride(), H, Tq, D), dict(BLOCK_Q=block_q, HEAD_DIM_PAD=head_dim_pad(D)),
+                        4, 3)  # Triton's default warps and stages  # fmt: skip
+
+
+def backward_preprocess(o: torch.Tensor, do: torch.Tensor, launch: KernelLaunch) -> torch.Tensor:
+    """delta = rowsum(dO * O): (B, H, Tq) float32, contiguous. o and do are (B, H, Tq, D), any strides;
+    ``launch`` is ``preprocess_launch`` of their layout."""
+    delta = torch.empty(o.shape[:3], dtype=torch.float32, device=o.device)
+    launch(o, do, delta)
     return delta

@@ -36,6 +36,7 @@ from .._checks import resolve_scale
 from ..decode import DecodeShape, check_decode_inputs, check_num_splits, pick_num_splits, sm_count
 from ._common import (
     KERNEL_DTYPES,
+    KernelLaunch,
     apply_sign,
     cached_plan,
     check_kernel_device,
@@ -47,7 +48,6 @@ from ._common import (
     head_dim_pad,
     is_interpreting,
     kernel_scale,
-    launch,
     online_softmax_step,
     program_offset,
 )
@@ -267,13 +267,8 @@ class DecodePlan(NamedTuple):
 
     shape: DecodeShape
     num_splits: int
-    split_grid: tuple
-    split_scalars: tuple  # the split kernel's arguments after its tensors, up to the constexprs
-    split_constexprs: dict
-    merge_scalars: tuple  # the merge kernel's strides of the workspace and of o and lse, and sizes
-    merge_constexprs: dict
-    num_warps: int
-    num_stages: int
+    split: KernelLaunch  # each program: one slice of one sequence's keys, for one KV group's query rows
+    merge: KernelLaunch  # each program: one (b, h, new token)'s partials, merged
 
 
 def make_decode_plan(q, key_cache, value_cache, cache_seqlens, block_table, scale, num_splits, block_k, num_warps,
@@ -304,18 +299,27 @@ def make_decode_plan(q, key_cache, value_cache, cache_seqlens, block_table, scal
     return DecodePlan(
         shape=shape,
         num_splits=num_splits,
-        split_grid=head_batch_grid(num_splits, shape.H_kv * n_row_blocks, B),
-        split_scalars=(*q.stride(), *key_cache.stride(), *value_cache.stride(), *table_strides, *o_strides,
-                       *lse_strides, Tq, shape.group, shape.capacity, num_splits, units.qk_scale),  # fmt: skip
-        split_constexprs=dict(
-            HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D), BLOCK_M=block_m, BLOCK_K=block_k,
-            PAGE_SIZE=shape.page_size or 1, PAGED=block_table is not None, HAS_SEQLENS=cache_seqlens is not None,
-            SIGN=units.sign, DOT_PRECISION=dot_precision(q.dtype),
-        ),  # fmt: skip
-        merge_scalars=(*o_strides, *lse_strides, *contiguous_strides((B, H, Tq, D)), H, Tq, num_splits),
-        merge_constexprs=dict(HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D), SPLITS_PAD=triton.next_power_of_2(num_splits)),
-        num_warps=num_warps,
-        num_stages=num_stages,
+        split=KernelLaunch(
+            _decode_split_kernel,
+            grid=head_batch_grid(num_splits, shape.H_kv * n_row_blocks, B),
+            scalars=(*q.stride(), *key_cache.stride(), *value_cache.stride(), *table_strides, *o_strides,
+                     *lse_strides, Tq, shape.group, shape.capacity, num_splits, units.qk_scale),  # fmt: skip
+            constexprs=dict(
+                HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D), BLOCK_M=block_m, BLOCK_K=block_k,
+                PAGE_SIZE=shape.page_size or 1, PAGED=block_table is not None, HAS_SEQLENS=cache_seqlens is not None,
+                SIGN=units.sign, DOT_PRECISION=dot_precision(q.dtype),
+            ),  # fmt: skip
+            num_warps=num_warps,
+            num_stages=num_stages,
+        ),
+        merge=KernelLaunch(
+            _decode_merge_kernel,
+            grid=head_batch_grid(Tq, H, B),
+            scalars=(*o_strides, *lse_strides, *contiguous_strides((B, H, Tq, D)), H, Tq, num_splits),
+            constexprs=dict(HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D), SPLITS_PAD=triton.next_power_of_2(num_splits)),
+            num_warps=4,
+            num_stages=3,
+        ),
     )
 
 
@@ -340,10 +344,8 @@ def flash_decode(
         lse_part = torch.empty((B, H, Tq, plan.num_splits), dtype=torch.float32, device=q.device)
     seqlens = cache_seqlens if cache_seqlens is not None else lse  # a dummy pointer, never read
     table = block_table if block_table is not None else lse  # likewise
-    launch(_decode_split_kernel, plan.split_grid, (q, key_cache, value_cache, seqlens, table, o_part, lse_part),
-           plan.split_scalars, plan.split_constexprs, plan.num_warps, plan.num_stages)  # fmt: skip
+    plan.split(q, key_cache, value_cache, seqlens, table, o_part, lse_part)
     if plan.num_splits > 1:
-        launch(_decode_merge_kernel, head_batch_grid(Tq, H, B), (o_part, lse_part, o, lse), plan.merge_scalars,
-               plan.merge_constexprs, 4, 3)  # fmt: skip
+        plan.merge(o_part, lse_part, o, lse)
     return o, lse
 # --8<-- [end:launcher]

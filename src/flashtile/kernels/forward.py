@@ -34,6 +34,7 @@ from .._checks import check_alignment, check_attention_inputs, check_causal, che
 from ..reference.causal import diagonal_offset
 from ._common import (
     KERNEL_DTYPES,
+    KernelLaunch,
     apply_sign,
     cached_plan,
     check_kernel_device,
@@ -47,7 +48,6 @@ from ._common import (
     head_dim_pad,
     kernel_scale,
     last_key_tile,
-    launch,
     online_softmax_step,
     program_offset,
     tile_descriptor,
@@ -241,11 +241,7 @@ class ForwardPlan(NamedTuple):
     """Everything about a launch that follows from the inputs' layout and the flags, worked out once."""
 
     out_shape: tuple  # (B, H, Tq, D) of o; lse and stats drop the last dim
-    grid: tuple
-    scalars: tuple  # the kernel's arguments after its tensors: strides, sizes, offset, qk_scale, rows
-    constexprs: dict
-    num_warps: int
-    num_stages: int
+    launch: KernelLaunch  # grid, the arguments after the tensors (strides, sizes, offset, qk_scale, rows), settings
     tma: tuple | None  # (strides, tile rows) of each of q, k, v's descriptors, or None for pointers
     return_stats: bool
 
@@ -274,13 +270,17 @@ def make_forward_plan(q, k, v, causal, scale, alignment, block_q, block_k, num_w
     offset = diagonal_offset(Tq, Tk, alignment)
     return ForwardPlan(
         out_shape=(B, H, Tq, D),
-        grid=head_batch_grid(-(-Tq // block_q), H, B),  # cdiv in plain Python: triton.cdiv is a jit function
-        scalars=(*q.stride(), *k.stride(), *v.stride(), *contiguous_strides((B, H, Tq, D)), H, shape.group, Tq, Tk,
-                 offset, units.qk_scale, B * H * Tq),  # fmt: skip
-        constexprs=dict(HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D), BLOCK_Q=block_q, BLOCK_K=block_k, CAUSAL=causal,
-                        SIGN=units.sign, USE_TMA=strides is not None, DOT_PRECISION=dot_precision(q.dtype)),
-        num_warps=num_warps,
-        num_stages=num_stages,
+        launch=KernelLaunch(
+            _forward_kernel,
+            grid=head_batch_grid(-(-Tq // block_q), H, B),  # cdiv in plain Python: triton.cdiv is a jit function
+            scalars=(*q.stride(), *k.stride(), *v.stride(), *contiguous_strides((B, H, Tq, D)), H, shape.group, Tq,
+                     Tk, offset, units.qk_scale, B * H * Tq),  # fmt: skip
+            constexprs=dict(HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D), BLOCK_Q=block_q, BLOCK_K=block_k,
+                            CAUSAL=causal, SIGN=units.sign, USE_TMA=strides is not None,
+                            DOT_PRECISION=dot_precision(q.dtype)),  # fmt: skip
+            num_warps=num_warps,
+            num_stages=num_stages,
+        ),
         tma=None if strides is None else tuple(zip(strides, (block_q, block_k, block_k))),
         return_stats=return_stats,
     )
@@ -313,12 +313,11 @@ def flash_attention(
                        num_stages, tma, return_stats)  # fmt: skip
     loads = (q, k, v)  # what the kernel reads tiles through: the tensors, or TMA descriptors of them
     if plan.tma is not None:
-        pad = plan.constexprs["HEAD_DIM_PAD"]
+        pad = plan.launch.constexprs["HEAD_DIM_PAD"]
         loads = tuple(tile_descriptor(x, strides, rows, pad) for x, (strides, rows) in zip(loads, plan.tma))
     o = torch.empty(plan.out_shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(plan.out_shape[:3], dtype=torch.float32, device=q.device)
     stats = torch.empty((2, *plan.out_shape[:3]), dtype=torch.float32, device=q.device)
-    launch(_forward_kernel, plan.grid, (*loads, o, lse, stats), plan.scalars, plan.constexprs, plan.num_warps,
-           plan.num_stages)  # fmt: skip
+    plan.launch(*loads, o, lse, stats)
     return (o, lse, stats) if plan.return_stats else (o, lse)
 # --8<-- [end:launcher]
