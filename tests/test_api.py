@@ -200,3 +200,28 @@ def test_use_backend_rejects_unknown_names():
     with pytest.raises(ValueError, match="backend must be one of"):
         with use_backend("cuda"):
             pass
+
+
+# --- the eager fast path: checks kept per layout, the kernel's plan kept per call ------------------------
+
+
+@pytest.mark.parametrize(
+    ("changed", "error"),
+    [(dict(is_causal=1), TypeError), (dict(scale=float("inf")), ValueError), (dict(alignment="left"), ValueError),
+     (dict(return_lse="no"), TypeError), (dict(enable_gqa=False), ValueError)],
+)  # fmt: skip
+def test_a_kept_call_does_not_let_a_bad_flag_through(changed, error):
+    q, k, v = (t.detach() for t in make_qkv(1, 4, 2, 21, 33, 16, seed=31))
+    good = dict(is_causal=True, scale=0.2, enable_gqa=True, alignment="lower_right", return_lse=True)
+    attention(q, k, v, **good)  # its checks and its kernel plan are kept now
+    with pytest.raises(error):
+        attention(q, k, v, **{**good, **changed})
+
+
+def test_kept_calls_give_new_inputs_of_one_layout_their_own_answers():
+    for seed in (32, 33, 34):  # one layout, new values and addresses: the kept plan is reused, the data is not
+        q, k, v = (t.detach() for t in make_qkv(2, 2, 1, 19, 27, 8, seed=seed))
+        o, lse = attention(q, k, v, is_causal=True, enable_gqa=True, alignment="lower_right", return_lse=True)
+        o_truth, lse_truth = attention_truth(q.double(), k.double(), v.double(), causal=True, alignment="lower_right")
+        torch.testing.assert_close(o.double(), o_truth, **TOL[F32])
+        torch.testing.assert_close(lse.double(), lse_truth, **TOL[F32])

@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import numbers
+from typing import NamedTuple
 
 import torch
 
@@ -47,6 +48,7 @@ from ._checks import (
     stats_dtype,
 )
 from ._env import is_interpreting
+from ._plans import cached_plan
 
 BACKENDS = ("triton", "reference")
 _forced_backend: contextvars.ContextVar[str | None] = contextvars.ContextVar("flashtile_backend", default=None)
@@ -134,7 +136,9 @@ def attention_fwd(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(o, lse, stats): o (B, H, Tq, D) contiguous in q's dtype; lse (B, H, Tq) float32 (float64 for float64);
     stats, what the backward needs besides lse: the kernels' final (m, l), (2, B, H, Tq), or empty."""
-    return forward_impl(q, k, v, causal, scale, alignment, backend)
+    o, lse, stats = forward_impl(q, k, v, causal, scale, alignment, backend)
+    # The kernels write lse and (m, l) into one buffer, and an op's outputs may not share memory.
+    return o, lse, (stats.clone() if stats.numel() else stats)
 
 
 @attention_fwd.register_fake
@@ -249,6 +253,31 @@ def _no_double_backward(ctx, *grads):
 attention_bwd.register_autograd(_no_double_backward, setup_context=lambda ctx, inputs, output: None)
 
 
+class AttentionCall(NamedTuple):
+    """A ``flashtile.attention`` call's checked flags, worked out once per layout of (query, key, value)
+    and flag values (``_plans.cached_plan``)."""
+
+    is_causal: bool
+    scale: float  # τ resolved: float64 or not is all it reads of the dtype, and autocast never changes that
+    return_lse: bool
+    kernel_plan: list  # [the Triton forward's plan], filled by the first eager call that runs the kernels
+
+
+def check_attention_call(query, key, value, is_causal, scale, enable_gqa, alignment, return_lse) -> AttentionCall:
+    """Every check of ``flashtile.attention`` that reads only layouts and flags; raises on bad input."""
+    shape = check_attention_inputs(query, key, value, names=("query", "key", "value"))
+    is_causal = check_causal(is_causal, "is_causal")
+    enable_gqa = check_flag("enable_gqa", enable_gqa)
+    return_lse = check_flag("return_lse", return_lse)
+    check_alignment(alignment)
+    if shape.H != shape.H_kv and not enable_gqa:
+        raise ValueError(
+            f"query has {shape.H} heads but key and value have {shape.H_kv}; pass enable_gqa=True for "
+            "grouped-query attention (as with scaled_dot_product_attention)"
+        )
+    return AttentionCall(is_causal, resolve_scale(scale, shape.D, query.dtype), return_lse, [None])
+
+
 # --8<-- [start:attention]
 def attention(
     query,
@@ -283,24 +312,46 @@ def attention(
         raise ValueError("attn_mask is not supported by flashtile.attention; pass is_causal=True for a causal mask")
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real) or dropout_p != 0.0:
         raise ValueError(f"dropout_p must be 0.0: flashtile.attention has no dropout, got {dropout_p!r}")
-    shape = check_attention_inputs(query, key, value, names=("query", "key", "value"))
-    is_causal = check_causal(is_causal, "is_causal")
-    enable_gqa = check_flag("enable_gqa", enable_gqa)
-    return_lse = check_flag("return_lse", return_lse)
-    check_alignment(alignment)
-    if shape.H != shape.H_kv and not enable_gqa:
-        raise ValueError(
-            f"query has {shape.H} heads but key and value have {shape.H_kv}; pass enable_gqa=True for "
-            "grouped-query attention (as with scaled_dot_product_attention)"
-        )
-    if not torch.compiler.is_compiling():
+    flags = (is_causal, scale, enable_gqa, alignment, return_lse)
+    if torch.compiler.is_compiling():  # traced once: no table of plans inside the graph
+        call = check_attention_call(query, key, value, *flags)
+    else:  # eager: the checks run once per layout and flags
+        call = cached_plan(check_attention_call, (query, key, value), *flags)
         refuse_unsupported_autograd_modes()
-    query, key, value = autocast_inputs(query, key, value)
-    scale = resolve_scale(scale, shape.D, query.dtype)
+    uncast = query
+    query, key, value = autocast_inputs(query, key, value)  # all three cast, or none
+    backend = pick_backend(query)
     with no_autocast(query.device.type):  # the tiers choose their own precision
-        o, lse, _stats = run_forward(query, key, value, is_causal, scale, alignment, pick_backend(query))
-    return (o, lse) if return_lse else o
+        if query is uncast and kernels_only(query, key, value, backend):  # the call's kept plan fits them
+            o, row_stats = forward_kernel(query, key, value, call, alignment)
+            return (o, row_stats[0]) if call.return_lse else o
+        o, lse, _stats = run_forward(query, key, value, call.is_causal, call.scale, alignment, backend)
+    return (o, lse) if call.return_lse else o
 # --8<-- [end:attention]
+
+
+def kernels_only(q, k, v, backend: str) -> bool:
+    """Whether an eager call needs nothing but the Triton forward: plain tensors on a device the kernels
+    take, no gradient to record, not under torch.compile."""
+    return (
+        backend == "triton"
+        and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))
+        and not torch.compiler.is_compiling()
+        and type(q) in PLAIN_TENSORS and type(k) in PLAIN_TENSORS and type(v) in PLAIN_TENSORS
+        and q.device.type in ("cuda", "cpu")  # a meta tensor takes the op, whose fake implementation gives shapes
+    )  # fmt: skip
+
+
+def forward_kernel(q, k, v, call: AttentionCall, alignment: str):
+    """The Triton forward from the call's kept plan (worked out by the launcher's own checks the first
+    time): o and the row statistics (lse, m, l), with no view made that the caller does not ask for."""
+    from .kernels.forward import forward_with_plan, make_forward_plan
+
+    plan = call.kernel_plan[0]
+    if plan is None:  # the first kernel call of this layout and these flags
+        plan = call.kernel_plan[0] = make_forward_plan(q, k, v, call.is_causal, call.scale, alignment, None, None,
+                                                       None, None, None, True)  # fmt: skip
+    return forward_with_plan(plan, q, k, v)
 
 
 def no_autocast(device: str):

@@ -85,16 +85,16 @@ def forward_assuming_contiguous_strides(q, k, v, causal=False, alignment="upper_
         return (t.shape[1] * t.shape[2] * t.shape[3], t.shape[2] * t.shape[3], t.shape[3], 1)
 
     o = q.new_empty(q.shape)
-    lse, stats = q.new_empty((B, H, Tq)).float(), q.new_empty((2, B, H, Tq)).float()
+    row_stats = q.new_empty((3, B, H, Tq)).float()  # lse, m, l
     units = kernel_scale(1.0 / math.sqrt(D))
     _forward_kernel[(triton.cdiv(Tq, 16), H, B)](
-        q, k, v, o, lse, stats,
+        q, k, v, o, row_stats,
         *contiguous_strides(q), *contiguous_strides(k), *contiguous_strides(v), *o.stride(),
         H, H // H_kv, Tq, Tk, diagonal_offset(Tq, Tk, alignment), units.qk_scale, B * H * Tq,
         HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D), BLOCK_Q=16, BLOCK_K=16, CAUSAL=causal, SIGN=units.sign,
         USE_TMA=False, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
     )
-    return o, lse
+    return o, row_stats[0]
 
 
 @triton.jit

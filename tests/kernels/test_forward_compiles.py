@@ -22,7 +22,7 @@ BODY = """
 from flashtile.kernels import forward
 
 D, BLOCK_Q, BLOCK_K = 64, 128, 64
-pointers = dict(Q="*bf16", K="*bf16", V="*bf16", O="*bf16", LSE="*fp32", STATS="*fp32", qk_scale="fp32")
+pointers = dict(Q="*bf16", K="*bf16", V="*bf16", O="*bf16", ROW_STATS="*fp32", qk_scale="fp32")
 out = {}
 for use_tma in (False, True):
     types = dict(pointers)

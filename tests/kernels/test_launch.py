@@ -1,6 +1,6 @@
 """The launch path: a plan worked out once per layout must never let a bad argument through.
 
-``_common.cached_plan`` skips the checks for a layout and flags it has seen before. These tests make a
+``_plans.cached_plan`` skips the checks for a layout and flags it has seen before. These tests make a
 valid call first, so that its plan is cached, then an invalid call that differs from it in only one
 thing, and require the same error a fresh process would give (the contract is one answer per input,
 whatever ran before). They run the kernels through the interpreter on the CPU.
@@ -12,9 +12,10 @@ import pytest
 import torch
 
 from _truth import attention_truth
+from flashtile import _plans
 from flashtile.kernels import _common
 from flashtile.kernels.decode import flash_decode
-from flashtile.kernels.forward import flash_attention
+from flashtile.kernels.forward import flash_attention, make_forward_plan
 
 from ._helpers import DEVICE, FORWARD_TOL, randn
 
@@ -75,12 +76,12 @@ def test_decode_plans_tell_a_missing_table_from_a_present_one():
 
 
 def test_the_plan_table_starts_over_when_full(monkeypatch):
-    monkeypatch.setattr(_common, "MAX_PLANS", 2)
-    monkeypatch.setattr(_common, "_plans", {})
+    monkeypatch.setattr(_plans, "MAX_PLANS", 2)
+    monkeypatch.setattr(_plans, "_plans", {})
     for T in (17, 18, 19):
         q, k, v = _qkv(T=T)
         flash_attention(q, k, v)
-    assert len(_common._plans) <= 2
+    assert len(_plans._plans) <= 2
 
 
 @pytest.mark.gpu
@@ -88,7 +89,8 @@ def test_the_plan_table_starts_over_when_full(monkeypatch):
 def test_the_fast_launch_repeats_the_full_launch_bit_for_bit_and_specialises_on_alignment():
     q, k, v = _qkv(T=300, D=64, dtype=torch.float16)
     first, _ = flash_attention(q, k, v, causal=True)  # the full Triton path, which keeps the compiled kernel
-    plan = next(plan for key, plan in _common._plans.items() if key[1][2] == q.dtype and key[1][0] == q.shape)
+    plan = next(plan for key, plan in _plans._plans.items()
+                if key[0] is make_forward_plan and key[1][1:4:2] == (q.shape, q.dtype))  # fmt: skip
     assert len(plan.launch._compiled) == 1
     for _ in range(3):  # the fast path
         again, _ = flash_attention(q, k, v, causal=True)

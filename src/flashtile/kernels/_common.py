@@ -343,34 +343,4 @@ def contiguous_strides(shape) -> tuple:
     return tuple(reversed(strides))
 
 
-MAX_PLANS = 1024
-_plans: dict = {}
-
-
-def layout_key(x: torch.Tensor | None) -> tuple | None:
-    """All that the checks and the compiled kernel read from a tensor: everything but its values."""
-    if x is None:  # an optional tensor left out
-        return None
-    return x.shape, x.stride(), x.dtype, x.device, x.data_ptr() % 16 == 0
-
-
-def cached_plan(make_plan, tensors, *flags):
-    """``make_plan(*tensors, *flags)``, worked out once per layout of the tensors and flag values.
-
-    A launcher's checks read only the tensors' layouts and the flags (with their types: ``True`` and
-    ``1`` are different arguments), so a call whose key was seen before has passed them already, and
-    gets the same launch. Anything that cannot form a key (a non-tensor, an unhashable flag) goes
-    straight to ``make_plan``, whose checks say what is wrong.
-    """
-    try:
-        key = (make_plan, *map(layout_key, tensors), *((type(f), f) for f in flags))
-        plan = _plans.get(key)
-    except (AttributeError, TypeError, RuntimeError):
-        return make_plan(*tensors, *flags)
-    if plan is None:
-        plan = make_plan(*tensors, *flags)
-        if len(_plans) >= MAX_PLANS:
-            _plans.clear()
-        _plans[key] = plan
-    return plan
 # --8<-- [end:launch]

@@ -36,12 +36,12 @@ from .._checks import (
     check_tensor,
     resolve_scale,
 )
+from .._plans import cached_plan
 from ..reference.causal import diagonal_offset
 from ._common import (
     KERNEL_DTYPES,
     KernelLaunch,
     apply_sign,
-    cached_plan,
     check_kernel_device,
     check_launch,
     check_tile_size,
@@ -408,7 +408,7 @@ def wide_offsets(rows: int, pad: int, *tensors: torch.Tensor) -> bool:
 
 
 class BackwardPlan(NamedTuple):
-    """The launches of one backward call, worked out once per layout (see ``_common.cached_plan``)."""
+    """The launches of one backward call, worked out once per layout (see ``_plans.cached_plan``)."""
 
     scale: float
     pad: int

@@ -33,12 +33,12 @@ import triton
 import triton.language as tl
 
 from .._checks import resolve_scale
+from .._plans import cached_plan
 from ..decode import DecodeShape, check_decode_inputs, check_num_splits, pick_num_splits, sm_count
 from ._common import (
     KERNEL_DTYPES,
     KernelLaunch,
     apply_sign,
-    cached_plan,
     check_kernel_device,
     check_launch,
     check_tile_size,
@@ -263,7 +263,7 @@ def decode_config(head_dim: int, dtype: torch.dtype, rows: int) -> dict:
 
 # --8<-- [start:launcher]
 class DecodePlan(NamedTuple):
-    """The launches of one decode call, worked out once per layout (see ``_common.cached_plan``)."""
+    """The launches of one decode call, worked out once per layout (see ``_plans.cached_plan``)."""
 
     shape: DecodeShape
     num_splits: int

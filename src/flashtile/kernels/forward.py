@@ -31,12 +31,12 @@ import triton
 import triton.language as tl
 
 from .._checks import check_alignment, check_attention_inputs, check_causal, check_flag, resolve_scale
+from .._plans import cached_plan
 from ..reference.causal import diagonal_offset
 from ._common import (
     KERNEL_DTYPES,
     KernelLaunch,
     apply_sign,
-    cached_plan,
     check_kernel_device,
     check_launch,
     check_tile_size,
@@ -104,7 +104,7 @@ def _attend_key_tiles(
 
 @triton.jit
 def _forward_kernel(
-    Q, K, V, O, LSE, STATS,
+    Q, K, V, O, ROW_STATS,
     stride_qb, stride_qh, stride_qt, stride_qd,
     stride_kb, stride_kh, stride_kt, stride_kd,
     stride_vb, stride_vh, stride_vt, stride_vd,
@@ -177,10 +177,10 @@ def _forward_kernel(
     o_ptrs = (O + program_offset(b, stride_ob) + program_offset(h, stride_oh)
               + i[:, None].to(tl.int64) * stride_ot + d[None, :].to(tl.int64) * stride_od)
     tl.store(o_ptrs, o.to(O.dtype.element_ty), mask=q_mask)
-    row = program_offset(b * H + h, Tq) + i  # lse is (B, H, Tq) and STATS (2, B, H, Tq), contiguous
-    tl.store(LSE + row, lse, mask=i < Tq)
-    tl.store(STATS + row, m, mask=i < Tq)  # for the backward: the final (m, l), m in raw-dot units
-    tl.store(STATS + n_rows + row, l, mask=i < Tq)
+    row = program_offset(b * H + h, Tq) + i  # ROW_STATS is (3, B, H, Tq), contiguous: lse, m, l
+    tl.store(ROW_STATS + row, lse, mask=i < Tq)
+    tl.store(ROW_STATS + row + n_rows, m, mask=i < Tq)  # for the backward: the final (m, l), m in raw-dot units
+    tl.store(ROW_STATS + row + n_rows + n_rows, l, mask=i < Tq)
     # --8<-- [end:epilogue]
 
 
@@ -311,13 +311,22 @@ def flash_attention(
     """
     plan = cached_plan(make_forward_plan, (q, k, v), causal, scale, alignment, block_q, block_k, num_warps,
                        num_stages, tma, return_stats)  # fmt: skip
+    o, row_stats = forward_with_plan(plan, q, k, v)
+    return (o, row_stats[0], row_stats[1:]) if plan.return_stats else (o, row_stats[0])
+
+
+def forward_with_plan(plan: ForwardPlan, q, k, v) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run one call's kernel from its plan: o, and row_stats (3, B, H, Tq) float32 = (lse, m, l).
+
+    One buffer for the three row statistics costs one allocation where three tensors would cost three;
+    lse = row_stats[0] and stats = row_stats[1:] are views of it, made only where a caller needs them.
+    """
     loads = (q, k, v)  # what the kernel reads tiles through: the tensors, or TMA descriptors of them
     if plan.tma is not None:
         pad = plan.launch.constexprs["HEAD_DIM_PAD"]
         loads = tuple(tile_descriptor(x, strides, rows, pad) for x, (strides, rows) in zip(loads, plan.tma))
     o = torch.empty(plan.out_shape, dtype=q.dtype, device=q.device)
-    lse = torch.empty(plan.out_shape[:3], dtype=torch.float32, device=q.device)
-    stats = torch.empty((2, *plan.out_shape[:3]), dtype=torch.float32, device=q.device)
-    plan.launch(*loads, o, lse, stats)
-    return (o, lse, stats) if plan.return_stats else (o, lse)
+    row_stats = torch.empty((3, *plan.out_shape[:3]), dtype=torch.float32, device=q.device)
+    plan.launch(*loads, o, row_stats)
+    return o, row_stats
 # --8<-- [end:launcher]

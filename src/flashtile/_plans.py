@@ -1,0 +1,45 @@
+"""Plans: a call's checks and derived settings, worked out once per layout of its tensors.
+
+A launcher (or ``flashtile.attention``) validates its arguments and derives what it will launch from the
+tensors' layouts and the flags alone, never from the values in the tensors. So the result for one layout
+and one set of flags can be kept and reused: the checks run once, and every later call with the same
+key skips them. This module holds that table; it imports no Triton, so the API can use it too.
+"""
+
+from __future__ import annotations
+
+import torch
+
+# --8<-- [start:plans]
+MAX_PLANS = 1024
+_plans: dict = {}
+
+
+def layout_key(x: torch.Tensor | None) -> tuple | None:
+    """All that the checks and the compiled kernel read from a tensor: everything but its values (and its
+    type, so that a tensor subclass never shares a plan with a plain tensor)."""
+    if x is None:  # an optional tensor left out
+        return None
+    return type(x), x.shape, x.stride(), x.dtype, x.device, x.data_ptr() % 16 == 0
+
+
+def cached_plan(make_plan, tensors, *flags):
+    """``make_plan(*tensors, *flags)``, worked out once per layout of the tensors and flag values.
+
+    A launcher's checks read only the tensors' layouts and the flags (with their types: ``True`` and
+    ``1`` are different arguments), so a call whose key was seen before has passed them already, and
+    gets the same launch. Anything that cannot form a key (a non-tensor, an unhashable flag) goes
+    straight to ``make_plan``, whose checks say what is wrong.
+    """
+    try:
+        key = (make_plan, *map(layout_key, tensors), *((type(f), f) for f in flags))
+        plan = _plans.get(key)
+    except (AttributeError, TypeError, RuntimeError):
+        return make_plan(*tensors, *flags)
+    if plan is None:
+        plan = make_plan(*tensors, *flags)
+        if len(_plans) >= MAX_PLANS:
+            _plans.clear()
+        _plans[key] = plan
+    return plan
+# --8<-- [end:plans]
