@@ -30,8 +30,8 @@ def test_paged_inputs_hold_the_contiguous_cache_page_by_page():
 def test_measure_writes_schema_rows(monkeypatch, extra):
     from flashtile.bench import decode
 
-    monkeypatch.setattr(decode, "median_ms", lambda fn: (fn(), 1e-6)[1])  # one call, a fixed 1 ns
-    monkeypatch.setattr(decode, "graph_ms", lambda fn: (fn(), 2e-6)[1])  # no CUDA graphs on the CPU: 2 ns
+    monkeypatch.setattr(decode, "clean_l2_ms", lambda fn: (fn(), 1e-6)[1])  # one call, a fixed 1 ns
+    monkeypatch.setattr(decode, "graph_ms", lambda fn, timer: (fn(), 2e-6)[1])  # no CUDA graphs on the CPU: 2 ns
     shape = dict(B=2, H=4, H_kv=2, Tk=64, D=16, **extra)
     rows = decode.measure(shape, device="cpu", dtype=torch.float32)
     providers = [row["provider"] for row in rows]

@@ -20,11 +20,12 @@ import argparse
 import torch
 
 from ..reference.decode import kv_cache_bytes
-from .common import RESULTS, graph_ms, median_ms, save_result
+from .common import RESULTS, clean_l2_ms, graph_ms, save_result
 
 METHOD = (
-    "triton.testing.do_bench median (warmup 50 ms, rep 200 ms), which clears the L2 (writes 256 MB) before "
-    "every repetition, so the cache is read from HBM each time: ms times the eager call (host work included "
+    "median of CUDA-event times (warmup 50 ms, rep 200 ms), the L2 emptied before every repetition by reading "
+    "a 256 MB buffer (bench.common.clean_l2_ms: reading, not do_bench's zeroing, whose dirty lines the timed call "
+    "would write back), so the cache is read from HBM each time: ms times the eager call (host work included "
     "where it exceeds the GPU's; every eager time is taken before the first graph is captured), ms_graph one "
     "replay of the call captured in a CUDA graph (the GPU's time alone, as serving engines run decode steps); "
     "bf16; Tq = 1; tbps = 2 * H_kv * sum(lengths) * D * 2 bytes / time (K and V read once)"
@@ -128,11 +129,11 @@ def measure(shape: dict, device="cuda", dtype=torch.bfloat16, clock: str = "both
             assert err < 5e-2, f"{name} disagrees with SDPA by {err}"
             row.update(max_abs_diff_vs_sdpa=err)
             if clock in ("eager", "both"):
-                ms = median_ms(fn)
+                ms = clean_l2_ms(fn)
                 row.update(ms=round(ms, 4), tbps=round(total / (ms * 1e-3) / 1e12, 3))
             if clock in ("graph", "both"):
                 try:
-                    ms_graph = graph_ms(fn)
+                    ms_graph = graph_ms(fn, timer=clean_l2_ms)
                     row.update(ms_graph=round(ms_graph, 4), tbps_graph=round(total / (ms_graph * 1e-3) / 1e12, 3))
                 except RuntimeError as exc:  # a provider that cannot be captured keeps its eager time
                     row.update(ms_graph=None, tbps_graph=None, graph_error=str(exc).splitlines()[0][:120])
@@ -148,7 +149,7 @@ def copy_rate(n_bytes: int = 1 << 30) -> dict:
     """The device-to-device copy ceiling: read + write bytes of one copy / time, in TB/s."""
     src = torch.empty(n_bytes, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
-    ms = median_ms(lambda: dst.copy_(src))
+    ms = clean_l2_ms(lambda: dst.copy_(src))
     return dict(copy_bytes=2 * n_bytes, copy_ms=round(ms, 4), copy_tbps=round(2 * n_bytes / (ms * 1e-3) / 1e12, 3))
 
 
