@@ -5,7 +5,8 @@ T=128, D=64, bf16, causal: about 2 MFLOP, nanoseconds of work for an H200, so wh
 time the host needs to validate arguments, go through autograd and launch kernels.
 
 Method: ``calls`` back-to-back calls timed with ``time.perf_counter`` and one ``torch.cuda.synchronize``
-at the end; the per-call time of ``repeats`` such loops, after a warm-up, and their median. Unlike
+at the end; the per-call time of ``repeats`` such loops, after a warm-up, and their median. The entry
+points take turns, one loop each per round, so that a host slowing down mid-run slows them all. Unlike
 ``triton.testing.do_bench`` (CUDA events around the GPU work) this includes everything the host does.
 
 Providers: ``flashtile`` (``flashtile.attention``, the public, differentiable entry point),
@@ -33,30 +34,44 @@ from .common import RESULTS, attention_tflops, save_result
 from .shapes import SHAPE_KEYS, shape
 
 SHAPE = shape(1, 1, 128, 64, True)
-CALLS = {"fwd": 2000, "fwd+bwd": 500}
-REPEATS, WARMUP = 5, 20
+CALLS = {"fwd": 1000, "fwd+bwd": 250}
+REPEATS, WARMUP = 9, 20
 METHOD = (
     "host wall time: time.perf_counter around N back-to-back calls and one torch.cuda.synchronize, per call; "
-    f"median of {REPEATS} loops after {WARMUP} warm-up calls; N = {CALLS['fwd']} (fwd), {CALLS['fwd+bwd']} "
-    "(fwd+bwd: forward, then torch.autograd.grad(o, (q, k, v), do)); TFLOP/s = 4*B*H*T*T*D*0.5 (x3.5 fwd+bwd) / time"
+    f"median of {REPEATS} rounds after {WARMUP} warm-up calls, every entry point timing one loop per round in turn; "
+    f"N = {CALLS['fwd']} (fwd), {CALLS['fwd+bwd']} (fwd+bwd: forward, then torch.autograd.grad(o, (q, k, v), do)); "
+    "TFLOP/s = 4*B*H*T*T*D*0.5 (x3.5 fwd+bwd) / time"
 )
+
+
+def interleaved_us_per_call(tasks: dict, repeats: int = REPEATS, warmup: int = WARMUP, sync=None,
+                            clock=time.perf_counter) -> dict:  # fmt: skip
+    """{key: median µs per call} for ``tasks`` = {key: (fn, calls)}, the tasks taking turns.
+
+    Round r times one loop of ``calls`` calls and one ``sync()`` for every task in turn, so a drift of
+    the host's speed during the run (SDPA's forward measured 17 to 26 µs in loops minutes apart on one
+    machine) falls on every entry point alike instead of on whichever ran during it.
+    """
+    sync = sync or torch.cuda.synchronize
+    for fn, _ in tasks.values():
+        for _ in range(warmup):
+            fn()
+    sync()
+    samples = {key: [] for key in tasks}
+    for _ in range(repeats):
+        for key, (fn, calls) in tasks.items():
+            start = clock()
+            for _ in range(calls):
+                fn()
+            sync()
+            samples[key].append((clock() - start) / calls * 1e6)
+    return {key: statistics.median(times) for key, times in samples.items()}
 
 
 def us_per_call(fn, calls: int, repeats: int = REPEATS, warmup: int = WARMUP, sync=None,
                 clock=time.perf_counter) -> float:  # fmt: skip
     """Median over ``repeats`` loops of the wall time per call, in µs, of ``calls`` calls and one ``sync()``."""
-    sync = sync or torch.cuda.synchronize
-    for _ in range(warmup):
-        fn()
-    sync()
-    samples = []
-    for _ in range(repeats):
-        start = clock()
-        for _ in range(calls):
-            fn()
-        sync()
-        samples.append((clock() - start) / calls * 1e6)
-    return statistics.median(samples)
+    return interleaved_us_per_call({fn: (fn, calls)}, repeats, warmup, sync, clock)[fn]
 
 
 def overhead_row(provider: str, mode: str, us: float, calls: int, repeats: int, s: dict = SHAPE) -> dict:
@@ -87,23 +102,23 @@ def measure(s: dict = SHAPE, device="cuda", calls=None, repeats: int = REPEATS, 
     q, k, v = prov.make_inputs(s, device)
     do = torch.randn_like(q)
     truth = prov.reference_output(q, k, v, s["causal"])
-    rows = []
+    tasks = {}  # (provider, mode) -> (one call, calls per loop)
     for name, (forward, differentiable) in entry_points(s).items():
         if providers and name not in providers:
             continue
         prov.check_output(name, forward(q, k, v), truth, s["dtype"])
-        fwd_us = us_per_call(lambda f=forward: f(q, k, v), calls["fwd"], repeats, warmup, sync)
-        rows.append(overhead_row(name, "fwd", fwd_us, calls["fwd"], repeats, s))
+        tasks[name, "fwd"] = (lambda f=forward: f(q, k, v), calls["fwd"])
         if differentiable:
             leaves = [t.detach().requires_grad_() for t in (q, k, v)]
 
             def step(f=forward, leaves=leaves):
                 torch.autograd.grad(f(*leaves), leaves, do)
 
-            both_us = us_per_call(step, calls["fwd+bwd"], repeats, warmup, sync)
-            rows.append(overhead_row(name, "fwd+bwd", both_us, calls["fwd+bwd"], repeats, s))
-        print(f"{name:>18} " + ", ".join(f"{r['mode']} {r['us_per_call']} us" for r in rows if r["provider"] == name),
-              flush=True)  # fmt: skip
+            tasks[name, "fwd+bwd"] = (step, calls["fwd+bwd"])
+    us = interleaved_us_per_call(tasks, repeats, warmup, sync)
+    rows = [overhead_row(name, mode, us[name, mode], n, repeats, s) for (name, mode), (_, n) in tasks.items()]
+    for row in rows:
+        print(f"{row['provider']:>18} {row['mode']:>8} {row['us_per_call']} us", flush=True)
     return rows
 
 
