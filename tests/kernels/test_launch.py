@@ -75,15 +75,6 @@ def test_decode_plans_tell_a_missing_table_from_a_present_one():
     torch.testing.assert_close(o_again, o_plain, rtol=0, atol=0)
 
 
-def test_the_plan_table_starts_over_when_full(monkeypatch):
-    monkeypatch.setattr(_plans, "MAX_PLANS", 2)
-    monkeypatch.setattr(_plans, "_plans", {})
-    for T in (17, 18, 19):
-        q, k, v = _qkv(T=T)
-        flash_attention(q, k, v)
-    assert len(_plans._plans) <= 2
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_the_fast_launch_repeats_the_full_launch_bit_for_bit_and_specialises_on_alignment():
