@@ -313,7 +313,8 @@ def attention(
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real) or dropout_p != 0.0:
         raise ValueError(f"dropout_p must be 0.0: flashtile.attention has no dropout, got {dropout_p!r}")
     flags = (is_causal, scale, enable_gqa, alignment, return_lse)
-    if torch.compiler.is_compiling():  # traced once: no table of plans inside the graph
+    compiling = torch.compiler.is_compiling()
+    if compiling:  # traced once: no table of plans inside the graph
         call = check_attention_call(query, key, value, *flags)
     else:  # eager: the checks run once per layout and flags
         call = cached_plan(check_attention_call, (query, key, value), *flags)
@@ -322,7 +323,7 @@ def attention(
     query, key, value = autocast_inputs(query, key, value)  # all three cast, or none
     backend = pick_backend(query)
     with no_autocast(query.device.type):  # the tiers choose their own precision
-        if query is uncast and kernels_only(query, key, value, backend):  # the call's kept plan fits them
+        if not compiling and query is uncast and kernels_only(query, key, value, backend):  # the kept plan fits
             o, row_stats = forward_kernel(query, key, value, call, alignment)
             return (o, row_stats[0]) if call.return_lse else o
         o, lse, _stats = run_forward(query, key, value, call.is_causal, call.scale, alignment, backend)
@@ -332,11 +333,10 @@ def attention(
 
 def kernels_only(q, k, v, backend: str) -> bool:
     """Whether an eager call needs nothing but the Triton forward: plain tensors on a device the kernels
-    take, no gradient to record, not under torch.compile."""
+    take, and no gradient to record."""
     return (
         backend == "triton"
         and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))
-        and not torch.compiler.is_compiling()
         and type(q) in PLAIN_TENSORS and type(k) in PLAIN_TENSORS and type(v) in PLAIN_TENSORS
         and q.device.type in ("cuda", "cpu")  # a meta tensor takes the op, whose fake implementation gives shapes
     )  # fmt: skip
