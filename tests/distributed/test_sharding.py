@@ -88,6 +88,15 @@ def test_step_plan_computes_exactly_the_visible_pairs(world_size):
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 5])
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_the_own_step_covers_every_local_row(world_size, is_causal):
+    """ring_forward starts its running result from step 0's partial, so step 0 must attend every row."""
+    T_local = 8
+    for rank in range(world_size):
+        assert step_plan(rank, rank, T_local, is_causal).q_rows == slice(0, T_local)
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 5])
 def test_only_the_own_step_holds_diagonal_chunk_pairs(world_size):
     """Each (query chunk, key chunk) pair is a tile under classify_tile: a step without the mask may
     hold FULL and SKIP pairs only; the DIAGONAL ones are all in the step with the rank's own keys."""

@@ -80,7 +80,7 @@ def rel(a, b) -> float:
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
-def bench_shape(rank, world_size, device, solo, shape, dtype) -> list[dict]:
+def bench_shape(rank, world_size, device, solo, shape, dtype, torch_cp: bool = False) -> list[dict]:
     """Every provider at one shape; rows on rank 0, [] elsewhere."""
     from ..api import attention
 
@@ -106,7 +106,8 @@ def bench_shape(rank, world_size, device, solo, shape, dtype) -> list[dict]:
         o.backward(do)
         reference = [o.detach(), *(x.grad for x in leaves)]
     dist.barrier()
-    q, k, v, do = (shard_sequence(x, world_size, rank, causal) for x in (q, k, v, do))
+    full = (q, k, v, do)
+    q, k, v, do = (shard_sequence(x, world_size, rank, causal) for x in full)
     with torch.no_grad():
         times["flashtile_ring", world_size, "forward"] = timed(lambda: ring(q, k, v), reps, device)
     leaves = [x.requires_grad_() for x in (q, k, v)]
@@ -121,24 +122,81 @@ def bench_shape(rank, world_size, device, solo, shape, dtype) -> list[dict]:
         parts = [torch.empty_like(x) for _ in range(world_size)]
         dist.all_gather(parts, x.contiguous())
         gathered.append(unshard_sequence(parts, causal))
+    failures = {}  # provider -> the first line of its error
+    if torch_cp and device.type == "cuda":
+        failures = torch_context_parallel_times(rank, world_size, device, full, causal, reps, times)
     if rank != 0:
         return []
     errors = {name: float(f"{rel(g, r):.3g}") for name, g, r in zip(("o", "dq", "dk", "dv"), gathered, reference)}
     rows = []
+    for provider, error in failures.items():
+        for measures in ("forward", "forward_backward"):
+            times[provider, world_size, measures] = None
     for (provider, world, measures), ms in times.items():
+        baseline = "sdpa" if provider in TORCH_CP_PROVIDERS else "flashtile"
         rows.append({
             "pass": "ring", "provider": provider, "measures": measures, "world_size": world,
             "B": B, "H": H, "H_kv": H_kv, "Tq": T, "Tk": T, "D": D, "causal": causal, "layout": "bhtd",
             "dtype": {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[dtype],
-            "ms": round(ms, 3),
-            "tflops": round(attention_flops(B, H, T, D, causal, measures) / (ms * 1e-3) / 1e12, 1),
-            "speedup_vs_1gpu": round(times["flashtile", 1, measures] / ms, 3),
+            "ms": None if ms is None else round(ms, 3),
+            "tflops": None if ms is None else round(attention_flops(B, H, T, D, causal, measures) / (ms * 1e-3) / 1e12, 1),
+            "speedup_vs_1gpu": None if ms is None else round(times[baseline, 1, measures] / ms, 3),
         })  # fmt: skip
+        if ms is None:
+            rows[-1]["error"] = failures[provider]
+        if provider in TORCH_CP_PROVIDERS:
+            rows[-1]["baseline"] = "sdpa flash backend on one GPU (provider sdpa)"
         if provider == "flashtile_ring" and world == world_size:
             rows[-1]["rel_err_vs_1gpu"] = errors
-    print(f"T={T} causal={causal}: " + ", ".join(f"{p}/{w}/{m} {ms:.2f} ms" for (p, w, m), ms in times.items()),
+    print(f"H={H} T={T} causal={causal}: "
+          + ", ".join(f"{p}/{w}/{m} {ms:.2f} ms" if ms is not None else f"{p}/{w}/{m} failed"
+                      for (p, w, m), ms in times.items()),
           f"errors {errors}", flush=True)  # fmt: skip
     return rows
+
+
+TORCH_CP_PROVIDERS = ("torch_cp_allgather", "torch_cp_alltoall")
+
+
+def torch_context_parallel_times(rank, world_size, device, full, causal: bool, reps: int, times: dict) -> dict:
+    """PyTorch's own context parallelism (torch.distributed.tensor.experimental.context_parallel) on the
+    same tensors, with SDPA's flash backend, for both of its K/V rotation methods; and that backend on one
+    GPU with the whole sequence (provider ``sdpa``, its baseline). Adds to ``times``; returns
+    {provider: error} for the methods that failed."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.experimental import context_parallel
+    from torch.distributed.tensor.experimental._attention import set_rotate_method
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    sdpa = lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    failures = {}
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+        if rank == 0:
+            leaves = [x.clone().requires_grad_() for x in full[:3]]
+            with torch.no_grad():
+                times["sdpa", 1, "forward"] = timed(lambda: sdpa(*full[:3]), reps, device, False)
+            times["sdpa", 1, "forward_backward"] = timed(forward_and_backward(sdpa, *leaves, full[3]), reps, device,
+                                                         False)  # fmt: skip
+        dist.barrier()
+        mesh = init_device_mesh(device.type, (world_size,))
+        for provider, method in zip(TORCH_CP_PROVIDERS, ("allgather", "alltoall"), strict=True):
+            buffers = [x.clone() for x in full]  # context_parallel shards these in place
+            try:
+                set_rotate_method(method)
+                with context_parallel(mesh, buffers=buffers, buffer_seq_dims=[2] * 4, no_restore_buffers=set(buffers)):
+                    q, k, v, do = buffers
+                    with torch.no_grad():
+                        times[provider, world_size, "forward"] = timed(lambda: sdpa(q, k, v), reps, device)
+                    leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+                    times[provider, world_size, "forward_backward"] = timed(forward_and_backward(sdpa, *leaves, do),
+                                                                           reps, device)  # fmt: skip
+            except Exception as exc:  # noqa: BLE001 - recorded, and the other providers' rows still count
+                failures[provider] = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}"
+                print(f"{provider} failed: {failures[provider]}", flush=True)
+                for measures in ("forward", "forward_backward"):
+                    times.pop((provider, world_size, measures), None)
+            dist.barrier()
+    return failures
 
 
 def ring_bandwidth(device, n_bytes: int, reps: int = 5) -> float:
@@ -152,7 +210,7 @@ def ring_bandwidth(device, n_bytes: int, reps: int = 5) -> float:
     return n_bytes / (ms * 1e-3) / 1e9
 
 
-def bench_worker(rank, world_size, shapes, budget_s, dtype=torch.bfloat16, partial_path=None):
+def bench_worker(rank, world_size, shapes, budget_s, dtype=torch.bfloat16, partial_path=None, torch_cp=False):
     """Runs on every rank. Rank 0 returns {"rows", "ring_GBps"}, and after every shape writes the rows so
     far to ``partial_path`` (if given), so that a run cut short keeps what it measured; the others return None."""
     device = torch.device("cuda", rank) if dist.get_backend() == "nccl" else torch.device("cpu")
@@ -164,7 +222,7 @@ def bench_worker(rank, world_size, shapes, budget_s, dtype=torch.bfloat16, parti
         dist.broadcast(go, 0)  # rank 0 decides, so every rank stops at the same shape
         if not go.item():
             break
-        rows += bench_shape(rank, world_size, device, solo, shape, dtype)
+        rows += bench_shape(rank, world_size, device, solo, shape, dtype, torch_cp)
         if rank == 0 and partial_path:
             Path(partial_path).write_text(json.dumps({"ring_GBps": round(bandwidth, 1), "rows": rows}, indent=1))
         if device.type == "cuda":
@@ -248,11 +306,13 @@ def main(argv=None) -> None:
     parser.add_argument("--commit", default="unknown")
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--T", type=int, nargs="+", default=[16384, 32768, 65536, 131072])
-    parser.add_argument("--H", type=int, default=16)
+    parser.add_argument("--H", type=int, nargs="+", default=[16])
     parser.add_argument("--D", type=int, default=128)
     parser.add_argument("--extra", type=int, nargs=2, action="append", default=[], metavar=("H", "T"),
                         help="one more (H, T) after the sweep; repeatable")  # fmt: skip
     parser.add_argument("--budget-s", type=float, default=200.0, help="start no new shape after this long")
+    parser.add_argument("--torch-cp", action="store_true",
+                        help="also time PyTorch's context_parallel with SDPA's flash backend (CUDA only)")
     parser.add_argument("--cpu-smoke", action="store_true", help="gloo on CPU, fp32, to check the script runs")
     args = parser.parse_args(argv)
     if args.render:
@@ -262,12 +322,12 @@ def main(argv=None) -> None:
         parser.error("--out is required unless --render")
     os.environ["NCCL_NVLS_ENABLE"] = "0"  # NVLink multicast off on shared hosts
     reps = lambda T: 10 if T <= 32768 else 5 if T <= 65536 else 3
-    shapes = [(1, args.H, args.H, T, args.D, causal, reps(T)) for T in args.T for causal in (False, True)]
+    shapes = [(1, H, H, T, args.D, causal, reps(T)) for H in args.H for T in args.T for causal in (False, True)]
     shapes += [(1, H, H, T, args.D, causal, reps(T)) for H, T in args.extra for causal in (False, True)]
     backend, dtype = ("gloo", torch.float32) if args.cpu_smoke else ("nccl", torch.bfloat16)
     partial = str(Path(args.out).with_suffix(".partial.json"))
-    measured = run_local_ring(bench_worker, args.world_size, shapes, args.budget_s, dtype, partial, backend=backend,
-                              timeout_s=args.budget_s + 150)[0]  # fmt: skip
+    measured = run_local_ring(bench_worker, args.world_size, shapes, args.budget_s, dtype, partial, args.torch_cp,
+                              backend=backend, timeout_s=args.budget_s + 150)[0]  # fmt: skip
     meta = provenance(args.commit) if not args.cpu_smoke else {"cpu_smoke": True}
     meta["ring_GBps"] = measured["ring_GBps"]  # measured at start: 256 MiB sent to the next rank while receiving
     rows = measured["rows"]

@@ -111,11 +111,31 @@ def local_backward(q, k, v, o, lse, do, causal: bool, scale: float):
 
 
 # --8<-- [start:steps]
+def merge_in_place(o, lse, o_part, lse_part) -> None:
+    """(o, lse) <- their merge with (o_part, lse_part): one Triton kernel on CUDA (``kernels.merge``, a
+    single pass over o where the PyTorch formula takes a dozen), ``merge_partial`` otherwise."""
+    if o.is_cuda and o.dtype == torch.float32:
+        from ..kernels.merge import merge_into
+
+        merge_into(o, lse, o_part, lse_part)
+    else:
+        o_new, lse_new = merge_partial(o, lse, o_part, lse_part)
+        o.copy_(o_new)
+        lse.copy_(lse_new)
+
+
+def first_step(q, k, v, plan: StepPlan, scale: float):
+    """The running (o, lse), in the merge dtype, after a rank's own keys: step 0's plan covers every row."""
+    o, lse = local_forward(q, k[..., plan.k_rows, :], v[..., plan.k_rows, :], plan.causal, scale)
+    c = stats_dtype(q)
+    return o.to(c), lse.to(c)
+
+
 def forward_step(q, k, v, o, lse, plan: StepPlan, scale: float) -> None:
     """Attend q[plan.q_rows] to the visiting k, v[plan.k_rows] and merge the result into (o, lse) in place."""
     rows, keys = plan.q_rows, plan.k_rows
     o_part, lse_part = local_forward(q[..., rows, :], k[..., keys, :], v[..., keys, :], plan.causal, scale)
-    o[..., rows, :], lse[..., rows] = merge_partial(o[..., rows, :], lse[..., rows], o_part, lse_part)
+    merge_in_place(o[..., rows, :], lse[..., rows], o_part, lse_part)
 
 
 def backward_step(q, k, v, o, lse, do, plan: StepPlan, scale: float, dq, dk, dv) -> None:
@@ -135,13 +155,6 @@ def backward_step(q, k, v, o, lse, do, plan: StepPlan, scale: float, dq, dk, dv)
 # --8<-- [end:steps]
 
 
-def empty_state(q: torch.Tensor):
-    """(o, lse) of a row that has seen no key yet: o = 0, lse = -inf, in the merge's dtype."""
-    c = stats_dtype(q)
-    return torch.zeros(q.shape, dtype=c, device=q.device), torch.full(q.shape[:-1], float("-inf"), dtype=c,
-                                                                      device=q.device)  # fmt: skip
-
-
 # --8<-- [start:simulate]
 def simulate_ring(q_shards, k_shards, v_shards, is_causal: bool, scale: float | None = None, do_shards=None):
     """Ring attention for W = len(q_shards) ranks in one process: the same plans and steps as
@@ -154,8 +167,9 @@ def simulate_ring(q_shards, k_shards, v_shards, is_causal: bool, scale: float | 
     scale = resolve_scale(scale, q_shards[0].shape[-1])
     outs, lses = [], []
     for rank in range(world):
-        o, lse = empty_state(q_shards[rank])
-        for step in range(world):
+        o, lse = first_step(q_shards[rank], k_shards[rank], v_shards[rank], step_plan(rank, rank, T_local, is_causal),
+                            scale)  # fmt: skip
+        for step in range(1, world):
             source = (rank - step) % world  # step s: the keys that started s ranks back
             plan = step_plan(rank, source, T_local, is_causal)
             forward_step(q_shards[rank], k_shards[source], v_shards[source], o, lse, plan, scale)
@@ -209,7 +223,6 @@ def wait(requests: list) -> None:
 # --8<-- [start:ring_forward]
 def ring_forward(q, k, v, is_causal: bool, scale: float, ring: Ring):
     """This rank's (o, lse): o in q's dtype, lse in the merge dtype."""
-    o, lse = empty_state(q)
     kv = torch.stack((k, v))  # (2, B, H_kv, T_local, D): one message per step
     for step in range(ring.world):
         source = (ring.rank - step) % ring.world
@@ -218,7 +231,10 @@ def ring_forward(q, k, v, is_causal: bool, scale: float, ring: Ring):
             kv_next = torch.empty_like(kv)
             requests = exchange(ring, [kv], [kv_next])
         plan = step_plan(ring.rank, source, q.shape[2], is_causal)
-        forward_step(q, kv[0], kv[1], o, lse, plan, scale)
+        if step == 0:  # the rank's own keys: the running result starts as their partial
+            o, lse = first_step(q, kv[0], kv[1], plan, scale)
+        else:
+            forward_step(q, kv[0], kv[1], o, lse, plan, scale)
         if not last:
             wait(requests)
             kv = kv_next
