@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from ._helpers import DEVICE
 
 from flashtile._env import is_interpreting
 from flashtile.kernels.merge import merge_into
+
+from ._helpers import DEVICE
 
 pytestmark = pytest.mark.skipif(
     not (torch.cuda.is_available() or is_interpreting()), reason="needs CUDA or TRITON_INTERPRET=1"
