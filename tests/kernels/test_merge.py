@@ -73,6 +73,18 @@ def test_merge_into_writes_only_its_rows_of_a_larger_buffer():
     assert torch.equal(lse[..., : T // 2].cpu(), lse_a[..., : T // 2])
 
 
+def test_merge_into_rounds_once_into_a_half_precision_running_result():
+    """A running o in fp16 (ring attention with two ranks): computed in fp32, rounded once to fp16."""
+    o_a, lse_a, o_b, lse_b = random_parts(2, 2, 33, 40, torch.float16, seed=11)
+    o_a = o_a.half()
+    o_true, lse_true = truth(o_a, lse_a, o_b, lse_b)
+    o, lse = o_a.clone().to(DEVICE), lse_a.clone().to(DEVICE)
+    merge_into(o, lse, o_b.to(DEVICE), lse_b.to(DEVICE))
+    assert o.dtype == torch.float16
+    torch.testing.assert_close(o.double().cpu(), o_true, rtol=1e-3, atol=1e-3)  # one fp16 rounding: 2**-11
+    torch.testing.assert_close(lse.double().cpu(), lse_true, rtol=1e-6, atol=1e-6)
+
+
 def test_merge_into_keeps_nan():
     o_a, lse_a, o_b, lse_b = random_parts(1, 1, 4, 16, torch.float32, seed=3)
     lse_a[0, 0, 1] = float("nan")
@@ -88,7 +100,8 @@ def test_merge_into_keeps_nan():
 @pytest.mark.parametrize(
     "change, error, match",
     [
-        (dict(o=torch.zeros(1, 1, 4, 16, dtype=torch.float16)), TypeError, "o must have dtype"),
+        (dict(o=torch.zeros(1, 1, 4, 16, dtype=torch.float64)), TypeError, "o must have dtype"),
+        (dict(lse=torch.zeros(1, 1, 4, dtype=torch.float16)), TypeError, "lse must have dtype"),
         (dict(lse=torch.zeros(1, 1, 5)), ValueError, "lse must have shape"),
         (dict(o_part=torch.zeros(1, 1, 4, 8)), ValueError, "o_part must have the shape"),
         (dict(lse_part=torch.zeros(1, 4)), ValueError, "lse_part must be a rank-3"),

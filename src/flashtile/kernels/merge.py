@@ -77,11 +77,12 @@ def _merge_into_kernel(
 def merge_into(o: torch.Tensor, lse: torch.Tensor, o_part: torch.Tensor, lse_part: torch.Tensor) -> None:
     """Fold the partial (o_part, lse_part) into (o, lse), in place.
 
-    o: (B, H, T, D) float32, lse: (B, H, T) float32 (the running result, any strides: a row slice of a
-    larger buffer is fine); o_part like o in any float dtype the kernels take, lse_part like lse. The
-    two must cover disjoint sets of keys for the same rows.
+    o: (B, H, T, D), lse: (B, H, T) float32: the running result, any strides (a row slice of a larger
+    buffer is fine); o_part like o, lse_part like lse. o and o_part may be fp16, bf16 or fp32, each its
+    own: the kernel computes in fp32 and rounds the merged o once, to o's dtype. The two must cover
+    disjoint sets of keys for the same rows.
     """
-    check_tensor("o", o, rank=4, dtypes=(torch.float32,))
+    check_tensor("o", o, rank=4, dtypes=(torch.float16, torch.bfloat16, torch.float32))
     check_tensor("lse", lse, rank=3, dtypes=(torch.float32,))
     check_tensor("o_part", o_part, rank=4, dtypes=(torch.float16, torch.bfloat16, torch.float32))
     check_tensor("lse_part", lse_part, rank=3, dtypes=(torch.float32,))
