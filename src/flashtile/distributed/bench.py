@@ -165,7 +165,7 @@ def torch_context_parallel_times(rank, world_size, device, full, causal: bool, r
     {provider: error} for the methods that failed."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.experimental import context_parallel
-    from torch.distributed.tensor.experimental._attention import set_rotate_method
+    from torch.distributed.tensor.experimental._attention import _cp_options, set_rotate_method
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     sdpa = lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
@@ -181,8 +181,10 @@ def torch_context_parallel_times(rank, world_size, device, full, causal: bool, r
         mesh = init_device_mesh(device.type, (world_size,))
         for provider, method in zip(TORCH_CP_PROVIDERS, ("allgather", "alltoall"), strict=True):
             buffers = [x.clone() for x in full]  # context_parallel shards these in place
+            balanced = _cp_options.enable_load_balance
             try:
                 set_rotate_method(method)
+                _cp_options.enable_load_balance = causal  # its head-tail balancing refuses non-causal attention
                 with context_parallel(mesh, buffers=buffers, buffer_seq_dims=[2] * 4, no_restore_buffers=set(buffers)):
                     shards, do = buffers[:3], buffers[3]  # this rank's shards now
                     with torch.no_grad():
@@ -195,6 +197,8 @@ def torch_context_parallel_times(rank, world_size, device, full, causal: bool, r
                 print(f"{provider} failed: {failures[provider]}", flush=True)
                 for measures in ("forward", "forward_backward"):
                     times.pop((provider, world_size, measures), None)
+            finally:
+                _cp_options.enable_load_balance = balanced
             dist.barrier()
     return failures
 
@@ -312,7 +316,7 @@ def main(argv=None) -> None:
                         help="one more (H, T) after the sweep; repeatable")  # fmt: skip
     parser.add_argument("--budget-s", type=float, default=200.0, help="start no new shape after this long")
     parser.add_argument("--torch-cp", action="store_true",
-                        help="also time PyTorch's context_parallel with SDPA's flash backend (CUDA only)")
+                        help="also time PyTorch's context_parallel with SDPA's flash backend (CUDA only; at 89ab196 its causal runs did not finish on two H200s)")
     parser.add_argument("--cpu-smoke", action="store_true", help="gloo on CPU, fp32, to check the script runs")
     args = parser.parse_args(argv)
     if args.render:
