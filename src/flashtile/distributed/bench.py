@@ -316,7 +316,8 @@ def main(argv=None) -> None:
                         help="one more (H, T) after the sweep; repeatable")  # fmt: skip
     parser.add_argument("--budget-s", type=float, default=200.0, help="start no new shape after this long")
     parser.add_argument("--torch-cp", action="store_true",
-                        help="also time PyTorch's context_parallel with SDPA's flash backend (CUDA only; at 89ab196 its causal runs did not finish on two H200s)")
+                        help="also time PyTorch's context_parallel with SDPA's flash backend (CUDA only; at "
+                             "89ab196 its causal runs did not finish on two H200s)")
     parser.add_argument("--cpu-smoke", action="store_true", help="gloo on CPU, fp32, to check the script runs")
     args = parser.parse_args(argv)
     if args.render:
