@@ -85,6 +85,22 @@ def test_merge_into_rounds_once_into_a_half_precision_running_result():
     torch.testing.assert_close(lse.double().cpu(), lse_true, rtol=1e-6, atol=1e-6)
 
 
+def test_merge_into_gives_the_same_bits_on_every_run():
+    """The in-place merge reads each row's lse from several warps and writes it from one: the kernel's
+    barrier keeps every read before the write. A race would make runs differ; many rows and repeats
+    give it many chances to show on a GPU."""
+    B, H, T, D = (1, 8, 4096, 128) if DEVICE == "cuda" else (1, 1, 64, 32)
+    o_a, lse_a, o_b, lse_b = random_parts(B, H, T, D, torch.float32, seed=5)
+    o_b, lse_b = o_b.to(DEVICE), lse_b.to(DEVICE)
+    inputs = o_a.to(DEVICE), lse_a.to(DEVICE)
+    o_copy, lse_copy = inputs[0].clone(), inputs[1].clone()
+    merge_into(o_copy, lse_copy, o_b, lse_b)
+    for _ in range(20 if DEVICE == "cuda" else 1):
+        o, lse = inputs[0].clone(), inputs[1].clone()
+        merge_into(o, lse, o_b, lse_b)
+        assert torch.equal(o, o_copy) and torch.equal(lse, lse_copy)
+
+
 def test_merge_into_keeps_nan():
     o_a, lse_a, o_b, lse_b = random_parts(1, 1, 4, 16, torch.float32, seed=3)
     lse_a[0, 0, 1] = float("nan")

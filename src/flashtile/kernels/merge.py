@@ -68,6 +68,11 @@ def _merge_into_kernel(
     lse = m_safe + tl.math.log2(tl.where(empty, 1.0, l)) * LN2
     lse = tl.where(m == float("inf"), m, lse)  # a +inf score: lse is +inf, as torch.logsumexp gives
     lse = tl.where(empty, float("-inf"), lse)
+    # In place: a row's lse is read by every warp that holds a slice of the row's columns, and written by
+    # one. Without a barrier a fast warp can store the merged lse before a slow one has read the old
+    # value, and that slow warp then weights its columns with the wrong lse. Triton orders a thread's own
+    # loads and stores, not those of different warps.
+    tl.debug_barrier()
     tl.store(o_ptrs, o.to(O.dtype.element_ty), mask=tile_ok)
     tl.store(lse_ptrs, lse.to(LSE.dtype.element_ty), mask=row_ok)
 # --8<-- [end:kernel]
