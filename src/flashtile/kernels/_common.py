@@ -175,6 +175,13 @@ def has_tma(device: torch.device) -> bool:
     return is_interpreting()
 
 
+def has_pdl(device: torch.device) -> bool:
+    """Whether kernels on ``device`` can be launched with programmatic dependent launch: sm_90 and newer.
+    Not the interpreter, which cannot run the griddepcontrol instructions."""
+    return device.type == "cuda" and _capability(
+        device.index if device.index is not None else torch.cuda.current_device()) >= (9, 0)  # fmt: skip
+
+
 def tile_descriptor(x: torch.Tensor, strides: list[int], block_rows: int, head_dim_pad: int):
     """A host-built TMA descriptor for (1, 1, block_rows, head_dim_pad) tiles of a (B, H, T, D) tensor.
 
@@ -294,11 +301,15 @@ class KernelLaunch:
     kernel (TRITON_INTERPRET=1), and a launch a profiler hooks, always take the full path.
     """
 
-    __slots__ = ("kernel", "grid", "scalars", "constexprs", "num_warps", "num_stages", "_compiled")
+    __slots__ = ("kernel", "grid", "scalars", "constexprs", "num_warps", "num_stages", "launch_pdl", "_compiled")
 
-    def __init__(self, kernel, grid: tuple, scalars: tuple, constexprs: dict, num_warps: int, num_stages: int):
+    def __init__(self, kernel, grid: tuple, scalars: tuple, constexprs: dict, num_warps: int, num_stages: int,
+                 launch_pdl: bool = False):  # fmt: skip
         self.kernel, self.grid, self.scalars, self.constexprs = kernel, grid, scalars, constexprs
         self.num_warps, self.num_stages = num_warps, num_stages
+        # Programmatic dependent launch (sm_90+): the GPU may start this kernel while the previous one on
+        # the stream is still running; the kernel itself must wait (gdc_wait) before reading its results.
+        self.launch_pdl = launch_pdl
         self._compiled = {}  # (device, specialisation of each tensor) -> the compiled kernel's launcher
 
     def __call__(self, *tensors) -> None:
@@ -314,8 +325,9 @@ class KernelLaunch:
         run(*self.grid, _current_stream(device), function, metadata, None, None, None, *tensors, *self.scalars, *tail)
 
     def _full_launch(self, tensors):
+        pdl = {"launch_pdl": True} if self.launch_pdl else {}  # an option only NVIDIA's backend knows
         return self.kernel[self.grid](*tensors, *self.scalars, **self.constexprs, num_warps=self.num_warps,
-                                      num_stages=self.num_stages)  # fmt: skip
+                                      num_stages=self.num_stages, **pdl)  # fmt: skip
 
     def _compile_and_launch(self, tensors, device):
         compiled = self._full_launch(tensors)  # compiles (or finds) the kernel, and launches it
