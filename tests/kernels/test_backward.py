@@ -95,6 +95,34 @@ def test_every_kind_of_tile_matches_float64_autograd(causal, alignment, Tq, Tk, 
     assert_gradients_close(actual, reference_gradients(q, k, v, do, causal, alignment)[1], F32)
 
 
+@pytest.mark.parametrize("deterministic", [True, False], ids=["deterministic", "atomic_dq"])
+@pytest.mark.parametrize("D", [16, 40])
+@pytest.mark.parametrize("Tq,Tk", [(70, 100), (100, 70)])
+@pytest.mark.parametrize("causal,alignment", ATTN, ids=["full", "causal_ul", "causal_lr"])
+def test_tma_loads_match_float64_autograd_and_the_pointer_path(causal, alignment, Tq, Tk, D, deterministic):
+    """tma=True: q and do (dK/dV kernel), k and v (dQ kernel) come through descriptors, zeros past T and D,
+    with no load masks. Same shapes as above (ragged tiles, GQA, rows that see no key), and a head dim that
+    is not a power of two."""
+    q, k, v, do = make_inputs(1, 4, 2, Tq, Tk, D, F32, seed=Tq * 1000 + Tk + D)
+    blocks = dict(block_q=16, block_k=32, deterministic=deterministic)
+    actual = kernel_gradients(q, k, v, do, causal, alignment, tma=True, **blocks)
+    assert_gradients_close(actual, reference_gradients(q, k, v, do, causal, alignment)[1], F32)
+    pointers = kernel_gradients(q, k, v, do, causal, alignment, tma=False, **blocks)
+    for name, a, b in zip(("dq", "dk", "dv"), actual, pointers):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6, msg=lambda m, name=name: f"{name}: {m}")
+
+
+def test_tma_true_is_refused_for_a_layout_the_copy_engine_cannot_step():
+    q, k, v, do = make_inputs(1, 2, 2, 20, 20, 20, F16, seed=1)  # 40-byte rows: not a multiple of 16 bytes
+    o, lse, stats = flash_attention(q, k, v, return_stats=True)
+    with pytest.raises(ValueError, match="tma=True needs"):
+        flash_attention_backward(q, k, v, o, lse, do, stats=stats, tma=True)
+    with pytest.raises(ValueError, match="tma must be"):
+        flash_attention_backward(q, k, v, o, lse, do, stats=stats, tma="yes")
+    dq, _, _ = flash_attention_backward(q, k, v, o, lse, do, stats=stats, tma="auto")  # falls back to pointers
+    assert dq.shape == q.shape
+
+
 @pytest.mark.parametrize("causal,alignment", ATTN, ids=["full", "causal_ul", "causal_lr"])
 def test_padding_keys_stay_masked_when_every_real_score_is_very_negative(causal, alignment):
     # Every score is about -100, so a padding key past Tk (k = 0, score 0) would get P = exp(100), inf in

@@ -68,10 +68,10 @@ def sdpa_gradients(q, k, v, do, causal, alignment):
     return dq, fold(dk), fold(dv)
 
 
-def ours(q, k, v, do, causal, alignment, deterministic=True):
+def ours(q, k, v, do, causal, alignment, deterministic=True, tma=False):
     o, lse, stats = flash_attention(q, k, v, causal=causal, alignment=alignment, return_stats=True)
     return flash_attention_backward(
-        q, k, v, o, lse, do, causal=causal, alignment=alignment, stats=stats, deterministic=deterministic
+        q, k, v, o, lse, do, causal=causal, alignment=alignment, stats=stats, deterministic=deterministic, tma=tma
     )
 
 
@@ -92,6 +92,18 @@ def test_backward_error_is_at_most_twice_sdpa_error(case, deterministic):
         assert torch.isfinite(g).all(), f"{name} has NaN or inf"
         err, err_sdpa = max_error(g, g_ref), max_error(g_sdpa, g_ref)
         assert err <= 2 * err_sdpa + 1e-6, f"{name}: error {err:.3g} > 2 x SDPA's {err_sdpa:.3g}"
+
+
+@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability() < (9, 0), reason="TMA: sm_90")
+@pytest.mark.parametrize("case", [c for c in CASES if c[5] % 8 == 0], ids=case_id)  # 16-byte rows in 16-bit
+def test_tma_loads_give_the_pointer_path_bits(case):
+    """tma=True changes how q, do (dK/dV) and k, v (dQ) reach shared memory, not one multiplication or
+    addition: the gradients must be bitwise those of the pointer path, so its error bound carries over."""
+    B, H, H_kv, Tq, Tk, D, causal, alignment, dtype = case
+    q, k, v, do = make_inputs(B, H, H_kv, Tq, Tk, D, dtype, seed=Tq + Tk + D)
+    for name, a, b in zip(("dq", "dk", "dv"), ours(q, k, v, do, causal, alignment, tma=True),
+                          ours(q, k, v, do, causal, alignment)):  # fmt: skip
+        assert torch.equal(a, b), f"{name}: {(a.float() - b.float()).abs().max().item():.3g} from the pointer path"
 
 
 def test_backward_is_bitwise_deterministic_on_the_gpu():

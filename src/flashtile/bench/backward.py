@@ -2,9 +2,11 @@
 
 Providers: ``flashtile`` (``flashtile.attention``: the deterministic default, dQ in its own kernel),
 ``flashtile_atomic_dq`` (the same kernels with ``deterministic=False``: dQ added up with float32 atomics
-inside the dK/dV kernel), ``sdpa_cudnn`` and ``sdpa_flash``. Each provider is timed on its backward
-alone: the forward runs once, then ``o.backward(do, retain_graph=True)`` is timed, the same way for
-every provider. Before timing, each provider's dq, dk, dv are checked against SDPA's flash backend.
+inside the dK/dV kernel), ``flashtile_tma`` (the deterministic kernels with ``tma=True``: the streamed
+tiles loaded through TMA descriptors, on sm_90 and newer), ``sdpa_cudnn`` and ``sdpa_flash``. Each
+provider is timed on its backward alone: the forward runs once, then ``o.backward(do, retain_graph=True)``
+is timed, the same way for every provider. Before timing, each provider's dq, dk, dv are checked
+against SDPA's flash backend.
 ``--sweep`` times launch configs of the backward launcher instead (how ``kernels.backward.backward_config``
 was chosen).
 """
@@ -41,16 +43,17 @@ METHOD = (
 SWEEP_METHOD = "launcher only: flash_attention_backward, do_bench median (warmup 25 ms, rep 100 ms)"
 
 
-class AtomicDq(torch.autograd.Function):
-    """flashtile's forward, and its backward with ``deterministic=False``: the opt-in atomic-dQ path."""
+class LauncherBackward(torch.autograd.Function):
+    """flashtile's forward, and its backward launcher with options (``deterministic=False``: the opt-in
+    atomic-dQ path; ``tma=True``: descriptor loads)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal):
+    def forward(ctx, q, k, v, causal, options):
         from ..kernels.forward import flash_attention
 
         o, lse, stats = flash_attention(q, k, v, causal=causal, return_stats=True)
         ctx.save_for_backward(q, k, v, o, lse, stats)
-        ctx.causal = causal
+        ctx.causal, ctx.options = causal, options
         return o
 
     @staticmethod
@@ -58,18 +61,21 @@ class AtomicDq(torch.autograd.Function):
         from ..kernels.backward import flash_attention_backward
 
         q, k, v, o, lse, stats = ctx.saved_tensors
-        grads = flash_attention_backward(q, k, v, o, lse, do, ctx.causal, stats=stats, deterministic=False)
-        return (*grads, None)
+        grads = flash_attention_backward(q, k, v, o, lse, do, ctx.causal, stats=stats, **ctx.options)
+        return (*grads, None, None)
 
 
 def providers(causal: bool) -> dict:
     from ..api import attention
+    from ..kernels._common import has_tma
 
-    return {
+    fns = {
         "flashtile": lambda q, k, v: attention(q, k, v, is_causal=causal),
-        "flashtile_atomic_dq": lambda q, k, v: AtomicDq.apply(q, k, v, causal),
-        **sdpa_providers(causal),
+        "flashtile_atomic_dq": lambda q, k, v: LauncherBackward.apply(q, k, v, causal, dict(deterministic=False)),
     }
+    if torch.cuda.is_available() and has_tma(torch.device("cuda")):
+        fns["flashtile_tma"] = lambda q, k, v: LauncherBackward.apply(q, k, v, causal, dict(tma=True))
+    return {**fns, **sdpa_providers(causal)}
 
 
 def gradients(fn, q, k, v, do):

@@ -182,6 +182,25 @@ def has_pdl(device: torch.device) -> bool:
         device.index if device.index is not None else torch.cuda.current_device()) >= (9, 0)  # fmt: skip
 
 
+def use_tma(tma, *tensors) -> list | None:
+    """The strides of each tensor's TMA descriptor, or None where the pointer path runs.
+
+    tma=True asks for TMA and raises when the device (compute capability 9.0 or newer; the interpreter
+    emulates it) or a tensor's layout (``tma_strides``) cannot have it; "auto" takes it when possible;
+    False never does. A launcher passes its config's choice unless the caller gives one.
+    """
+    if tma is False:
+        return None
+    strides = [tma_strides(x) for x in tensors]
+    possible = all(s is not None for s in strides) and has_tma(tensors[0].device)
+    if tma is True and not possible:
+        raise ValueError(
+            "tma=True needs a device with TMA (compute capability >= 9.0) and inputs with a contiguous head "
+            "dim, 16-byte-aligned data and strides that are positive multiples of 16 bytes"
+        )
+    return strides if possible else None
+
+
 def tile_descriptor(x: torch.Tensor, strides: list[int], block_rows: int, head_dim_pad: int):
     """A host-built TMA descriptor for (1, 1, block_rows, head_dim_pad) tiles of a (B, H, T, D) tensor.
 

@@ -55,6 +55,8 @@ from ._common import (
     kernel_scale,
     last_key_tile,
     store_tile,
+    tile_descriptor,
+    use_tma,
 )
 from .backward_preprocess import backward_preprocess, preprocess_launch
 
@@ -131,10 +133,10 @@ def load_masked(ptrs, row_ok, col_ok, MASK_ROWS: tl.constexpr, MASK_COLS: tl.con
 @triton.jit
 def dkdv_query_tiles(
     dk, dv, k, v, Q, DO, M, L, DELTA, DQ_ACC, q_offsets, do_offsets, acc_offsets, rows0, cols, keys,
-    stride_qt, stride_dot, first, end, jump_at, jump_by, Tq, Tk, offset, scale, qk_scale,
+    stride_qt, stride_dot, first, end, jump_at, jump_by, Tq, Tk, offset, scale, qk_scale, b, h,
     BLOCK_Q: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, MASKED: tl.constexpr,
     CAUSAL: tl.constexpr, SIGN: tl.constexpr, DOT_PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr,
-    INTERPRETED: tl.constexpr,
+    INTERPRETED: tl.constexpr, USE_TMA: tl.constexpr,
 ):  # fmt: skip
     """Fold query tiles t = first .. end - 1 of one head into (dk, dv), on transposed tiles; a t from
     jump_at on stands for tile t + jump_by, so one loop can walk two separate runs of tiles.
@@ -144,22 +146,30 @@ def dkdv_query_tiles(
     BLOCK_Q) load through transposed pointers; no register tile is ever transposed. MASKED is a
     compile-time switch: the tiles on the causal diagonal or past Tq or Tk pay for the mask, the
     interior tiles load and compute without one.
+
+    With USE_TMA, Q and DO are tensor descriptors of the whole (B, H, Tq, D) tensors and the copy engine
+    fetches each (BLOCK_Q, HEAD_DIM_PAD) tile by its coordinates (b, h, q_start, 0), with zeros past Tq
+    and HEAD_DIM: no tile of pointers is computed or kept in registers, and no load needs a mask.
     """
     for t in range(first, end):
         q_index = tl.where(t < jump_at, t, t + jump_by)
         q_start = q_index * BLOCK_Q
         rows = q_start + rows0
-        qT = load_masked(Q + q_start.to(tl.int64) * stride_qt + q_offsets, rows[None, :] < Tq,
-                         cols[:, None] < HEAD_DIM, MASKED, HEAD_DIM != HEAD_DIM_PAD)  # fmt: skip
+        if USE_TMA:
+            qT = tl.trans(Q.load([b, h, q_start, 0]).reshape(BLOCK_Q, HEAD_DIM_PAD))  # a view of the tile
+            do = DO.load([b, h, q_start, 0]).reshape(BLOCK_Q, HEAD_DIM_PAD)
+        else:
+            qT = load_masked(Q + q_start.to(tl.int64) * stride_qt + q_offsets, rows[None, :] < Tq,
+                             cols[:, None] < HEAD_DIM, MASKED, HEAD_DIM != HEAD_DIM_PAD)  # fmt: skip
+            do = load_masked(DO + q_start.to(tl.int64) * stride_dot + do_offsets, rows[:, None] < Tq,
+                             cols[None, :] < HEAD_DIM, MASKED, HEAD_DIM != HEAD_DIM_PAD)  # fmt: skip
         qT = apply_sign(qT, SIGN)  # sign(τ) · q, as in the forward
-        do = load_masked(DO + q_start.to(tl.int64) * stride_dot + do_offsets, rows[:, None] < Tq,
-                         cols[None, :] < HEAD_DIM, MASKED, HEAD_DIM != HEAD_DIM_PAD)  # fmt: skip
         m, log2_l = load_row_stats(M, L, rows, Tq)
         delta = tl.load(DELTA + rows, mask=rows < Tq, other=0.0)
-        a, b = k, qT  # uT = K Q^T: the forward's raw dots, transposed; the same sums on the GPU
+        lhs, rhs = k, qT  # uT = K Q^T: the forward's raw dots, transposed; the same sums on the GPU
         if INTERPRETED:  # numpy's matmul rounds k·q and q·k differently: multiply as the forward did
-            a, b = tl.trans(qT), tl.trans(k)
-        uT = tl.dot(a, b, input_precision=DOT_PRECISION)
+            lhs, rhs = tl.trans(qT), tl.trans(k)
+        uT = tl.dot(lhs, rhs, input_precision=DOT_PRECISION)
         if INTERPRETED:
             uT = tl.trans(uT)
         pT = recompute_p(uT, m[None, :], log2_l[None, :], qk_scale)  # never stored
@@ -194,7 +204,7 @@ def backward_dkdv_kernel(
     H, H_kv, Tq, Tk, unit, scale, qk_scale, offset,
     CAUSAL: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr, SIGN: tl.constexpr, DOT_PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr,
-    WIDE: tl.constexpr, INTERPRETED: tl.constexpr,
+    WIDE: tl.constexpr, INTERPRETED: tl.constexpr, USE_TMA: tl.constexpr,
 ):  # fmt: skip
     """One program per (key tile, kv head, batch): dk, dv for that tile, summed over the group's heads.
 
@@ -232,22 +242,25 @@ def backward_dkdv_kernel(
     hi = tl.maximum(mid, Tq // BLOCK_Q)
     for r in range(0, group):  # the group's query heads, in a fixed order: no atomics, no partials
         h = h_kv * group + r
-        q_ptr = Q + b * stride_qb + h * stride_qh
-        do_ptr = DO + b * stride_dob + h * stride_doh
+        if USE_TMA:  # descriptors: tiles are addressed by coordinates inside dkdv_query_tiles
+            q_ptr, do_ptr = Q, DO
+        else:
+            q_ptr = Q + b * stride_qb + h * stride_qh
+            do_ptr = DO + b * stride_dob + h * stride_doh
         row_base = (b * H + h) * Tq  # m, l and delta are (B, H, Tq), contiguous; DQ_ACC is (B, H, Tq, pad)
         m_ptr, l_ptr, delta_ptr = M + row_base, L + row_base, DELTA + row_base
         acc_ptr = DQ_ACC + row_base * HEAD_DIM_PAD
         dk, dv = dkdv_query_tiles(  # the interior, unmasked
             dk, dv, k_tile, v_tile, q_ptr, do_ptr, m_ptr, l_ptr, delta_ptr, acc_ptr, q_offsets, do_offsets,
             acc_offsets, rows0, cols, keys, stride_qt, stride_dot, mid, hi, hi, 0, Tq, Tk, offset,
-            scale, qk_scale, BLOCK_Q, HEAD_DIM, HEAD_DIM_PAD, False, CAUSAL, SIGN, DOT_PRECISION, ATOMIC_DQ,
-            INTERPRETED,
+            scale, qk_scale, b.to(tl.int32), h.to(tl.int32), BLOCK_Q, HEAD_DIM, HEAD_DIM_PAD, False, CAUSAL, SIGN,
+            DOT_PRECISION, ATOMIC_DQ, INTERPRETED, USE_TMA,
         )  # fmt: skip
         dk, dv = dkdv_query_tiles(  # one masked loop: the band [lo, mid), then the tail [hi, n)
             dk, dv, k_tile, v_tile, q_ptr, do_ptr, m_ptr, l_ptr, delta_ptr, acc_ptr, q_offsets, do_offsets,
             acc_offsets, rows0, cols, keys, stride_qt, stride_dot, lo, mid + n - hi, mid, hi - mid, Tq, Tk, offset,
-            scale, qk_scale, BLOCK_Q, HEAD_DIM, HEAD_DIM_PAD, True, CAUSAL, SIGN, DOT_PRECISION, ATOMIC_DQ,
-            INTERPRETED,
+            scale, qk_scale, b.to(tl.int32), h.to(tl.int32), BLOCK_Q, HEAD_DIM, HEAD_DIM_PAD, True, CAUSAL, SIGN,
+            DOT_PRECISION, ATOMIC_DQ, INTERPRETED, USE_TMA,
         )  # fmt: skip
     dk = dk * unit  # S = τ Q K^T = unit (sign Q) K^T, so dK = unit * dS^T (sign Q)
     store_tile(DK + b * stride_dkb + h_kv * stride_dkh, stride_dkt, stride_dkd, keys, cols, Tk, HEAD_DIM, dk)
@@ -259,20 +272,25 @@ def backward_dkdv_kernel(
 @triton.jit
 def dq_key_tiles(
     dq, q, do, m, log2_l, delta, K, V, kT_offsets, vT_offsets, rows, keys0, cols,
-    stride_kt, stride_vt, first, end, Tq, Tk, offset, qk_scale,
+    stride_kt, stride_vt, first, end, Tq, Tk, offset, qk_scale, b, h_kv,
     BLOCK_K: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, MASKED: tl.constexpr,
-    CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
 ):  # fmt: skip
     """Fold key tiles first .. end - 1 into dq. K and V arrive as kT, vT, (HEAD_DIM_PAD, BLOCK_K) loads
     through transposed pointers, so S = Q K^T and dP = dO V^T are plain products; dQ = dS K reads kT as a
-    transposed view of the loaded tile."""
+    transposed view of the loaded tile. With USE_TMA, K and V are tensor descriptors and each tile is
+    fetched by its coordinates (b, h_kv, k_start, 0), with zeros past Tk and HEAD_DIM."""
     for k_index in range(first, end):
         k_start = k_index * BLOCK_K
         keys = k_start + keys0
-        kT = load_masked(K + k_start.to(tl.int64) * stride_kt + kT_offsets, keys[None, :] < Tk,
-                         cols[:, None] < HEAD_DIM, MASKED, HEAD_DIM != HEAD_DIM_PAD)  # fmt: skip
-        vT = load_masked(V + k_start.to(tl.int64) * stride_vt + vT_offsets, keys[None, :] < Tk,
-                         cols[:, None] < HEAD_DIM, MASKED, HEAD_DIM != HEAD_DIM_PAD)  # fmt: skip
+        if USE_TMA:
+            kT = tl.trans(K.load([b, h_kv, k_start, 0]).reshape(BLOCK_K, HEAD_DIM_PAD))
+            vT = tl.trans(V.load([b, h_kv, k_start, 0]).reshape(BLOCK_K, HEAD_DIM_PAD))
+        else:
+            kT = load_masked(K + k_start.to(tl.int64) * stride_kt + kT_offsets, keys[None, :] < Tk,
+                             cols[:, None] < HEAD_DIM, MASKED, HEAD_DIM != HEAD_DIM_PAD)  # fmt: skip
+            vT = load_masked(V + k_start.to(tl.int64) * stride_vt + vT_offsets, keys[None, :] < Tk,
+                             cols[:, None] < HEAD_DIM, MASKED, HEAD_DIM != HEAD_DIM_PAD)  # fmt: skip
         u = tl.dot(q, kT, input_precision=DOT_PRECISION)
         p = recompute_p(u, m[:, None], log2_l[:, None], qk_scale)
         if MASKED:
@@ -297,6 +315,7 @@ def backward_dq_kernel(
     H, H_kv, Tq, Tk, scale, qk_scale, offset,
     CAUSAL: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr, SIGN: tl.constexpr, DOT_PRECISION: tl.constexpr, WIDE: tl.constexpr,
+    USE_TMA: tl.constexpr,
 ):  # fmt: skip
     """One program per (query tile, head, batch): dq for that tile, a sum over its key tiles."""
     q_index = tl.program_id(0)
@@ -327,19 +346,22 @@ def backward_dq_kernel(
     else:  # every key tile but a ragged last one
         n_full = Tk // BLOCK_K
         n = tl.cdiv(Tk, BLOCK_K)
-    k_ptr = K + b * stride_kb + h_kv * stride_kh
-    v_ptr = V + b * stride_vb + h_kv * stride_vh
+    if USE_TMA:  # descriptors: tiles are addressed by coordinates inside dq_key_tiles
+        k_ptr, v_ptr = K, V
+    else:
+        k_ptr = K + b * stride_kb + h_kv * stride_kh
+        v_ptr = V + b * stride_vb + h_kv * stride_vh
     kT_offsets = tile_offsets(keys0[None, :], cols[:, None], stride_kt, stride_kd, WIDE)  # (HEAD_DIM_PAD, BLOCK_K)
     vT_offsets = tile_offsets(keys0[None, :], cols[:, None], stride_vt, stride_vd, WIDE)
     dq = dq_key_tiles(  # the full tiles first, then the diagonal band and a ragged last tile, masked
         dq, q_tile, do_tile, m, log2_l, delta, k_ptr, v_ptr, kT_offsets, vT_offsets, rows, keys0, cols,
-        stride_kt, stride_vt, 0, n_full, Tq, Tk, offset, qk_scale,
-        BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, False, CAUSAL, DOT_PRECISION,
+        stride_kt, stride_vt, 0, n_full, Tq, Tk, offset, qk_scale, b.to(tl.int32), h_kv.to(tl.int32),
+        BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, False, CAUSAL, DOT_PRECISION, USE_TMA,
     )  # fmt: skip
     dq = dq_key_tiles(
         dq, q_tile, do_tile, m, log2_l, delta, k_ptr, v_ptr, kT_offsets, vT_offsets, rows, keys0, cols,
-        stride_kt, stride_vt, n_full, n, Tq, Tk, offset, qk_scale,
-        BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, True, CAUSAL, DOT_PRECISION,
+        stride_kt, stride_vt, n_full, n, Tq, Tk, offset, qk_scale, b.to(tl.int32), h_kv.to(tl.int32),
+        BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, True, CAUSAL, DOT_PRECISION, USE_TMA,
     )  # fmt: skip
     dq = dq * scale  # dQ = τ dS K, with the signed τ
     store_tile(DQ + b * stride_dqb + h * stride_dqh, stride_dqt, stride_dqd, rows, cols, Tq, HEAD_DIM, dq)
@@ -416,10 +438,12 @@ class BackwardPlan(NamedTuple):
     preprocess: KernelLaunch  # delta = rowsum(dO * O)
     dkdv: KernelLaunch  # one program per key tile: dK, dV (and with atomics, its share of dQ)
     dq: KernelLaunch  # one program per query tile: dQ
+    tma_dkdv: tuple | None  # (strides of q, strides of do, tile rows): descriptors the dK/dV kernel loads through
+    tma_dq: tuple | None  # (strides of k, strides of v, tile rows): likewise for the dQ kernel
 
 
 def make_backward_plan(q, k, v, o, lse, do, stats, causal, scale, alignment, block_q, block_k, config,
-                       deterministic) -> BackwardPlan:  # fmt: skip
+                       deterministic, tma=False) -> BackwardPlan:  # fmt: skip
     """Check one backward call's arguments and derive its launches; raises on anything the kernels cannot take."""
     shape = check_attention_inputs(q, k, v, dtypes=KERNEL_DTYPES)
     check_like("o", o, "q", q)
@@ -449,6 +473,11 @@ def make_backward_plan(q, k, v, o, lse, do, stats, causal, scale, alignment, blo
     dq_q, dq_k, dq_warps, dq_stages = config["dq"]
     dq_q, dq_k = block_q or dq_q, block_k or dq_k
     sizes = (shape.H, shape.H_kv, shape.Tq, shape.Tk)
+    if tma not in (True, False, "auto"):
+        raise ValueError(f'tma must be True, False or "auto", got {tma!r}')
+    strides = use_tma(tma, q, do, k, v)  # the streamed tiles: q and do for dK/dV, k and v for dQ
+    tma_dkdv = None if strides is None else (strides[0], strides[1], dkdv_q)
+    tma_dq = None if strides is None else (strides[2], strides[3], dq_k)
     return BackwardPlan(
         scale=scale,
         pad=pad,
@@ -460,7 +489,7 @@ def make_backward_plan(q, k, v, o, lse, do, stats, causal, scale, alignment, blo
             scalars=(*q.stride(), *k.stride(), *v.stride(), *do.stride(), *kv_strides, *kv_strides, *sizes,
                      units.unit, scale, units.qk_scale, offset),  # fmt: skip
             constexprs=dict(BLOCK_Q=dkdv_q, BLOCK_K=dkdv_k, **common, ATOMIC_DQ=not deterministic,
-                            INTERPRETED=q.device.type == "cpu"),  # fmt: skip
+                            INTERPRETED=q.device.type == "cpu", USE_TMA=tma_dkdv is not None),  # fmt: skip
             num_warps=dkdv_warps,
             num_stages=dkdv_stages,
         ),
@@ -469,17 +498,19 @@ def make_backward_plan(q, k, v, o, lse, do, stats, causal, scale, alignment, blo
             grid=head_batch_grid(-(-shape.Tq // dq_q), shape.H, shape.B),
             scalars=(*q.stride(), *k.stride(), *v.stride(), *do.stride(), *contiguous_strides(q.shape), *sizes,
                      scale, units.qk_scale, offset),  # fmt: skip
-            constexprs=dict(BLOCK_Q=dq_q, BLOCK_K=dq_k, **common),
+            constexprs=dict(BLOCK_Q=dq_q, BLOCK_K=dq_k, **common, USE_TMA=tma_dq is not None),
             num_warps=dq_warps,
             num_stages=dq_stages,
         ),
+        tma_dkdv=tma_dkdv,
+        tma_dq=tma_dq,
     )
 
 
 # --8<-- [start:launcher]
 def flash_attention_backward(
     q, k, v, o, lse, do, causal=False, scale=None, alignment="upper_left", block_q=None, block_k=None, *,
-    stats=None, config=None, deterministic=True,
+    stats=None, config=None, deterministic=True, tma=False,
 ):
     """Gradients of attention from the forward's o and lse, with three Triton launches.
 
@@ -495,12 +526,16 @@ def flash_attention_backward(
         deterministic: True (the default) computes dQ in its own kernel, bitwise the same on every run;
             False adds it up with float32 atomics inside the dK/dV kernel (two launches, five matmuls
             per tile instead of seven), whose summation order, and so whose last bits, vary between runs.
+        tma: True loads the streamed tiles (q and do in the dK/dV kernel, k and v in the dQ kernel)
+            through TMA descriptors, and raises where the device or a layout cannot have them (see
+            ``_common.use_tma``); "auto" takes them where possible; False (the default until measured on
+            the H200) loads through pointers. Either way the results are the same.
 
     Returns:
         dq like q; dk, dv like k (contiguous), each accumulated in float32 and cast to the input dtype.
     """
     plan = cached_plan(make_backward_plan, (q, k, v, o, lse, do, stats), causal, scale, alignment, block_q, block_k,
-                       config, deterministic)  # fmt: skip
+                       config, deterministic, tma)  # fmt: skip
     stats = (stats_from_lse(lse, plan.scale) if stats is None else stats).contiguous()
     delta = backward_preprocess(o, do, plan.preprocess)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
@@ -510,11 +545,19 @@ def flash_attention_backward(
         dq_acc = dq
     else:  # a float32 accumulator that every key tile adds into: zeroed first, cast once at the end
         dq_acc = torch.zeros((*q.shape[:3], plan.pad), dtype=torch.float32, device=q.device)
-    plan.dkdv(q, k, v, do, stats[0], stats[1], delta, dk, dv, dq_acc)
+    q_tiles, do_tiles = (q, do) if plan.tma_dkdv is None else tile_descriptors(plan.tma_dkdv, q, do, plan.pad)
+    plan.dkdv(q_tiles, k, v, do_tiles, stats[0], stats[1], delta, dk, dv, dq_acc)
     if not plan.deterministic:
         return dq_acc[..., : q.shape[3]].to(q.dtype).contiguous(), dk, dv
-    plan.dq(q, k, v, do, stats[0], stats[1], delta, dq)
+    k_tiles, v_tiles = (k, v) if plan.tma_dq is None else tile_descriptors(plan.tma_dq, k, v, plan.pad)
+    plan.dq(q, k_tiles, v_tiles, do, stats[0], stats[1], delta, dq)
     return dq, dk, dv
+
+
+def tile_descriptors(tma: tuple, x, y, pad: int) -> tuple:
+    """Host-built TMA descriptors of x and y for (1, 1, rows, pad) tiles, from a plan's (strides, strides, rows)."""
+    x_strides, y_strides, rows = tma
+    return tile_descriptor(x, x_strides, rows, pad), tile_descriptor(y, y_strides, rows, pad)
 
 
 # --8<-- [end:launcher]

@@ -43,7 +43,6 @@ from ._common import (
     contiguous_strides,
     dot_precision,
     full_key_tiles,
-    has_tma,
     head_batch_grid,
     head_dim_pad,
     kernel_scale,
@@ -51,7 +50,7 @@ from ._common import (
     online_softmax_step,
     program_offset,
     tile_descriptor,
-    tma_strides,
+    use_tma,
 )
 
 LN2 = tl.constexpr(math.log(2.0))  # a constexpr global, so the jit function may read it
@@ -215,25 +214,6 @@ def forward_config(head_dim: int, dtype: torch.dtype, interpreted: bool = False,
         return dict(block_q=128, block_k=128, num_warps=8, num_stages=3, tma="auto")
     return dict(block_q=128, block_k=64, num_warps=8, num_stages=2, tma=False)  # D = 256: 128 x 64, 2 stages
 # --8<-- [end:config]
-
-
-def use_tma(tma, *tensors) -> list | None:
-    """The strides of each tensor's TMA descriptor, or None where the pointer path runs.
-
-    tma=True asks for TMA and raises when the device (compute capability 9.0 or newer; the interpreter
-    emulates it) or a tensor's layout (``tma_strides``) cannot have it; "auto" takes it when possible;
-    False never does. The launcher passes ``forward_config``'s choice unless the caller gives one.
-    """
-    if tma is False:
-        return None
-    strides = [tma_strides(x) for x in tensors]
-    possible = all(s is not None for s in strides) and has_tma(tensors[0].device)
-    if tma is True and not possible:
-        raise ValueError(
-            "tma=True needs a device with TMA (compute capability >= 9.0) and q, k, v with a contiguous head "
-            "dim, 16-byte-aligned data and strides that are positive multiples of 16 bytes"
-        )
-    return strides if possible else None
 
 
 # --8<-- [start:launcher]
