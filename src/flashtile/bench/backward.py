@@ -40,7 +40,8 @@ METHOD = (
     "backward only: o.backward(do, retain_graph=True), triton.testing.do_bench median (warmup 50 ms, rep 200 ms); "
     "bf16; B*T = 16384, H*D = 2048; TFLOP/s = 2.5*4*B*H*T*T*D (x0.5 causal) / time"
 )
-SWEEP_METHOD = "launcher only: flash_attention_backward, do_bench median (warmup 25 ms, rep 100 ms)"
+SWEEP_METHOD = ("launcher only: flash_attention_backward, do_bench median (warmup 25 ms, rep 100 ms), each config "
+                "on the pointer path and through TMA descriptors (tma)")
 
 
 class LauncherBackward(torch.autograd.Function):
@@ -104,7 +105,9 @@ def measure(shape: dict) -> list[dict]:
 
 
 def sweep(shape: dict) -> list[dict]:
-    """Time the backward launcher alone for each dK/dV config (dQ at its default) and each dQ config."""
+    """Time the backward launcher alone for each dK/dV config (dQ at its default) and each dQ config, on
+    the pointer path and, where the device has TMA, through descriptors (``tma=True``)."""
+    from ..kernels._common import has_tma
     from ..kernels.backward import backward_config, flash_attention_backward
     from ..kernels.forward import flash_attention
 
@@ -112,20 +115,22 @@ def sweep(shape: dict) -> list[dict]:
     o, lse, stats = flash_attention(q, k, v, causal=shape["causal"], return_stats=True)
     default = backward_config(shape["D"], q.dtype)
     trials = [dict(default, dkdv=c) for c in SWEEP_DKDV] + [dict(default, dq=c) for c in SWEEP_DQ]
+    loads = (False, True) if has_tma(q.device) else (False,)
     rows = []
-    for config in trials:
-        launch = lambda config=config: flash_attention_backward(q, k, v, o, lse, do, causal=shape["causal"],
-                                                                stats=stats, config=config)  # fmt: skip
+    for config, tma in ((config, tma) for config in trials for tma in loads):
+        options = dict(causal=shape["causal"], stats=stats, config=config, tma=tma)
+        launch = lambda options=options: flash_attention_backward(q, k, v, o, lse, do, **options)
         try:
             launch()
             ms = median_ms(launch, warmup=25, rep=100)
         except Exception as exc:  # out of shared memory or registers, say: record it and go on
-            print("failed", shape, config, repr(exc)[:200], flush=True)
+            print("failed", shape, config, tma, repr(exc)[:200], flush=True)
             continue
         tflops = attention_tflops(shape, ms, "bwd")
-        rows.append(dict(shape, dkdv=list(config["dkdv"]), dq=list(config["dq"]), ms=round(ms, 4),
+        rows.append(dict(shape, dkdv=list(config["dkdv"]), dq=list(config["dq"]), tma=tma, ms=round(ms, 4),
                          tflops=round(tflops, 1)))  # fmt: skip
-        print(f"{shape} dkdv={config['dkdv']} dq={config['dq']} {ms:.4f} ms {tflops:.1f} TFLOP/s", flush=True)
+        print(f"{shape} dkdv={config['dkdv']} dq={config['dq']} tma={tma} {ms:.4f} ms {tflops:.1f} TFLOP/s",
+              flush=True)  # fmt: skip
     return rows
 
 
