@@ -35,7 +35,27 @@ for pdl in (False, True):
     merge = sm90(decode._decode_merge_kernel, dict(O_PART="*fp32", LSE_PART="*fp32", O="*bf16", LSE="*fp32"),
                  dict(HEAD_DIM=128, HEAD_DIM_PAD=128, SPLITS_PAD=128, WAIT_FOR_SPLITS=pdl), num_warps=4)
     ptx[pdl] = {"split": split.asm["ptx"], "merge": merge.asm["ptx"]}
-print(json.dumps({"shared": shared, "ptx_plain": ptx[False], "ptx_pdl": ptx[True]}))
+
+# How many K and V tiles the software pipeliner keeps in flight, contiguous and paged, at the H200 setting,
+# compiled as a launch on contiguous bf16 tensors specialises it: head-dim strides of 1, and 16-divisible
+# pointers and strides (without those hints no copy is asynchronous, and nothing is pipelined).
+import re
+names = list(inspect.signature(decode._decode_split_kernel.fn).parameters)
+types = dict(Q="*bf16", K="*bf16", V="*bf16", SEQLENS="*i32", BLOCK_TABLE="*i32", O_PART="*fp32", LSE_PART="*fp32",
+             qk_scale="fp32")
+buffers = {}
+for paged, page in [(False, 1), (True, 16), (True, 256)]:
+    fixed = dict(constexprs, BLOCK_M=16, BLOCK_K=64, PAGED=paged, PAGE_SIZE=page, HEAD_DIM=128, DOT_PRECISION="tf32",
+                 **{n: 1 for n in names if n.startswith("stride_") and n.endswith("d")})
+    signature = {n: "constexpr" if n in fixed else types.get(n, "i32") for n in names}
+    hinted = [n for n in names if n not in fixed and (types.get(n, "").startswith("*") or n.startswith("stride_"))
+              and n != "stride_tp"]
+    source = ASTSource(fn=decode._decode_split_kernel, signature=signature, constexprs=fixed,
+                       attrs={(names.index(n),): [["tt.divisibility", 16]] for n in hinted})
+    kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4, num_stages=3))
+    found = re.findall(r"local_alloc : \\(\\) -> !ttg.memdesc<(\\d+)x\\d+x\\d+xbf16", kernel.asm["ttgir"])
+    buffers[f"paged={paged}, page={page}"] = sorted(set(int(n) for n in found))
+print(json.dumps({"shared": shared, "ptx_plain": ptx[False], "ptx_pdl": ptx[True], "buffers": buffers}))
 """
 
 
@@ -52,3 +72,12 @@ def test_decode_kernels_compile_for_sm90_without_a_gpu():
     merge = pdl["merge"]
     assert "griddepcontrol.wait" in merge
     assert merge.index("griddepcontrol.wait") < merge.index("ld.global"), "a load of the partials before the wait"
+
+
+def test_paged_caches_keep_as_many_tiles_in_flight_as_contiguous_ones():
+    """The block table is read one tile ahead. Read in the same iteration as the K and V loads it
+    addresses, it left the pipeliner one buffer of K and V at num_stages = 3, against two for a
+    contiguous cache: half the loads in flight, and paged caches read 10-20% slower (PERF_LOG)."""
+    buffers = compile_in_fresh_process(BODY)["buffers"]
+    assert buffers["paged=False, page=1"] == [2], buffers
+    assert buffers["paged=True, page=16"] == buffers["paged=True, page=256"] == [2], buffers

@@ -60,27 +60,27 @@ LOG2E = tl.constexpr(math.log2(math.e))
 # --8<-- [start:page_slot]
 @triton.jit
 def _page_and_slot(
-    BLOCK_TABLE, stride_tb, stride_tp, b, k_start, valid,
+    BLOCK_TABLE, stride_tb, stride_tp, b, k_start, k_end,
     BLOCK_K: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr,
 ):  # fmt: skip
     """Where the keys k_start .. k_start + BLOCK_K - 1 of sequence b live: (page, slot) per key, int64,
-    so K[page, h_kv, slot, :] is a key's row.
+    so K[page, h_kv, slot, :] is a key's row. Keys at or past k_end (the slice's end) read no table entry.
 
     Paged: page = block_table[b, j // page_size], slot = j % page_size. When a page holds whole tiles
     (page_size a multiple of BLOCK_K; k_start is always a multiple of BLOCK_K), the tile lies in one
     page: one table read serves it, and the slots are consecutive, which the compiler can see.
     Smaller pages take one read per key. Contiguous: the cache is one page per sequence, page = b and
-    slot = j, and no table is read. Entries past ``valid`` are never read.
+    slot = j, and no table is read.
     """
     j = k_start + tl.arange(0, BLOCK_K)
     if PAGED:
         row = BLOCK_TABLE + program_offset(b, stride_tb)
-        if PAGE_SIZE % BLOCK_K == 0:  # k_start is a key of the slice, so its entry is one the checks cover
+        if PAGE_SIZE % BLOCK_K == 0:
             page_index = tl.zeros([], dtype=tl.int64) + k_start // PAGE_SIZE  # int64, also from a Python int
-            page = tl.load(row + page_index * stride_tp).to(tl.int64)
+            page = tl.load(row + page_index * stride_tp, mask=k_start < k_end, other=0).to(tl.int64)
             slot = (k_start % PAGE_SIZE + tl.arange(0, BLOCK_K)).to(tl.int64)
             return tl.zeros_like(slot) + page, slot
-        page = tl.load(row + (j // PAGE_SIZE).to(tl.int64) * stride_tp, mask=valid, other=0)
+        page = tl.load(row + (j // PAGE_SIZE).to(tl.int64) * stride_tp, mask=j < k_end, other=0)
         return page.to(tl.int64), (j % PAGE_SIZE).to(tl.int64)
     return tl.zeros_like(j).to(tl.int64) + b, j.to(tl.int64)
 # --8<-- [end:page_slot]
@@ -100,11 +100,13 @@ def _decode_key_tiles(
     K and V already point at the KV head. Row r sees key j iff j < k_end (its slice) and
     j <= t + offset (offset = length - Tq): only the MASKED tiles at the end of a slice test it.
     """
+    # The table entries of each tile are read one iteration ahead: a load whose address comes from a load
+    # in the same iteration leaves the pipeliner one buffer for K and V instead of num_stages - 1.
+    page, slot = _page_and_slot(BLOCK_TABLE, stride_tb, stride_tp, b, first_k_index * BLOCK_K, k_end, BLOCK_K,
+                                PAGE_SIZE, PAGED)  # fmt: skip
     for k_index in range(first_k_index, end_k_index):
         j = k_index * BLOCK_K + tl.arange(0, BLOCK_K)  # the key positions of this tile, in the sequence
         in_slice = j < k_end
-        page, slot = _page_and_slot(BLOCK_TABLE, stride_tb, stride_tp, b, k_index * BLOCK_K, in_slice, BLOCK_K,
-                                    PAGE_SIZE, PAGED)  # fmt: skip
         k_mask = (d[:, None] < HEAD_DIM) & in_slice[None, :]
         k_ptrs = K + page[None, :] * stride_kp + slot[None, :] * stride_kt + d[:, None].to(tl.int64) * stride_kd
         if MASKED or HEAD_DIM != HEAD_DIM_PAD:
@@ -122,6 +124,8 @@ def _decode_key_tiles(
         else:
             v = tl.load(v_ptrs)
         acc, l, m = online_softmax_step(acc, l, m, u, v, qk_scale, DOT_PRECISION)  # as in the forward
+        page, slot = _page_and_slot(BLOCK_TABLE, stride_tb, stride_tp, b, (k_index + 1) * BLOCK_K, k_end, BLOCK_K,
+                                    PAGE_SIZE, PAGED)  # fmt: skip
     return acc, l, m
 # --8<-- [end:inner]
 
