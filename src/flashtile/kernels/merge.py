@@ -78,7 +78,6 @@ def _merge_into_kernel(
 # --8<-- [end:kernel]
 
 
-# --8<-- [start:launcher]
 def merge_into(o: torch.Tensor, lse: torch.Tensor, o_part: torch.Tensor, lse_part: torch.Tensor) -> None:
     """Fold the partial (o_part, lse_part) into (o, lse), in place.
 
@@ -108,4 +107,3 @@ def merge_into(o: torch.Tensor, lse: torch.Tensor, o_part: torch.Tensor, lse_par
         o, lse, o_part, lse_part, *o.stride(), *lse.stride(), *o_part.stride(), *lse_part.stride(), T,
         HEAD_DIM=D, HEAD_DIM_PAD=pad, BLOCK_T=block_t, num_warps=4,
     )  # fmt: skip
-# --8<-- [end:launcher]
