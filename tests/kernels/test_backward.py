@@ -117,9 +117,9 @@ def test_tma_true_is_refused_for_a_layout_the_copy_engine_cannot_step():
     o, lse, stats = flash_attention(q, k, v, return_stats=True)
     with pytest.raises(ValueError, match="tma=True needs"):
         flash_attention_backward(q, k, v, o, lse, do, stats=stats, tma=True)
-    with pytest.raises(ValueError, match="tma must be"):
+    with pytest.raises(TypeError, match="tma must be a bool"):
         flash_attention_backward(q, k, v, o, lse, do, stats=stats, tma="yes")
-    dq, _, _ = flash_attention_backward(q, k, v, o, lse, do, stats=stats, tma="auto")  # falls back to pointers
+    dq, _, _ = flash_attention_backward(q, k, v, o, lse, do, stats=stats, tma=False)  # the pointer path takes it
     assert dq.shape == q.shape
 
 

@@ -129,9 +129,6 @@ def bench_shape(rank, world_size, device, solo, shape, dtype, torch_cp: bool = F
         return []
     errors = {name: float(f"{rel(g, r):.3g}") for name, g, r in zip(("o", "dq", "dk", "dv"), gathered, reference)}
     rows = []
-    for provider in failures:
-        for measures in ("forward", "forward_backward"):
-            times[provider, world_size, measures] = None
     for (provider, world, measures), ms in times.items():
         baseline = "sdpa" if provider in TORCH_CP_PROVIDERS else "flashtile"
         rows.append({
@@ -195,8 +192,8 @@ def torch_context_parallel_times(rank, world_size, device, full, causal: bool, r
             except Exception as exc:  # noqa: BLE001 - recorded, and the other providers' rows still count
                 failures[provider] = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}"
                 print(f"{provider} failed: {failures[provider]}", flush=True)
-                for measures in ("forward", "forward_backward"):
-                    times.pop((provider, world_size, measures), None)
+                for measures in ("forward", "forward_backward"):  # a row each, with the error
+                    times[provider, world_size, measures] = None
             finally:
                 _cp_options.enable_load_balance = balanced
             dist.barrier()

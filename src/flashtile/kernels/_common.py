@@ -167,19 +167,23 @@ def _capability(index: int) -> tuple[int, int]:
     return torch.cuda.get_device_capability(index)
 
 
+def _hopper_or_newer(device: torch.device) -> bool:
+    """A CUDA device of compute capability 9.0 (Hopper, the H200) or newer."""
+    if device.type != "cuda":
+        return False
+    return _capability(device.index if device.index is not None else torch.cuda.current_device()) >= (9, 0)
+
+
 def has_tma(device: torch.device) -> bool:
     """Whether ``device`` has TMA: Hopper (sm_90) and newer GPUs, and Triton's interpreter, which
     emulates descriptors on the CPU."""
-    if device.type == "cuda":
-        return _capability(device.index if device.index is not None else torch.cuda.current_device()) >= (9, 0)
-    return is_interpreting()
+    return _hopper_or_newer(device) if device.type == "cuda" else is_interpreting()
 
 
 def has_pdl(device: torch.device) -> bool:
     """Whether kernels on ``device`` can be launched with programmatic dependent launch: sm_90 and newer.
     Not the interpreter, which cannot run the griddepcontrol instructions."""
-    return device.type == "cuda" and _capability(
-        device.index if device.index is not None else torch.cuda.current_device()) >= (9, 0)  # fmt: skip
+    return _hopper_or_newer(device)
 
 
 def use_tma(tma, *tensors) -> list | None:

@@ -473,9 +473,7 @@ def make_backward_plan(q, k, v, o, lse, do, stats, causal, scale, alignment, blo
     dq_q, dq_k, dq_warps, dq_stages = config["dq"]
     dq_q, dq_k = block_q or dq_q, block_k or dq_k
     sizes = (shape.H, shape.H_kv, shape.Tq, shape.Tk)
-    if tma not in (True, False, "auto"):
-        raise ValueError(f'tma must be True, False or "auto", got {tma!r}')
-    strides = use_tma(tma, q, do, k, v)  # the streamed tiles: q and do for dK/dV, k and v for dQ
+    strides = use_tma(check_flag("tma", tma), q, do, k, v)  # the streamed tiles: q and do for dK/dV, k and v for dQ
     tma_dkdv = None if strides is None else (strides[0], strides[1], dkdv_q)
     tma_dq = None if strides is None else (strides[2], strides[3], dq_k)
     return BackwardPlan(
@@ -528,8 +526,8 @@ def flash_attention_backward(
             per tile instead of seven), whose summation order, and so whose last bits, vary between runs.
         tma: True loads the streamed tiles (q and do in the dK/dV kernel, k and v in the dQ kernel)
             through TMA descriptors, and raises where the device or a layout cannot have them (see
-            ``_common.use_tma``); "auto" takes them where possible; False (the default until measured on
-            the H200) loads through pointers. Either way the results are the same.
+            ``_common.use_tma``); False (the default until measured on the H200) loads through pointers.
+            Either way the results are the same.
 
     Returns:
         dq like q; dk, dv like k (contiguous), each accumulated in float32 and cast to the input dtype.
