@@ -114,8 +114,9 @@ def local_backward(q, k, v, o, lse, do, causal: bool, scale: float):
 # --8<-- [start:steps]
 def merge_in_place(o, lse, o_part, lse_part) -> None:
     """(o, lse) <- their merge with (o_part, lse_part): one Triton kernel on CUDA (``kernels.merge``, a
-    single pass over o where the PyTorch formula takes a dozen), ``merge_partial`` otherwise."""
-    if o.is_cuda and o.dtype == torch.float32:
+    single pass over o where the PyTorch formula takes a dozen), ``merge_partial`` otherwise. Either way
+    the merge is computed in lse's dtype and rounded once, to o's."""
+    if o.is_cuda and lse.dtype == torch.float32:
         from ..kernels.merge import merge_into
 
         merge_into(o, lse, o_part, lse_part)
@@ -125,11 +126,11 @@ def merge_in_place(o, lse, o_part, lse_part) -> None:
         lse.copy_(lse_new)
 
 
-def first_step(q, k, v, plan: StepPlan, scale: float):
-    """The running (o, lse), in the merge dtype, after a rank's own keys: step 0's plan covers every row."""
+def first_step(q, k, v, plan: StepPlan, scale: float, dtype: torch.dtype):
+    """The running (o, lse) after a rank's own keys (step 0's plan covers every row): o in ``dtype``,
+    lse in the merge dtype."""
     o, lse = local_forward(q, k[..., plan.k_rows, :], v[..., plan.k_rows, :], plan.causal, scale)
-    c = stats_dtype(q)
-    return o.to(c), lse.to(c)
+    return o.to(dtype), lse.to(stats_dtype(q))
 
 
 def forward_step(q, k, v, o, lse, plan: StepPlan, scale: float) -> None:
@@ -169,7 +170,7 @@ def simulate_ring(q_shards, k_shards, v_shards, is_causal: bool, scale: float | 
     outs, lses = [], []
     for rank in range(world):
         o, lse = first_step(q_shards[rank], k_shards[rank], v_shards[rank], step_plan(rank, rank, T_local, is_causal),
-                            scale)  # fmt: skip
+                            scale, stats_dtype(q_shards[rank]))  # fmt: skip
         for step in range(1, world):
             source = (rank - step) % world  # step s: the keys that started s ranks back
             plan = step_plan(rank, source, T_local, is_causal)
@@ -223,22 +224,26 @@ def wait(requests: list) -> None:
 
 # --8<-- [start:ring_forward]
 def ring_forward(q, k, v, is_causal: bool, scale: float, ring: Ring):
-    """This rank's (o, lse): o in q's dtype, lse in the merge dtype."""
-    kv = torch.stack((k, v))  # (2, B, H_kv, T_local, D): one message per step
+    """This rank's (o, lse): o in q's dtype, lse in the merge dtype.
+
+    With two ranks there is one merge, so o stays in q's dtype: the merged rows are rounded once, as
+    they would be at the end. With more, o is kept in the merge dtype and rounded at the end.
+    """
+    running = q.dtype if ring.world <= 2 else stats_dtype(q)
     for step in range(ring.world):
         source = (ring.rank - step) % ring.world
         last = step == ring.world - 1
         if not last:  # start passing the visiting shard on before computing with it
-            kv_next = torch.empty_like(kv)
-            requests = exchange(ring, [kv], [kv_next])
+            k_next, v_next = torch.empty_like(k), torch.empty_like(v)
+            requests = exchange(ring, [k, v], [k_next, v_next])
         plan = step_plan(ring.rank, source, q.shape[2], is_causal)
         if step == 0:  # the rank's own keys: the running result starts as their partial
-            o, lse = first_step(q, kv[0], kv[1], plan, scale)
+            o, lse = first_step(q, k, v, plan, scale, running)
         else:
-            forward_step(q, kv[0], kv[1], o, lse, plan, scale)
+            forward_step(q, k, v, o, lse, plan, scale)
         if not last:
             wait(requests)
-            kv = kv_next
+            k, v = k_next, v_next
     return o.to(q.dtype), lse
 # --8<-- [end:ring_forward]
 
