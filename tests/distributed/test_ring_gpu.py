@@ -64,3 +64,29 @@ def test_nccl_ring_bf16_matches_single_gpu_flashtile_and_float64(ring_and_single
         assert rel(r, t) < 1e-2, (name, rel(r, t), rel(s, t))
         assert rel(r, t) < 2 * rel(s, t) + 2e-3, (name, rel(r, t), rel(s, t))
         assert rel(r, s) < 1e-2, (name, rel(r, s))
+
+
+def mismatched_cuda_shards(rank, world_size):
+    """Worker on an NCCL group: rank 1 holds a longer bf16 shard. The check runs on a gloo group made
+    with the NCCL group's ranks; both ranks must raise the same error, and a good call must still run."""
+    from flashtile.distributed import ring_attention
+
+    device = torch.device("cuda", rank)
+    T = 256 if rank == 1 else 128
+    q = torch.randn(1, 2, T, 64, device=device, dtype=torch.bfloat16)
+    try:
+        ring_attention(q, q, q)
+        error = None
+    except ValueError as e:
+        error = str(e)
+    good = torch.randn(1, 2, 128, 64, device=device, dtype=torch.bfloat16)
+    o = ring_attention(good, good, good)  # the same host group, reused
+    return error, bool(torch.isfinite(o).all())
+
+
+def test_nccl_mismatched_shards_raise_value_error_on_every_rank():
+    per_rank = run_local_ring(mismatched_cuda_shards, 2, backend="nccl", timeout_s=120)
+    assert per_rank[0] == per_rank[1]
+    error, finite = per_rank[0]
+    assert error is not None and "rank 0: query (1, 2, 128, 64)" in error and "rank 1: query (1, 2, 256, 64)" in error
+    assert finite
