@@ -37,12 +37,13 @@ def test_results_carry_provenance_and_every_provider(name):
     if name == "softmax":
         assert providers == {"flashtile", "torch_softmax", "unfused_5_kernels"}
     elif name == "decode":
-        assert providers == {"flashtile_split_k", "flashtile", "sdpa_cudnn", "sdpa_flash"}
+        required = {"flashtile_split_k", "flashtile", "sdpa_cudnn", "sdpa_flash"}
+        assert required <= providers <= {*required, "flashtile_split_k_pdl"}
         assert all(row.get("ms_graph") for row in result["rows"] if row["ms"] is not None)
     elif name in ("overhead", "train-step"):
         assert providers >= {"flashtile", "sdpa"}
     elif name == "backward":
-        assert set(tables.ATTENTION_PROVIDERS) <= providers <= {*tables.ATTENTION_PROVIDERS, "flashtile_atomic_dq"}
+        assert set(tables.ATTENTION_PROVIDERS) <= providers <= {*tables.ATTENTION_PROVIDERS, *tables.BACKWARD_OPTIONS}
     else:  # the forward tables: ours, cuDNN and flash at least
         assert providers >= set(tables.ATTENTION_PROVIDERS)
 

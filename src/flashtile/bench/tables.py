@@ -175,17 +175,24 @@ def overhead_table(result: dict) -> list[str]:
     return lines
 
 
+BACKWARD_OPTIONS = {  # opt-in providers: (column, ratio column); each appears once a run has measured it
+    "flashtile_atomic_dq": ("flashtile, atomic dQ", "atomic dQ / cuDNN"),
+    "flashtile_tma": ("flashtile, TMA", "TMA / cuDNN"),
+}
+
+
 def backward_table(result: dict) -> list[str]:
-    """TFLOP/s of the backward alone; the atomic-dQ column appears once a run has measured it."""
-    atomic = any(r["provider"] == "flashtile_atomic_dq" for r in result["rows"])
-    head = ["D", "T", "causal", "flashtile", *(["flashtile, atomic dQ"] if atomic else []), "SDPA cuDNN", "SDPA flash",
-            "flashtile / cuDNN", *(["atomic dQ / cuDNN"] if atomic else []), "flashtile / flash"]  # fmt: skip
+    """TFLOP/s of the backward alone; a column for each opt-in provider (BACKWARD_OPTIONS) the run measured."""
+    present = {r["provider"] for r in result["rows"]}
+    options = [p for p in BACKWARD_OPTIONS if p in present]
+    head = ["D", "T", "causal", "flashtile", *(BACKWARD_OPTIONS[p][0] for p in options), "SDPA cuDNN", "SDPA flash",
+            "flashtile / cuDNN", *(BACKWARD_OPTIONS[p][1] for p in options), "flashtile / flash"]  # fmt: skip
     lines = [_line(head), _line(["---"] * len(head))]
     for (D, T, causal), by in sorted(_group(result["rows"], lambda r: (r["D"], r["T"], r["causal"])).items()):
         ours, cudnn, flash = (by[p]["tflops"] for p in ATTENTION_PROVIDERS)
-        fast = [by["flashtile_atomic_dq"]["tflops"]] if atomic else []
-        cells = [D, T, "yes" if causal else "no", f"{ours:.1f}", *(f"{x:.1f}" for x in fast), f"{cudnn:.1f}",
-                 f"{flash:.1f}", f"{ours / cudnn:.2f}", *(f"{x / cudnn:.2f}" for x in fast),
+        extra = [by[p]["tflops"] for p in options]
+        cells = [D, T, "yes" if causal else "no", f"{ours:.1f}", *(f"{x:.1f}" for x in extra), f"{cudnn:.1f}",
+                 f"{flash:.1f}", f"{ours / cudnn:.2f}", *(f"{x / cudnn:.2f}" for x in extra),
                  f"{ours / flash:.2f}"]  # fmt: skip
         lines.append(_line(cells))
     return lines

@@ -14,13 +14,12 @@ Status and caveats:
   key/value heads travel); causal (zig-zag layout) and non-causal (contiguous layout).
 * Does not support: cross-attention (query and key shards must hold the same tokens), masks other
   than causal, dropout, uneven shards.
-* Every call checks that all ranks hold shards of one shape: a small all_gather on the host, through
-  a gloo group with the group's ranks (made on first use), so the GPU's queue is not drained for it.
-  ``check_shards=False`` skips it.
+* Every call checks that all ranks hold shards of one shape: a small all_gather and, on CUDA, a host
+  sync. ``check_shards=False`` skips it.
 * Transport is torch.distributed's ``batch_isend_irecv`` (NCCL on GPUs, gloo on CPUs); the transfer
   of the next key/value shard is started before the local attention and waited for after it.
-* Measured status: bench/results/ring.json (1.72-1.97x on two H200s from 32k tokens, except the causal
-  forward at 32k: 1.59x with 16 heads, 1.69x with 32).
+* Measured status: bench/results/ring.json (1.74-2.09x on two H200s from 32k tokens, except the causal
+  forward at 32k with 16 heads: 1.64x).
 """
 
 from __future__ import annotations
@@ -311,38 +310,18 @@ def check_group(group):
     return group
 
 
-_HOST_GROUPS: dict = {}  # process group -> a gloo group of the same ranks, made once
-
-
-def host_group(group):
-    """A group that can all_gather CPU tensors, with the ranks of ``group`` (None: the default group).
-
-    A gloo group is used as it is. For any other (NCCL), a gloo group of the same ranks is made on the
-    first call and kept: every rank of the group calls ring_attention at the same point, so every rank
-    makes it there, and ``use_local_synchronization`` keeps ranks outside the group out of it.
-    """
-    if "gloo" in str(dist.get_backend(group)):
-        return group
-    key = dist.group.WORLD if group is None else group
-    if key not in _HOST_GROUPS:
-        ranks = dist.get_process_group_ranks(key)
-        _HOST_GROUPS[key] = dist.new_group(ranks, backend="gloo", use_local_synchronization=True)
-    return _HOST_GROUPS[key]
-
-
 def check_shards_agree(q, k, is_causal: bool, scale: float, ring: Ring) -> None:
     """Every rank must hold shards of one shape and call with the same is_causal and scale.
 
     One all_gather of a few ints, so that every rank sees every other rank's signature and all of them
-    raise the same error, instead of some hanging in a transfer that never comes. It runs on the host
-    (``host_group``): an all_gather of GPU tensors would need a device sync to read, which drains the
-    GPU's queue (0.3 ms per call on an idle H200 pair, measured).
+    raise the same error, instead of some hanging in a transfer that never comes.
     """
     scale_bits = struct.unpack("<q", struct.pack("<d", scale))[0]
     mine = [*q.shape, *k.shape, int(is_causal), scale_bits]
-    signature = torch.tensor(mine, dtype=torch.int64)
+    device = q.device if q.is_cuda else torch.device("cpu")
+    signature = torch.tensor(mine, dtype=torch.int64, device=device)
     everyone = [torch.empty_like(signature) for _ in range(ring.world)]
-    dist.all_gather(everyone, signature, group=host_group(ring.group))
+    dist.all_gather(everyone, signature, group=ring.group)
     signatures = [t.tolist() for t in everyone]
     if any(theirs != mine for theirs in signatures):
         described = "; ".join(

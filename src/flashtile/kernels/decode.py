@@ -252,8 +252,9 @@ def _decode_merge_kernel(
 
 # --8<-- [start:config]
 def decode_config(head_dim: int, dtype: torch.dtype, rows: int) -> dict:
-    """Tile sizes and launch settings for the H200: 64-key tiles, 4 warps, 3 stages; 128-key tiles, 8 warps
-    or 4 stages measured within 5% of it at B = 1 (graph replay, 8k to 128k caches).
+    """Tile sizes and launch settings for the H200: 64-key tiles, 4 warps, 3 stages. 128-key tiles with
+    8 warps ran 11% slower at B = 1, H_kv = 8, 32k (graph replay), 26% with pages of 16
+    (bench/results/sweeps/decode-splits.json).
 
     BLOCK_M holds the packed rows of one KV group (g * Tq), at least 16 for tl.dot and at most 64,
     beyond which the rows take more programs. Decoding is bound by reading K and V, so BLOCK_K is
