@@ -319,10 +319,13 @@ def check_shards_agree(q, k, is_causal: bool, scale: float, ring: Ring) -> None:
     scale_bits = struct.unpack("<q", struct.pack("<d", scale))[0]
     mine = [*q.shape, *k.shape, int(is_causal), scale_bits]
     device = q.device if q.is_cuda else torch.device("cpu")
-    signature = torch.tensor(mine, dtype=torch.int64, device=device)
-    everyone = [torch.empty_like(signature) for _ in range(ring.world)]
-    dist.all_gather(everyone, signature, group=ring.group)
-    signatures = [t.tolist() for t in everyone]
+    # One collective into one buffer and one copy back: every extra launch or host read here is paid
+    # on every call, before any attention work is queued.
+    signature = torch.tensor(mine, dtype=torch.int64).to(device, non_blocking=True)
+    everyone = torch.empty(ring.world * len(mine), dtype=torch.int64, device=device)  # flat, as gloo wants it
+    gather_into = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # torch 2.13 deprecates the old name
+    gather_into(everyone, signature, group=ring.group)
+    signatures = everyone.view(ring.world, len(mine)).cpu().tolist()
     if any(theirs != mine for theirs in signatures):
         described = "; ".join(
             f"rank {r}: query {tuple(t[:4])}, key {tuple(t[4:8])}, is_causal={bool(t[8])}, "
