@@ -323,7 +323,8 @@ def check_shards_agree(q, k, is_causal: bool, scale: float, ring: Ring) -> None:
     # on every call, before any attention work is queued.
     signature = torch.tensor(mine, dtype=torch.int64).to(device, non_blocking=True)
     everyone = torch.empty(ring.world * len(mine), dtype=torch.int64, device=device)  # flat, as gloo wants it
-    gather_into = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # torch 2.13 deprecates the old name
+    # torch 2.13 deprecates all_gather_into_tensor for all_gather_single; 2.11 may have only the former
+    gather_into = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     gather_into(everyone, signature, group=ring.group)
     signatures = everyone.view(ring.world, len(mine)).cpu().tolist()
     if any(theirs != mine for theirs in signatures):
