@@ -61,9 +61,10 @@ LN2 = tl.constexpr(math.log(2.0))  # a constexpr global, so the jit function may
 def _attend_key_tiles(
     acc, l, m, q,
     K, V, b, h_kv, stride_kt, stride_kd, stride_vt, stride_vd,
-    i, d, first_k_index, end_k_index, Tk, offset, qk_scale,
+    i, d, first_k_index, end_k_index, Tk, offset, qk_scale, shift,
     BLOCK_K: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    ROTATE: tl.constexpr,
 ):
     """Fold key tiles first_k_index .. end_k_index - 1 into (acc, l, m); i holds the query rows.
 
@@ -72,11 +73,19 @@ def _attend_key_tiles(
     tensor descriptors and the copy engine fetches each tile (zeros past Tk and D, no address
     arithmetic in the loop); otherwise they point at this (batch, KV head) and the tile's addresses
     are one 64-bit add away from offsets computed once, before the loop.
+
+    ROTATE visits the same tiles starting ``shift`` tiles in, wrapping around: the softmax does not
+    depend on the order of the tiles, and programs that start together then read different tiles
+    instead of all asking the L2 for the same one.
     """
     j0 = tl.arange(0, BLOCK_K)
     k_offsets = d[:, None].to(tl.int64) * stride_kd + j0[None, :].to(tl.int64) * stride_kt  # K^T tile
     v_offsets = j0[:, None].to(tl.int64) * stride_vt + d[None, :].to(tl.int64) * stride_vd
-    for k_index in range(first_k_index, end_k_index):
+    count = end_k_index - first_k_index
+    for step in range(first_k_index, end_k_index):
+        k_index = step
+        if ROTATE:  # the same tiles, from shift tiles in (count > 0 inside the loop)
+            k_index = first_k_index + (step - first_k_index + shift) % count
         k_start = k_index * BLOCK_K
         j = k_start + j0  # the key columns of this tile
         if USE_TMA:  # (1, 1, BLOCK_K, HEAD_DIM_PAD) boxes of the (B, H_kv, Tk, D) tensors, zeros outside
@@ -111,7 +120,7 @@ def _forward_kernel(
     H, group, Tq, Tk, offset, qk_scale, n_rows,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr, SIGN: tl.constexpr,
-    USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr, ROTATE_KEYS: tl.constexpr,
 ):
     # --8<-- [start:program]
     q_index = tl.program_id(0)
@@ -156,13 +165,15 @@ def _forward_kernel(
         n_key_tiles = tl.cdiv(Tk, BLOCK_K)
     acc, l, m = _attend_key_tiles(
         acc, l, m, q, k_base, v_base, b, h_kv, stride_kt, stride_kd, stride_vt, stride_vd,
-        i, d, 0, n_full_tiles, Tk, offset, qk_scale,
+        i, d, 0, n_full_tiles, Tk, offset, qk_scale, q_index,
         BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, MASKED=False, CAUSAL=CAUSAL, USE_TMA=USE_TMA, DOT_PRECISION=DOT_PRECISION,
+        ROTATE=ROTATE_KEYS,
     )
     acc, l, m = _attend_key_tiles(
         acc, l, m, q, k_base, v_base, b, h_kv, stride_kt, stride_kd, stride_vt, stride_vd,
-        i, d, n_full_tiles, n_key_tiles, Tk, offset, qk_scale,
+        i, d, n_full_tiles, n_key_tiles, Tk, offset, qk_scale, 0,
         BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, MASKED=True, CAUSAL=CAUSAL, USE_TMA=USE_TMA, DOT_PRECISION=DOT_PRECISION,
+        ROTATE=False,
     )
     # --8<-- [end:loops]
 
@@ -227,13 +238,14 @@ class ForwardPlan(NamedTuple):
 
 
 def make_forward_plan(q, k, v, causal, scale, alignment, block_q, block_k, num_warps, num_stages, tma,
-                      return_stats) -> ForwardPlan:  # fmt: skip
+                      return_stats, rotate_keys=False) -> ForwardPlan:  # fmt: skip
     """Validate one call's arguments and derive its launch; raises on anything the kernel cannot take."""
     shape = check_attention_inputs(q, k, v, dtypes=KERNEL_DTYPES)
     check_causal(causal)
     check_alignment(alignment)
     return_stats = check_flag("return_stats", return_stats)
     tma = None if tma is None else check_flag("tma", tma)
+    rotate_keys = check_flag("rotate_keys", rotate_keys)
     scale = resolve_scale(scale, shape.D, q.dtype)
     check_kernel_device("q", q)
     config = forward_config(shape.D, q.dtype, q.device.type == "cpu", causal, 512 if shape.Tq <= 512 else (
@@ -257,7 +269,7 @@ def make_forward_plan(q, k, v, causal, scale, alignment, block_q, block_k, num_w
                      Tk, offset, units.qk_scale, B * H * Tq),  # fmt: skip
             constexprs=dict(HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D), BLOCK_Q=block_q, BLOCK_K=block_k,
                             CAUSAL=causal, SIGN=units.sign, USE_TMA=strides is not None,
-                            DOT_PRECISION=dot_precision(q.dtype)),  # fmt: skip
+                            DOT_PRECISION=dot_precision(q.dtype), ROTATE_KEYS=rotate_keys),  # fmt: skip
             num_warps=num_warps,
             num_stages=num_stages,
         ),
@@ -268,7 +280,7 @@ def make_forward_plan(q, k, v, causal, scale, alignment, block_q, block_k, num_w
 
 def flash_attention(
     q, k, v, causal=False, scale=None, alignment="upper_left", block_q=None, block_k=None, *,
-    num_warps=None, num_stages=None, return_stats=False, tma=None,
+    num_warps=None, num_stages=None, return_stats=False, tma=None, rotate_keys=False,
 ):
     """Attention forward on the GPU, without materialising the Tq x Tk score matrix.
 
@@ -283,6 +295,10 @@ def flash_attention(
             ``flash_attention_backward(..., stats=...)``.
         tma: load tiles through TMA descriptors (True), through pointers (False), or let the launcher
             choose (None: ``forward_config``'s choice, where the strides and the device allow it).
+        rotate_keys: each program starts its unmasked key tiles at its own query tile's index and
+            wraps around, so programs running together read different key tiles. Same result up to
+            rounding (the tiles are summed in another order), still deterministic. Off by default
+            until measured (bench/PERF_LOG.md).
 
     Returns:
         o: (B, H, Tq, D) contiguous, in q's dtype. lse: (B, H, Tq) fp32, natural log; a row that
@@ -290,7 +306,7 @@ def flash_attention(
         stats[0] = m (the row max of the raw dots sign(τ)·q·k) and stats[1] = l.
     """
     plan = cached_plan(make_forward_plan, (q, k, v), causal, scale, alignment, block_q, block_k, num_warps,
-                       num_stages, tma, return_stats)  # fmt: skip
+                       num_stages, tma, return_stats, rotate_keys)  # fmt: skip
     o, row_stats = forward_with_plan(plan, q, k, v)
     return (o, row_stats[0], row_stats[1:]) if plan.return_stats else (o, row_stats[0])
 
