@@ -112,6 +112,22 @@ def test_tma_loads_match_float64_autograd_and_the_pointer_path(causal, alignment
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6, msg=lambda m, name=name: f"{name}: {m}")
 
 
+@pytest.mark.parametrize("deterministic", [True, False], ids=["deterministic", "atomic_dq"])
+@pytest.mark.parametrize("causal,alignment", ATTN, ids=["full", "causal_ul", "causal_lr"])
+def test_rotated_tile_order_matches_float64_autograd(causal, alignment, deterministic):
+    """rotate=True: both kernels walk their unmasked tiles from their own tile index on. Same gradients
+    up to rounding; without a mask the sums run in another order, so some last bits must change."""
+    q, k, v, do = make_inputs(1, 4, 2, 70, 100, 16, F32, seed=17)
+    blocks = dict(block_q=16, block_k=16, deterministic=deterministic)
+    rotated = kernel_gradients(q, k, v, do, causal, alignment, rotate=True, **blocks)
+    assert_gradients_close(rotated, reference_gradients(q, k, v, do, causal, alignment)[1], F32)
+    if not causal:
+        default = kernel_gradients(q, k, v, do, causal, alignment, **blocks)
+        assert any(not torch.equal(a, b) for a, b in zip(rotated, default))
+    with pytest.raises(TypeError, match="rotate must be a bool"):
+        kernel_gradients(q, k, v, do, causal, alignment, rotate=1)
+
+
 def test_tma_true_is_refused_for_a_layout_the_copy_engine_cannot_step():
     q, k, v, do = make_inputs(1, 2, 2, 20, 20, 20, F16, seed=1)  # 40-byte rows: not a multiple of 16 bytes
     o, lse, stats = flash_attention(q, k, v, return_stats=True)

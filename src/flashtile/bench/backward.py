@@ -3,7 +3,8 @@
 Providers: ``flashtile`` (``flashtile.attention``: the deterministic default, dQ in its own kernel),
 ``flashtile_atomic_dq`` (the same kernels with ``deterministic=False``: dQ added up with float32 atomics
 inside the dK/dV kernel), ``flashtile_tma`` (the deterministic kernels with ``tma=True``: the streamed
-tiles loaded through TMA descriptors, on sm_90 and newer), ``sdpa_cudnn`` and ``sdpa_flash``. Each
+tiles loaded through TMA descriptors, on sm_90 and newer), ``flashtile_rotated`` (``rotate=True``: each
+program walks its unmasked tiles from its own tile index on), ``sdpa_cudnn`` and ``sdpa_flash``. Each
 provider is timed on its backward alone: the forward runs once, then ``o.backward(do, retain_graph=True)``
 is timed, the same way for every provider. Before timing, each provider's dq, dk, dv are checked
 against SDPA's flash backend.
@@ -74,6 +75,7 @@ def providers(causal: bool) -> dict:
         "flashtile": lambda q, k, v: attention(q, k, v, is_causal=causal),
         "flashtile_atomic_dq": lambda q, k, v: LauncherBackward.apply(q, k, v, causal, dict(deterministic=False)),
     }
+    fns["flashtile_rotated"] = lambda q, k, v: LauncherBackward.apply(q, k, v, causal, dict(rotate=True))
     if torch.cuda.is_available() and has_tma(torch.device("cuda")):
         fns["flashtile_tma"] = lambda q, k, v: LauncherBackward.apply(q, k, v, causal, dict(tma=True))
     return {**fns, **sdpa_providers(causal)}

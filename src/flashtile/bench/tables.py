@@ -179,6 +179,7 @@ def overhead_table(result: dict) -> list[str]:
 BACKWARD_OPTIONS = {  # opt-in providers: (column, ratio column); each appears once a run has measured it
     "flashtile_atomic_dq": ("flashtile, atomic dQ", "atomic dQ / cuDNN"),
     "flashtile_tma": ("flashtile, TMA", "TMA / cuDNN"),
+    "flashtile_rotated": ("flashtile, rotated", "rotated / cuDNN"),
 }
 
 

@@ -133,10 +133,10 @@ def load_masked(ptrs, row_ok, col_ok, MASK_ROWS: tl.constexpr, MASK_COLS: tl.con
 @triton.jit
 def dkdv_query_tiles(
     dk, dv, k, v, Q, DO, M, L, DELTA, DQ_ACC, q_offsets, do_offsets, acc_offsets, rows0, cols, keys,
-    stride_qt, stride_dot, first, end, jump_at, jump_by, Tq, Tk, offset, scale, qk_scale, b, h,
+    stride_qt, stride_dot, first, end, jump_at, jump_by, Tq, Tk, offset, scale, qk_scale, b, h, shift,
     BLOCK_Q: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, MASKED: tl.constexpr,
     CAUSAL: tl.constexpr, SIGN: tl.constexpr, DOT_PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr,
-    INTERPRETED: tl.constexpr, USE_TMA: tl.constexpr,
+    INTERPRETED: tl.constexpr, USE_TMA: tl.constexpr, ROTATE: tl.constexpr,
 ):  # fmt: skip
     """Fold query tiles t = first .. end - 1 of one head into (dk, dv), on transposed tiles; a t from
     jump_at on stands for tile t + jump_by, so one loop can walk two separate runs of tiles.
@@ -150,8 +150,15 @@ def dkdv_query_tiles(
     With USE_TMA, Q and DO are tensor descriptors of the whole (B, H, Tq, D) tensors and the copy engine
     fetches each (BLOCK_Q, HEAD_DIM_PAD) tile by its coordinates (b, h, q_start, 0), with zeros past Tq
     and HEAD_DIM: no tile of pointers is computed or kept in registers, and no load needs a mask.
+
+    ROTATE (the unmasked run only) walks the same tiles from ``shift`` tiles in, wrapping around, as
+    the forward's ``rotate_keys`` does: neighbouring programs then read different query tiles.
     """
-    for t in range(first, end):
+    count = end - first
+    for step in range(first, end):
+        t = step
+        if ROTATE:
+            t = first + (step - first + shift) % count
         q_index = tl.where(t < jump_at, t, t + jump_by)
         q_start = q_index * BLOCK_Q
         rows = q_start + rows0
@@ -204,7 +211,7 @@ def backward_dkdv_kernel(
     H, H_kv, Tq, Tk, unit, scale, qk_scale, offset,
     CAUSAL: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr, SIGN: tl.constexpr, DOT_PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr,
-    WIDE: tl.constexpr, INTERPRETED: tl.constexpr, USE_TMA: tl.constexpr,
+    WIDE: tl.constexpr, INTERPRETED: tl.constexpr, USE_TMA: tl.constexpr, ROTATE: tl.constexpr,
 ):  # fmt: skip
     """One program per (key tile, kv head, batch): dk, dv for that tile, summed over the group's heads.
 
@@ -253,14 +260,14 @@ def backward_dkdv_kernel(
         dk, dv = dkdv_query_tiles(  # the interior, unmasked
             dk, dv, k_tile, v_tile, q_ptr, do_ptr, m_ptr, l_ptr, delta_ptr, acc_ptr, q_offsets, do_offsets,
             acc_offsets, rows0, cols, keys, stride_qt, stride_dot, mid, hi, hi, 0, Tq, Tk, offset,
-            scale, qk_scale, b.to(tl.int32), h.to(tl.int32), BLOCK_Q, HEAD_DIM, HEAD_DIM_PAD, False, CAUSAL, SIGN,
-            DOT_PRECISION, ATOMIC_DQ, INTERPRETED, USE_TMA,
+            scale, qk_scale, b.to(tl.int32), h.to(tl.int32), tl.program_id(0), BLOCK_Q, HEAD_DIM, HEAD_DIM_PAD,
+            False, CAUSAL, SIGN, DOT_PRECISION, ATOMIC_DQ, INTERPRETED, USE_TMA, ROTATE,
         )  # fmt: skip
         dk, dv = dkdv_query_tiles(  # one masked loop: the band [lo, mid), then the tail [hi, n)
             dk, dv, k_tile, v_tile, q_ptr, do_ptr, m_ptr, l_ptr, delta_ptr, acc_ptr, q_offsets, do_offsets,
             acc_offsets, rows0, cols, keys, stride_qt, stride_dot, lo, mid + n - hi, mid, hi - mid, Tq, Tk, offset,
-            scale, qk_scale, b.to(tl.int32), h.to(tl.int32), BLOCK_Q, HEAD_DIM, HEAD_DIM_PAD, True, CAUSAL, SIGN,
-            DOT_PRECISION, ATOMIC_DQ, INTERPRETED, USE_TMA,
+            scale, qk_scale, b.to(tl.int32), h.to(tl.int32), 0, BLOCK_Q, HEAD_DIM, HEAD_DIM_PAD, True, CAUSAL,
+            SIGN, DOT_PRECISION, ATOMIC_DQ, INTERPRETED, USE_TMA, False,
         )  # fmt: skip
     dk = dk * unit  # S = τ Q K^T = unit (sign Q) K^T, so dK = unit * dS^T (sign Q)
     store_tile(DK + b * stride_dkb + h_kv * stride_dkh, stride_dkt, stride_dkd, keys, cols, Tk, HEAD_DIM, dk)
@@ -272,15 +279,20 @@ def backward_dkdv_kernel(
 @triton.jit
 def dq_key_tiles(
     dq, q, do, m, log2_l, delta, K, V, kT_offsets, vT_offsets, rows, keys0, cols,
-    stride_kt, stride_vt, first, end, Tq, Tk, offset, qk_scale, b, h_kv,
+    stride_kt, stride_vt, first, end, Tq, Tk, offset, qk_scale, b, h_kv, shift,
     BLOCK_K: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, MASKED: tl.constexpr,
-    CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
+    CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr, ROTATE: tl.constexpr,
 ):  # fmt: skip
     """Fold key tiles first .. end - 1 into dq. K and V arrive as kT, vT, (HEAD_DIM_PAD, BLOCK_K) loads
     through transposed pointers, so S = Q K^T and dP = dO V^T are plain products; dQ = dS K reads kT as a
     transposed view of the loaded tile. With USE_TMA, K and V are tensor descriptors and each tile is
-    fetched by its coordinates (b, h_kv, k_start, 0), with zeros past Tk and HEAD_DIM."""
-    for k_index in range(first, end):
+    fetched by its coordinates (b, h_kv, k_start, 0), with zeros past Tk and HEAD_DIM. ROTATE walks the
+    same tiles from ``shift`` tiles in, wrapping around (the forward's ``rotate_keys``)."""
+    count = end - first
+    for step in range(first, end):
+        k_index = step
+        if ROTATE:
+            k_index = first + (step - first + shift) % count
         k_start = k_index * BLOCK_K
         keys = k_start + keys0
         if USE_TMA:
@@ -315,7 +327,7 @@ def backward_dq_kernel(
     H, H_kv, Tq, Tk, scale, qk_scale, offset,
     CAUSAL: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr, SIGN: tl.constexpr, DOT_PRECISION: tl.constexpr, WIDE: tl.constexpr,
-    USE_TMA: tl.constexpr,
+    USE_TMA: tl.constexpr, ROTATE: tl.constexpr,
 ):  # fmt: skip
     """One program per (query tile, head, batch): dq for that tile, a sum over its key tiles."""
     q_index = tl.program_id(0)
@@ -355,13 +367,13 @@ def backward_dq_kernel(
     vT_offsets = tile_offsets(keys0[None, :], cols[:, None], stride_vt, stride_vd, WIDE)
     dq = dq_key_tiles(  # the full tiles first, then the diagonal band and a ragged last tile, masked
         dq, q_tile, do_tile, m, log2_l, delta, k_ptr, v_ptr, kT_offsets, vT_offsets, rows, keys0, cols,
-        stride_kt, stride_vt, 0, n_full, Tq, Tk, offset, qk_scale, b.to(tl.int32), h_kv.to(tl.int32),
-        BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, False, CAUSAL, DOT_PRECISION, USE_TMA,
+        stride_kt, stride_vt, 0, n_full, Tq, Tk, offset, qk_scale, b.to(tl.int32), h_kv.to(tl.int32), q_index,
+        BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, False, CAUSAL, DOT_PRECISION, USE_TMA, ROTATE,
     )  # fmt: skip
     dq = dq_key_tiles(
         dq, q_tile, do_tile, m, log2_l, delta, k_ptr, v_ptr, kT_offsets, vT_offsets, rows, keys0, cols,
-        stride_kt, stride_vt, n_full, n, Tq, Tk, offset, qk_scale, b.to(tl.int32), h_kv.to(tl.int32),
-        BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, True, CAUSAL, DOT_PRECISION, USE_TMA,
+        stride_kt, stride_vt, n_full, n, Tq, Tk, offset, qk_scale, b.to(tl.int32), h_kv.to(tl.int32), 0,
+        BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, True, CAUSAL, DOT_PRECISION, USE_TMA, False,
     )  # fmt: skip
     dq = dq * scale  # dQ = τ dS K, with the signed τ
     store_tile(DQ + b * stride_dqb + h * stride_dqh, stride_dqt, stride_dqd, rows, cols, Tq, HEAD_DIM, dq)
@@ -443,7 +455,7 @@ class BackwardPlan(NamedTuple):
 
 
 def make_backward_plan(q, k, v, o, lse, do, stats, causal, scale, alignment, block_q, block_k, config,
-                       deterministic, tma=False) -> BackwardPlan:  # fmt: skip
+                       deterministic, tma=False, rotate=False) -> BackwardPlan:  # fmt: skip
     """Check one backward call's arguments and derive its launches; raises on anything the kernels cannot take."""
     shape = check_attention_inputs(q, k, v, dtypes=KERNEL_DTYPES)
     check_like("o", o, "q", q)
@@ -463,10 +475,12 @@ def make_backward_plan(q, k, v, o, lse, do, stats, causal, scale, alignment, blo
                              f"{tuple(stats.shape)}")  # fmt: skip
     units = kernel_scale(scale)
     deterministic = check_flag("deterministic", deterministic)
+    rotate = check_flag("rotate", rotate)
     pad = head_dim_pad(shape.D)
     tiles = config["dkdv"][:2] + config["dq"][:2] + (block_q or 0, block_k or 0)
     common = dict(CAUSAL=causal, HEAD_DIM=shape.D, HEAD_DIM_PAD=pad, SIGN=units.sign,
-                  DOT_PRECISION=dot_precision(q.dtype), WIDE=wide_offsets(max(tiles), pad, q, k, v, do))  # fmt: skip
+                  DOT_PRECISION=dot_precision(q.dtype), WIDE=wide_offsets(max(tiles), pad, q, k, v, do),
+                  ROTATE=rotate)  # fmt: skip
     kv_strides = contiguous_strides(k.shape)  # dk and dv
     dkdv_q, dkdv_k, dkdv_warps, dkdv_stages = config["dkdv"]
     dkdv_q, dkdv_k = block_q or dkdv_q, block_k or dkdv_k
@@ -508,7 +522,7 @@ def make_backward_plan(q, k, v, o, lse, do, stats, causal, scale, alignment, blo
 # --8<-- [start:launcher]
 def flash_attention_backward(
     q, k, v, o, lse, do, causal=False, scale=None, alignment="upper_left", block_q=None, block_k=None, *,
-    stats=None, config=None, deterministic=True, tma=False,
+    stats=None, config=None, deterministic=True, tma=False, rotate=False,
 ):
     """Gradients of attention from the forward's o and lse, with three Triton launches.
 
@@ -528,12 +542,15 @@ def flash_attention_backward(
             through TMA descriptors, and raises where the device or a layout cannot have them (see
             ``_common.use_tma``); False (the default until measured on the H200) loads through pointers.
             Either way the results are the same.
+        rotate: each program walks its unmasked tiles from its own tile index on, wrapping around (the
+            forward's ``rotate_keys``): the same gradients up to rounding, still bitwise reproducible.
+            Off by default until measured.
 
     Returns:
         dq like q; dk, dv like k (contiguous), each accumulated in float32 and cast to the input dtype.
     """
     plan = cached_plan(make_backward_plan, (q, k, v, o, lse, do, stats), causal, scale, alignment, block_q, block_k,
-                       config, deterministic, tma)  # fmt: skip
+                       config, deterministic, tma, rotate)  # fmt: skip
     stats = (stats_from_lse(lse, plan.scale) if stats is None else stats).contiguous()
     delta = backward_preprocess(o, do, plan.preprocess)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
