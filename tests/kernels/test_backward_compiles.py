@@ -58,7 +58,8 @@ def spills(kernel):
 out = {"ptx": {}, "stats": []}
 for D in (64, 128):
     config = backward.backward_config(D, torch.bfloat16)
-    common = dict(CAUSAL=True, HEAD_DIM=D, HEAD_DIM_PAD=D, SIGN=1, DOT_PRECISION="tf32", WIDE=False, USE_TMA=False)
+    common = dict(CAUSAL=True, HEAD_DIM=D, HEAD_DIM_PAD=D, SIGN=1, DOT_PRECISION="tf32", WIDE=False, USE_TMA=False,
+                  ROTATE=False)
     bq, bk, warps, stages = config["dkdv"]
     for atomic in (False, True):
         kernel = like_a_launch(backward.backward_dkdv_kernel, dict(common, BLOCK_Q=bq, BLOCK_K=bk, ATOMIC_DQ=atomic,
