@@ -28,7 +28,8 @@ def test_cpu_smoke_writes_one_schema_row_per_part(tmp_path):
         assert (mine["step1_kernel"]["step1_query_rows"], mine["step1_kernel"]["step1_key_rows"]) == (
             (4, 8) if causal else (8, 8)
         )
-        assert mine["ring"]["speedup_vs_1gpu"] == pytest.approx(mine["1gpu_full"]["ms"] / mine["ring"]["ms"], rel=1e-2)
+        speedup = mine["1gpu_full"]["ms"] / mine["ring"]["ms"]  # the row rounds it to 3 places
+        assert mine["ring"]["speedup_vs_1gpu"] == pytest.approx(speedup, rel=1e-2, abs=1e-3)
 
 
 def test_t_that_zigzag_cannot_split_is_refused(tmp_path):
