@@ -225,3 +225,26 @@ def test_kept_calls_give_new_inputs_of_one_layout_their_own_answers():
         o_truth, lse_truth = attention_truth(q.double(), k.double(), v.double(), causal=True, alignment="lower_right")
         torch.testing.assert_close(o.double(), o_truth, **TOL[F32])
         torch.testing.assert_close(lse.double(), lse_truth, **TOL[F32])
+
+
+def test_recorded_calls_reuse_the_kept_kernel_plan_and_still_train(monkeypatch):
+    """With inputs that require gradients, an eager call takes the kept kernel plan too, not the launcher
+    (whose own plan lookup costs a few µs a call): the launcher is never entered, make_forward_plan runs
+    at most once for the layout, and every call's output and gradients still match the float64 truth."""
+    import flashtile.kernels.forward as forward
+
+    if pick_backend(torch.empty(1, device=DEVICE)) != "triton":
+        pytest.skip("the reference tier runs here: no kernel plan to keep")
+    made, launched = [], []
+    real_plan, real_launcher = forward.make_forward_plan, forward.flash_attention
+    monkeypatch.setattr(forward, "make_forward_plan", lambda *a, **kw: made.append(1) or real_plan(*a, **kw))
+    monkeypatch.setattr(forward, "flash_attention", lambda *a, **kw: launched.append(1) or real_launcher(*a, **kw))
+    for seed in (41, 42, 43):  # one layout, three sets of values
+        q, k, v = make_qkv(1, 4, 2, 23, 37, 16, seed=seed)
+        do = torch.randn_like(q)
+        o, grads = run_attention(lambda a, b, c: attention(a, b, c, is_causal=True, enable_gqa=True), q, k, v, do)
+        o_truth, grads_truth = float64_truth(q, k, v, do, True, "upper_left")
+        torch.testing.assert_close(o.double(), o_truth, **TOL[F32])
+        for g, g_truth in zip(grads, grads_truth):
+            torch.testing.assert_close(g.double(), g_truth, **TOL[F32])
+    assert len(made) <= 1 and not launched  # made once (or kept from an earlier test), then reused

@@ -209,8 +209,12 @@ class _EagerAttention(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale, alignment, backend):
-        o, lse, stats = forward_impl(q, k, v, causal, scale, alignment, backend)
+    def forward(ctx, q, k, v, causal, scale, alignment, backend, call=None):
+        if call is not None:  # a flashtile.attention call with its kept kernel plan: no second plan lookup
+            o, row_stats = forward_kernel(q, k, v, call, alignment)
+            lse, stats = row_stats[0], row_stats[1:]
+        else:
+            o, lse, stats = forward_impl(q, k, v, causal, scale, alignment, backend)
         ctx.save_for_backward(q, k, v, o, lse, stats)
         ctx.config = (causal, scale, alignment, backend)
         ctx.mark_non_differentiable(lse, stats)
@@ -223,7 +227,7 @@ class _EagerAttention(torch.autograd.Function):
         # Grad mode is on inside a backward only under create_graph=True: then take the op, whose
         # registered backward raises at the second derivative instead of returning a wrong one.
         dq, dk, dv = attention_bwd(*args) if torch.is_grad_enabled() else backward_impl(*args)
-        return dq, dk, dv, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None
 
 
 PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
@@ -236,7 +240,7 @@ def run_forward(q, k, v, causal, scale, alignment, backend):
     plain = all(type(x) in PLAIN_TENSORS for x in (q, k, v)) and q.device.type in ("cuda", "cpu")
     if torch.compiler.is_compiling() or not plain:
         return attention_fwd(q, k, v, causal, scale, alignment, backend)
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+    if records_gradient(q, k, v):
         return _EagerAttention.apply(q, k, v, causal, scale, alignment, backend)
     return forward_impl(q, k, v, causal, scale, alignment, backend)
 # --8<-- [end:eager]
@@ -323,7 +327,11 @@ def attention(
     query, key, value = autocast_inputs(query, key, value)  # all three cast, or none
     backend = pick_backend(query)
     with no_autocast(query.device.type):  # the tiers choose their own precision
-        if not compiling and query is uncast and kernels_only(query, key, value, backend):  # the kept plan fits
+        if not compiling and query is uncast and plain_kernel_call(query, key, value, backend):  # the kept plan fits
+            if records_gradient(query, key, value):
+                o, lse, _stats = _EagerAttention.apply(query, key, value, call.is_causal, call.scale, alignment,
+                                                       backend, call)  # fmt: skip
+                return (o, lse) if call.return_lse else o
             o, row_stats = forward_kernel(query, key, value, call, alignment)
             return (o, row_stats[0]) if call.return_lse else o
         o, lse, _stats = run_forward(query, key, value, call.is_causal, call.scale, alignment, backend)
@@ -331,15 +339,19 @@ def attention(
 # --8<-- [end:attention]
 
 
-def kernels_only(q, k, v, backend: str) -> bool:
-    """Whether an eager call needs nothing but the Triton forward: plain tensors on a device the kernels
-    take, and no gradient to record."""
+def plain_kernel_call(q, k, v, backend: str) -> bool:
+    """Whether an eager call can run the Triton forward from the call's kept plan: plain tensors on a
+    device the kernels take (a meta tensor takes the op, whose fake implementation gives shapes)."""
     return (
         backend == "triton"
-        and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))
         and type(q) in PLAIN_TENSORS and type(k) in PLAIN_TENSORS and type(v) in PLAIN_TENSORS
-        and q.device.type in ("cuda", "cpu")  # a meta tensor takes the op, whose fake implementation gives shapes
+        and q.device.type in ("cuda", "cpu")
     )  # fmt: skip
+
+
+def records_gradient(q, k, v) -> bool:
+    """Whether autograd records this call: grad mode on and an input that requires a gradient."""
+    return torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
 
 
 def forward_kernel(q, k, v, call: AttentionCall, alignment: str):
