@@ -237,8 +237,7 @@ def run_forward(q, k, v, causal, scale, alignment, backend):
     """(o, lse, stats) through the custom op when compiling or for anything but plain CPU or CUDA
     tensors (meta tensors, fake tensors, subclasses: the op's fake implementation serves them);
     through ``_EagerAttention`` otherwise, and straight to the implementation when no gradient can flow."""
-    plain = all(type(x) in PLAIN_TENSORS for x in (q, k, v)) and q.device.type in ("cuda", "cpu")
-    if torch.compiler.is_compiling() or not plain:
+    if torch.compiler.is_compiling() or not plain_inputs(q, k, v):
         return attention_fwd(q, k, v, causal, scale, alignment, backend)
     if records_gradient(q, k, v):
         return _EagerAttention.apply(q, k, v, causal, scale, alignment, backend)
@@ -339,14 +338,18 @@ def attention(
 # --8<-- [end:attention]
 
 
-def plain_kernel_call(q, k, v, backend: str) -> bool:
-    """Whether an eager call can run the Triton forward from the call's kept plan: plain tensors on a
-    device the kernels take (a meta tensor takes the op, whose fake implementation gives shapes)."""
+def plain_inputs(q, k, v) -> bool:
+    """Plain tensors on a device the tiers take; anything else (meta tensors, fake tensors, subclasses)
+    takes the custom op, whose fake implementation serves it."""
     return (
-        backend == "triton"
-        and type(q) in PLAIN_TENSORS and type(k) in PLAIN_TENSORS and type(v) in PLAIN_TENSORS
+        type(q) in PLAIN_TENSORS and type(k) in PLAIN_TENSORS and type(v) in PLAIN_TENSORS
         and q.device.type in ("cuda", "cpu")
     )  # fmt: skip
+
+
+def plain_kernel_call(q, k, v, backend: str) -> bool:
+    """Whether an eager call can run the Triton forward from the call's kept plan."""
+    return backend == "triton" and plain_inputs(q, k, v)
 
 
 def records_gradient(q, k, v) -> bool:

@@ -64,3 +64,19 @@ def test_run_takes_every_eager_time_before_the_first_graph(monkeypatch):
     shapes = len(decode.HEADLINE)
     assert [clock for _, clock in calls] == ["eager"] * shapes + ["graph"] * shapes
     assert all(row["ms"] == 1.0 and row["ms_graph"] == 0.5 and row["tbps_graph"] == 2.0 for row in rows)
+
+
+def test_streaming_fit_recovers_a_known_rate_and_fixed_cost():
+    """Rows made from t = t0 + bytes / R with R = 4 TB/s and t0 = 12 µs (the bytes written out by hand:
+    2 * H_kv * T * D * 2), plus rows the fit must ignore: another provider, a paged cache, another B."""
+    from flashtile.bench.decode import streaming_fit
+
+    def row(T, us, **extra):
+        return dict(provider="flashtile_split_k", B=1, H_kv=8, Tk=T, D=128, ms_graph=us / 1000, **extra)
+
+    mb = {T: 2 * 8 * T * 128 * 2 / 1e6 for T in (32768, 131072)}  # 134.2 and 536.9 MB
+    rows = [row(T, 12 + mb[T] / 4) for T in mb]
+    rows += [dict(row(32768, 999.0), provider="sdpa_cudnn"), row(32768, 999.0, page_size=16),
+             dict(row(131072, 999.0), B=8)]  # fmt: skip
+    R, t0 = streaming_fit(rows, "flashtile_split_k", H_kv=8)
+    assert R == pytest.approx(4.0) and t0 == pytest.approx(12.0)

@@ -154,6 +154,21 @@ def measure(shape: dict, device="cuda", dtype=torch.bfloat16, clock: str = "both
     return rows
 
 
+# --8<-- [start:streaming_fit]
+def streaming_fit(rows: list[dict], provider: str, H_kv: int, B: int = 1, caches=(32768, 131072)) -> tuple:
+    """(R in TB/s, t0 in µs) of the model t = t0 + bytes / R, through the graphed times of two contiguous
+    cache lengths: R is the rate at which a call streams K and V, t0 what it costs whatever the length."""
+    (x1, t1), (x2, t2) = sorted(
+        (kv_cache_bytes([r["Tk"]] * B, H_kv, r["D"], 2) / 1e6, 1000 * r["ms_graph"])  # MB of K and V (bf16), µs
+        for r in rows
+        if r["provider"] == provider and r["B"] == B and r["H_kv"] == H_kv and r["Tk"] in caches
+        and not r.get("page_size") and not r.get("ragged")
+    )  # fmt: skip
+    us_per_mb = (t2 - t1) / (x2 - x1)  # 1 MB per µs is 1 TB/s
+    return 1 / us_per_mb, t1 - us_per_mb * x1
+# --8<-- [end:streaming_fit]
+
+
 def copy_rate(n_bytes: int = 1 << 30) -> dict:
     """The device-to-device copy ceiling: read + write bytes of one copy / time, in TB/s."""
     src = torch.empty(n_bytes, dtype=torch.uint8, device="cuda")
