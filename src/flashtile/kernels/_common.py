@@ -284,6 +284,16 @@ def first_query_row(k_start, offset):
 # --8<-- [end:tile_counts]
 
 
+@triton.jit
+def rotated_tile(step, first, count, shift, ROTATE: tl.constexpr):
+    """Tile ``step`` of the run first .. first + count - 1, or with ROTATE the tile ``shift`` places further
+    on, wrapping around: the same tiles in another order. Softmax sums do not depend on the order, and
+    programs that start together with different shifts read different tiles at first."""
+    if ROTATE:
+        return first + (step - first + shift) % count
+    return step
+
+
 # --8<-- [start:launch]
 MAX_COMPILED = 16  # specialisations one launch remembers (devices, alignments); past that it starts over
 

@@ -54,6 +54,7 @@ from ._common import (
     is_interpreting,
     kernel_scale,
     last_key_tile,
+    rotated_tile,
     store_tile,
     tile_descriptor,
     use_tma,
@@ -156,9 +157,7 @@ def dkdv_query_tiles(
     """
     count = end - first
     for step in range(first, end):
-        t = step
-        if ROTATE:
-            t = first + (step - first + shift) % count
+        t = rotated_tile(step, first, count, shift, ROTATE)
         q_index = tl.where(t < jump_at, t, t + jump_by)
         q_start = q_index * BLOCK_Q
         rows = q_start + rows0
@@ -290,9 +289,7 @@ def dq_key_tiles(
     same tiles from ``shift`` tiles in, wrapping around (the forward's ``rotate_keys``)."""
     count = end - first
     for step in range(first, end):
-        k_index = step
-        if ROTATE:
-            k_index = first + (step - first + shift) % count
+        k_index = rotated_tile(step, first, count, shift, ROTATE)
         k_start = k_index * BLOCK_K
         keys = k_start + keys0
         if USE_TMA:

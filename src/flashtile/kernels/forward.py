@@ -49,6 +49,7 @@ from ._common import (
     last_key_tile,
     online_softmax_step,
     program_offset,
+    rotated_tile,
     tile_descriptor,
     use_tma,
 )
@@ -83,9 +84,7 @@ def _attend_key_tiles(
     v_offsets = j0[:, None].to(tl.int64) * stride_vt + d[None, :].to(tl.int64) * stride_vd
     count = end_k_index - first_k_index
     for step in range(first_k_index, end_k_index):
-        k_index = step
-        if ROTATE:  # the same tiles, from shift tiles in (count > 0 inside the loop)
-            k_index = first_k_index + (step - first_k_index + shift) % count
+        k_index = rotated_tile(step, first_k_index, count, shift, ROTATE)
         k_start = k_index * BLOCK_K
         j = k_start + j0  # the key columns of this tile
         if USE_TMA:  # (1, 1, BLOCK_K, HEAD_DIM_PAD) boxes of the (B, H_kv, Tk, D) tensors, zeros outside
