@@ -248,3 +248,31 @@ def test_recorded_calls_reuse_the_kept_kernel_plan_and_still_train(monkeypatch):
         for g, g_truth in zip(grads, grads_truth):
             torch.testing.assert_close(g.double(), g_truth, **TOL[F32])
     assert len(made) <= 1 and not launched  # made once (or kept from an earlier test), then reused
+
+
+def test_an_eager_backward_fills_no_zero_gradients_for_lse_and_stats():
+    """lse and (m, l) are outputs that never get a gradient; the engine must not build zero tensors for
+    them before each backward (it does unless the function turns that off). Every aten op of the
+    gradient computation is recorded, and none may allocate zeros or fill."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(str(func.overloadpacket))
+            return func(*args, **(kwargs or {}))
+
+    q, k, v = make_qkv(1, 2, 2, 19, 19, 16, seed=51)
+    do = torch.randn_like(q)
+    o = attention(q, k, v, is_causal=True)
+    with Ops() as ops:
+        grads = torch.autograd.grad(o, (q, k, v), do)
+    assert ops.names, "the mode saw no op: it would pass whatever the backward did"
+    assert not [n for n in ops.names if n.split(".")[-1] in ("zeros", "zeros_like", "new_zeros", "fill_", "zero_")]
+    o_truth, grads_truth = float64_truth(q, k, v, do, True, "upper_left")
+    for g, g_truth in zip(grads, grads_truth):
+        torch.testing.assert_close(g.double(), g_truth, **TOL[q.dtype])
+

@@ -218,6 +218,10 @@ class _EagerAttention(torch.autograd.Function):
         ctx.save_for_backward(q, k, v, o, lse, stats)
         ctx.config = (causal, scale, alignment, backend)
         ctx.mark_non_differentiable(lse, stats)
+        # lse and stats never carry a gradient, and by default the engine would still fill a zero
+        # tensor for each before every backward (two allocations and two fill kernels per call).
+        # o is the only differentiable output, so the engine calls backward only when do exists.
+        ctx.set_materialize_grads(False)
         return o, lse, stats
 
     @staticmethod
