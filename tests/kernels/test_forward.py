@@ -64,22 +64,6 @@ def test_rotated_key_order_matches_naive_and_really_reorders(causal, alignment, 
     assert not torch.equal(rotated, default)
 
 
-@pytest.mark.parametrize("tma", [True, False], ids=["tma", "pointers"])
-@pytest.mark.parametrize("causal,alignment,Tq,Tk", [(False, "upper_left", 45, 100), (True, "lower_right", 37, 100),
-                                                    (True, "upper_left", 16, 16), (False, "upper_left", 33, 64)])
-def test_scores_ahead_matches_naive_and_the_plain_loop_bit_for_bit(causal, alignment, Tq, Tk, tma):
-    """scores_ahead=True computes each unmasked tile's raw dots one step early: the same tiles in the
-    same order, so the float64 truth holds and the output equals the plain loop's exactly. The shapes
-    cover one full tile, no full tile (16 x 16 causal: only the diagonal), a ragged end and full tiles
-    only (Tk = 64)."""
-    gen = torch.Generator().manual_seed(Tq * 11 + Tk)
-    q, k, v = randn(1, 2, Tq, 32, generator=gen), randn(1, 2, Tk, 32, generator=gen), randn(1, 2, Tk, 32, generator=gen)
-    ahead, lse_ahead = _run_and_check(q, k, v, causal, alignment, block_q=16, block_k=16, tma=tma, scores_ahead=True)
-    plain, lse_plain = flash_attention(q, k, v, causal=causal, alignment=alignment, block_q=16, block_k=16, tma=tma,
-                                       scores_ahead=False)  # fmt: skip
-    assert torch.equal(ahead, plain) and torch.equal(lse_ahead, lse_plain)
-
-
 @pytest.mark.parametrize("block_q,block_k", [(16, 32), (32, 16)])
 def test_forward_matches_naive_when_block_q_differs_from_block_k(block_q, block_k):
     q, k, v = randn(1, 2, 45, 32), randn(1, 2, 45, 32), randn(1, 2, 45, 32)
@@ -173,8 +157,6 @@ def test_forward_rejects_bad_tensors(kwargs, error, match):
         (dict(scale=float("inf")), ValueError, "scale must be finite"),
         (dict(tma="yes"), TypeError, "tma must be a bool"),
         (dict(rotate_keys=1), TypeError, "rotate_keys must be a bool"),
-        (dict(scores_ahead="no"), TypeError, "scores_ahead must be a bool"),
-        (dict(scores_ahead=True, rotate_keys=True), ValueError, "scores_ahead and rotate_keys cannot both be True"),
     ],
 )
 def test_forward_rejects_bad_arguments(kwargs, error, match):

@@ -57,38 +57,6 @@ from ._common import (
 LN2 = tl.constexpr(math.log(2.0))  # a constexpr global, so the jit function may read it
 
 
-# --8<-- [start:tiles]
-@triton.jit
-def _key_tile(K, b, h_kv, k_start, k_offsets, stride_kt, j, d, Tk,
-              BLOCK_K: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
-              MASKED: tl.constexpr, USE_TMA: tl.constexpr):  # fmt: skip
-    """The (HEAD_DIM_PAD, BLOCK_K) tile K^T of the keys k_start .. k_start + BLOCK_K - 1, zeros past Tk and D."""
-    if USE_TMA:  # a (1, 1, BLOCK_K, HEAD_DIM_PAD) box of the (B, H_kv, Tk, D) tensor, zeros outside
-        k = tl.trans(K.load([b, h_kv, k_start, 0]).reshape(BLOCK_K, HEAD_DIM_PAD))
-    elif MASKED or HEAD_DIM != HEAD_DIM_PAD:
-        k_mask = (d[:, None] < HEAD_DIM) & (j[None, :] < Tk)
-        k = tl.load(K + k_start.to(tl.int64) * stride_kt + k_offsets, mask=k_mask, other=0.0)
-    else:
-        k = tl.load(K + k_start.to(tl.int64) * stride_kt + k_offsets)
-    return k
-
-
-@triton.jit
-def _value_tile(V, b, h_kv, k_start, v_offsets, stride_vt, j, d, Tk,
-                BLOCK_K: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
-                MASKED: tl.constexpr, USE_TMA: tl.constexpr):  # fmt: skip
-    """The (BLOCK_K, HEAD_DIM_PAD) tile of V for the same keys, zeros past Tk and D."""
-    if USE_TMA:
-        v = V.load([b, h_kv, k_start, 0]).reshape(BLOCK_K, HEAD_DIM_PAD)
-    elif MASKED or HEAD_DIM != HEAD_DIM_PAD:
-        v_mask = (j[:, None] < Tk) & (d[None, :] < HEAD_DIM)
-        v = tl.load(V + k_start.to(tl.int64) * stride_vt + v_offsets, mask=v_mask, other=0.0)
-    else:
-        v = tl.load(V + k_start.to(tl.int64) * stride_vt + v_offsets)
-    return v
-# --8<-- [end:tiles]
-
-
 # --8<-- [start:inner]
 @triton.jit
 def _attend_key_tiles(
@@ -119,10 +87,17 @@ def _attend_key_tiles(
         k_index = rotated_tile(step, first_k_index, count, shift, ROTATE)
         k_start = k_index * BLOCK_K
         j = k_start + j0  # the key columns of this tile
-        k = _key_tile(K, b, h_kv, k_start, k_offsets, stride_kt, j, d, Tk, BLOCK_K, HEAD_DIM, HEAD_DIM_PAD,
-                      MASKED, USE_TMA)  # fmt: skip
-        v = _value_tile(V, b, h_kv, k_start, v_offsets, stride_vt, j, d, Tk, BLOCK_K, HEAD_DIM, HEAD_DIM_PAD,
-                        MASKED, USE_TMA)  # fmt: skip
+        if USE_TMA:  # (1, 1, BLOCK_K, HEAD_DIM_PAD) boxes of the (B, H_kv, Tk, D) tensors, zeros outside
+            k = tl.trans(K.load([b, h_kv, k_start, 0]).reshape(BLOCK_K, HEAD_DIM_PAD))  # K^T tile
+            v = V.load([b, h_kv, k_start, 0]).reshape(BLOCK_K, HEAD_DIM_PAD)
+        elif MASKED or HEAD_DIM != HEAD_DIM_PAD:
+            k_mask = (d[:, None] < HEAD_DIM) & (j[None, :] < Tk)  # zeros past the keys and the head dim
+            v_mask = (j[:, None] < Tk) & (d[None, :] < HEAD_DIM)
+            k = tl.load(K + k_start.to(tl.int64) * stride_kt + k_offsets, mask=k_mask, other=0.0)
+            v = tl.load(V + k_start.to(tl.int64) * stride_vt + v_offsets, mask=v_mask, other=0.0)
+        else:
+            k = tl.load(K + k_start.to(tl.int64) * stride_kt + k_offsets)  # (HEAD_DIM_PAD, BLOCK_K)
+            v = tl.load(V + k_start.to(tl.int64) * stride_vt + v_offsets)  # (BLOCK_K, HEAD_DIM_PAD)
         u = tl.dot(q, k, input_precision=DOT_PRECISION)  # (BLOCK_Q, BLOCK_K) fp32 raw dots; S = unit * u
         if MASKED:
             visible = j[None, :] < Tk  # padded keys must score -inf, not 0
@@ -132,49 +107,6 @@ def _attend_key_tiles(
         acc, l, m = online_softmax_step(acc, l, m, u, v, qk_scale, DOT_PRECISION)
     return acc, l, m
 # --8<-- [end:inner]
-
-
-# --8<-- [start:ahead]
-@triton.jit
-def _attend_full_tiles_ahead(
-    acc, l, m, q,
-    K, V, b, h_kv, stride_kt, stride_kd, stride_vt, stride_vd,
-    d, first_k_index, end_k_index, Tk, qk_scale,
-    BLOCK_K: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
-    USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr,
-):
-    """The unmasked tiles of ``_attend_key_tiles``, with the raw dots of each tile computed one step ahead.
-
-    In the plain loop, the softmax of a tile waits for its raw dots u = q·k, and the next tile's dots
-    wait for that softmax, so the tensor cores sit idle while the exponentials run. Here the dots of
-    tile t + 1 are issued before the softmax of tile t, which does not need them: on Hopper a dot is
-    issued asynchronously and waited for where its result is first used, so the two can overlap. The
-    cost is one more (BLOCK_Q, BLOCK_K) fp32 tile held in registers. The same tiles in the same order,
-    so the same result, bit for bit.
-    """
-    j0 = tl.arange(0, BLOCK_K)
-    k_offsets = d[:, None].to(tl.int64) * stride_kd + j0[None, :].to(tl.int64) * stride_kt
-    v_offsets = j0[:, None].to(tl.int64) * stride_vt + d[None, :].to(tl.int64) * stride_vd
-    if first_k_index < end_k_index:
-        k_start = first_k_index * BLOCK_K
-        k = _key_tile(K, b, h_kv, k_start, k_offsets, stride_kt, k_start + j0, d, Tk, BLOCK_K, HEAD_DIM,
-                      HEAD_DIM_PAD, False, USE_TMA)  # fmt: skip
-        u = tl.dot(q, k, input_precision=DOT_PRECISION)  # the first tile's dots, before the loop
-        for k_index in range(first_k_index, end_k_index - 1):
-            k_start = k_index * BLOCK_K
-            k_next = _key_tile(K, b, h_kv, k_start + BLOCK_K, k_offsets, stride_kt, k_start + BLOCK_K + j0, d, Tk,
-                               BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, False, USE_TMA)  # fmt: skip
-            u_next = tl.dot(q, k_next, input_precision=DOT_PRECISION)  # tile t + 1, in flight during ...
-            v = _value_tile(V, b, h_kv, k_start, v_offsets, stride_vt, k_start + j0, d, Tk, BLOCK_K, HEAD_DIM,
-                            HEAD_DIM_PAD, False, USE_TMA)  # fmt: skip
-            acc, l, m = online_softmax_step(acc, l, m, u, v, qk_scale, DOT_PRECISION)  # ... tile t's softmax
-            u = u_next
-        k_start = (end_k_index - 1) * BLOCK_K  # the last tile: its dots are already in u
-        v = _value_tile(V, b, h_kv, k_start, v_offsets, stride_vt, k_start + j0, d, Tk, BLOCK_K, HEAD_DIM,
-                        HEAD_DIM_PAD, False, USE_TMA)  # fmt: skip
-        acc, l, m = online_softmax_step(acc, l, m, u, v, qk_scale, DOT_PRECISION)
-    return acc, l, m
-# --8<-- [end:ahead]
 
 
 @triton.jit
@@ -187,7 +119,7 @@ def _forward_kernel(
     H, group, Tq, Tk, offset, qk_scale, n_rows,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr, SIGN: tl.constexpr,
-    USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr, ROTATE_KEYS: tl.constexpr, SCORES_AHEAD: tl.constexpr,
+    USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr, ROTATE_KEYS: tl.constexpr,
 ):
     # --8<-- [start:program]
     q_index = tl.program_id(0)
@@ -230,19 +162,12 @@ def _forward_kernel(
     else:
         n_full_tiles = Tk // BLOCK_K  # every tile but a ragged last one
         n_key_tiles = tl.cdiv(Tk, BLOCK_K)
-    if SCORES_AHEAD:  # the same full tiles, each tile's raw dots issued one step before its softmax
-        acc, l, m = _attend_full_tiles_ahead(
-            acc, l, m, q, k_base, v_base, b, h_kv, stride_kt, stride_kd, stride_vt, stride_vd,
-            d, 0, n_full_tiles, Tk, qk_scale,
-            BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, USE_TMA=USE_TMA, DOT_PRECISION=DOT_PRECISION,
-        )
-    else:
-        acc, l, m = _attend_key_tiles(
-            acc, l, m, q, k_base, v_base, b, h_kv, stride_kt, stride_kd, stride_vt, stride_vd,
-            i, d, 0, n_full_tiles, Tk, offset, qk_scale, q_index,
-            BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, MASKED=False, CAUSAL=CAUSAL, USE_TMA=USE_TMA,
-            DOT_PRECISION=DOT_PRECISION, ROTATE=ROTATE_KEYS,
-        )
+    acc, l, m = _attend_key_tiles(
+        acc, l, m, q, k_base, v_base, b, h_kv, stride_kt, stride_kd, stride_vt, stride_vd,
+        i, d, 0, n_full_tiles, Tk, offset, qk_scale, q_index,
+        BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, MASKED=False, CAUSAL=CAUSAL, USE_TMA=USE_TMA, DOT_PRECISION=DOT_PRECISION,
+        ROTATE=ROTATE_KEYS,
+    )
     acc, l, m = _attend_key_tiles(
         acc, l, m, q, k_base, v_base, b, h_kv, stride_kt, stride_kd, stride_vt, stride_vd,
         i, d, n_full_tiles, n_key_tiles, Tk, offset, qk_scale, 0,
@@ -312,7 +237,7 @@ class ForwardPlan(NamedTuple):
 
 
 def make_forward_plan(q, k, v, causal, scale, alignment, block_q, block_k, num_warps, num_stages, tma,
-                      return_stats, rotate_keys=False, scores_ahead=None) -> ForwardPlan:  # fmt: skip
+                      return_stats, rotate_keys=False) -> ForwardPlan:  # fmt: skip
     """Validate one call's arguments and derive its launch; raises on anything the kernel cannot take."""
     shape = check_attention_inputs(q, k, v, dtypes=KERNEL_DTYPES)
     check_causal(causal)
@@ -320,16 +245,12 @@ def make_forward_plan(q, k, v, causal, scale, alignment, block_q, block_k, num_w
     return_stats = check_flag("return_stats", return_stats)
     tma = None if tma is None else check_flag("tma", tma)
     rotate_keys = check_flag("rotate_keys", rotate_keys)
-    scores_ahead = None if scores_ahead is None else check_flag("scores_ahead", scores_ahead)
     scale = resolve_scale(scale, shape.D, q.dtype)
     check_kernel_device("q", q)
     config = forward_config(shape.D, q.dtype, q.device.type == "cpu", causal, 512 if shape.Tq <= 512 else (
         1024 if shape.Tq <= 1024 else 4096))  # three length classes, so the cache stays small
     block_q = config["block_q"] if block_q is None else check_tile_size("block_q", block_q)
     block_k = config["block_k"] if block_k is None else check_tile_size("block_k", block_k)
-    scores_ahead = config.get("scores_ahead", False) if scores_ahead is None else scores_ahead  # off until measured
-    if scores_ahead and rotate_keys:
-        raise ValueError("scores_ahead and rotate_keys cannot both be True: the dots-ahead loop walks tiles in order")
     num_warps, num_stages = check_launch(
         config["num_warps"] if num_warps is None else num_warps,
         config["num_stages"] if num_stages is None else num_stages,
@@ -347,8 +268,7 @@ def make_forward_plan(q, k, v, causal, scale, alignment, block_q, block_k, num_w
                      Tk, offset, units.qk_scale, B * H * Tq),  # fmt: skip
             constexprs=dict(HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D), BLOCK_Q=block_q, BLOCK_K=block_k,
                             CAUSAL=causal, SIGN=units.sign, USE_TMA=strides is not None,
-                            DOT_PRECISION=dot_precision(q.dtype), ROTATE_KEYS=rotate_keys,
-                            SCORES_AHEAD=scores_ahead),  # fmt: skip
+                            DOT_PRECISION=dot_precision(q.dtype), ROTATE_KEYS=rotate_keys),  # fmt: skip
             num_warps=num_warps,
             num_stages=num_stages,
         ),
@@ -359,7 +279,7 @@ def make_forward_plan(q, k, v, causal, scale, alignment, block_q, block_k, num_w
 
 def flash_attention(
     q, k, v, causal=False, scale=None, alignment="upper_left", block_q=None, block_k=None, *,
-    num_warps=None, num_stages=None, return_stats=False, tma=None, rotate_keys=False, scores_ahead=None,
+    num_warps=None, num_stages=None, return_stats=False, tma=None, rotate_keys=False,
 ):
     """Attention forward on the GPU, without materialising the Tq x Tk score matrix.
 
@@ -378,9 +298,6 @@ def flash_attention(
             wraps around, so programs running together read different key tiles. Same result up to
             rounding (the tiles are summed in another order), still deterministic. Off by default
             until measured (bench/PERF_LOG.md).
-        scores_ahead: issue each unmasked key tile's raw dots one step before its softmax, so the
-            tensor cores and the exponentials can overlap (``_attend_full_tiles_ahead``). The same
-            tiles in the same order; None takes ``forward_config``'s choice. Not with rotate_keys.
 
     Returns:
         o: (B, H, Tq, D) contiguous, in q's dtype. lse: (B, H, Tq) fp32, natural log; a row that
@@ -388,7 +305,7 @@ def flash_attention(
         stats[0] = m (the row max of the raw dots sign(τ)·q·k) and stats[1] = l.
     """
     plan = cached_plan(make_forward_plan, (q, k, v), causal, scale, alignment, block_q, block_k, num_warps,
-                       num_stages, tma, return_stats, rotate_keys, scores_ahead)  # fmt: skip
+                       num_stages, tma, return_stats, rotate_keys)  # fmt: skip
     o, row_stats = forward_with_plan(plan, q, k, v)
     return (o, row_stats[0], row_stats[1:]) if plan.return_stats else (o, row_stats[0])
 
