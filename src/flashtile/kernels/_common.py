@@ -118,51 +118,9 @@ def apply_sign(q, SIGN: tl.constexpr):
 # --8<-- [end:kernel_scale]
 
 
-# --8<-- [start:exp2_poly]
-ROUND_MAGIC = tl.constexpr(12582912.0)  # 1.5 * 2^23: x + this rounds x to an integer in the low mantissa bits
-EXP2_C1 = tl.constexpr(0.6932827830314636)  # 2^f ~ 1 + f (C1 + f (C2 + f C3)) on [-1/2, 1/2]:
-EXP2_C2 = tl.constexpr(0.24220898747444153)  # fitted for relative error with the constant held at 1,
-EXP2_C3 = tl.constexpr(0.05500813201069832)  # max 1.02e-4 in float32 (tests/kernels/test_exp2_poly.py)
-
-
-@triton.jit
-def exp2_poly(x):
-    """2^x for x <= 0 with adds, multiplies and integer ops only, none on the special-function units.
-
-    x = n + f with n = round(x) and f in [-1/2, 1/2]; 2^f is a cubic, and multiplying by 2^n is an
-    integer add of n to the float's exponent field. Relative error at most 1.02e-4: below the rounding
-    of a 16-bit P (bf16 3.9e-3, fp16 4.9e-4), not of a float32 one. Exactly 1 at x = 0, exactly 0
-    below -126 (where 2^n would leave the normal floats) and at -inf, NaN for NaN.
-    """
-    t = x + ROUND_MAGIC  # the float spacing there is 1, so t = 1.5 * 2^23 + round(x)
-    n = t - ROUND_MAGIC
-    f = x - n
-    p = 1.0 + f * (EXP2_C1 + f * (EXP2_C2 + f * EXP2_C3))  # 2^f, in [0.70, 1.42]
-    # The low bits of t's pattern hold round(x) (two's complement); shifted by the 23 mantissa bits it
-    # is round(x) added to p's exponent. 1.5 * 2^23's own bits shift out of the 32.
-    bits = p.to(tl.int32, bitcast=True) + (t.to(tl.int32, bitcast=True) << 23)
-    r = bits.to(tl.float32, bitcast=True)
-    return tl.where(x >= -126.0, r, tl.where(x < -126.0, 0.0, x))  # the last x: NaN stays NaN
-
-
-@triton.jit
-def exp2_share(x, POLY_EXP2: tl.constexpr):
-    """2^x for a (rows, cols) tile: with POLY_EXP2 the odd columns by ``exp2_poly`` on the FMA and integer
-    units and the even ones on the special-function units, otherwise all of them there. A thread holds
-    neighbouring columns in pairs, so taking them apart and back costs no data movement (a finer share,
-    every fourth column, did: compiled for sm_90 it went through shared memory)."""
-    if POLY_EXP2:
-        even, odd = tl.split(tl.reshape(x, (x.shape[0], x.shape[1] // 2, 2)))
-        p = tl.reshape(tl.join(tl.math.exp2(even), exp2_poly(odd)), (x.shape[0], x.shape[1]))
-    else:
-        p = tl.math.exp2(x)
-    return p
-# --8<-- [end:exp2_poly]
-
-
 # --8<-- [start:softmax_step]
 @triton.jit
-def online_softmax_step(acc, l, m, u, v, qk_scale, DOT_PRECISION: tl.constexpr, POLY_EXP2: tl.constexpr = False):
+def online_softmax_step(acc, l, m, u, v, qk_scale, DOT_PRECISION: tl.constexpr):
     """Fold one key tile into the running (acc, l, m): the online-softmax update of Part A, in raw-dot units.
 
     u: (rows, BLOCK_K) fp32 raw dots of the tile, -inf where a key is hidden; v: (BLOCK_K, HEAD_DIM_PAD)
@@ -175,8 +133,7 @@ def online_softmax_step(acc, l, m, u, v, qk_scale, DOT_PRECISION: tl.constexpr, 
     # alpha = 0. One select per row, in every tile: an unmasked tile can hold -inf scores too.
     m_new_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = tl.math.exp2((m - m_new_safe) * qk_scale)  # shrink what we had to the new max
-    x = (u - m_new_safe[:, None]) * qk_scale  # u - m first: exact for the max
-    p = exp2_share(x, POLY_EXP2)
+    p = tl.math.exp2((u - m_new_safe[:, None]) * qk_scale)  # u - m first: exact for the max
     l = alpha * l + tl.sum(p, 1)
     acc = acc * alpha[:, None]
     acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)  # P in the input dtype
