@@ -64,23 +64,6 @@ def test_rotated_key_order_matches_naive_and_really_reorders(causal, alignment, 
     assert not torch.equal(rotated, default)
 
 
-@pytest.mark.parametrize("tma", [True, False], ids=["tma", "pointers"])
-@pytest.mark.parametrize("causal,alignment,Tq,Tk", [(False, "upper_left", 45, 100), (True, "lower_right", 37, 100)])
-def test_scaled_query_experiment_matches_naive_and_refuses_what_it_cannot_hand_on(causal, alignment, Tq, Tk, tma):
-    """scaled_q=True folds the scale into the fp16 query tile (one rounding more): still within the fp16
-    tolerance of the float64 truth, different from the default (else the switch did nothing), and
-    refused where its scaled (m, l) would reach the backward or where float32 would lose digits."""
-    gen = torch.Generator().manual_seed(Tq * 5 + Tk)
-    q, k, v = (randn(1, 2, T, 32, dtype=F16, generator=gen) for T in (Tq, Tk, Tk))
-    scaled, _ = _run_and_check(q, k, v, causal, alignment, block_q=16, block_k=16, tma=tma, scaled_q=True)
-    default, _ = flash_attention(q, k, v, causal=causal, alignment=alignment, block_q=16, block_k=16, tma=tma)
-    assert not torch.equal(scaled, default)
-    with pytest.raises(ValueError, match="scaled_q=True is a timing experiment"):
-        flash_attention(q, k, v, causal=causal, scaled_q=True, return_stats=True)
-    with pytest.raises(ValueError, match="scaled_q=True is a timing experiment"):
-        flash_attention(q.float(), k.float(), v.float(), causal=causal, scaled_q=True)
-
-
 @pytest.mark.parametrize("block_q,block_k", [(16, 32), (32, 16)])
 def test_forward_matches_naive_when_block_q_differs_from_block_k(block_q, block_k):
     q, k, v = randn(1, 2, 45, 32), randn(1, 2, 45, 32), randn(1, 2, 45, 32)

@@ -120,7 +120,7 @@ def apply_sign(q, SIGN: tl.constexpr):
 
 # --8<-- [start:softmax_step]
 @triton.jit
-def online_softmax_step(acc, l, m, u, v, qk_scale, DOT_PRECISION: tl.constexpr, SCALED_DOTS: tl.constexpr = False):
+def online_softmax_step(acc, l, m, u, v, qk_scale, DOT_PRECISION: tl.constexpr):
     """Fold one key tile into the running (acc, l, m): the online-softmax update of Part A, in raw-dot units.
 
     u: (rows, BLOCK_K) fp32 raw dots of the tile, -inf where a key is hidden; v: (BLOCK_K, HEAD_DIM_PAD)
@@ -132,12 +132,8 @@ def online_softmax_step(acc, l, m, u, v, qk_scale, DOT_PRECISION: tl.constexpr, 
     # subtracting it would give exp(-inf - (-inf)) = NaN. Subtracting 0 instead gives p = 0 and
     # alpha = 0. One select per row, in every tile: an unmasked tile can hold -inf scores too.
     m_new_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    if SCALED_DOTS:  # u already carries qk_scale (the query tile was scaled): one multiply less per score
-        alpha = tl.math.exp2(m - m_new_safe)
-        p = tl.math.exp2(u - m_new_safe[:, None])
-    else:
-        alpha = tl.math.exp2((m - m_new_safe) * qk_scale)  # shrink what we had to the new max
-        p = tl.math.exp2((u - m_new_safe[:, None]) * qk_scale)  # u - m first: exact for the max
+    alpha = tl.math.exp2((m - m_new_safe) * qk_scale)  # shrink what we had to the new max
+    p = tl.math.exp2((u - m_new_safe[:, None]) * qk_scale)  # u - m first: exact for the max
     l = alpha * l + tl.sum(p, 1)
     acc = acc * alpha[:, None]
     acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)  # P in the input dtype

@@ -65,7 +65,7 @@ def _attend_key_tiles(
     i, d, first_k_index, end_k_index, Tk, offset, qk_scale, shift,
     BLOCK_K: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    ROTATE: tl.constexpr, SCALED_Q: tl.constexpr,
+    ROTATE: tl.constexpr,
 ):
     """Fold key tiles first_k_index .. end_k_index - 1 into (acc, l, m); i holds the query rows.
 
@@ -104,7 +104,7 @@ def _attend_key_tiles(
             if CAUSAL:
                 visible = visible & (j[None, :] <= i[:, None] + offset)
             u = tl.where(visible, u, float("-inf"))
-        acc, l, m = online_softmax_step(acc, l, m, u, v, qk_scale, DOT_PRECISION, SCALED_Q)
+        acc, l, m = online_softmax_step(acc, l, m, u, v, qk_scale, DOT_PRECISION)
     return acc, l, m
 # --8<-- [end:inner]
 
@@ -119,7 +119,7 @@ def _forward_kernel(
     H, group, Tq, Tk, offset, qk_scale, n_rows,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr, SIGN: tl.constexpr,
-    USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr, ROTATE_KEYS: tl.constexpr, SCALED_Q: tl.constexpr,
+    USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr, ROTATE_KEYS: tl.constexpr,
 ):
     # --8<-- [start:program]
     q_index = tl.program_id(0)
@@ -147,8 +147,6 @@ def _forward_kernel(
         q_ptrs = q_base + i[:, None].to(tl.int64) * stride_qt + d[None, :].to(tl.int64) * stride_qd
         q = tl.load(q_ptrs, mask=q_mask, other=0.0)  # loaded once, reused for every key tile
     q = apply_sign(q, SIGN)  # sign(τ) · q, so that the raw dots u order the scores as S = τ q·k does
-    if SCALED_Q:  # experiment: qk_scale folded into the query tile once, rounded to its dtype
-        q = (q.to(tl.float32) * qk_scale).to(q.dtype)
     # --8<-- [end:pointers]
 
     # --8<-- [start:state]
@@ -168,13 +166,13 @@ def _forward_kernel(
         acc, l, m, q, k_base, v_base, b, h_kv, stride_kt, stride_kd, stride_vt, stride_vd,
         i, d, 0, n_full_tiles, Tk, offset, qk_scale, q_index,
         BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, MASKED=False, CAUSAL=CAUSAL, USE_TMA=USE_TMA, DOT_PRECISION=DOT_PRECISION,
-        ROTATE=ROTATE_KEYS, SCALED_Q=SCALED_Q,
+        ROTATE=ROTATE_KEYS,
     )
     acc, l, m = _attend_key_tiles(
         acc, l, m, q, k_base, v_base, b, h_kv, stride_kt, stride_kd, stride_vt, stride_vd,
         i, d, n_full_tiles, n_key_tiles, Tk, offset, qk_scale, 0,
         BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, MASKED=True, CAUSAL=CAUSAL, USE_TMA=USE_TMA, DOT_PRECISION=DOT_PRECISION,
-        ROTATE=False, SCALED_Q=SCALED_Q,
+        ROTATE=False,
     )
     # --8<-- [end:loops]
 
@@ -182,8 +180,7 @@ def _forward_kernel(
     empty = l == 0.0  # True only for a row that sees no key (a NaN l is not 0: that row stays NaN)
     l_safe = tl.where(empty, 1.0, l)  # such a row keeps acc = 0, so o = 0 rather than 0 / 0
     o = acc / l_safe[:, None]
-    m_scaled = m if SCALED_Q else m * qk_scale
-    lse = (m_scaled + tl.math.log2(l_safe)) * LN2  # natural units: unit * m + ln l
+    lse = (m * qk_scale + tl.math.log2(l_safe)) * LN2  # natural units: unit * m + ln l
     lse = tl.where(m == float("inf"), m, lse)  # a +inf score: lse = +inf, as torch.logsumexp says
     lse = tl.where(empty, float("-inf"), lse)
     o_ptrs = (O + program_offset(b, stride_ob) + program_offset(h, stride_oh)
@@ -240,7 +237,7 @@ class ForwardPlan(NamedTuple):
 
 
 def make_forward_plan(q, k, v, causal, scale, alignment, block_q, block_k, num_warps, num_stages, tma,
-                      return_stats, rotate_keys=False, scaled_q=False) -> ForwardPlan:  # fmt: skip
+                      return_stats, rotate_keys=False) -> ForwardPlan:  # fmt: skip
     """Validate one call's arguments and derive its launch; raises on anything the kernel cannot take."""
     shape = check_attention_inputs(q, k, v, dtypes=KERNEL_DTYPES)
     check_causal(causal)
@@ -248,9 +245,6 @@ def make_forward_plan(q, k, v, causal, scale, alignment, block_q, block_k, num_w
     return_stats = check_flag("return_stats", return_stats)
     tma = None if tma is None else check_flag("tma", tma)
     rotate_keys = check_flag("rotate_keys", rotate_keys)
-    if check_flag("scaled_q", scaled_q) and (return_stats or q.dtype == torch.float32):
-        raise ValueError("scaled_q=True is a timing experiment for 16-bit inputs without return_stats: its (m, l) "
-                         "are in scaled units, which the backward does not take")  # fmt: skip
     scale = resolve_scale(scale, shape.D, q.dtype)
     check_kernel_device("q", q)
     config = forward_config(shape.D, q.dtype, q.device.type == "cpu", causal, 512 if shape.Tq <= 512 else (
@@ -274,8 +268,7 @@ def make_forward_plan(q, k, v, causal, scale, alignment, block_q, block_k, num_w
                      Tk, offset, units.qk_scale, B * H * Tq),  # fmt: skip
             constexprs=dict(HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D), BLOCK_Q=block_q, BLOCK_K=block_k,
                             CAUSAL=causal, SIGN=units.sign, USE_TMA=strides is not None,
-                            DOT_PRECISION=dot_precision(q.dtype), ROTATE_KEYS=rotate_keys,
-                            SCALED_Q=scaled_q),  # fmt: skip
+                            DOT_PRECISION=dot_precision(q.dtype), ROTATE_KEYS=rotate_keys),  # fmt: skip
             num_warps=num_warps,
             num_stages=num_stages,
         ),
@@ -286,7 +279,7 @@ def make_forward_plan(q, k, v, causal, scale, alignment, block_q, block_k, num_w
 
 def flash_attention(
     q, k, v, causal=False, scale=None, alignment="upper_left", block_q=None, block_k=None, *,
-    num_warps=None, num_stages=None, return_stats=False, tma=None, rotate_keys=False, scaled_q=False,
+    num_warps=None, num_stages=None, return_stats=False, tma=None, rotate_keys=False,
 ):
     """Attention forward on the GPU, without materialising the Tq x Tk score matrix.
 
@@ -305,8 +298,6 @@ def flash_attention(
             wraps around, so programs running together read different key tiles. Same result up to
             rounding (the tiles are summed in another order), still deterministic. Off by default
             until measured (bench/PERF_LOG.md).
-        scaled_q: a timing experiment: multiply the query tile by the scale once, rounded to its dtype,
-            so the softmax skips one multiply per score. 16-bit inputs, no return_stats.
 
     Returns:
         o: (B, H, Tq, D) contiguous, in q's dtype. lse: (B, H, Tq) fp32, natural log; a row that
@@ -314,7 +305,7 @@ def flash_attention(
         stats[0] = m (the row max of the raw dots sign(τ)·q·k) and stats[1] = l.
     """
     plan = cached_plan(make_forward_plan, (q, k, v), causal, scale, alignment, block_q, block_k, num_warps,
-                       num_stages, tma, return_stats, rotate_keys, scaled_q)  # fmt: skip
+                       num_stages, tma, return_stats, rotate_keys)  # fmt: skip
     o, row_stats = forward_with_plan(plan, q, k, v)
     return (o, row_stats[0], row_stats[1:]) if plan.return_stats else (o, row_stats[0])
 
