@@ -336,7 +336,7 @@ def test_progress_writes_one_line_per_step_into_a_log_and_redraws_on_a_terminal(
 def test_dry_run_prints_the_plan_without_a_gpu(capsys):
     forward.main(["--dry-run"])
     out = capsys.readouterr().out
-    assert "main: 25 shapes x 9 providers = 225 measurements" in out
+    assert "main: 25 shapes x 8 providers = 200 measurements" in out
     assert "fp16: 12 shapes" in out and "models: 10 shapes" in out and "scaleup: 8 shapes" in out
     forward.main(["--dry-run", "--set", "scaleup", "--providers", "flashtile,naive", "--config", "128,64,8,3"])
     out = capsys.readouterr().out

@@ -90,23 +90,6 @@ def test_rotated_key_order_error_is_at_most_twice_sdpa_error(variant, D):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
-@pytest.mark.parametrize("D", [64, 128])
-@pytest.mark.parametrize("variant", ["full-8k", "ragged-Tq-ne-Tk", "strided-bthd"])
-def test_lazy_rescale_error_is_at_most_twice_sdpa_error(variant, D, dtype):
-    """lazy_rescale=True (acc rescaled only where a row max rose past 2^8) on the GPU at the default configs."""
-    B, H, H_kv, Tq, Tk, causal, alignment, layout = VARIANTS[variant]
-    gen = torch.Generator(device="cuda").manual_seed(zlib.crc32(f"lazy-{variant}-{D}".encode()))
-    q = _make(B, H, Tq, D, dtype, layout, gen)
-    k, v = _make(B, H_kv, Tk, D, dtype, layout, gen), _make(B, H_kv, Tk, D, dtype, layout, gen)
-    o, lse = flash_attention(q, k, v, causal=causal, alignment=alignment, lazy_rescale=True)
-    o_ref, lse_ref = attention_truth(q.double(), k.double(), v.double(), causal=causal, alignment=alignment)
-    ours = (o.double() - o_ref).abs().max().item()
-    theirs = (_sdpa(q, k, v, causal, alignment).double() - o_ref).abs().max().item()
-    assert ours <= 2 * theirs, f"max |o - ref| = {ours:.3e}, SDPA's = {theirs:.3e}"
-    torch.testing.assert_close(lse.double(), lse_ref, atol=1e-3, rtol=1e-4)
-
-
-@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
 @pytest.mark.parametrize("D", HEAD_DIMS)
 def test_forward_has_no_nan_on_fully_masked_rows(dtype, D):
     Tq, Tk = 3000, 1000  # lower-right: rows 0 .. 1999 see no key at all

@@ -22,9 +22,8 @@ import math
 
 import torch
 
-# flashtile_rotated: flash_attention(..., rotate_keys=True); flashtile_lazy: (..., lazy_rescale=True)
-PROVIDERS = ("flashtile", "flashtile_rotated", "flashtile_lazy", "sdpa_cudnn", "sdpa_flash", "sdpa_efficient",
-             "sdpa_math", "flex", "naive")
+PROVIDERS = ("flashtile", "flashtile_rotated", "sdpa_cudnn", "sdpa_flash", "sdpa_efficient", "sdpa_math", "flex",
+             "naive")  # flashtile_rotated: flash_attention(..., rotate_keys=True), until measured
 SDPA_BACKENDS = {
     "sdpa_cudnn": "CUDNN_ATTENTION",
     "sdpa_flash": "FLASH_ATTENTION",
@@ -158,10 +157,10 @@ def build(name: str, shape: dict, device="cuda", launch: dict | None = None):
     ``launch`` (block_q, block_k, num_warps, num_stages) goes to flashtile's launcher only.
     """
     causal, gqa = shape["causal"], shape["H_kv"] != shape["H"]
-    if name in ("flashtile", "flashtile_rotated", "flashtile_lazy"):
+    if name in ("flashtile", "flashtile_rotated"):
         from ..kernels.forward import flash_attention
 
-        launch = dict(launch or {}, rotate_keys=name == "flashtile_rotated", lazy_rescale=name == "flashtile_lazy")
+        launch = dict(launch or {}, rotate_keys=name == "flashtile_rotated")
         return lambda q, k, v: flash_attention(q, k, v, causal=causal, **launch)[0]
     if name == "sdpa_math" and math_scores_bytes(shape) > MATH_BUDGET_BYTES:
         raise Skip(f"skipped: fp32 scores {math_scores_bytes(shape) / 2**30:.0f} GiB > 8 GiB budget")

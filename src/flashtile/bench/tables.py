@@ -28,8 +28,8 @@ from .shapes import STANDARD_D, STANDARD_T, is_standard
 
 ATTENTION_PROVIDERS = ("flashtile", "sdpa_cudnn", "sdpa_flash")
 # Every forward provider, in table order, with its column name.
-FORWARD_PROVIDERS = {"flashtile": "flashtile", "flashtile_rotated": "flashtile, rotated",
-                     "flashtile_lazy": "flashtile, lazy rescale", "sdpa_cudnn": "cuDNN", "sdpa_flash": "flash",
+FORWARD_PROVIDERS = {"flashtile": "flashtile", "flashtile_rotated": "flashtile, rotated", "sdpa_cudnn": "cuDNN",
+                     "sdpa_flash": "flash",
                      "sdpa_efficient": "efficient", "sdpa_math": "math", "flex": "flex", "naive": "naive"}  # fmt: skip
 BLOCK = re.compile(r"(<!-- bench-table: (?P<name>[a-z0-9-]+) -->\n)(?P<body>.*?)(<!-- /bench-table -->)", re.S)
 

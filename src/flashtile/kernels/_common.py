@@ -120,15 +120,13 @@ def apply_sign(q, SIGN: tl.constexpr):
 
 # --8<-- [start:softmax_step]
 @triton.jit
-def online_softmax_step(acc, l, m, u, v, qk_scale, DOT_PRECISION: tl.constexpr, LAZY_RESCALE: tl.constexpr = False):
+def online_softmax_step(acc, l, m, u, v, qk_scale, DOT_PRECISION: tl.constexpr):
     """Fold one key tile into the running (acc, l, m): the online-softmax update of Part A, in raw-dot units.
 
     u: (rows, BLOCK_K) fp32 raw dots of the tile, -inf where a key is hidden; v: (BLOCK_K, HEAD_DIM_PAD)
     value tile in the input dtype. Every kernel that walks key tiles (forward, decode) calls this one
     function, so the update and its -inf guard are written once.
     """
-    if LAZY_RESCALE:
-        return lazy_softmax_step(acc, l, m, u, v, qk_scale, DOT_PRECISION)
     m_new = tl.maximum(m, tl.max(u, 1))
     # A row that has seen only -inf scores so far (masked keys, or keys scoring -inf) has m_new = -inf;
     # subtracting it would give exp(-inf - (-inf)) = NaN. Subtracting 0 instead gives p = 0 and
@@ -141,36 +139,6 @@ def online_softmax_step(acc, l, m, u, v, qk_scale, DOT_PRECISION: tl.constexpr, 
     acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)  # P in the input dtype
     return acc, l, m_new
 # --8<-- [end:softmax_step]
-
-
-RESCALE_SLACK = tl.constexpr(8.0)  # log2 units: a stale max may trail the true one by up to 2^8 = 256x
-
-
-@triton.jit
-def lazy_softmax_step(acc, l, m, u, v, qk_scale, DOT_PRECISION: tl.constexpr):
-    """``online_softmax_step`` that keeps a stale max while no row's max has risen by more than 2^8.
-
-    Any m works in p = exp2((u - m) qk_scale) as long as l and acc use the same one, and with
-    m <= the true max by at most RESCALE_SLACK the p stay below 256, far from overflow in float32. So
-    the rescale of acc (one multiply per element of acc) runs only in tiles where some row's max rose
-    by more than that, decided for the whole tile at once: one reduction across the tile instead of a
-    multiply per element of acc. (m, l) stay a consistent pair, which is all the backward reads.
-    """
-    m_tile = tl.max(u, 1)
-    # How far each row's max rose, in log2 units; 0 where it did not (or where both are -inf or NaN).
-    rise = tl.where(m_tile > m, (m_tile - m) * qk_scale, 0.0)
-    if tl.max(rise, 0) > RESCALE_SLACK:
-        m_new = tl.maximum(m, m_tile)
-        m_new_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.math.exp2((m - m_new_safe) * qk_scale)
-        l = l * alpha
-        acc = acc * alpha[:, None]
-        m = m_new
-    m_safe = tl.where(m == float("-inf"), 0.0, m)
-    p = tl.math.exp2((u - m_safe[:, None]) * qk_scale)
-    l = l + tl.sum(p, 1)
-    acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
-    return acc, l, m
 
 
 # --8<-- [start:tma]

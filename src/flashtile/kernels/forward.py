@@ -65,7 +65,7 @@ def _attend_key_tiles(
     i, d, first_k_index, end_k_index, Tk, offset, qk_scale, shift,
     BLOCK_K: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    ROTATE: tl.constexpr, LAZY_RESCALE: tl.constexpr,
+    ROTATE: tl.constexpr,
 ):
     """Fold key tiles first_k_index .. end_k_index - 1 into (acc, l, m); i holds the query rows.
 
@@ -104,7 +104,7 @@ def _attend_key_tiles(
             if CAUSAL:
                 visible = visible & (j[None, :] <= i[:, None] + offset)
             u = tl.where(visible, u, float("-inf"))
-        acc, l, m = online_softmax_step(acc, l, m, u, v, qk_scale, DOT_PRECISION, LAZY_RESCALE)
+        acc, l, m = online_softmax_step(acc, l, m, u, v, qk_scale, DOT_PRECISION)
     return acc, l, m
 # --8<-- [end:inner]
 
@@ -119,7 +119,7 @@ def _forward_kernel(
     H, group, Tq, Tk, offset, qk_scale, n_rows,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr, SIGN: tl.constexpr,
-    USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr, ROTATE_KEYS: tl.constexpr, LAZY_RESCALE: tl.constexpr,
+    USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr, ROTATE_KEYS: tl.constexpr,
 ):
     # --8<-- [start:program]
     q_index = tl.program_id(0)
@@ -166,13 +166,13 @@ def _forward_kernel(
         acc, l, m, q, k_base, v_base, b, h_kv, stride_kt, stride_kd, stride_vt, stride_vd,
         i, d, 0, n_full_tiles, Tk, offset, qk_scale, q_index,
         BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, MASKED=False, CAUSAL=CAUSAL, USE_TMA=USE_TMA, DOT_PRECISION=DOT_PRECISION,
-        ROTATE=ROTATE_KEYS, LAZY_RESCALE=LAZY_RESCALE,
+        ROTATE=ROTATE_KEYS,
     )
     acc, l, m = _attend_key_tiles(
         acc, l, m, q, k_base, v_base, b, h_kv, stride_kt, stride_kd, stride_vt, stride_vd,
         i, d, n_full_tiles, n_key_tiles, Tk, offset, qk_scale, 0,
         BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, MASKED=True, CAUSAL=CAUSAL, USE_TMA=USE_TMA, DOT_PRECISION=DOT_PRECISION,
-        ROTATE=False, LAZY_RESCALE=LAZY_RESCALE,
+        ROTATE=False,
     )
     # --8<-- [end:loops]
 
@@ -237,7 +237,7 @@ class ForwardPlan(NamedTuple):
 
 
 def make_forward_plan(q, k, v, causal, scale, alignment, block_q, block_k, num_warps, num_stages, tma,
-                      return_stats, rotate_keys=False, lazy_rescale=None) -> ForwardPlan:  # fmt: skip
+                      return_stats, rotate_keys=False) -> ForwardPlan:  # fmt: skip
     """Validate one call's arguments and derive its launch; raises on anything the kernel cannot take."""
     shape = check_attention_inputs(q, k, v, dtypes=KERNEL_DTYPES)
     check_causal(causal)
@@ -245,14 +245,12 @@ def make_forward_plan(q, k, v, causal, scale, alignment, block_q, block_k, num_w
     return_stats = check_flag("return_stats", return_stats)
     tma = None if tma is None else check_flag("tma", tma)
     rotate_keys = check_flag("rotate_keys", rotate_keys)
-    lazy_rescale = None if lazy_rescale is None else check_flag("lazy_rescale", lazy_rescale)
     scale = resolve_scale(scale, shape.D, q.dtype)
     check_kernel_device("q", q)
     config = forward_config(shape.D, q.dtype, q.device.type == "cpu", causal, 512 if shape.Tq <= 512 else (
         1024 if shape.Tq <= 1024 else 4096))  # three length classes, so the cache stays small
     block_q = config["block_q"] if block_q is None else check_tile_size("block_q", block_q)
     block_k = config["block_k"] if block_k is None else check_tile_size("block_k", block_k)
-    lazy_rescale = config.get("lazy_rescale", False) if lazy_rescale is None else lazy_rescale
     num_warps, num_stages = check_launch(
         config["num_warps"] if num_warps is None else num_warps,
         config["num_stages"] if num_stages is None else num_stages,
@@ -270,8 +268,7 @@ def make_forward_plan(q, k, v, causal, scale, alignment, block_q, block_k, num_w
                      Tk, offset, units.qk_scale, B * H * Tq),  # fmt: skip
             constexprs=dict(HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D), BLOCK_Q=block_q, BLOCK_K=block_k,
                             CAUSAL=causal, SIGN=units.sign, USE_TMA=strides is not None,
-                            DOT_PRECISION=dot_precision(q.dtype), ROTATE_KEYS=rotate_keys,
-                            LAZY_RESCALE=lazy_rescale),  # fmt: skip
+                            DOT_PRECISION=dot_precision(q.dtype), ROTATE_KEYS=rotate_keys),  # fmt: skip
             num_warps=num_warps,
             num_stages=num_stages,
         ),
@@ -282,7 +279,7 @@ def make_forward_plan(q, k, v, causal, scale, alignment, block_q, block_k, num_w
 
 def flash_attention(
     q, k, v, causal=False, scale=None, alignment="upper_left", block_q=None, block_k=None, *,
-    num_warps=None, num_stages=None, return_stats=False, tma=None, rotate_keys=False, lazy_rescale=None,
+    num_warps=None, num_stages=None, return_stats=False, tma=None, rotate_keys=False,
 ):
     """Attention forward on the GPU, without materialising the Tq x Tk score matrix.
 
@@ -301,9 +298,6 @@ def flash_attention(
             wraps around, so programs running together read different key tiles. Same result up to
             rounding (the tiles are summed in another order), still deterministic. Off by default
             until measured (bench/PERF_LOG.md).
-        lazy_rescale: keep a stale row max until some row's max rises by more than 2^8, so acc is
-            rescaled only in those tiles (``_common.lazy_softmax_step``). Same result up to rounding;
-            None takes ``forward_config``'s choice (off until measured).
 
     Returns:
         o: (B, H, Tq, D) contiguous, in q's dtype. lse: (B, H, Tq) fp32, natural log; a row that
@@ -311,7 +305,7 @@ def flash_attention(
         stats[0] = m (the row max of the raw dots sign(τ)·q·k) and stats[1] = l.
     """
     plan = cached_plan(make_forward_plan, (q, k, v), causal, scale, alignment, block_q, block_k, num_warps,
-                       num_stages, tma, return_stats, rotate_keys, lazy_rescale)  # fmt: skip
+                       num_stages, tma, return_stats, rotate_keys)  # fmt: skip
     o, row_stats = forward_with_plan(plan, q, k, v)
     return (o, row_stats[0], row_stats[1:]) if plan.return_stats else (o, row_stats[0])
 
