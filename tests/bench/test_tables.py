@@ -108,6 +108,14 @@ def test_the_sweep_table_puts_t_down_and_head_dim_and_mask_across():
     assert len(lines) == 8  # header, rule, two T, blank, "Not run:", blank, one reason
 
 
+def test_the_sweep_table_leaves_out_a_head_dim_the_file_has_no_cell_of():
+    rows = [row("flashtile", 2048, 128, True, 300.0, dtype="fp16"),
+            row("sdpa_cudnn", 2048, 128, True, 400.0, dtype="fp16")]
+    lines = tables.sweep_table({"rows": rows})
+    assert lines[0] == "| dtype | T | D = 128, causal | D = 128, full |"
+    assert lines[2] == "| fp16 | 2048 | 300 · 400 · — (75%) | — |"
+
+
 def test_the_model_and_scaleup_tables_show_only_providers_present_and_why_one_did_not_run():
     rows = [dict(ROW), dict(ROW, provider="sdpa_cudnn", tflops=400.0), dict(ROW, provider="naive", ms=None,
             tflops=None, error="OOM")]  # fmt: skip
