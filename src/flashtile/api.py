@@ -317,8 +317,8 @@ def attention(
     """
     if attn_mask is not None:
         raise ValueError("attn_mask is not supported by flashtile.attention; pass is_causal=True for a causal mask")
-    if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real) or dropout_p != 0.0:
-        raise ValueError(f"dropout_p must be 0.0: flashtile.attention has no dropout, got {dropout_p!r}")
+    if dropout_p.__class__ is not float or dropout_p != 0.0:  # the default, 0.0, passes on this one comparison
+        check_no_dropout(dropout_p)
     flags = (is_causal, scale, enable_gqa, alignment, return_lse)
     compiling = torch.compiler.is_compiling()
     if compiling:  # traced once: no table of plans inside the graph
@@ -326,20 +326,37 @@ def attention(
     else:  # eager: the checks run once per layout and flags
         call = cached_plan(check_attention_call, (query, key, value), *flags)
         refuse_unsupported_autograd_modes()
-    uncast = query
-    query, key, value = autocast_inputs(query, key, value)  # all three cast, or none
-    backend = pick_backend(query)
-    with no_autocast(query.device.type):  # the tiers choose their own precision
-        if not compiling and query is uncast and plain_kernel_call(query, key, value, backend):  # the kept plan fits
-            if records_gradient(query, key, value):
-                o, lse, _stats = _EagerAttention.apply(query, key, value, call.is_causal, call.scale, alignment,
-                                                       backend, call)  # fmt: skip
-                return (o, lse) if call.return_lse else o
-            o, row_stats = forward_kernel(query, key, value, call, alignment)
-            return (o, row_stats[0]) if call.return_lse else o
-        o, lse, _stats = run_forward(query, key, value, call.is_causal, call.scale, alignment, backend)
-    return (o, lse) if call.return_lse else o
+    device = query.device.type
+    if device in ("cuda", "cpu") and torch.is_autocast_enabled(device):
+        uncast = query
+        query, key, value = autocast_inputs(query, key, value)  # all three cast, or none
+        with torch.autocast(device, enabled=False):  # the tiers choose their own precision
+            return dispatch(query, key, value, call, alignment, kept=not compiling and query is uncast)
+    return dispatch(query, key, value, call, alignment, kept=not compiling)
 # --8<-- [end:attention]
+
+
+# --8<-- [start:dispatch_call]
+def dispatch(query, key, value, call: AttentionCall, alignment: str, kept: bool):
+    """Run one checked call on its tier: from the call's kept kernel plan where it fits (``kept``: eager,
+    and the inputs are the call's own, not autocast copies), through ``run_forward`` otherwise."""
+    backend = pick_backend(query)
+    if kept and plain_kernel_call(query, key, value, backend):
+        if records_gradient(query, key, value):
+            o, lse, _stats = _EagerAttention.apply(query, key, value, call.is_causal, call.scale, alignment, backend,
+                                                   call)  # fmt: skip
+            return (o, lse) if call.return_lse else o
+        o, row_stats = forward_kernel(query, key, value, call, alignment)
+        return (o, row_stats[0]) if call.return_lse else o
+    o, lse, _stats = run_forward(query, key, value, call.is_causal, call.scale, alignment, backend)
+    return (o, lse) if call.return_lse else o
+# --8<-- [end:dispatch_call]
+
+
+def check_no_dropout(dropout_p) -> None:
+    """dropout_p must be zero (an int or float 0, not a bool): flashtile has no dropout."""
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real) or dropout_p != 0.0:
+        raise ValueError(f"dropout_p must be 0.0: flashtile.attention has no dropout, got {dropout_p!r}")
 
 
 def plain_inputs(q, k, v) -> bool:
@@ -364,13 +381,13 @@ def records_gradient(q, k, v) -> bool:
 def forward_kernel(q, k, v, call: AttentionCall, alignment: str):
     """The Triton forward from the call's kept plan (worked out by the launcher's own checks the first
     time): o and the row statistics (lse, m, l), with no view made that the caller does not ask for."""
-    from .kernels.forward import forward_with_plan, make_forward_plan
-
     plan = call.kernel_plan[0]
     if plan is None:  # the first kernel call of this layout and these flags
+        from .kernels.forward import make_forward_plan
+
         plan = call.kernel_plan[0] = make_forward_plan(q, k, v, call.is_causal, call.scale, alignment, None, None,
                                                        None, None, None, True)  # fmt: skip
-    return forward_with_plan(plan, q, k, v)
+    return plan.run(q, k, v)  # a method of the plan: no import on every call
 
 
 def no_autocast(device: str):

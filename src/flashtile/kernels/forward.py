@@ -235,6 +235,10 @@ class ForwardPlan(NamedTuple):
     tma: tuple | None  # (strides, tile rows) of each of q, k, v's descriptors, or None for pointers
     return_stats: bool
 
+    def run(self, q, k, v) -> tuple[torch.Tensor, torch.Tensor]:
+        """``forward_with_plan(self, q, k, v)``."""
+        return forward_with_plan(self, q, k, v)
+
 
 def make_forward_plan(q, k, v, causal, scale, alignment, block_q, block_k, num_warps, num_stages, tma,
                       return_stats, rotate_keys=False) -> ForwardPlan:  # fmt: skip
