@@ -23,7 +23,7 @@ import math
 import torch
 
 PROVIDERS = ("flashtile", "flashtile_rotated", "sdpa_cudnn", "sdpa_flash", "sdpa_efficient", "sdpa_math", "flex",
-             "naive")  # flashtile_rotated: flash_attention(..., rotate_keys=True), until measured
+             "naive")  # flashtile_rotated: flash_attention(..., rotate_keys=True), measured and off by default
 SDPA_BACKENDS = {
     "sdpa_cudnn": "CUDNN_ATTENTION",
     "sdpa_flash": "FLASH_ATTENTION",

@@ -16,7 +16,7 @@ Rows follow bench/BENCH_SCHEMA (``pass: "train_step"``), with extra fields for t
 parameters of every linear layer, lm_head included) plus 3.5 * 4 * B * H * T^2 * D * 0.5 per layer for
 causal attention (forward 1x, backward 2.5x, the convention of the other tables), over the step time.
 
-Needs a CUDA device and transformers. Not yet measured: run ``python -m flashtile.bench.train_step``.
+Needs a CUDA device and transformers; the committed table is ``bench/results/train_step.json``.
 """
 
 from __future__ import annotations

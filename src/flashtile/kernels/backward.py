@@ -537,11 +537,11 @@ def flash_attention_backward(
             per tile instead of seven), whose summation order, and so whose last bits, vary between runs.
         tma: True loads the streamed tiles (q and do in the dK/dV kernel, k and v in the dQ kernel)
             through TMA descriptors, and raises where the device or a layout cannot have them (see
-            ``_common.use_tma``); False (the default until measured on the H200) loads through pointers.
-            Either way the results are the same.
+            ``_common.use_tma``); False (the default: on the H200 TMA gained 0-2%, bench/PERF_LOG.md)
+            loads through pointers. Either way the results are the same.
         rotate: each program walks its unmasked tiles from its own tile index on, wrapping around (the
             forward's ``rotate_keys``): the same gradients up to rounding, still bitwise reproducible.
-            Off by default until measured.
+            Off by default: measured on the H200, no faster at D = 128 and 3-5% slower at D = 64.
 
     Returns:
         dq like q; dk, dv like k (contiguous), each accumulated in float32 and cast to the input dtype.
