@@ -327,9 +327,9 @@ def attention(
         call = cached_plan(check_attention_call, (query, key, value), *flags)
         refuse_unsupported_autograd_modes()
     device = query.device.type
-    if device in ("cuda", "cpu") and torch.is_autocast_enabled(device):
+    if autocast_on(device):
         uncast = query
-        query, key, value = autocast_inputs(query, key, value)  # all three cast, or none
+        query, key, value = autocast_inputs(query, key, value, device)  # all three cast, or none
         with torch.autocast(device, enabled=False):  # the tiers choose their own precision
             return dispatch(query, key, value, call, alignment, kept=not compiling and query is uncast)
     return dispatch(query, key, value, call, alignment, kept=not compiling)
@@ -390,20 +390,21 @@ def forward_kernel(q, k, v, call: AttentionCall, alignment: str):
     return plan.run(q, k, v)  # a method of the plan: no import on every call
 
 
+def autocast_on(device: str) -> bool:
+    """Whether torch.autocast is on for ``device`` (a device type), on the devices flashtile runs on."""
+    return device in ("cuda", "cpu") and torch.is_autocast_enabled(device)
+
+
 def no_autocast(device: str):
     """Autocast off for the tiers' own arithmetic; nothing to switch off (a no-op) where it is not on,
     which skips the context manager's cost on every ordinary call."""
-    if device in ("cuda", "cpu") and torch.is_autocast_enabled(device):
-        return torch.autocast(device, enabled=False)
-    return contextlib.nullcontext()
+    return torch.autocast(device, enabled=False) if autocast_on(device) else contextlib.nullcontext()
 
 
-def autocast_inputs(query, key, value):
-    """Under torch.autocast, cast the inputs to the autocast dtype, as scaled_dot_product_attention does
-    (it is on autocast's lower-precision list); float64 inputs are left alone, as autocast leaves them."""
-    device = query.device.type
-    if device not in ("cuda", "cpu") or not torch.is_autocast_enabled(device):  # the devices flashtile runs on
-        return query, key, value
+def autocast_inputs(query, key, value, device: str):
+    """With torch.autocast on for ``device`` (the caller checked ``autocast_on``), the inputs cast to the
+    autocast dtype, as scaled_dot_product_attention does (it is on autocast's lower-precision list);
+    float64 inputs are left alone, as autocast leaves them."""
     if query.dtype == torch.float64:
         return query, key, value
     dtype = torch.get_autocast_dtype(device)
