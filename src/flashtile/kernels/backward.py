@@ -64,17 +64,19 @@ from .backward_preprocess import backward_preprocess, preprocess_launch
 
 # --8<-- [start:row_stats]
 @triton.jit
-def load_row_stats(M, L, rows, Tq):
-    """The forward's final (m, l) for ``rows``, as (m, log2 l) ready for p = exp2((u - m) * qk_scale - log2 l).
-
-    A row that sees no key (l = 0) and a padding row both get m = +inf and log2 l = 0: then
-    u - m = -inf and p = exp2(-inf) = 0, exactly the zero contribution such a row must make. A NaN in
-    m or l is kept, so a row that saw a NaN gets NaN gradients.
-    """
-    m = tl.load(M + rows, mask=rows < Tq, other=float("inf"))
-    l = tl.load(L + rows, mask=rows < Tq, other=0.0)
-    empty = l == 0.0
-    return tl.where(empty, float("inf"), m), tl.math.log2(tl.where(empty, 1.0, l))
+def load_row_terms(M, LOG2_L, DELTA, rows, Tq, MASKED: tl.constexpr):
+    """(m, log2 l, delta) for ``rows``, as the preprocess kernel wrote them, ready for
+    p = exp2((u - m) * qk_scale - log2 l). Rows past Tq (only in MASKED tiles) read m = +inf and
+    log2 l = 0, so p = 0: no contribution, as for a row that sees no key."""
+    if MASKED:
+        m = tl.load(M + rows, mask=rows < Tq, other=float("inf"))
+        log2_l = tl.load(LOG2_L + rows, mask=rows < Tq, other=0.0)
+        delta = tl.load(DELTA + rows, mask=rows < Tq, other=0.0)
+    else:  # an interior tile: every row is real
+        m = tl.load(M + rows)
+        log2_l = tl.load(LOG2_L + rows)
+        delta = tl.load(DELTA + rows)
+    return m, log2_l, delta
 
 
 @triton.jit
@@ -170,8 +172,7 @@ def dkdv_query_tiles(
             do = load_masked(DO + q_start.to(tl.int64) * stride_dot + do_offsets, rows[:, None] < Tq,
                              cols[None, :] < HEAD_DIM, MASKED, HEAD_DIM != HEAD_DIM_PAD)  # fmt: skip
         qT = apply_sign(qT, SIGN)  # sign(τ) · q, as in the forward
-        m, log2_l = load_row_stats(M, L, rows, Tq)
-        delta = tl.load(DELTA + rows, mask=rows < Tq, other=0.0)
+        m, log2_l, delta = load_row_terms(M, L, DELTA, rows, Tq, MASKED)
         lhs, rhs = k, qT  # uT = K Q^T: the forward's raw dots, transposed; the same sums on the GPU
         if INTERPRETED:  # numpy's matmul rounds k·q and q·k differently: multiply as the forward did
             lhs, rhs = tl.trans(qT), tl.trans(k)
@@ -346,8 +347,7 @@ def backward_dq_kernel(
     do_ptr = DO + b * stride_dob + h * stride_doh + q_start.to(tl.int64) * stride_dot
     do_tile = load_masked(do_ptr + tile_offsets(rows[:, None] - q_start, cols[None, :], stride_dot, stride_dod, WIDE),
                           row_ok, col_ok, True, HEAD_DIM != HEAD_DIM_PAD)  # fmt: skip
-    m, log2_l = load_row_stats(M + row_base, L + row_base, rows, Tq)
-    delta = tl.load(DELTA + row_base + rows, mask=rows < Tq, other=0.0)
+    m, log2_l, delta = load_row_terms(M + row_base, L + row_base, DELTA + row_base, rows, Tq, True)
     dq = tl.zeros((BLOCK_Q, HEAD_DIM_PAD), dtype=tl.float32)
     if CAUSAL:  # key tiles [0, n_full) are visible from every row, [n_full, n) cross the diagonal (step 9)
         n_full = full_key_tiles(q_start, Tk, offset, BLOCK_K)
@@ -549,7 +549,7 @@ def flash_attention_backward(
     plan = cached_plan(make_backward_plan, (q, k, v, o, lse, do, stats), causal, scale, alignment, block_q, block_k,
                        config, deterministic, tma, rotate)  # fmt: skip
     stats = (stats_from_lse(lse, plan.scale) if stats is None else stats).contiguous()
-    delta = backward_preprocess(o, do, plan.preprocess)
+    rows = backward_preprocess(o, do, stats, plan.preprocess)  # delta, m, log2 l
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     if plan.deterministic:  # dQ gets its own kernel below, and the dK/dV kernel ignores this argument
@@ -558,11 +558,11 @@ def flash_attention_backward(
     else:  # a float32 accumulator that every key tile adds into: zeroed first, cast once at the end
         dq_acc = torch.zeros((*q.shape[:3], plan.pad), dtype=torch.float32, device=q.device)
     q_tiles, do_tiles = (q, do) if plan.tma_dkdv is None else tile_descriptors(plan.tma_dkdv, q, do, plan.pad)
-    plan.dkdv(q_tiles, k, v, do_tiles, stats[0], stats[1], delta, dk, dv, dq_acc)
+    plan.dkdv(q_tiles, k, v, do_tiles, rows[1], rows[2], rows[0], dk, dv, dq_acc)
     if not plan.deterministic:
         return dq_acc[..., : q.shape[3]].to(q.dtype).contiguous(), dk, dv
     k_tiles, v_tiles = (k, v) if plan.tma_dq is None else tile_descriptors(plan.tma_dq, k, v, plan.pad)
-    plan.dq(q, k_tiles, v_tiles, do, stats[0], stats[1], delta, dq)
+    plan.dq(q, k_tiles, v_tiles, do, rows[1], rows[2], rows[0], dq)
     return dq, dk, dv
 
 
