@@ -42,7 +42,7 @@ def test_results_carry_provenance_and_every_provider(name):
         assert all(row.get("ms_graph") for row in result["rows"] if row["ms"] is not None)
     elif name in ("overhead", "train-step"):
         assert providers >= {"flashtile", "sdpa"}
-    elif name == "backward":
+    elif name.startswith("backward"):
         assert set(tables.ATTENTION_PROVIDERS) <= providers <= {*tables.ATTENTION_PROVIDERS, *tables.BACKWARD_OPTIONS}
     else:  # the forward tables: ours, cuDNN and flash at least
         assert providers >= set(tables.ATTENTION_PROVIDERS)
@@ -52,6 +52,13 @@ def test_results_carry_provenance_and_every_provider(name):
 def test_forward_results_follow_the_bench_schema(json_name):
     for row in tables.load(json_name)["rows"]:
         assert SCHEMA_FIELDS <= set(row) and row["pass"] == "forward" and row["layout"] in ("bhtd", "bthd")
+        assert (row["ms"] is None) == (row["tflops"] is None) == ("error" in row)
+
+
+@pytest.mark.parametrize("name", [n for n in ("backward", "backward-models") if tables.measured(n)])
+def test_backward_results_follow_the_bench_schema(name):
+    for row in tables.load(tables.TABLES[name][0])["rows"]:
+        assert SCHEMA_FIELDS <= set(row) and row["pass"] == "backward" and row["layout"] in ("bhtd", "bthd")
         assert (row["ms"] is None) == (row["tflops"] is None) == ("error" in row)
 
 

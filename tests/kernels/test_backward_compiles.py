@@ -6,10 +6,10 @@ interpreter does not compile; this test does (``tests/_sm90.py``), and checks th
 float32 atomic adds (``red``/``atom`` ... ``.add.f32``) and the deterministic mode none.
 
 It also compiles both kernels with the H200 settings ``backward_config`` picks for bf16 at D = 64 and
-D = 128, causal, as a launch on contiguous tensors would specialise them (head-dim strides of 1, pointers
+D = 128 from 1k tokens on, causal, as a launch on contiguous tensors would specialise them (head-dim strides of 1, pointers
 and row strides divisible by 16), and runs ptxas on the result: a kernel that spills registers to local
 memory can be slower than a smaller tile that does not. Measured on the H200 it was not, for a few hundred
-bytes (120-500 with the chosen settings), but a tile's worth of spills must not come back. (The compiled
+bytes (230-480 with the chosen settings), but a tile's worth of spills must not come back. (The compiled
 kernel's own ``n_spills`` needs a GPU driver; ``ptxas -v`` reports the same count from the PTX.)
 Skipped only where Triton has no NVIDIA backend.
 """
@@ -57,17 +57,18 @@ def spills(kernel):
 
 out = {"ptx": {}, "stats": []}
 for D in (64, 128):
-    config = backward.backward_config(D, torch.bfloat16)
+    config = backward.backward_config(D, torch.bfloat16, 8192)  # the long-sequence settings (the short ones: tests below)
     common = dict(CAUSAL=True, HEAD_DIM=D, HEAD_DIM_PAD=D, SIGN=1, DOT_PRECISION="tf32", WIDE=False, USE_TMA=False,
                   ROTATE=False)
-    bq, bk, warps, stages = config["dkdv"]
     for atomic in (False, True):
+        dkdv = backward.backward_config(D, torch.bfloat16, 8192, atomic_dq=atomic)["dkdv"]
+        bq, bk, warps, stages = dkdv
         kernel = like_a_launch(backward.backward_dkdv_kernel, dict(common, BLOCK_Q=bq, BLOCK_K=bk, ATOMIC_DQ=atomic,
                                INTERPRETED=False), warps, stages)
         name = "dkdv_atomic" if atomic else "dkdv"
         if D == 64:
             out["ptx"]["atomic" if atomic else "deterministic"] = kernel.asm["ptx"]
-        out["stats"].append([name, D, config["dkdv"], *spills(kernel), kernel.metadata.shared])
+        out["stats"].append([name, D, dkdv, *spills(kernel), kernel.metadata.shared])
     bq, bk, warps, stages = config["dq"]
     kernel = like_a_launch(backward.backward_dq_kernel, dict(common, BLOCK_Q=bq, BLOCK_K=bk), warps, stages)
     out["stats"].append(["dq", D, config["dq"], *spills(kernel), kernel.metadata.shared])
@@ -120,7 +121,7 @@ def test_the_h200_configs_spill_at_most_a_few_registers_and_fit_in_shared_memory
 def test_tma_loads_free_the_registers_that_tiles_of_pointers_hold(sm90):
     """A pointer load keeps a 64-bit address per element of the tile in registers until the copy is issued;
     a descriptor load needs four coordinates. With Triton 3.7's ptxas the dK/dV kernel at the H200 configs
-    spilled 252 (D = 64) and 120 (D = 128) bytes on the pointer path, 56 and 0 through descriptors."""
+    spilled 232 (D = 64) and 388 (D = 128) bytes on the pointer path, 48 and 160 through descriptors."""
     stats = {(kernel, D): (spill_bytes, regs) for kernel, D, _, spill_bytes, regs, _ in sm90["stats"]}
     for D in (64, 128):
         assert stats["dkdv_tma", D][0] < stats["dkdv", D][0], (D, stats["dkdv_tma", D], stats["dkdv", D])

@@ -68,7 +68,7 @@ def sdpa_gradients(q, k, v, do, causal, alignment):
     return dq, fold(dk), fold(dv)
 
 
-def ours(q, k, v, do, causal, alignment, deterministic=True, tma=False, rotate=False):
+def ours(q, k, v, do, causal, alignment, deterministic=True, tma=None, rotate=False):
     o, lse, stats = flash_attention(q, k, v, causal=causal, alignment=alignment, return_stats=True)
     return flash_attention_backward(
         q, k, v, o, lse, do, causal=causal, alignment=alignment, stats=stats, deterministic=deterministic, tma=tma,

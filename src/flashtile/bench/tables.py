@@ -178,28 +178,55 @@ def overhead_table(result: dict) -> list[str]:
     return lines
 
 
-BACKWARD_OPTIONS = {  # opt-in providers: (column, ratio column); each appears once a run has measured it
+BACKWARD_OPTIONS = {  # other flashtile providers: (column, ratio column); each appears once a run has measured it
     "flashtile_atomic_dq": ("flashtile, atomic dQ", "atomic dQ / cuDNN"),
+    "flashtile_pointers": ("flashtile, pointer loads", "pointers / cuDNN"),
     "flashtile_tma": ("flashtile, TMA", "TMA / cuDNN"),
     "flashtile_rotated": ("flashtile, rotated", "rotated / cuDNN"),
 }
 
 
-def backward_table(result: dict) -> list[str]:
-    """TFLOP/s of the backward alone; a column for each opt-in provider (BACKWARD_OPTIONS) the run measured."""
-    present = {r["provider"] for r in result["rows"]}
+def _tflops(row: dict | None) -> str:
+    return f"{row['tflops']:.1f}" if _ok(row) else short_reason(row)
+
+
+def _ratio(row: dict | None, base: dict | None) -> str:
+    return f"{row['tflops'] / base['tflops']:.2f}" if _ok(row) and _ok(base) else "—"
+
+
+def _backward_columns(rows: list[dict]) -> tuple[list[str], list[str]]:
+    """The opt-in providers the run measured, and the header cells: TFLOP/s of every provider, then each
+    flashtile provider over cuDNN, then the default over SDPA's flash backend."""
+    present = {r["provider"] for r in rows}
     options = [p for p in BACKWARD_OPTIONS if p in present]
-    head = ["D", "T", "causal", "flashtile", *(BACKWARD_OPTIONS[p][0] for p in options), "SDPA cuDNN", "SDPA flash",
-            "flashtile / cuDNN", *(BACKWARD_OPTIONS[p][1] for p in options), "flashtile / flash"]  # fmt: skip
-    lines = [_line(head), _line(["---"] * len(head))]
-    for (D, T, causal), by in sorted(_group(result["rows"], lambda r: (r["D"], r["T"], r["causal"])).items()):
-        ours, cudnn, flash = (by[p]["tflops"] for p in ATTENTION_PROVIDERS)
-        extra = [by[p]["tflops"] for p in options]
-        cells = [D, T, "yes" if causal else "no", f"{ours:.1f}", *(f"{x:.1f}" for x in extra), f"{cudnn:.1f}",
-                 f"{flash:.1f}", f"{ours / cudnn:.2f}", *(f"{x / cudnn:.2f}" for x in extra),
-                 f"{ours / flash:.2f}"]  # fmt: skip
-        lines.append(_line(cells))
-    return lines
+    head = ["flashtile", *(BACKWARD_OPTIONS[p][0] for p in options), "SDPA cuDNN", "SDPA flash", "flashtile / cuDNN",
+            *(BACKWARD_OPTIONS[p][1] for p in options), "flashtile / flash"]  # fmt: skip
+    return options, head
+
+
+def _backward_cells(by: dict, options: list[str]) -> list[str]:
+    ours, cudnn, flash = (by.get(p) for p in ATTENTION_PROVIDERS)
+    return [_tflops(ours), *(_tflops(by.get(p)) for p in options), _tflops(cudnn), _tflops(flash),
+            _ratio(ours, cudnn), *(_ratio(by.get(p), cudnn) for p in options), _ratio(ours, flash)]  # fmt: skip
+
+
+def backward_table(result: dict) -> list[str]:
+    """TFLOP/s of the backward alone on the standard sweep; a column for each opt-in provider the run measured."""
+    options, head = _backward_columns(result["rows"])
+    lines = [_line(["D", "T", "causal", *head]), _line(["---"] * (3 + len(head)))]
+    for (D, T, causal), by in sorted(_group(result["rows"], lambda r: (r["D"], r["Tq"], r["causal"])).items()):
+        lines.append(_line([D, T, "yes" if causal else "no", *_backward_cells(by, options)]))
+    return lines + failures(result["rows"])
+
+
+def backward_models_table(result: dict) -> list[str]:
+    """The backward at the model shapes: one line per shape, in the file's order."""
+    options, head = _backward_columns(result["rows"])
+    lines = [_line(["B", "H / H_kv", "T", "D", "layout", *head]), _line(["---"] * (5 + len(head)))]
+    shape_of = lambda r: (r["B"], r["H"], r["H_kv"], r["Tq"], r["D"], r["causal"], r["layout"])
+    for (B, H, H_kv, T, D, _causal, layout), by in _group(result["rows"], shape_of).items():
+        lines.append(_line([B, f"{H} / {H_kv}", T, D, layout, *_backward_cells(by, options)]))
+    return lines + failures(result["rows"])
 
 
 def softmax_table(result: dict) -> list[str]:
@@ -283,7 +310,8 @@ TABLES = {
     "forward-models": ("forward-models.json", models_table, "python -m flashtile.bench forward --set models"),
     "forward-scaleup": ("forward-scaleup.json", scaleup_table, "python -m flashtile.bench forward --set scaleup"),
     "overhead": ("overhead.json", overhead_table, "python -m flashtile.bench overhead"),
-    "backward": ("backward.json", backward_table, "python -m flashtile.bench backward"),
+    "backward": ("backward.json", backward_table, "python -m flashtile.bench backward --set main"),
+    "backward-models": ("backward-models.json", backward_models_table, "python -m flashtile.bench backward --set models"),
     "softmax": ("softmax.json", softmax_table, "python -m flashtile.bench softmax"),
     "decode": ("decode.json", decode_table, "python -m flashtile.bench decode"),
     "train-step": ("train_step.json", train_step_table, "python -m flashtile.bench.train_step"),

@@ -378,28 +378,35 @@ def backward_dq_kernel(
 
 
 # --8<-- [start:config]
-def backward_config(head_dim: int, dtype: torch.dtype) -> dict:
-    """(block_q, block_k, num_warps, num_stages) for each kernel, by head dim and dtype.
+def backward_config(head_dim: int, dtype: torch.dtype, seq_len: int = 0, atomic_dq: bool = False) -> dict:
+    """(block_q, block_k, num_warps, num_stages) for each kernel, and whether to load through TMA, by
+    head dim, dtype, the longer of Tq and Tk, and the dQ mode.
 
     The dK/dV kernel keeps k, v, dk and dv of BLOCK_K keys resident while query tiles of BLOCK_Q rows
     stream past, the dQ kernel keeps q, do and dq of BLOCK_Q queries while key tiles stream past. The
-    16-bit settings are the fastest of a sweep on the H200 (bench/results/sweeps/backward-v2-configs.json).
-    Every dK/dV setting sits at the 255-register limit; these spill 120-250 bytes (ptxas, sm_90), and
-    still ran 1.5-2 times as fast as the 8-warp tiles that spill nothing (tests/kernels/test_backward_compiles.py
-    keeps the spills to a few hundred bytes).
+    16-bit settings are the fastest of sweeps on the H200 (bench/results/sweeps/backward-v2-configs.json,
+    then backward-tma-configs-2.json after the row terms moved to the preprocess kernel). Every dK/dV
+    setting sits at the 255-register limit and spills a little (ptxas, sm_90); the 8-warp tiles ran
+    1.2-2 times slower. From 1k tokens on, loading the streamed tiles through TMA ("auto": where the
+    device and layout allow) gained 1-6%, and 64-row query tiles at D = 128 another 2-6%; below 1k
+    the causal backward ran up to 40% slower through TMA, so short sequences keep the pointer path.
+    The atomic-dQ kernel also holds a dQ tile: with 64-row query tiles at D = 128 it spills 764 bytes,
+    so it keeps 32.
     fp32 inputs multiply on the CUDA cores, not the tensor cores, and need far smaller tiles.
     The interpreter runs programs one after another: fewer, larger tiles are faster there.
     """
     pad = head_dim_pad(head_dim)
     if is_interpreting():
-        return dict(dkdv=(32, 32, 4, 1), dq=(32, 32, 4, 1))
+        return dict(dkdv=(32, 32, 4, 1), dq=(32, 32, 4, 1), tma=False)
     if dtype == torch.float32:
-        return dict(dkdv=(32, 32, 4, 2) if pad <= 64 else (16, 32, 8, 2), dq=(32, 32, 4, 2))
-    if pad <= 64:  # measured best on the H200 (bench/results/sweeps/backward-v2-configs.json)
-        return dict(dkdv=(32, 128, 4, 3), dq=(64, 64, 4, 3))
-    if pad == 128:  # 8 warps spill nothing here but ran at half the speed of 4
-        return dict(dkdv=(32, 64, 4, 3), dq=(128, 64, 8, 3))
-    return dict(dkdv=(16, 32, 4, 2), dq=(64, 32, 8, 2))  # D = 256
+        return dict(dkdv=(32, 32, 4, 2) if pad <= 64 else (16, 32, 8, 2), dq=(32, 32, 4, 2), tma=False)
+    long = seq_len >= 1024
+    tma = "auto" if long else False
+    if pad <= 64:
+        return dict(dkdv=(32, 128, 4, 3), dq=(64, 64, 4, 3), tma=tma)
+    if pad == 128:
+        return dict(dkdv=(64, 64, 4, 2) if long and not atomic_dq else (32, 64, 4, 3), dq=(128, 64, 8, 3), tma=tma)
+    return dict(dkdv=(16, 32, 4, 2), dq=(64, 32, 8, 2), tma=False)  # D = 256
 
 
 # --8<-- [end:config]
@@ -452,7 +459,7 @@ class BackwardPlan(NamedTuple):
 
 
 def make_backward_plan(q, k, v, o, lse, do, stats, causal, scale, alignment, block_q, block_k, config,
-                       deterministic, tma=False, rotate=False) -> BackwardPlan:  # fmt: skip
+                       deterministic, tma=None, rotate=False) -> BackwardPlan:  # fmt: skip
     """Check one backward call's arguments and derive its launches; raises on anything the kernels cannot take."""
     shape = check_attention_inputs(q, k, v, dtypes=KERNEL_DTYPES)
     check_like("o", o, "q", q)
@@ -464,14 +471,18 @@ def make_backward_plan(q, k, v, o, lse, do, stats, causal, scale, alignment, blo
     check_kernel_device("q", q)
     block_q = None if block_q is None else check_tile_size("block_q", block_q)
     block_k = None if block_k is None else check_tile_size("block_k", block_k)
-    config = backward_config(shape.D, q.dtype) if config is None else check_config(config)
+    deterministic = check_flag("deterministic", deterministic)
+    if config is None:
+        config = backward_config(shape.D, q.dtype, max(shape.Tq, shape.Tk), atomic_dq=not deterministic)
+    else:  # a caller's config loads through pointers unless tma says otherwise
+        config = dict(check_config(config), tma=False)
+    tma = config["tma"] if tma is None else check_flag("tma", tma)
     if stats is not None:
         check_tensor("stats", stats, rank=4, dtypes=(torch.float32,))
         if tuple(stats.shape) != (2, *lse.shape) or stats.device != q.device:
             raise ValueError(f"stats must be (2, B, H, Tq) = {(2, *lse.shape)} on {q.device}, got "
                              f"{tuple(stats.shape)}")  # fmt: skip
     units = kernel_scale(scale)
-    deterministic = check_flag("deterministic", deterministic)
     rotate = check_flag("rotate", rotate)
     pad = head_dim_pad(shape.D)
     tiles = config["dkdv"][:2] + config["dq"][:2] + (block_q or 0, block_k or 0)
@@ -484,7 +495,7 @@ def make_backward_plan(q, k, v, o, lse, do, stats, causal, scale, alignment, blo
     dq_q, dq_k, dq_warps, dq_stages = config["dq"]
     dq_q, dq_k = block_q or dq_q, block_k or dq_k
     sizes = (shape.H, shape.H_kv, shape.Tq, shape.Tk)
-    strides = use_tma(check_flag("tma", tma), q, do, k, v)  # the streamed tiles: q and do for dK/dV, k and v for dQ
+    strides = use_tma(tma, q, do, k, v)  # the streamed tiles: q and do for dK/dV, k and v for dQ
     tma_dkdv = None if strides is None else (strides[0], strides[1], dkdv_q)
     tma_dq = None if strides is None else (strides[2], strides[3], dq_k)
     return BackwardPlan(
@@ -519,7 +530,7 @@ def make_backward_plan(q, k, v, o, lse, do, stats, causal, scale, alignment, blo
 # --8<-- [start:launcher]
 def flash_attention_backward(
     q, k, v, o, lse, do, causal=False, scale=None, alignment="upper_left", block_q=None, block_k=None, *,
-    stats=None, config=None, deterministic=True, tma=False, rotate=False,
+    stats=None, config=None, deterministic=True, tma=None, rotate=False,
 ):
     """Gradients of attention from the forward's o and lse, with three Triton launches.
 
@@ -537,8 +548,9 @@ def flash_attention_backward(
             per tile instead of seven), whose summation order, and so whose last bits, vary between runs.
         tma: True loads the streamed tiles (q and do in the dK/dV kernel, k and v in the dQ kernel)
             through TMA descriptors, and raises where the device or a layout cannot have them (see
-            ``_common.use_tma``); False (the default: on the H200 TMA gained 0-2%, bench/PERF_LOG.md)
-            loads through pointers. Either way the results are the same.
+            ``_common.use_tma``); False loads through pointers; None (the default) takes
+            ``backward_config``'s choice: TMA where possible from 1k tokens on, measured faster there
+            on the H200. Either way the results are bitwise the same.
         rotate: each program walks its unmasked tiles from its own tile index on, wrapping around (the
             forward's ``rotate_keys``): the same gradients up to rounding, still bitwise reproducible.
             Off by default: measured on the H200, no faster at D = 128 and 3-5% slower at D = 64.
