@@ -5,12 +5,13 @@ kernel. The interpreter runs it on the CPU (tests/kernels/test_backward.py check
 interpreter does not compile; this test does (``tests/_sm90.py``), and checks that the atomic mode emits
 float32 atomic adds (``red``/``atom`` ... ``.add.f32``) and the deterministic mode none.
 
-It also compiles both kernels with the H200 settings ``backward_config`` picks for bf16 at D = 64 and
-D = 128 from 1k tokens on, causal, as a launch on contiguous tensors would specialise them (head-dim strides of 1, pointers
-and row strides divisible by 16), and runs ptxas on the result: a kernel that spills registers to local
-memory can be slower than a smaller tile that does not. Measured on the H200 it was not, for a few hundred
-bytes (230-480 with the chosen settings), but a tile's worth of spills must not come back. (The compiled
-kernel's own ``n_spills`` needs a GPU driver; ``ptxas -v`` reports the same count from the PTX.)
+It also compiles both kernels with the H200 settings ``backward_config`` picks for bf16 at D = 64 and D =
+128 from 1k tokens on, causal, as a launch on contiguous tensors would specialise them (head-dim strides
+of 1, pointers and row strides divisible by 16), and runs ptxas on the result: a kernel that spills
+registers to local memory can be slower than a smaller tile that does not. Measured on the H200 it was
+not, for a few hundred bytes (230-480 with the chosen settings), but a tile's worth of spills must not
+come back. (The compiled kernel's own ``n_spills`` needs a GPU driver; ``ptxas -v`` reports the same
+count from the PTX.)
 Skipped only where Triton has no NVIDIA backend.
 """
 
@@ -57,7 +58,7 @@ def spills(kernel):
 
 out = {"ptx": {}, "stats": []}
 for D in (64, 128):
-    config = backward.backward_config(D, torch.bfloat16, 8192)  # the long-sequence settings (the short ones: tests below)
+    config = backward.backward_config(D, torch.bfloat16, 8192)  # the settings from 1k tokens on
     common = dict(CAUSAL=True, HEAD_DIM=D, HEAD_DIM_PAD=D, SIGN=1, DOT_PRECISION="tf32", WIDE=False, USE_TMA=False,
                   ROTATE=False)
     for atomic in (False, True):

@@ -40,7 +40,7 @@ SETS = {  # set name -> (result file under bench/results, shapes)
 }
 DEFAULT_PROVIDERS = ("flashtile", "flashtile_atomic_dq", "flashtile_pointers", "sdpa_cudnn", "sdpa_flash")
 OPTIONAL_PROVIDERS = ("flashtile_tma", "flashtile_rotated")
-SWEEP_SHAPES = [shape(16384 // T, 2048 // D, T, D, causal) for D in (64, 128) for T in (8192,) for causal in (False, True)]
+SWEEP_SHAPES = [shape(16384 // 8192, 2048 // D, 8192, D, causal) for D in (64, 128) for causal in (False, True)]
 SWEEP_DKDV = [  # (block_q, block_k, warps, stages): query rows per step x keys resident
     (32, 128, 8, 3), (32, 64, 8, 3), (32, 128, 8, 2), (32, 64, 8, 2), (16, 128, 8, 2), (16, 128, 8, 3),
     (64, 64, 8, 2), (64, 64, 8, 3), (32, 64, 4, 3), (32, 128, 8, 4), (32, 64, 8, 4), (64, 128, 8, 2),
@@ -206,7 +206,8 @@ def main(argv=None) -> None:
                         help="comma list of shape sets: main, models (default: both)")
     parser.add_argument("--providers", default=",".join(DEFAULT_PROVIDERS),
                         type=lambda t: parse_names(t, (*DEFAULT_PROVIDERS, *OPTIONAL_PROVIDERS), "--providers"),
-                        help=f"comma list (default: {','.join(DEFAULT_PROVIDERS)}; also {','.join(OPTIONAL_PROVIDERS)})")
+                        help=f"comma list (default: {','.join(DEFAULT_PROVIDERS)}; "
+                             f"also {','.join(OPTIONAL_PROVIDERS)})")
     parser.add_argument("--out", help="the output file, for one set (default: bench/results/<the set's file>)")
     parser.add_argument("--sweep", action="store_true", help="time launch configs of our backward instead")
     args = parser.parse_args(argv)
