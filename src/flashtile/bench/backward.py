@@ -31,7 +31,7 @@ import torch
 
 from .common import RESULTS, attention_tflops, median_ms, save_result
 from .forward import error_reason, free_memory
-from .providers import make_inputs
+from .providers import _sdpa, make_inputs
 from .shapes import describe, model_shapes, shape, standard_sweep
 
 SETS = {  # set name -> (result file under bench/results, shapes)
@@ -79,16 +79,6 @@ class LauncherBackward(torch.autograd.Function):
         q, k, v, o, lse, stats = ctx.saved_tensors
         grads = flash_attention_backward(q, k, v, o, lse, do, ctx.causal, stats=stats, **ctx.options)
         return (*grads, None, None)
-
-
-def _sdpa(backend, causal: bool, gqa: bool):
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    def run(q, k, v):
-        with sdpa_kernel(getattr(SDPBackend, backend)):
-            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
-
-    return run
 
 
 def providers(shape: dict, names) -> dict:

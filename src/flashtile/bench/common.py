@@ -42,27 +42,6 @@ def attention_tflops(shape: dict, ms: float, mode: str = "fwd") -> float:
     return attention_flops(shape, mode) / (ms * 1e-3) / 1e12
 
 
-def random_inputs(shape: dict, count: int, dtype=torch.bfloat16, seed: int = 0) -> list[torch.Tensor]:
-    """``count`` fresh normal (B, H, T, D) tensors on the GPU (never zeros: they can time faster)."""
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    size = (shape["B"], shape["H"], shape["T"], shape["D"])
-    return [torch.randn(size, generator=gen, device="cuda", dtype=dtype) for _ in range(count)]
-
-
-def sdpa_providers(causal: bool) -> dict:
-    """SDPA pinned to one backend each, so the table says which implementation it measured."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    def pinned(backend):
-        def run(q, k, v):
-            with sdpa_kernel(backend):
-                return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
-
-        return run
-
-    return {"sdpa_cudnn": pinned(SDPBackend.CUDNN_ATTENTION), "sdpa_flash": pinned(SDPBackend.FLASH_ATTENTION)}
-
-
 def median_ms(fn, warmup: int = 50, rep: int = 200, **kwargs) -> float:
     """Median time of ``fn()`` in ms, from CUDA events (triton.testing.do_bench); warm-up and rep in ms."""
     import triton
