@@ -62,8 +62,8 @@ MUTANTS = {
     # The hand-off in mixed units: m stored scaled while the backward subtracts it from raw dots.
     "hand_off_in_mixed_units": Mutant(
         "kernels/forward.py",
-        "tl.store(ROW_STATS + row + n_rows, m, mask=i < Tq)",
-        "tl.store(ROW_STATS + row + n_rows, m * qk_scale, mask=i < Tq)",
+        "tl.store(rows + n_rows, m, mask=row_ok)",
+        "tl.store(rows + n_rows, m * qk_scale, mask=row_ok)",
         ("tests/kernels/test_backward.py",),
     ),
     # tf32 for fp32 inputs in the backward only: the recomputed raw dots no longer match the forward's.

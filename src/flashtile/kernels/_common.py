@@ -141,6 +141,57 @@ def online_softmax_step(acc, l, m, u, v, qk_scale, DOT_PRECISION: tl.constexpr):
 # --8<-- [end:softmax_step]
 
 
+# --8<-- [start:fused_step]
+SHIFT_LIMIT = tl.constexpr(2.0**24)  # |shift| below this: the rounding of a shift is at most 1/2 in the exponent
+
+
+@triton.jit
+def multiply_subtract(x, scale, shift, INTERPRETED: tl.constexpr):
+    """x * scale - shift with the product unrounded: one fused multiply-add on the GPU. The interpreter's
+    fma rounds the product first, so there the product is taken in float64 (exact for two float32
+    factors) and the difference rounded once to float32, as the GPU's fma rounds it."""
+    if INTERPRETED:
+        return (x.to(tl.float64) * scale - shift).to(tl.float32)
+    return tl.fma(x, scale, -shift)
+
+
+@triton.jit
+def fused_softmax_step(acc, l, m, shift, largest, u, v, qk_scale, DOT_PRECISION: tl.constexpr,
+                       INTERPRETED: tl.constexpr):  # fmt: skip
+    """``online_softmax_step`` with one multiply-add per score instead of a subtract and a multiply.
+
+    p = exp2(u * qk_scale - shift) where shift = fl(m * qk_scale) is the row max in exponent units,
+    rounded once per row, and u * qk_scale - shift is one fused multiply-add, the product unrounded.
+    (acc, l) are then kept relative to 2^shift rather than 2^(m * qk_scale): the row's largest score
+    gives 2^delta with delta = m * qk_scale - shift, the rounding of the shift, exact, and at most half
+    a unit in its last place. Every tile rescales by the shifts as rounded and used, so delta cancels
+    in o = acc / l, and the caller takes it out of l for lse and the stats (``delta_of_shift``). That
+    holds while 2^delta is harmless: |shift| < SHIFT_LIMIT keeps |delta| <= 1/2, and ``largest``
+    collects each row's largest |shift| so that the caller can check that once, at the end.
+
+    shift carries -inf for a row that has seen only -inf so far, so that alpha = 0 for it, as with m.
+    """
+    m_new = tl.maximum(m, tl.max(u, 1))
+    shift_new = m_new * qk_scale  # rounded once: the kernel's only rounding of the row max
+    shift_safe = tl.where(m_new == float("-inf"), 0.0, shift_new)  # the -inf guard of online_softmax_step
+    alpha = tl.math.exp2(shift - shift_safe)  # both shifts as rounded and used: their roundings cancel
+    p = tl.math.exp2(multiply_subtract(u, qk_scale, shift_safe[:, None], INTERPRETED))
+    l = alpha * l + tl.sum(p, 1)
+    acc = acc * alpha[:, None]
+    acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
+    largest = tl.where(tl.abs(shift_safe) > largest, tl.abs(shift_safe), largest)  # a NaN shift is never largest
+    return acc, l, m_new, shift_new, largest
+
+
+@triton.jit
+def delta_of_shift(m, shift, l, qk_scale, INTERPRETED: tl.constexpr):
+    """delta = m * qk_scale - shift, exact (0 for a row that saw no key). The fused path's p carry a
+    factor 2^delta, and so does its l: l * exp2(-delta) is l relative to 2^(m * qk_scale), the units
+    of lse, the stats and the backward."""
+    return tl.where(l == 0.0, 0.0, multiply_subtract(m, qk_scale, shift, INTERPRETED))
+# --8<-- [end:fused_step]
+
+
 # --8<-- [start:tma]
 def tma_strides(x: torch.Tensor) -> list[int] | None:
     """Strides under which the tensor-memory accelerator (TMA) can fetch tiles of ``x``, or None.
@@ -334,15 +385,17 @@ class KernelLaunch:
     kernel (TRITON_INTERPRET=1), and a launch a profiler hooks, always take the full path.
     """
 
-    __slots__ = ("kernel", "grid", "scalars", "constexprs", "num_warps", "num_stages", "launch_pdl", "_compiled")
+    __slots__ = ("kernel", "grid", "scalars", "constexprs", "num_warps", "num_stages", "options", "_compiled")
 
     def __init__(self, kernel, grid: tuple, scalars: tuple, constexprs: dict, num_warps: int, num_stages: int,
-                 launch_pdl: bool = False):  # fmt: skip
+                 launch_pdl: bool = False, maxnreg: int | None = None):  # fmt: skip
         self.kernel, self.grid, self.scalars, self.constexprs = kernel, grid, scalars, constexprs
         self.num_warps, self.num_stages = num_warps, num_stages
-        # Programmatic dependent launch (sm_90+): the GPU may start this kernel while the previous one on
-        # the stream is still running; the kernel itself must wait (gdc_wait) before reading its results.
-        self.launch_pdl = launch_pdl
+        # Options only NVIDIA's backend knows, passed only when set. launch_pdl: programmatic dependent
+        # launch (sm_90+), the GPU may start this kernel while the previous one on the stream is still
+        # running; the kernel itself must wait (gdc_wait) before reading its results. maxnreg: a cap on
+        # registers per thread, so that as many programs share an SM as the settings were measured with.
+        self.options = {name: value for name, value in (("launch_pdl", launch_pdl), ("maxnreg", maxnreg)) if value}
         self._compiled = {}  # (device, specialisation of each tensor) -> the compiled kernel's launcher
 
     def __call__(self, *tensors) -> None:
@@ -358,9 +411,8 @@ class KernelLaunch:
         run(*self.grid, _current_stream(device), function, metadata, None, None, None, *tensors, *self.scalars, *tail)
 
     def _full_launch(self, tensors):
-        pdl = {"launch_pdl": True} if self.launch_pdl else {}  # an option only NVIDIA's backend knows
         return self.kernel[self.grid](*tensors, *self.scalars, **self.constexprs, num_warps=self.num_warps,
-                                      num_stages=self.num_stages, **pdl)  # fmt: skip
+                                      num_stages=self.num_stages, **self.options)  # fmt: skip
 
     def _compile_and_launch(self, tensors, device):
         compiled = self._full_launch(tensors)  # compiles (or finds) the kernel, and launches it

@@ -35,14 +35,17 @@ from .._plans import cached_plan
 from ..reference.causal import diagonal_offset
 from ._common import (
     KERNEL_DTYPES,
+    SHIFT_LIMIT,
     KernelLaunch,
     apply_sign,
     check_kernel_device,
     check_launch,
     check_tile_size,
     contiguous_strides,
+    delta_of_shift,
     dot_precision,
     full_key_tiles,
+    fused_softmax_step,
     head_batch_grid,
     head_dim_pad,
     kernel_scale,
@@ -60,14 +63,17 @@ LN2 = tl.constexpr(math.log(2.0))  # a constexpr global, so the jit function may
 # --8<-- [start:inner]
 @triton.jit
 def _attend_key_tiles(
-    acc, l, m, q,
+    acc, l, m, shift, largest, q,
     K, V, b, h_kv, stride_kt, stride_kd, stride_vt, stride_vd,
-    i, d, first_k_index, end_k_index, Tk, offset, qk_scale, shift,
+    i, d, first_k_index, end_k_index, Tk, offset, qk_scale, rotation,
     BLOCK_K: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    ROTATE: tl.constexpr,
+    ROTATE: tl.constexpr, FUSED: tl.constexpr, INTERPRETED: tl.constexpr,
 ):
     """Fold key tiles first_k_index .. end_k_index - 1 into (acc, l, m); i holds the query rows.
+
+    FUSED takes ``fused_softmax_step`` (one multiply-add per score; it also carries shift and largest),
+    otherwise ``online_softmax_step`` (exact at any magnitude; shift and largest pass through).
 
     MASKED is a compile-time switch: the FULL tiles run the branch-free body, and only the tiles
     that straddle the diagonal or the end of the keys pay for the mask. With USE_TMA, K and V are
@@ -75,7 +81,7 @@ def _attend_key_tiles(
     arithmetic in the loop); otherwise they point at this (batch, KV head) and the tile's addresses
     are one 64-bit add away from offsets computed once, before the loop.
 
-    ROTATE visits the same tiles starting ``shift`` tiles in, wrapping around: the softmax does not
+    ROTATE visits the same tiles starting ``rotation`` tiles in, wrapping around: the softmax does not
     depend on the order of the tiles, and programs that start together then read different tiles
     instead of all asking the L2 for the same one.
     """
@@ -83,8 +89,8 @@ def _attend_key_tiles(
     k_offsets = d[:, None].to(tl.int64) * stride_kd + j0[None, :].to(tl.int64) * stride_kt  # K^T tile
     v_offsets = j0[:, None].to(tl.int64) * stride_vt + d[None, :].to(tl.int64) * stride_vd
     count = end_k_index - first_k_index
-    for step in range(first_k_index, end_k_index):
-        k_index = rotated_tile(step, first_k_index, count, shift, ROTATE)
+    for step in tl.range(first_k_index, end_k_index, num_stages=None if FUSED else 1):
+        k_index = rotated_tile(step, first_k_index, count, rotation, ROTATE)
         k_start = k_index * BLOCK_K
         j = k_start + j0  # the key columns of this tile
         if USE_TMA:  # (1, 1, BLOCK_K, HEAD_DIM_PAD) boxes of the (B, H_kv, Tk, D) tensors, zeros outside
@@ -104,8 +110,12 @@ def _attend_key_tiles(
             if CAUSAL:
                 visible = visible & (j[None, :] <= i[:, None] + offset)
             u = tl.where(visible, u, float("-inf"))
-        acc, l, m = online_softmax_step(acc, l, m, u, v, qk_scale, DOT_PRECISION)
-    return acc, l, m
+        if FUSED:
+            acc, l, m, shift, largest = fused_softmax_step(acc, l, m, shift, largest, u, v, qk_scale, DOT_PRECISION,
+                                                           INTERPRETED)
+        else:
+            acc, l, m = online_softmax_step(acc, l, m, u, v, qk_scale, DOT_PRECISION)
+    return acc, l, m, shift, largest
 # --8<-- [end:inner]
 
 
@@ -119,7 +129,7 @@ def _forward_kernel(
     H, group, Tq, Tk, offset, qk_scale, n_rows,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr, SIGN: tl.constexpr,
-    USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr, ROTATE_KEYS: tl.constexpr,
+    USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr, ROTATE_KEYS: tl.constexpr, INTERPRETED: tl.constexpr,
 ):
     # --8<-- [start:program]
     q_index = tl.program_id(0)
@@ -153,6 +163,8 @@ def _forward_kernel(
     m = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)
     l = tl.zeros([BLOCK_Q], dtype=tl.float32)
     acc = tl.zeros([BLOCK_Q, HEAD_DIM_PAD], dtype=tl.float32)
+    shift = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)  # fl(m * qk_scale), what p subtracts
+    largest = tl.zeros([BLOCK_Q], dtype=tl.float32)  # max |shift| a row has used, for the check below
     # --8<-- [end:state]
 
     # --8<-- [start:loops]
@@ -162,38 +174,71 @@ def _forward_kernel(
     else:
         n_full_tiles = Tk // BLOCK_K  # every tile but a ragged last one
         n_key_tiles = tl.cdiv(Tk, BLOCK_K)
-    acc, l, m = _attend_key_tiles(
-        acc, l, m, q, k_base, v_base, b, h_kv, stride_kt, stride_kd, stride_vt, stride_vd,
+    acc, l, m, shift, largest = _attend_key_tiles(
+        acc, l, m, shift, largest, q, k_base, v_base, b, h_kv, stride_kt, stride_kd, stride_vt, stride_vd,
         i, d, 0, n_full_tiles, Tk, offset, qk_scale, q_index,
         BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, MASKED=False, CAUSAL=CAUSAL, USE_TMA=USE_TMA, DOT_PRECISION=DOT_PRECISION,
-        ROTATE=ROTATE_KEYS,
+        ROTATE=ROTATE_KEYS, FUSED=True, INTERPRETED=INTERPRETED,
     )
-    acc, l, m = _attend_key_tiles(
-        acc, l, m, q, k_base, v_base, b, h_kv, stride_kt, stride_kd, stride_vt, stride_vd,
+    acc, l, m, shift, largest = _attend_key_tiles(
+        acc, l, m, shift, largest, q, k_base, v_base, b, h_kv, stride_kt, stride_kd, stride_vt, stride_vd,
         i, d, n_full_tiles, n_key_tiles, Tk, offset, qk_scale, 0,
         BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, MASKED=True, CAUSAL=CAUSAL, USE_TMA=USE_TMA, DOT_PRECISION=DOT_PRECISION,
-        ROTATE=False,
+        ROTATE=False, FUSED=True, INTERPRETED=INTERPRETED,
     )
+    delta = delta_of_shift(m, shift, l, qk_scale, INTERPRETED)  # the shift's rounding, which (acc, l) carry
     # --8<-- [end:loops]
 
-    # --8<-- [start:epilogue]
+    # --8<-- [start:exact_rerun]
+    out = (O + program_offset(b, stride_ob) + program_offset(h, stride_oh)
+           + i[:, None].to(tl.int64) * stride_ot + d[None, :].to(tl.int64) * stride_od)
+    rows = ROW_STATS + program_offset(b * H + h, Tq) + i  # ROW_STATS is (3, B, H, Tq), contiguous: lse, m, l
+    if tl.max(largest, 0) < SHIFT_LIMIT:  # every program of ordinary inputs
+        _write_rows(acc, l, m, delta, qk_scale, out, rows, n_rows, q_mask, i < Tq)
+    else:  # a score past about 10^7, where 2^delta is no longer harmless: rare, decided once per program
+        # Start over with the subtract-first update, exact at any magnitude, over every key tile (all
+        # through the masked body: this path only has to be right). Each branch writes its own rows,
+        # so the fast path's registers never have to meet this path's after the branch.
+        m = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)
+        l = tl.zeros([BLOCK_Q], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_Q, HEAD_DIM_PAD], dtype=tl.float32)
+        acc, l, m, shift, largest = _attend_key_tiles(
+            acc, l, m, shift, largest, q, k_base, v_base, b, h_kv, stride_kt, stride_kd, stride_vt, stride_vd,
+            i, d, 0, n_key_tiles, Tk, offset, qk_scale, 0,
+            BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, MASKED=True, CAUSAL=CAUSAL, USE_TMA=USE_TMA,
+            DOT_PRECISION=DOT_PRECISION, ROTATE=False, FUSED=False, INTERPRETED=INTERPRETED,
+        )
+        _write_rows(acc, l, m, tl.zeros([BLOCK_Q], dtype=tl.float32), qk_scale, out, rows, n_rows, q_mask, i < Tq)
+    # --8<-- [end:exact_rerun]
+
+
+# --8<-- [start:epilogue]
+@triton.jit
+def _write_rows(acc, l, m, delta, qk_scale, out, rows, n_rows, q_mask, row_ok):
+    """o = acc / l into ``out``; lse, m and l into ROW_STATS at ``rows`` (the 3 planes n_rows apart).
+
+    (acc, l) carry a factor 2^delta, the fused path's rounding of its shift (``delta_of_shift``; 0 after
+    the exact path): it cancels in o = acc / l, and l * 2^-delta is l in the units of lse and the stats.
+    """
     empty = l == 0.0  # True only for a row that sees no key (a NaN l is not 0: that row stays NaN)
     l_safe = tl.where(empty, 1.0, l)  # such a row keeps acc = 0, so o = 0 rather than 0 / 0
     o = acc / l_safe[:, None]
+    l = l * tl.math.exp2(-delta)  # a factor within 2^(+-1/2): the row sum the backward takes
+    l_safe = tl.where(empty, 1.0, l)
     lse = (m * qk_scale + tl.math.log2(l_safe)) * LN2  # natural units: unit * m + ln l
     lse = tl.where(m == float("inf"), m, lse)  # a +inf score: lse = +inf, as torch.logsumexp says
     lse = tl.where(empty, float("-inf"), lse)
-    o_ptrs = (O + program_offset(b, stride_ob) + program_offset(h, stride_oh)
-              + i[:, None].to(tl.int64) * stride_ot + d[None, :].to(tl.int64) * stride_od)
-    tl.store(o_ptrs, o.to(O.dtype.element_ty), mask=q_mask)
-    row = program_offset(b * H + h, Tq) + i  # ROW_STATS is (3, B, H, Tq), contiguous: lse, m, l
-    tl.store(ROW_STATS + row, lse, mask=i < Tq)
-    tl.store(ROW_STATS + row + n_rows, m, mask=i < Tq)  # for the backward: the final (m, l), m in raw-dot units
-    tl.store(ROW_STATS + row + n_rows + n_rows, l, mask=i < Tq)
-    # --8<-- [end:epilogue]
+    tl.store(out, o.to(out.dtype.element_ty), mask=q_mask)
+    tl.store(rows, lse, mask=row_ok)
+    tl.store(rows + n_rows, m, mask=row_ok)  # for the backward: the final (m, l), m in raw-dot units
+    tl.store(rows + n_rows + n_rows, l, mask=row_ok)
+# --8<-- [end:epilogue]
 
 
 # --8<-- [start:config]
+LAUNCH_SETTINGS = ("block_q", "block_k", "num_warps", "num_stages")  # what a caller may override
+
+
 @functools.cache  # a pure function of its arguments, asked on every call: look it up once
 def forward_config(head_dim: int, dtype: torch.dtype, interpreted: bool = False, causal: bool = False,
                    Tq: int = 4096) -> dict:  # fmt: skip
@@ -214,8 +259,8 @@ def forward_config(head_dim: int, dtype: torch.dtype, interpreted: bool = False,
         if pad <= 64:
             return dict(block_q=128, block_k=64, num_warps=8, num_stages=3, tma=False)
         return dict(block_q=64, block_k=32, num_warps=4, num_stages=2, tma=False)
-    if pad <= 64:
-        return dict(block_q=128, block_k=64, num_warps=8, num_stages=3, tma=False)
+    if pad <= 64:  # two programs of 8 warps share an SM only at <= 128 registers a thread: capped there
+        return dict(block_q=128, block_k=64, num_warps=8, num_stages=3, tma=False, maxnreg=128)
     if pad == 128 and Tq <= 512 and causal:
         return dict(block_q=64, block_k=64, num_warps=4, num_stages=3, tma=False)
     if pad == 128 and (Tq <= 512 or (Tq <= 1024 and causal)):
@@ -259,6 +304,7 @@ def make_forward_plan(q, k, v, causal, scale, alignment, block_q, block_k, num_w
         config["num_warps"] if num_warps is None else num_warps,
         config["num_stages"] if num_stages is None else num_stages,
     )
+    own_settings = (block_q, block_k, num_warps, num_stages) == tuple(config[name] for name in LAUNCH_SETTINGS)
     B, H, H_kv, Tq, Tk, D = shape
     units = kernel_scale(scale)
     strides = use_tma(config["tma"] if tma is None else tma, q, k, v)
@@ -272,9 +318,11 @@ def make_forward_plan(q, k, v, causal, scale, alignment, block_q, block_k, num_w
                      Tk, offset, units.qk_scale, B * H * Tq),  # fmt: skip
             constexprs=dict(HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D), BLOCK_Q=block_q, BLOCK_K=block_k,
                             CAUSAL=causal, SIGN=units.sign, USE_TMA=strides is not None,
-                            DOT_PRECISION=dot_precision(q.dtype), ROTATE_KEYS=rotate_keys),  # fmt: skip
+                            DOT_PRECISION=dot_precision(q.dtype), ROTATE_KEYS=rotate_keys,
+                            INTERPRETED=q.device.type == "cpu"),  # fmt: skip
             num_warps=num_warps,
             num_stages=num_stages,
+            maxnreg=config.get("maxnreg") if own_settings else None,  # a cap measured with these settings only
         ),
         tma=None if strides is None else tuple(zip(strides, (block_q, block_k, block_k))),
         return_stats=return_stats,
