@@ -13,7 +13,10 @@ Compared with the PyTorch tier, the kernel adds only what the GPU forces on it:
 * raw-dot units: ``m`` is the max of the raw dots u = (sign · q)·k, and the scale is applied to the
   difference, p = exp2((u - m) · qk_scale). The largest score then gives exactly exp2(0) = 1 at any
   magnitude, and the backward, which recomputes u with the same dot, rebuilds the same P from the
-  saved (m, l) (see ``flashtile.kernels._common.KernelScale``).
+  saved (m, l) (see ``flashtile.kernels._common.KernelScale``);
+* one multiply-add per score in the loops: p = exp2(u · qk_scale - shift) with shift = fl(m · qk_scale),
+  the shift's rounding taken out of l before it is stored, and an exact rerun of the program in the
+  rare case of scores past about 1e7 (``fused_softmax_step``).
 
 NaN and inf follow the package's one rule (docs: "flashtile.attention"): a row that sees a NaN or an
 infinite score comes out NaN (lse NaN, or +inf for a +inf score, as torch.logsumexp gives); a row
@@ -89,7 +92,7 @@ def _attend_key_tiles(
     k_offsets = d[:, None].to(tl.int64) * stride_kd + j0[None, :].to(tl.int64) * stride_kt  # K^T tile
     v_offsets = j0[:, None].to(tl.int64) * stride_vt + d[None, :].to(tl.int64) * stride_vd
     count = end_k_index - first_k_index
-    for step in tl.range(first_k_index, end_k_index, num_stages=None if FUSED else 1):
+    for step in range(first_k_index, end_k_index):
         k_index = rotated_tile(step, first_k_index, count, rotation, ROTATE)
         k_start = k_index * BLOCK_K
         j = k_start + j0  # the key columns of this tile
