@@ -260,3 +260,35 @@ def test_backward_rejects_bad_input_with_a_clear_message(override, error, match)
     with pytest.raises(error, match=match):
         flash_attention_backward(q, k, v, o, lse, do, alignment=override.get("alignment", "upper_left"), **blocks)
 
+
+
+@pytest.mark.parametrize("kv_split", [2, 4])
+@pytest.mark.parametrize("deterministic", [True, False], ids=["deterministic", "atomic_dq"])
+@pytest.mark.parametrize("causal,alignment", ATTN, ids=["full", "causal_ul", "causal_lr"])
+def test_split_gqa_groups_match_float64_autograd(causal, alignment, deterministic, kv_split):
+    # Each (key tile, kv head) shared by kv_split programs, each summing part of the group's query heads
+    # into float32 partials that the launcher adds up: every head must be counted once, in the right plane.
+    q, k, v, do = make_inputs(2, 8, 2, 37, 29, 24, F32, seed=40 + kv_split)
+    actual = kernel_gradients(q, k, v, do, causal, alignment, block_q=16, block_k=16, deterministic=deterministic,
+                              kv_split=kv_split)  # fmt: skip
+    assert_gradients_close(actual, reference_gradients(q, k, v, do, causal, alignment)[1], F32)
+
+
+def test_kv_split_must_divide_the_group():
+    q, k, v, do = make_inputs(1, 4, 1, 16, 16, 16, F32, seed=3)
+    for bad, error in ((3, ValueError), (0, ValueError), (True, TypeError), (2.0, TypeError)):
+        with pytest.raises(error, match="kv_split"):
+            kernel_gradients(q, k, v, do, False, "upper_left", kv_split=bad)
+
+
+def test_kv_split_is_picked_by_grid_size(monkeypatch):
+    from flashtile.kernels import backward
+
+    monkeypatch.setattr(backward, "sm_count", lambda device: 132)
+    cuda = torch.device("cuda")  # a device object only: nothing runs on it
+    enough = backward.PROGRAMS_PER_SM * 132
+    assert backward.pick_kv_split(None, 4, enough, cuda) == 1  # the grid fills the GPU already
+    assert backward.pick_kv_split(None, 4, enough // 2, cuda) == 2  # the smallest divisor that gets there
+    assert backward.pick_kv_split(None, 4, 128, cuda) == 4  # never past the group
+    assert backward.pick_kv_split(None, 1, 8, cuda) == 1  # no GQA, nothing to split
+    assert backward.pick_kv_split(None, 4, 8, torch.device("cpu")) == 1  # the interpreter: one after another

@@ -65,7 +65,7 @@ for D in (64, 128):
         dkdv = backward.backward_config(D, torch.bfloat16, 8192, atomic_dq=atomic)["dkdv"]
         bq, bk, warps, stages = dkdv
         kernel = like_a_launch(backward.backward_dkdv_kernel, dict(common, BLOCK_Q=bq, BLOCK_K=bk, ATOMIC_DQ=atomic,
-                               INTERPRETED=False), warps, stages)
+                               INTERPRETED=False, SPLIT=1), warps, stages)
         name = "dkdv_atomic" if atomic else "dkdv"
         if D == 64:
             out["ptx"]["atomic" if atomic else "deterministic"] = kernel.asm["ptx"]
@@ -77,7 +77,7 @@ for D in (64, 128):
     bq, bk, warps, stages = config["dkdv"]
     POINTERS.update(Q=f"tensordesc<bf16[1, 1, {bq}, {D}]>", DO=f"tensordesc<bf16[1, 1, {bq}, {D}]>")
     kernel = like_a_launch(backward.backward_dkdv_kernel, dict(common, BLOCK_Q=bq, BLOCK_K=bk, ATOMIC_DQ=False,
-                           INTERPRETED=False, USE_TMA=True), warps, stages)
+                           INTERPRETED=False, USE_TMA=True, SPLIT=1), warps, stages)
     out["stats"].append(["dkdv_tma", D, config["dkdv"], *spills(kernel), kernel.metadata.shared])
     bq, bk, warps, stages = config["dq"]
     POINTERS.update(Q="*bf16", DO="*bf16", K=f"tensordesc<bf16[1, 1, {bk}, {D}]>",
