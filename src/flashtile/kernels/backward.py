@@ -603,9 +603,12 @@ def flash_attention_backward(
     stats = (stats_from_lse(lse, plan.scale) if stats is None else stats).contiguous()
     rows = backward_preprocess(o, do, stats, plan.preprocess)  # delta, m, log2 l
     B, H_kv, Tk, D = k.shape
-    dk_dtype = k.dtype if plan.kv_split == 1 else torch.float32  # a split writes float32 partials
-    dk = torch.empty((B, H_kv * plan.kv_split, Tk, D), dtype=dk_dtype, device=k.device)
-    dv = torch.empty((B, H_kv * plan.kv_split, Tk, D), dtype=dk_dtype, device=v.device)
+    if plan.kv_split == 1:
+        dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+        dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    else:  # float32 partials of dk and dv in one buffer: one allocation, one sum and one cast for both
+        partials = torch.empty((2, B, H_kv * plan.kv_split, Tk, D), dtype=torch.float32, device=k.device)
+        dk, dv = partials[0], partials[1]
     if plan.deterministic:  # dQ gets its own kernel below, and the dK/dV kernel ignores this argument
         dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         dq_acc = dq
@@ -614,7 +617,7 @@ def flash_attention_backward(
     q_tiles, do_tiles = (q, do) if plan.tma_dkdv is None else tile_descriptors(plan.tma_dkdv, q, do, plan.pad)
     plan.dkdv(q_tiles, k, v, do_tiles, rows[1], rows[2], rows[0], dk, dv, dq_acc)
     if plan.kv_split > 1:  # the partials of each kv head, summed in a fixed order
-        dk, dv = (x.unflatten(1, (H_kv, plan.kv_split)).sum(2).to(k.dtype) for x in (dk, dv))
+        dk, dv = partials.unflatten(2, (H_kv, plan.kv_split)).sum(3).to(k.dtype).unbind(0)
     if not plan.deterministic:
         return dq_acc[..., : q.shape[3]].to(q.dtype).contiguous(), dk, dv
     k_tiles, v_tiles = (k, v) if plan.tma_dq is None else tile_descriptors(plan.tma_dq, k, v, plan.pad)
