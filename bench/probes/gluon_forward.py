@@ -7,6 +7,7 @@ D = 128 only, bf16/fp16, no negative scale handling beyond SIGN, every query til
 flashtile's Triton kernel and cuDNN: ``PYTHONPATH=src python bench/probes/gluon_forward.py`` on an H200.
 Results and what they showed: bench/results/sweeps/forward-gluon-probe.json, bench/PERF_LOG.md.
 """
+import functools
 import math
 
 import torch
@@ -87,18 +88,45 @@ def _step(j, n, p, alpha, m, l, acc, q, k_smem, v_smem, k_bars, v_bars, k_desc, 
 
 
 @gluon.jit
+def _program(group, BLOCK_Q: gl.constexpr, CAUSAL: gl.constexpr):
+    """(batch, head, kv head, first query row) of this program; causal grids run the longest tiles first."""
+    q_index = gl.program_id(0)
+    if CAUSAL:
+        q_index = gl.num_programs(0) - 1 - q_index
+    h = gl.program_id(1)
+    return gl.program_id(2), h, h // group, q_index * BLOCK_Q
+
+
+@gluon.jit
+def _write_rows(acc, m, l, rows, o_tile, o_desc, coord, ROW_STATS, plane, Tq, n_rows, qk_scale):
+    """o = acc / l through the (1, 1, R, D) shared tile o_tile and a TMA store at coord; lse, m and l into
+    ROW_STATS (3, B, H, Tq) at plane b * H + h, with the package's rules for empty and infinite rows."""
+    R: gl.constexpr = o_tile.shape[2]
+    D: gl.constexpr = o_tile.shape[3]
+    empty = l == 0.0
+    l_safe = gl.where(empty, 1.0, l)
+    o = acc / gl.convert_layout(l_safe, gl.SliceLayout(1, acc.type.layout))[:, None]
+    o_tile.reshape([R, D]).store(o.to(o_tile.dtype))
+    fence_async_shared()
+    tma.async_copy_shared_to_global(o_desc, coord, o_tile)
+    lse = (m * qk_scale + gl.log2(l_safe)) * LN2
+    lse = gl.where(m == float("inf"), m, lse)
+    lse = gl.where(empty, float("-inf"), lse)
+    ptrs = ROW_STATS + plane.to(gl.int64) * Tq + rows
+    ok = rows < Tq
+    gl.store(ptrs, lse, mask=ok)
+    gl.store(ptrs + n_rows, m, mask=ok)
+    gl.store(ptrs + 2 * n_rows, l, mask=ok)
+    tma.store_wait(0)
+
+
+@gluon.jit
 def hopper_forward_kernel(
     q_desc, k_desc, v_desc, o_desc, ROW_STATS, H, group, Tq, Tk, offset, qk_scale, n_rows,
     BLOCK_Q: gl.constexpr, BLOCK_K: gl.constexpr, HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr,
     SIGN: gl.constexpr, FUSED: gl.constexpr, num_warps: gl.constexpr,
 ):
-    q_index = gl.program_id(0)
-    if CAUSAL:
-        q_index = gl.num_programs(0) - 1 - q_index
-    h = gl.program_id(1)
-    b = gl.program_id(2)
-    h_kv = h // group
-    q_start = q_index * BLOCK_Q
+    b, h, h_kv, q_start = _program(group, BLOCK_Q, CAUSAL)
     dtype: gl.constexpr = q_desc.dtype
 
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
@@ -167,39 +195,32 @@ def hopper_forward_kernel(
         mbarrier.invalidate(k_bars.index(i))
         mbarrier.invalidate(v_bars.index(i))
 
-    empty = l == 0.0
-    l_safe = gl.where(empty, 1.0, l)
-    o = acc / gl.convert_layout(l_safe, row_o)[:, None]
-    q_smem.reshape([BLOCK_Q, HEAD_DIM]).store(o.to(dtype))
-    fence_async_shared()
-    tma.async_copy_shared_to_global(o_desc, [b, h, q_start, 0], q_smem)
-    lse = (m * qk_scale + gl.log2(l_safe)) * LN2
-    lse = gl.where(m == float("inf"), m, lse)
-    lse = gl.where(empty, float("-inf"), lse)
-    ptrs = ROW_STATS + (b * H + h).to(gl.int64) * Tq + rows
-    ok = rows < Tq
-    gl.store(ptrs, lse, mask=ok)
-    gl.store(ptrs + n_rows, m, mask=ok)
-    gl.store(ptrs + 2 * n_rows, l, mask=ok)
-    tma.store_wait(0)
+    _write_rows(acc, m, l, rows, q_smem, o_desc, [b, h, q_start, 0], ROW_STATS, b * H + h, Tq, n_rows, qk_scale)
+
+
+def tile_descriptor(x, rows):
+    """A host TMA descriptor for (1, 1, rows, D) tiles of a (B, H, T, D) bf16 or fp16 tensor."""
+    dtype = gl.bfloat16 if x.dtype == torch.bfloat16 else gl.float16
+    layout = gl.NVMMASharedLayout.get_default_for([1, 1, rows, x.shape[3]], dtype)
+    return TensorDescriptor(x, list(x.shape), list(x.stride()), [1, 1, rows, x.shape[3]], layout)
+
+
+def launch_arguments(q, k, v, block_q, block_k):
+    """o, the row stats, the grid and the kernel's leading arguments, shared by both probes."""
+    B, H, Tq, D = q.shape
+    o = torch.empty_like(q)
+    stats = torch.empty((3, B, H, Tq), device=q.device, dtype=torch.float32)
+    sc = kernel_scale(1 / math.sqrt(D))
+    args = (tile_descriptor(q, block_q), tile_descriptor(k, block_k), tile_descriptor(v, block_k),
+            tile_descriptor(o, block_q), stats, H, H // k.shape[1], Tq, k.shape[2], 0, sc.qk_scale, B * H * Tq)
+    return o, stats, (triton.cdiv(Tq, block_q), H, B), args, sc.sign
 
 
 def gl_forward(q, k, v, causal, BQ=128, BK=128, fused=False, warps=8):
     """Launch the probe on (B, H, T, D) CUDA tensors: o and the (3, B, H, Tq) row stats (lse, m, l)."""
-    B, H, Tq, D = q.shape
-    Hk, Tk = k.shape[1], k.shape[2]
-    o = torch.empty_like(q)
-    stats = torch.empty((3, B, H, Tq), device=q.device, dtype=torch.float32)
-    gdt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
-
-    def desc(x, rows):
-        lay = gl.NVMMASharedLayout.get_default_for([1, 1, rows, D], gdt)
-        return TensorDescriptor(x, list(x.shape), list(x.stride()), [1, 1, rows, D], lay)
-    sc = kernel_scale(1 / math.sqrt(D))
-    grid = (triton.cdiv(Tq, BQ), H, B)
-    hopper_forward_kernel[grid](desc(q, BQ), desc(k, BK), desc(v, BK), desc(o, BQ), stats, H, H // Hk, Tq, Tk,
-                                0, sc.qk_scale, B * H * Tq, BLOCK_Q=BQ, BLOCK_K=BK, HEAD_DIM=D, CAUSAL=causal,
-                                SIGN=sc.sign, FUSED=fused, num_warps=warps)  # fmt: skip
+    o, stats, grid, args, sign = launch_arguments(q, k, v, BQ, BK)
+    hopper_forward_kernel[grid](*args, BLOCK_Q=BQ, BLOCK_K=BK, HEAD_DIM=q.shape[3], CAUSAL=causal, SIGN=sign,
+                                FUSED=fused, num_warps=warps)
     return o, stats
 
 
@@ -226,22 +247,28 @@ def check(B, H, Tq, Tk, group, causal):
               f"o err {(o.float() - ref).abs().max().item():.2e} lse err {(stats[0] - lse_ref).abs().max().item():.2e}")
 
 
-def time_shape(B, H, T, causal):
+def time_against_baselines(B, H, T, causal, variants, rep=150):
+    """Time cuDNN, flashtile's kernel and each of ``variants`` ({label: f(q, k, v, causal)}) on one shape
+    and print one line: times in µs and r = cuDNN time / time."""
     def bench(fn):
-        return triton.testing.do_bench(fn, warmup=25, rep=150)
+        return triton.testing.do_bench(fn, warmup=25, rep=rep)
 
     q, k, v = (torch.randn(B, H, T, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
         t_cudnn = bench(lambda: sdpa(q, k, v, is_causal=causal))
     t_flashtile = bench(lambda: flash_attention(q, k, v, causal=causal))
     parts = []
-    for block_q, block_k, warps in VARIANTS:
-        t = bench(lambda bq=block_q, bk=block_k, w=warps: gl_forward(q, k, v, causal, BQ=bq, BK=bk, fused=True,
-                                                                      warps=w))  # fmt: skip
-        parts.append(f"gl{block_q}x{block_k} {t * 1e3:.1f}us r={t_cudnn / t:.3f}")
+    for label, fn in variants.items():
+        t = bench(lambda f=fn: f(q, k, v, causal))
+        parts.append(f"{label} {t * 1e3:.1f}us r={t_cudnn / t:.3f}")
     print(f"B={B} H={H} T={T} causal={causal}: cudnn {t_cudnn * 1e3:.1f} flashtile {t_flashtile * 1e3:.1f} "
           f"(r={t_cudnn / t_flashtile:.3f}) | " + " | ".join(parts), flush=True)
 
+
+def time_shape(B, H, T, causal):
+    variants = {f"gl{bq}x{bk}": functools.partial(gl_forward, BQ=bq, BK=bk, fused=True, warps=w)
+                for bq, bk, w in VARIANTS}
+    time_against_baselines(B, H, T, causal, variants)
 
 def main():
     torch.manual_seed(0)

@@ -8,29 +8,21 @@ D = 128, bf16/fp16, offset 0, TMA-compatible layouts. ``PYTHONPATH=src python be
 on an H200 checks it against float32 attention and times it against flashtile's kernel and cuDNN.
 Results: bench/results/sweeps/forward-gluon-probe.json (provider "gluon_ws_probe"), bench/PERF_LOG.md.
 """
-import math
+
+import functools
 
 import torch
 import triton
-from gluon_forward import _softmax_tile
-from torch.nn.attention import SDPBackend, sdpa_kernel
+from gluon_forward import _program, _softmax_tile, _write_rows, launch_arguments, sdpa, time_against_baselines
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
-    fence_async_shared,
     mbarrier,
     tma,
     warpgroup_mma,
     warpgroup_mma_init,
     warpgroup_mma_wait,
 )
-from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-from flashtile.kernels._common import kernel_scale
-from flashtile.kernels.forward import flash_attention
-
-sdpa = torch.nn.functional.scaled_dot_product_attention
-LN2: gl.constexpr = gl.constexpr(math.log(2.0))
 
 
 @gluon.jit
@@ -90,7 +82,6 @@ def _consumer(args, c: gl.constexpr, STAGES: gl.constexpr, BLOCK_Q: gl.constexpr
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, HEAD_DIM, 16])
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
-    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
     rows = q_start + c * HALF + gl.arange(0, HALF, layout=row_s)
     m = gl.full([HALF], float("-inf"), gl.float32, layout=row_s)
     l = gl.zeros([HALF], gl.float32, layout=row_s)
@@ -110,21 +101,8 @@ def _consumer(args, c: gl.constexpr, STAGES: gl.constexpr, BLOCK_Q: gl.constexpr
         m, l, acc = _consume_tile(j, m, l, acc, q, rows, args, s_layout, o_layout, True, c == 0,
                                   STAGES, BLOCK_Q, BLOCK_K, HEAD_DIM, CAUSAL, SIGN, FUSED)
     acc = warpgroup_mma_wait(0, deps=(acc,))
-    empty = l == 0.0
-    l_safe = gl.where(empty, 1.0, l)
-    o = acc / gl.convert_layout(l_safe, row_o)[:, None]
-    q_smem.index(c).reshape([HALF, HEAD_DIM]).store(o.to(q_desc.dtype))
-    fence_async_shared()
-    tma.async_copy_shared_to_global(o_desc, [b, h, q_start + c * HALF, 0], q_smem.index(c))
-    lse = (m * qk_scale + gl.log2(l_safe)) * LN2
-    lse = gl.where(m == float("inf"), m, lse)
-    lse = gl.where(empty, float("-inf"), lse)
-    ptrs = ROW_STATS + (b * H + h).to(gl.int64) * Tq + rows
-    ok = rows < Tq
-    gl.store(ptrs, lse, mask=ok)
-    gl.store(ptrs + n_rows, m, mask=ok)
-    gl.store(ptrs + 2 * n_rows, l, mask=ok)
-    tma.store_wait(0)
+    _write_rows(acc, m, l, rows, q_smem.index(c), o_desc, [b, h, q_start + c * HALF, 0], ROW_STATS, b * H + h, Tq,
+                n_rows, qk_scale)
 
 
 @gluon.jit
@@ -145,13 +123,7 @@ def ws_forward_kernel(
     BLOCK_Q: gl.constexpr, BLOCK_K: gl.constexpr, HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr,
     SIGN: gl.constexpr, FUSED: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
 ):
-    q_index = gl.program_id(0)
-    if CAUSAL:
-        q_index = gl.num_programs(0) - 1 - q_index
-    h = gl.program_id(1)
-    b = gl.program_id(2)
-    h_kv = h // group
-    q_start = q_index * BLOCK_Q
+    b, h, h_kv, q_start = _program(group, BLOCK_Q, CAUSAL)
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(dtype, [2] + q_desc.block_type.shape, q_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
@@ -182,22 +154,11 @@ def ws_forward_kernel(
 
 
 def ws_forward(q, k, v, causal, BQ=128, BK=128, stages=2, fused=True, consumer_regs=240, maxnreg=240):
-    B, H, Tq, D = q.shape
-    Hk, Tk = k.shape[1], k.shape[2]
-    o = torch.empty_like(q)
-    stats = torch.empty((3, B, H, Tq), device=q.device, dtype=torch.float32)
-    gdt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
-
-    def desc(x, rows):
-        lay = gl.NVMMASharedLayout.get_default_for([1, 1, rows, D], gdt)
-        return TensorDescriptor(x, list(x.shape), list(x.stride()), [1, 1, rows, D], lay)
-
-    sc = kernel_scale(1 / math.sqrt(D))
-    grid = (triton.cdiv(Tq, BQ), H, B)
-    ws_forward_kernel[grid](desc(q, BQ // 2), desc(k, BK), desc(v, BK), desc(o, BQ // 2), stats, H, H // Hk, Tq, Tk,
-                            0, sc.qk_scale, B * H * Tq, BLOCK_Q=BQ, BLOCK_K=BK, HEAD_DIM=D, CAUSAL=causal,
-                            SIGN=sc.sign, FUSED=fused, STAGES=stages, CONSUMER_REGS=consumer_regs, num_warps=4,
-                            maxnreg=maxnreg)
+    """Launch the probe: o and the (3, B, H, Tq) row stats; each consumer's Q and O tiles are BQ / 2 rows."""
+    o, stats, grid, args, sign = launch_arguments(q, k, v, BQ // 2, BK)
+    ws_forward_kernel[(triton.cdiv(q.shape[2], BQ), *grid[1:])](
+        *args, BLOCK_Q=BQ, BLOCK_K=BK, HEAD_DIM=q.shape[3], CAUSAL=causal, SIGN=sign, FUSED=fused, STAGES=stages,
+        CONSUMER_REGS=consumer_regs, num_warps=4, maxnreg=maxnreg)
     return o, stats
 
 
@@ -213,20 +174,9 @@ def check(B, H, T, group, causal):
 
 
 def time_shape(B, H, T, causal):
-    def bench(fn):
-        return triton.testing.do_bench(fn, warmup=25, rep=120)
-
-    q, k, v = (torch.randn(B, H, T, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-        t_cudnn = bench(lambda: sdpa(q, k, v, is_causal=causal))
-    t_flashtile = bench(lambda: flash_attention(q, k, v, causal=causal))
-    parts = []
-    for block_k, stages in ((128, 2), (64, 3), (64, 2)):
-        t = bench(lambda bk=block_k, st=stages: ws_forward(q, k, v, causal, BK=bk, stages=st))
-        parts.append(f"ws{block_k}s{stages} {t * 1e3:.1f}us r={t_cudnn / t:.3f}")
-    print(f"B={B} H={H} T={T} causal={causal}: cudnn {t_cudnn * 1e3:.1f} flashtile {t_flashtile * 1e3:.1f} "
-          f"(r={t_cudnn / t_flashtile:.3f}) | " + " | ".join(parts), flush=True)
-
+    settings = ((128, 2), (64, 3), (64, 2))  # block_k, stages
+    variants = {f"ws{bk}s{st}": functools.partial(ws_forward, BK=bk, stages=st) for bk, st in settings}
+    time_against_baselines(B, H, T, causal, variants, rep=120)
 
 def main():
     torch.manual_seed(0)
