@@ -1,4 +1,5 @@
-"""Whether Triton runs kernels on the CPU through its interpreter: one answer for the whole package.
+"""What the package runs on, asked in one place: whether Triton runs kernels on the CPU through its
+interpreter, and how many SMs a device has.
 
 Triton decides when a ``@triton.jit`` function is defined, from the environment variable
 ``TRITON_INTERPRET``. Asking Triton itself (``triton.knobs.runtime.interpret``) means flashtile's
@@ -8,7 +9,10 @@ all mean yes, "0", "false", "" and anything else mean no, exactly as Triton read
 
 from __future__ import annotations
 
+import functools
 import os
+
+import torch
 
 _TRUE = ("1", "true", "on", "yes", "y")  # Triton's own reading, for Triton builds without ``knobs``
 
@@ -22,3 +26,19 @@ def is_interpreting() -> bool:
         return os.environ.get("TRITON_INTERPRET", "").strip().lower() in _TRUE
     return bool(knobs.runtime.interpret)
 # --8<-- [end:interpret]
+
+
+H200_SM_COUNT = 132  # what the split heuristics assume when there is no CUDA device to ask
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def sm_count(device: torch.device) -> int:
+    """The SM count of a CUDA device, asked once per device; the H200's for any other device, so that every
+    tier sizes its splits the same way."""
+    if device.type != "cuda":
+        return H200_SM_COUNT
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())

@@ -43,10 +43,10 @@ from ._checks import (
     resolve_scale,
     stats_dtype,
 )
+from ._env import H200_SM_COUNT
 from .api import no_autocast, pick_backend
 
 MAX_NEW_TOKENS = 16  # Tq: a decode step (1) or a short speculative / chunked step (up to 16)
-H200_SM_COUNT = 132  # the split heuristic's SM count when there is no CUDA device to ask
 MIN_KEYS_PER_SPLIT = 256  # a split reads at least this many keys, so the merge stays a small fraction
 MAX_SPLITS = 128
 
@@ -173,13 +173,6 @@ def pick_num_splits(programs: int, capacity: int, sm_count: int = H200_SM_COUNT)
 
     return max(range(1, most + 1), key=lambda s: (round(wave_efficiency(s), 3), -s))
 # --8<-- [end:num_splits]
-
-
-def sm_count(device: torch.device) -> int:
-    """The SM count of a CUDA device; the H200's on the CPU, so every tier splits the same way."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return H200_SM_COUNT
 
 
 # --8<-- [start:decode_attention]

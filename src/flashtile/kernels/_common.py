@@ -230,16 +230,6 @@ def _capability(index: int) -> tuple[int, int]:
     return torch.cuda.get_device_capability(index)
 
 
-@functools.cache
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
-def sm_count(device: torch.device) -> int:
-    """The number of streaming multiprocessors of a CUDA device (132 on the H200)."""
-    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
-
-
 def _hopper_or_newer(device: torch.device) -> bool:
     """A CUDA device of compute capability 9.0 (Hopper, the H200) or newer."""
     if device.type != "cuda":

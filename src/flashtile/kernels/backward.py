@@ -36,6 +36,7 @@ from .._checks import (
     check_tensor,
     resolve_scale,
 )
+from .._env import sm_count
 from .._plans import cached_plan
 from ..reference.causal import diagonal_offset
 from ._common import (
@@ -55,7 +56,6 @@ from ._common import (
     kernel_scale,
     last_key_tile,
     rotated_tile,
-    sm_count,
     store_tile,
     tile_descriptor,
     use_tma,

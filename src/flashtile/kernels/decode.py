@@ -33,8 +33,9 @@ import triton
 import triton.language as tl
 
 from .._checks import check_flag, resolve_scale
+from .._env import sm_count
 from .._plans import cached_plan
-from ..decode import DecodeShape, check_decode_inputs, check_num_splits, pick_num_splits, sm_count
+from ..decode import DecodeShape, check_decode_inputs, check_num_splits, pick_num_splits
 from ._common import (
     KERNEL_DTYPES,
     KernelLaunch,

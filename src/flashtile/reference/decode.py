@@ -128,7 +128,8 @@ def decode_attention_reference(
     (to show that it does not matter). Returns (o, lse): o in query's dtype, lse float32 (float64 for
     float64 inputs); 16-bit inputs are computed in float32, like the kernels' accumulators.
     """
-    from ..decode import check_decode_inputs, check_num_splits, pick_num_splits, sm_count
+    from .._env import sm_count
+    from ..decode import check_decode_inputs, check_num_splits, pick_num_splits
 
     shape = check_decode_inputs(query, key_cache, value_cache, cache_seqlens, block_table)
     block_k = check_block("block_k", block_k)
