@@ -158,6 +158,23 @@ def test_custom_ops_pass_torch_library_opcheck(backend):
     torch.library.opcheck(attention_bwd, (*inputs, *args[3:]))
 
 
+def test_backward_op_passes_opcheck_with_a_gqa_split(monkeypatch):
+    # On the GPU a small GQA grid splits each group's dK/dV work (kernels.backward.pick_kv_split); the CPU
+    # never picks a split, so force one here. The op's outputs must not alias each other: a split that
+    # returned dk and dv as two halves of one buffer failed under torch.compile on the GPU only.
+    import flashtile.kernels.backward as backward
+
+    monkeypatch.setattr(backward, "pick_kv_split", lambda kv_split, group, programs, device: group)
+    q, k, v = make_qkv(1, 4, 2, 21, 19, 16, seed=16)
+    o, lse, stats = attention_fwd(q, k, v, True, 0.25, "upper_left", "triton")
+    do = torch.randn(o.shape, generator=torch.Generator().manual_seed(17)).to(DEVICE)
+    args = (do, *(t.detach() for t in (q, k, v, o, lse, stats)), True, 0.25, "upper_left", "triton")
+    torch.library.opcheck(attention_bwd, args)
+    _, expected = float64_truth(q, k, v, do, True, "upper_left")
+    for name, ours, theirs in zip(("dq", "dk", "dv"), attention_bwd(*args), expected):
+        torch.testing.assert_close(ours.double(), theirs, **TOL[F32], msg=lambda m, name=name: f"{name}: {m}")
+
+
 def test_dispatch_picks_the_tier_from_device_dtype_and_override():
     q = torch.zeros(1, 1, 1, 16, device=DEVICE)
     assert pick_backend(q) == "triton"  # CUDA, or the CPU with TRITON_INTERPRET=1 (set by conftest)

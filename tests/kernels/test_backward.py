@@ -272,6 +272,8 @@ def test_split_gqa_groups_match_float64_autograd(causal, alignment, deterministi
     actual = kernel_gradients(q, k, v, do, causal, alignment, block_q=16, block_k=16, deterministic=deterministic,
                               kv_split=kv_split)  # fmt: skip
     assert_gradients_close(actual, reference_gradients(q, k, v, do, causal, alignment)[1], F32)
+    storages = {g.untyped_storage().data_ptr() for g in actual}
+    assert len(storages) == 3, "dq, dk and dv must be three tensors, not views of one buffer"
 
 
 def test_kv_split_must_divide_the_group():

@@ -1,4 +1,4 @@
-"""FlashAttention backward in Triton: delta, then dK/dV with key tiles outer, then dQ with query tiles outer.
+"""FlashAttention backward in Triton: dQ with query tiles outer (storing delta), then dK/dV with key tiles outer.
 
 Mirrors ``flashtile.reference.backward``: same names in the same order (delta, p, dp, ds, dq, dk, dv, lse,
 offset). What differs is what the GPU forces: pointers and masks instead of slices, float32
@@ -60,13 +60,13 @@ from ._common import (
     tile_descriptor,
     use_tma,
 )
-from .backward_preprocess import backward_preprocess, preprocess_launch
+from .backward_preprocess import backward_preprocess, load_stats, preprocess_launch, row_terms, store_row_terms
 
 
 # --8<-- [start:row_stats]
 @triton.jit
 def load_row_terms(M, LOG2_L, DELTA, rows, Tq, MASKED: tl.constexpr):
-    """(m, log2 l, delta) for ``rows``, as the preprocess kernel wrote them, ready for
+    """(m, log2 l, delta) for ``rows``, as the dQ (or the preprocess) kernel stored them, ready for
     p = exp2((u - m) * qk_scale - log2 l). Rows past Tq (only in MASKED tiles) read m = +inf and
     log2 l = 0, so p = 0: no contribution, as for a row that sees no key."""
     if MASKED:
@@ -202,20 +202,22 @@ def dkdv_query_tiles(
 
 @triton.jit
 def backward_dkdv_kernel(
-    Q, K, V, DO, M, L, DELTA, DK, DV, DQ_ACC,
+    Q, K, V, DO, ROWS, DK, DV, DQ_ACC,
     stride_qb, stride_qh, stride_qt, stride_qd,
     stride_kb, stride_kh, stride_kt, stride_kd,
     stride_vb, stride_vh, stride_vt, stride_vd,
     stride_dob, stride_doh, stride_dot, stride_dod,
     stride_dkb, stride_dkh, stride_dkt, stride_dkd,
     stride_dvb, stride_dvh, stride_dvt, stride_dvd,
-    H, H_kv, Tq, Tk, unit, scale, qk_scale, offset,
+    H, H_kv, Tq, Tk, n_rows, unit, scale, qk_scale, offset,
     CAUSAL: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr, SIGN: tl.constexpr, DOT_PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr,
     WIDE: tl.constexpr, INTERPRETED: tl.constexpr, USE_TMA: tl.constexpr, ROTATE: tl.constexpr,
     SPLIT: tl.constexpr,
 ):  # fmt: skip
     """One program per (key tile, kv head, batch): dk, dv for that tile, summed over the group's heads.
+    ROWS is (3, B, H, Tq) float32, planes n_rows = B * H * Tq apart: delta, m, log2 l of every query row,
+    as the dQ kernel (or, with ATOMIC_DQ, the preprocess kernel) stored them before this kernel runs.
 
     With SPLIT > 1 the group's query heads are shared out over SPLIT programs per (key tile, kv head):
     program (.., kv_head * SPLIT + part, ..) sums heads part * group / SPLIT onwards, and writes its
@@ -263,8 +265,8 @@ def backward_dkdv_kernel(
         else:
             q_ptr = Q + b * stride_qb + h * stride_qh
             do_ptr = DO + b * stride_dob + h * stride_doh
-        row_base = (b * H + h) * Tq  # m, l and delta are (B, H, Tq), contiguous; DQ_ACC is (B, H, Tq, pad)
-        m_ptr, l_ptr, delta_ptr = M + row_base, L + row_base, DELTA + row_base
+        row_base = (b * H + h) * Tq  # each plane of ROWS is (B, H, Tq), contiguous; DQ_ACC is (B, H, Tq, pad)
+        delta_ptr, m_ptr, l_ptr = ROWS + row_base, ROWS + n_rows + row_base, ROWS + 2 * n_rows + row_base
         acc_ptr = DQ_ACC + row_base * HEAD_DIM_PAD
         dk, dv = dkdv_query_tiles(  # the interior, unmasked
             dk, dv, k_tile, v_tile, q_ptr, do_ptr, m_ptr, l_ptr, delta_ptr, acc_ptr, q_offsets, do_offsets,
@@ -325,18 +327,23 @@ def dq_key_tiles(
 
 @triton.jit
 def backward_dq_kernel(
-    Q, K, V, DO, M, L, DELTA, DQ,
+    Q, K, V, DO, O, STATS, ROWS, DQ,
     stride_qb, stride_qh, stride_qt, stride_qd,
     stride_kb, stride_kh, stride_kt, stride_kd,
     stride_vb, stride_vh, stride_vt, stride_vd,
     stride_dob, stride_doh, stride_dot, stride_dod,
+    stride_ob, stride_oh, stride_ot, stride_od,
     stride_dqb, stride_dqh, stride_dqt, stride_dqd,
-    H, H_kv, Tq, Tk, scale, qk_scale, offset,
+    H, H_kv, Tq, Tk, n_rows, scale, qk_scale, offset,
     CAUSAL: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr, SIGN: tl.constexpr, DOT_PRECISION: tl.constexpr, WIDE: tl.constexpr,
     USE_TMA: tl.constexpr, ROTATE: tl.constexpr,
 ):  # fmt: skip
-    """One program per (query tile, head, batch): dq for that tile, a sum over its key tiles."""
+    """One program per (query tile, head, batch): dq for that tile, a sum over its key tiles.
+
+    It runs before the dK/dV kernel and first works out its rows' terms (``row_terms``: delta from its
+    o and do tiles, m and log2 l from the forward's STATS), uses them, and stores them into ROWS for
+    the dK/dV kernel: the backward needs no separate preprocess launch."""
     q_index = tl.program_id(0)
     if CAUSAL:  # later query tiles see more keys: launch them first, so the short ones fill the tail
         q_index = tl.num_programs(0) - 1 - q_index
@@ -347,7 +354,7 @@ def backward_dq_kernel(
     rows = q_start + tl.arange(0, BLOCK_Q)
     keys0 = tl.arange(0, BLOCK_K)
     cols = tl.arange(0, HEAD_DIM_PAD)
-    row_base = (b * H + h) * Tq  # m, l and delta are (B, H, Tq), contiguous
+    row_base = (b * H + h) * Tq  # each plane of STATS and ROWS is (B, H, Tq), contiguous
     row_ok, col_ok = rows[:, None] < Tq, cols[None, :] < HEAD_DIM
     q_ptr = Q + b * stride_qb + h * stride_qh + q_start.to(tl.int64) * stride_qt
     q_tile = load_masked(q_ptr + tile_offsets(rows[:, None] - q_start, cols[None, :], stride_qt, stride_qd, WIDE),
@@ -356,7 +363,12 @@ def backward_dq_kernel(
     do_ptr = DO + b * stride_dob + h * stride_doh + q_start.to(tl.int64) * stride_dot
     do_tile = load_masked(do_ptr + tile_offsets(rows[:, None] - q_start, cols[None, :], stride_dot, stride_dod, WIDE),
                           row_ok, col_ok, True, HEAD_DIM != HEAD_DIM_PAD)  # fmt: skip
-    m, log2_l, delta = load_row_terms(M + row_base, L + row_base, DELTA + row_base, rows, Tq, True)
+    o_ptr = O + b * stride_ob + h * stride_oh + q_start.to(tl.int64) * stride_ot
+    o_tile = load_masked(o_ptr + tile_offsets(rows[:, None] - q_start, cols[None, :], stride_ot, stride_od, WIDE),
+                         row_ok, col_ok, True, HEAD_DIM != HEAD_DIM_PAD)  # fmt: skip
+    m, l = load_stats(STATS, row_base, rows, Tq, n_rows)
+    delta, m, log2_l = row_terms(o_tile, do_tile, m, l)
+    store_row_terms(ROWS, row_base, rows, Tq, n_rows, delta, m, log2_l)  # for the dK/dV kernel, which runs next
     dq = tl.zeros((BLOCK_Q, HEAD_DIM_PAD), dtype=tl.float32)
     if CAUSAL:  # key tiles [0, n_full) are visible from every row, [n_full, n) cross the diagonal (step 9)
         n_full = full_key_tiles(q_start, Tk, offset, BLOCK_K)
@@ -484,9 +496,9 @@ class BackwardPlan(NamedTuple):
     scale: float
     pad: int
     deterministic: bool
-    preprocess: KernelLaunch  # delta = rowsum(dO * O)
+    preprocess: KernelLaunch | None  # the atomic mode's row terms (the deterministic mode's dQ kernel stores them)
     dkdv: KernelLaunch  # one program per key tile: dK, dV (and with atomics, its share of dQ)
-    dq: KernelLaunch  # one program per query tile: dQ
+    dq: KernelLaunch  # one program per query tile: dQ, and the row terms (delta, m, log2 l) of its rows
     tma_dkdv: tuple | None  # (strides of q, strides of do, tile rows): descriptors the dK/dV kernel loads through
     tma_dq: tuple | None  # (strides of k, strides of v, tile rows): likewise for the dQ kernel
     kv_split: int  # programs per (key tile, kv head): > 1 writes float32 partials of dk, dv (see the kernel)
@@ -521,7 +533,7 @@ def make_backward_plan(q, k, v, o, lse, do, stats, causal, scale, alignment, blo
     pad = head_dim_pad(shape.D)
     tiles = config["dkdv"][:2] + config["dq"][:2] + (block_q or 0, block_k or 0)
     common = dict(CAUSAL=causal, HEAD_DIM=shape.D, HEAD_DIM_PAD=pad, SIGN=units.sign,
-                  DOT_PRECISION=dot_precision(q.dtype), WIDE=wide_offsets(max(tiles), pad, q, k, v, do),
+                  DOT_PRECISION=dot_precision(q.dtype), WIDE=wide_offsets(max(tiles), pad, q, k, v, do, o),
                   ROTATE=rotate)  # fmt: skip
     dkdv_q, dkdv_k, dkdv_warps, dkdv_stages = config["dkdv"]
     dkdv_q, dkdv_k = block_q or dkdv_q, block_k or dkdv_k
@@ -531,6 +543,7 @@ def make_backward_plan(q, k, v, o, lse, do, stats, causal, scale, alignment, blo
     dq_q, dq_k, dq_warps, dq_stages = config["dq"]
     dq_q, dq_k = block_q or dq_q, block_k or dq_k
     sizes = (shape.H, shape.H_kv, shape.Tq, shape.Tk)
+    n_rows = shape.B * shape.H * shape.Tq  # the distance between the planes of stats and of the row terms
     strides = use_tma(tma, q, do, k, v)  # the streamed tiles: q and do for dK/dV, k and v for dQ
     tma_dkdv = None if strides is None else (strides[0], strides[1], dkdv_q)
     tma_dq = None if strides is None else (strides[2], strides[3], dq_k)
@@ -538,11 +551,11 @@ def make_backward_plan(q, k, v, o, lse, do, stats, causal, scale, alignment, blo
         scale=scale,
         pad=pad,
         deterministic=deterministic,
-        preprocess=preprocess_launch(o, do, block_q or config["dq"][0]),
+        preprocess=None if deterministic else preprocess_launch(o, do, block_q or config["dq"][0]),
         dkdv=KernelLaunch(
             backward_dkdv_kernel,
             grid=head_batch_grid(n_key_tiles, shape.H_kv * kv_split, shape.B),
-            scalars=(*q.stride(), *k.stride(), *v.stride(), *do.stride(), *kv_strides, *kv_strides, *sizes,
+            scalars=(*q.stride(), *k.stride(), *v.stride(), *do.stride(), *kv_strides, *kv_strides, *sizes, n_rows,
                      units.unit, scale, units.qk_scale, offset),  # fmt: skip
             constexprs=dict(BLOCK_Q=dkdv_q, BLOCK_K=dkdv_k, **common, ATOMIC_DQ=not deterministic, SPLIT=kv_split,
                             INTERPRETED=q.device.type == "cpu", USE_TMA=tma_dkdv is not None),  # fmt: skip
@@ -552,8 +565,8 @@ def make_backward_plan(q, k, v, o, lse, do, stats, causal, scale, alignment, blo
         dq=KernelLaunch(
             backward_dq_kernel,
             grid=head_batch_grid(-(-shape.Tq // dq_q), shape.H, shape.B),
-            scalars=(*q.stride(), *k.stride(), *v.stride(), *do.stride(), *contiguous_strides(q.shape), *sizes,
-                     scale, units.qk_scale, offset),  # fmt: skip
+            scalars=(*q.stride(), *k.stride(), *v.stride(), *do.stride(), *o.stride(), *contiguous_strides(q.shape),
+                     *sizes, n_rows, scale, units.qk_scale, offset),  # fmt: skip
             constexprs=dict(BLOCK_Q=dq_q, BLOCK_K=dq_k, **common, USE_TMA=tma_dq is not None),
             num_warps=dq_warps,
             num_stages=dq_stages,
@@ -569,7 +582,7 @@ def flash_attention_backward(
     q, k, v, o, lse, do, causal=False, scale=None, alignment="upper_left", block_q=None, block_k=None, *,
     stats=None, config=None, deterministic=True, tma=None, rotate=False, kv_split=None,
 ):
-    """Gradients of attention from the forward's o and lse, with three Triton launches.
+    """Gradients of attention from the forward's o and lse, with two Triton launches.
 
     Args:
         q: (B, H, Tq, D); k, v: (B, H_kv, Tk, D), H a multiple of H_kv; fp16, bf16 or fp32, any strides.
@@ -601,27 +614,29 @@ def flash_attention_backward(
     plan = cached_plan(make_backward_plan, (q, k, v, o, lse, do, stats), causal, scale, alignment, block_q, block_k,
                        config, deterministic, tma, rotate, kv_split)  # fmt: skip
     stats = (stats_from_lse(lse, plan.scale) if stats is None else stats).contiguous()
-    rows = backward_preprocess(o, do, stats, plan.preprocess)  # delta, m, log2 l
+    if plan.deterministic:  # dQ first: its kernel also stores every row's (delta, m, log2 l) for the dK/dV kernel
+        rows = torch.empty((3, *q.shape[:3]), dtype=torch.float32, device=q.device)
+        dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        k_tiles, v_tiles = (k, v) if plan.tma_dq is None else tile_descriptors(plan.tma_dq, k, v, plan.pad)
+        plan.dq(q, k_tiles, v_tiles, do, o, stats, rows, dq)
+        dq_acc = dq  # the dK/dV kernel ignores this argument
+    else:  # the row terms from their own kernel, and a float32 dQ accumulator that every key tile adds into
+        rows = backward_preprocess(o, do, stats, plan.preprocess)
+        dq_acc = torch.zeros((*q.shape[:3], plan.pad), dtype=torch.float32, device=q.device)
     B, H_kv, Tk, D = k.shape
     if plan.kv_split == 1:
         dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
         dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
-    else:  # float32 partials of dk and dv in one buffer: one allocation, one sum and one cast for both
+    else:  # float32 partials of dk and dv in one buffer: one allocation for both
         partials = torch.empty((2, B, H_kv * plan.kv_split, Tk, D), dtype=torch.float32, device=k.device)
         dk, dv = partials[0], partials[1]
-    if plan.deterministic:  # dQ gets its own kernel below, and the dK/dV kernel ignores this argument
-        dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        dq_acc = dq
-    else:  # a float32 accumulator that every key tile adds into: zeroed first, cast once at the end
-        dq_acc = torch.zeros((*q.shape[:3], plan.pad), dtype=torch.float32, device=q.device)
     q_tiles, do_tiles = (q, do) if plan.tma_dkdv is None else tile_descriptors(plan.tma_dkdv, q, do, plan.pad)
-    plan.dkdv(q_tiles, k, v, do_tiles, rows[1], rows[2], rows[0], dk, dv, dq_acc)
-    if plan.kv_split > 1:  # the partials of each kv head, summed in a fixed order
-        dk, dv = partials.unflatten(2, (H_kv, plan.kv_split)).sum(3).to(k.dtype).unbind(0)
+    plan.dkdv(q_tiles, k, v, do_tiles, rows, dk, dv, dq_acc)
+    if plan.kv_split > 1:  # the partials of each kv head, summed in a fixed order, then cast; each its own
+        # tensor, never two views of one buffer (a custom op's outputs may not share memory)
+        dk, dv = (part.unflatten(1, (H_kv, plan.kv_split)).sum(2).to(k.dtype) for part in partials)
     if not plan.deterministic:
-        return dq_acc[..., : q.shape[3]].to(q.dtype).contiguous(), dk, dv
-    k_tiles, v_tiles = (k, v) if plan.tma_dq is None else tile_descriptors(plan.tma_dq, k, v, plan.pad)
-    plan.dq(q, k_tiles, v_tiles, do, rows[1], rows[2], rows[0], dq)
+        dq = dq_acc[..., : q.shape[3]].to(q.dtype).contiguous()
     return dq, dk, dv
 
 

@@ -250,7 +250,8 @@ def forward_config(head_dim: int, dtype: torch.dtype, interpreted: bool = False,
     ``tma``: "auto" loads through TMA descriptors where the layout allows, False always through
     pointers. At D = 64 both paths run equally fast, and pointers cost the host less per call; at
     D = 128 TMA with 128 x 128 tiles wins by 5-15% from T = 2k, short sequences (Tq <= 1024) favour
-    64 x 64 tiles with 4 warps, and at Tq <= 512 causal the pointer path did best. fp32 takes twice
+    64 x 64 tiles with 4 warps, through TMA too (at Tq = 512 causal an early sweep had the pointer path
+    ahead; two later runs, in separate sessions, measured TMA 6% faster there). fp32 takes twice
     the bytes per tile and stays on the pointer path, as does D = 256. The interpreter (CPU tensors)
     runs programs one after another, where fewer, larger tiles are faster; it takes TMA where it can,
     so CPU tests cover that path.
@@ -264,8 +265,6 @@ def forward_config(head_dim: int, dtype: torch.dtype, interpreted: bool = False,
         return dict(block_q=64, block_k=32, num_warps=4, num_stages=2, tma=False)
     if pad <= 64:  # two programs of 8 warps share an SM only at <= 128 registers a thread: capped there
         return dict(block_q=128, block_k=64, num_warps=8, num_stages=3, tma=False, maxnreg=128)
-    if pad == 128 and Tq <= 512 and causal:
-        return dict(block_q=64, block_k=64, num_warps=4, num_stages=3, tma=False)
     if pad == 128 and (Tq <= 512 or (Tq <= 1024 and causal)):
         return dict(block_q=64, block_k=64, num_warps=4, num_stages=3, tma="auto")
     if pad == 128:
