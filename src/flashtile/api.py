@@ -115,16 +115,14 @@ def forward_impl(q, k, v, causal, scale, alignment, backend):
 
 def backward_impl(do, q, k, v, o, lse, stats, causal, scale, alignment, backend):
     """What the backward op computes, callable without the op: (dq, dk, dv), see ``attention_bwd``."""
-    if check_backend(backend) == "triton":
+    if check_backend(backend) == "triton":  # the launcher's gradients are new contiguous tensors already
         from .kernels.backward import flash_attention_backward
 
-        dq, dk, dv = flash_attention_backward(q, k, v, o, lse, do, causal, scale, alignment, stats=stats)
-    else:
-        from .reference.backward import flash_attention_backward
+        return flash_attention_backward(q, k, v, o, lse, do, causal, scale, alignment, stats=stats)
+    from .reference.backward import flash_attention_backward
 
-        dq, dk, dv = flash_attention_backward(
-            q, k, v, o, lse, do, causal, scale, REFERENCE_BLOCK, REFERENCE_BLOCK, alignment
-        )
+    dq, dk, dv = flash_attention_backward(q, k, v, o, lse, do, causal, scale, REFERENCE_BLOCK, REFERENCE_BLOCK,
+                                          alignment)  # fmt: skip
     return dq.contiguous(), dk.contiguous(), dv.contiguous()
 # --8<-- [end:impl]
 

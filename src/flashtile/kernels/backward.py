@@ -398,6 +398,42 @@ def backward_dq_kernel(
 # --8<-- [end:dq]
 
 
+# --8<-- [start:split_sum]
+@triton.jit
+def sum_split_kernel(PARTIALS, DK, DV, plane, H_kv, B, SPLIT: tl.constexpr, BLOCK: tl.constexpr):
+    """With a GQA split, dk and dv from their float32 partials, cast to the inputs' dtype: one launch for both.
+
+    PARTIALS is (2, B, H_kv * SPLIT, Tk, D) contiguous, DK and DV are (B, H_kv, Tk, D) contiguous and
+    plane = Tk * D. Program (tile, h_kv, which * B + b) adds the SPLIT planes of its kv head in the order
+    s = 0, 1, ..., so every run rounds the same way."""
+    inner = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    h_kv = tl.program_id(1).to(tl.int64)
+    which_b = tl.program_id(2).to(tl.int64)  # which * B + b; which = 0 for dk, 1 for dv
+    ok = inner < plane
+    first = (which_b * H_kv + h_kv) * SPLIT  # the first partial plane of this kv head
+    acc = tl.load(PARTIALS + first * plane + inner, mask=ok, other=0.0)
+    for s in tl.static_range(1, SPLIT):
+        acc += tl.load(PARTIALS + (first + s) * plane + inner, mask=ok, other=0.0)
+    out = ((which_b % B) * H_kv + h_kv) * plane + inner
+    if which_b < B:
+        tl.store(DK + out, acc.to(DK.dtype.element_ty), mask=ok)
+    else:
+        tl.store(DV + out, acc.to(DV.dtype.element_ty), mask=ok)
+
+
+SPLIT_SUM_BLOCK = 1024  # elements per program: a plain streaming sum, 4 warps
+
+
+def split_sum_launch(B: int, H_kv: int, Tk: int, D: int, kv_split: int) -> KernelLaunch | None:
+    """The launch that sums the split's partials into dk and dv (part of the backward's plan); None without a split."""
+    if kv_split == 1:
+        return None
+    plane = Tk * D
+    return KernelLaunch(sum_split_kernel, head_batch_grid(-(-plane // SPLIT_SUM_BLOCK), H_kv, 2 * B),
+                        (plane, H_kv, B), dict(SPLIT=kv_split, BLOCK=SPLIT_SUM_BLOCK), 4, 1)  # fmt: skip
+# --8<-- [end:split_sum]
+
+
 # --8<-- [start:config]
 def backward_config(head_dim: int, dtype: torch.dtype, seq_len: int = 0, atomic_dq: bool = False) -> dict:
     """(block_q, block_k, num_warps, num_stages) for each kernel, and whether to load through TMA, by
@@ -502,6 +538,7 @@ class BackwardPlan(NamedTuple):
     tma_dkdv: tuple | None  # (strides of q, strides of do, tile rows): descriptors the dK/dV kernel loads through
     tma_dq: tuple | None  # (strides of k, strides of v, tile rows): likewise for the dQ kernel
     kv_split: int  # programs per (key tile, kv head): > 1 writes float32 partials of dk, dv (see the kernel)
+    split_sum: KernelLaunch | None  # with kv_split > 1: the partials summed into dk and dv
 
 
 def make_backward_plan(q, k, v, o, lse, do, stats, causal, scale, alignment, block_q, block_k, config,
@@ -574,6 +611,7 @@ def make_backward_plan(q, k, v, o, lse, do, stats, causal, scale, alignment, blo
         tma_dkdv=tma_dkdv,
         tma_dq=tma_dq,
         kv_split=kv_split,
+        split_sum=split_sum_launch(shape.B, shape.H_kv, shape.Tk, shape.D, kv_split),
     )
 
 
@@ -613,7 +651,9 @@ def flash_attention_backward(
     """
     plan = cached_plan(make_backward_plan, (q, k, v, o, lse, do, stats), causal, scale, alignment, block_q, block_k,
                        config, deterministic, tma, rotate, kv_split)  # fmt: skip
-    stats = (stats_from_lse(lse, plan.scale) if stats is None else stats).contiguous()
+    stats = stats_from_lse(lse, plan.scale) if stats is None else stats
+    if not stats.is_contiguous():  # checked, not copied: a call costs the host a dispatch even when it is a no-op
+        stats = stats.contiguous()
     if plan.deterministic:  # dQ first: its kernel also stores every row's (delta, m, log2 l) for the dK/dV kernel
         rows = torch.empty((3, *q.shape[:3]), dtype=torch.float32, device=q.device)
         dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -632,9 +672,10 @@ def flash_attention_backward(
         dk, dv = partials[0], partials[1]
     q_tiles, do_tiles = (q, do) if plan.tma_dkdv is None else tile_descriptors(plan.tma_dkdv, q, do, plan.pad)
     plan.dkdv(q_tiles, k, v, do_tiles, rows, dk, dv, dq_acc)
-    if plan.kv_split > 1:  # the partials of each kv head, summed in a fixed order, then cast; each its own
-        # tensor, never two views of one buffer (a custom op's outputs may not share memory)
-        dk, dv = (part.unflatten(1, (H_kv, plan.kv_split)).sum(2).to(k.dtype) for part in partials)
+    if plan.kv_split > 1:  # the partials of each kv head, summed in a fixed order and cast, in one launch
+        dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)  # two tensors, never views of one buffer: a
+        dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)  # custom op's outputs may not share memory
+        plan.split_sum(partials, dk, dv)
     if not plan.deterministic:
         dq = dq_acc[..., : q.shape[3]].to(q.dtype).contiguous()
     return dq, dk, dv
