@@ -294,3 +294,18 @@ def test_kv_split_is_picked_by_grid_size(monkeypatch):
     assert backward.pick_kv_split(None, 4, 128, cuda) == 4  # never past the group
     assert backward.pick_kv_split(None, 1, 8, cuda) == 1  # no GQA, nothing to split
     assert backward.pick_kv_split(None, 4, 8, torch.device("cpu")) == 1  # the interpreter: one after another
+
+
+def test_descriptor_loads_only_where_the_work_pays_for_them(monkeypatch):
+    # TMA descriptors cost host time per call; the backward takes them only from 1k tokens on and from
+    # TMA_MIN_WORK on (B * H * Tq * Tk * D, halved under causal), where the GPU time hides that cost.
+    from flashtile.kernels import backward
+
+    monkeypatch.setattr(backward, "is_interpreting", lambda: False)
+    bf16 = torch.bfloat16
+    model_shape = 2 * 16 * 2048 * 2048 * 64 * 0.5  # B = 2, H = 16, T = 2k, D = 64, causal: 4.3e9
+    long_d128 = 1 * 16 * 4096 * 4096 * 128 * 0.5  # B = 1, H = 16, T = 4k, D = 128, causal: 1.7e10
+    assert backward.backward_config(64, bf16, 2048, work=model_shape)["tma"] is False
+    assert backward.backward_config(128, bf16, 4096, work=long_d128)["tma"] == "auto"
+    assert backward.backward_config(64, bf16, 512, work=long_d128)["tma"] is False  # short: pointers anyway
+    assert backward.backward_config(64, bf16, 2048)["tma"] == "auto"  # no work given: by length alone

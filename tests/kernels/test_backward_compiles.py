@@ -28,7 +28,7 @@ import re, subprocess, tempfile
 import torch
 from flashtile.kernels import backward
 
-POINTERS = dict(Q="*bf16", K="*bf16", V="*bf16", DO="*bf16", M="*fp32", L="*fp32", DELTA="*fp32", DK="*bf16",
+POINTERS = dict(Q="*bf16", K="*bf16", V="*bf16", DO="*bf16", O="*bf16", STATS="*fp32", ROWS="*fp32", DK="*bf16",
                 DV="*bf16", DQ="*bf16", DQ_ACC="*fp32", unit="fp32", scale="fp32", qk_scale="fp32")
 
 

@@ -435,7 +435,11 @@ def split_sum_launch(B: int, H_kv: int, Tk: int, D: int, kv_split: int) -> Kerne
 
 
 # --8<-- [start:config]
-def backward_config(head_dim: int, dtype: torch.dtype, seq_len: int = 0, atomic_dq: bool = False) -> dict:
+TMA_MIN_WORK = 8e9  # B * H * Tq * Tk * D (halved under causal) below which the backward loads through pointers
+
+
+def backward_config(head_dim: int, dtype: torch.dtype, seq_len: int = 0, atomic_dq: bool = False,
+                    work: float = float("inf")) -> dict:  # fmt: skip
     """(block_q, block_k, num_warps, num_stages) for each kernel, and whether to load through TMA, by
     head dim, dtype, the longer of Tq and Tk, and the dQ mode.
 
@@ -447,6 +451,12 @@ def backward_config(head_dim: int, dtype: torch.dtype, seq_len: int = 0, atomic_
     1.2-2 times slower. From 1k tokens on, loading the streamed tiles through TMA ("auto": where the
     device and layout allow) gained 1-6%, and 64-row query tiles at D = 128 another 2-6%; below 1k
     the causal backward ran up to 40% slower through TMA, so short sequences keep the pointer path.
+    So do calls with little work (``work`` = B * H * Tq * Tk * D, halved under causal, below
+    ``TMA_MIN_WORK``): there the descriptors cost the host more than they save the GPU. At B = 2,
+    H = 16, T = 2k, D = 64 causal (work 4.3e9) TMA took 22 µs off 230 µs of GPU time but added 50-80 µs
+    of host time to the launcher, and more on autograd's device thread: timed through autograd the
+    pointer path ran at 0.55-0.72 of cuDNN there, TMA at 0.25-0.45. From 1.7e10 on (D = 128, T = 4k,
+    causal) TMA won, 0.74-0.81 against 0.67-0.72 (bench/results/backward-models.json at c635d2f).
     The atomic-dQ kernel also holds a dQ tile: with 64-row query tiles at D = 128 it spills 764 bytes,
     so it keeps 32.
     fp32 inputs multiply on the CUDA cores, not the tensor cores, and need far smaller tiles.
@@ -458,7 +468,7 @@ def backward_config(head_dim: int, dtype: torch.dtype, seq_len: int = 0, atomic_
     if dtype == torch.float32:
         return dict(dkdv=(32, 32, 4, 2) if pad <= 64 else (16, 32, 8, 2), dq=(32, 32, 4, 2), tma=False)
     long = seq_len >= 1024
-    tma = "auto" if long else False
+    tma = "auto" if long and work >= TMA_MIN_WORK else False
     if pad <= 64:
         return dict(dkdv=(32, 128, 4, 3), dq=(64, 64, 4, 3), tma=tma)
     if pad == 128:
@@ -556,7 +566,8 @@ def make_backward_plan(q, k, v, o, lse, do, stats, causal, scale, alignment, blo
     block_k = None if block_k is None else check_tile_size("block_k", block_k)
     deterministic = check_flag("deterministic", deterministic)
     if config is None:
-        config = backward_config(shape.D, q.dtype, max(shape.Tq, shape.Tk), atomic_dq=not deterministic)
+        work = shape.B * shape.H * shape.Tq * shape.Tk * shape.D * (0.5 if causal else 1.0)
+        config = backward_config(shape.D, q.dtype, max(shape.Tq, shape.Tk), atomic_dq=not deterministic, work=work)
     else:  # a caller's config loads through pointers unless tma says otherwise
         config = dict(check_config(config), tma=False)
     tma = config["tma"] if tma is None else check_flag("tma", tma)
