@@ -175,6 +175,25 @@ def test_backward_op_passes_opcheck_with_a_gqa_split(monkeypatch):
         torch.testing.assert_close(ours.double(), theirs, **TOL[F32], msg=lambda m, name=name: f"{name}: {m}")
 
 
+@pytest.mark.parametrize("backend", ["triton", "reference"])
+def test_gradients_of_bthd_views_keep_the_views_layout(backend):
+    # q, k, v as a model passes them: (B, H, T, D) views of (B, T, H, D) projections. Each tier returns
+    # gradients in that layout, so autograd stores them as they are; in any other layout autograd copies
+    # each into the leaf's (which is why the leaves' .grad alone could not tell). The custom op's fake
+    # implementation must say the same: opcheck compares it with the real one.
+    gen = torch.Generator().manual_seed(19)
+    q, k, v = (torch.randn(1, 23, h, 16, generator=gen).transpose(1, 2).to(DEVICE).requires_grad_() for h in (4, 2, 2))
+    do = torch.randn(1, 4, 23, 16, generator=gen).to(DEVICE)
+    o, lse, stats = attention_fwd(q, k, v, True, 0.25, "upper_left", backend)
+    args = (do, *(t.detach() for t in (q, k, v, o, lse, stats)), True, 0.25, "upper_left", backend)
+    grads = flashtile.api.backward_impl(*args)
+    _, expected = float64_truth(q, k, v, do, True, "upper_left")
+    for name, x, g, truth in zip(("dq", "dk", "dv"), (q, k, v), grads, expected):
+        assert g.stride() == x.stride() == (23 * x.shape[1] * 16, 16, x.shape[1] * 16, 1), name
+        torch.testing.assert_close(g.double(), truth, **TOL[F32], msg=lambda m, name=name: f"{name}: {m}")
+    torch.library.opcheck(attention_bwd, args)
+
+
 def test_dispatch_picks_the_tier_from_device_dtype_and_override():
     q = torch.zeros(1, 1, 1, 16, device=DEVICE)
     assert pick_backend(q) == "triton"  # CUDA, or the CPU with TRITON_INTERPRET=1 (set by conftest)

@@ -48,6 +48,7 @@ from ._checks import (
     stats_dtype,
 )
 from ._env import is_interpreting
+from ._layouts import empty_like_layout, strides_like
 from ._plans import cached_plan
 
 BACKENDS = ("triton", "reference")
@@ -115,15 +116,14 @@ def forward_impl(q, k, v, causal, scale, alignment, backend):
 
 def backward_impl(do, q, k, v, o, lse, stats, causal, scale, alignment, backend):
     """What the backward op computes, callable without the op: (dq, dk, dv), see ``attention_bwd``."""
-    if check_backend(backend) == "triton":  # the launcher's gradients are new contiguous tensors already
+    if check_backend(backend) == "triton":  # the launcher's gradients are new tensors, laid out like q, k, v
         from .kernels.backward import flash_attention_backward
 
         return flash_attention_backward(q, k, v, o, lse, do, causal, scale, alignment, stats=stats)
     from .reference.backward import flash_attention_backward
 
-    dq, dk, dv = flash_attention_backward(q, k, v, o, lse, do, causal, scale, REFERENCE_BLOCK, REFERENCE_BLOCK,
-                                          alignment)  # fmt: skip
-    return dq.contiguous(), dk.contiguous(), dv.contiguous()
+    grads = flash_attention_backward(q, k, v, o, lse, do, causal, scale, REFERENCE_BLOCK, REFERENCE_BLOCK, alignment)
+    return tuple(empty_like_layout(x, strides_like(x)).copy_(g) for x, g in zip((q, k, v), grads))
 # --8<-- [end:impl]
 
 
@@ -164,13 +164,14 @@ def attention_bwd(
     alignment: str,
     backend: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv), contiguous, in the inputs' dtype; dk and dv summed over each GQA group."""
+    """(dq, dk, dv) in the inputs' dtype, each laid out like its input where that is dense
+    (``_layouts.strides_like``), contiguous otherwise; dk and dv summed over each GQA group."""
     return backward_impl(do, q, k, v, o, lse, stats, causal, scale, alignment, backend)
 
 
 @attention_bwd.register_fake
 def _(do, q, k, v, o, lse, stats, causal, scale, alignment, backend):
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+    return tuple(empty_like_layout(x, strides_like(x)) for x in (q, k, v))
 # --8<-- [end:backward_op]
 
 

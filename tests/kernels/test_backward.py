@@ -205,6 +205,23 @@ def test_backward_accepts_non_contiguous_inputs_and_do():
     assert_gradients_close(actual, reference_gradients(q, k, v, do, True, "lower_right")[1], F32)
 
 
+@pytest.mark.parametrize("kv_split", [1, 2], ids=["whole_groups", "split"])
+@pytest.mark.parametrize("deterministic", [True, False], ids=["deterministic", "atomic_dq"])
+def test_gradients_are_laid_out_like_their_inputs(kv_split, deterministic):
+    # A model's q, k, v are (B, H, T, D) views of (B, T, H, D) projections; autograd keeps a gradient in
+    # its input's layout as it is and copies one in any other. A sliced v is not dense: contiguous dv.
+    gen = torch.Generator().manual_seed(18)
+    q = randn(2, 29, 4, 16, generator=gen).transpose(1, 2)
+    k = randn(2, 31, 2, 16, generator=gen).transpose(1, 2)
+    v = randn(2, 2, 31, 24, generator=gen)[..., :16]
+    do = randn(2, 4, 29, 16, generator=gen)
+    dq, dk, dv = kernel_gradients(q, k, v, do, True, "upper_left", block_q=16, block_k=16, kv_split=kv_split,
+                                  deterministic=deterministic)  # fmt: skip
+    assert dq.stride() == q.stride() and dk.stride() == k.stride()
+    assert dv.is_contiguous()
+    assert_gradients_close((dq, dk, dv), reference_gradients(q, k, v, do, True, "upper_left")[1], F32)
+
+
 def test_rows_that_see_no_key_contribute_zero_and_no_nan():
     # lower_right with Tq = 40 > Tk = 13: the first 27 queries see no key (lse = -inf).
     q, k, v, do = make_inputs(1, 2, 2, 40, 13, 16, F32, seed=5)

@@ -22,6 +22,7 @@ import triton.language as tl
 
 from .._checks import check_block, check_int
 from .._env import is_interpreting
+from .._layouts import contiguous_strides  # noqa: F401  (re-exported: the launchers' outputs' strides)
 
 KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MIN_DOT_BLOCK = 16  # tl.dot needs every dimension of its operands to be at least 16
@@ -441,15 +442,6 @@ def _current_stream(device: int) -> int:
     """The raw handle of the current CUDA stream, as Triton's own launch path asks for it."""
     raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
     return raw(device) if raw is not None else torch.cuda.current_stream(device).cuda_stream
-
-
-def contiguous_strides(shape) -> tuple:
-    """The strides torch.empty(shape) gets: what the launcher's outputs will have, known before they exist."""
-    strides, step = [], 1
-    for size in reversed(shape):
-        strides.append(step)
-        step *= size
-    return tuple(reversed(strides))
 
 
 # --8<-- [end:launch]

@@ -37,6 +37,7 @@ from .._checks import (
     resolve_scale,
 )
 from .._env import sm_count
+from .._layouts import empty_like_layout, strides_like
 from .._plans import cached_plan
 from ..reference.causal import diagonal_offset
 from ._common import (
@@ -400,12 +401,17 @@ def backward_dq_kernel(
 
 # --8<-- [start:split_sum]
 @triton.jit
-def sum_split_kernel(PARTIALS, DK, DV, plane, H_kv, B, SPLIT: tl.constexpr, BLOCK: tl.constexpr):
+def sum_split_kernel(
+    PARTIALS, DK, DV, plane, H_kv, B, head_dim,
+    stride_dkb, stride_dkh, stride_dkt, stride_dkd,
+    stride_dvb, stride_dvh, stride_dvt, stride_dvd,
+    SPLIT: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
     """With a GQA split, dk and dv from their float32 partials, cast to the inputs' dtype: one launch for both.
 
-    PARTIALS is (2, B, H_kv * SPLIT, Tk, D) contiguous, DK and DV are (B, H_kv, Tk, D) contiguous and
-    plane = Tk * D. Program (tile, h_kv, which * B + b) adds the SPLIT planes of its kv head in the order
-    s = 0, 1, ..., so every run rounds the same way."""
+    PARTIALS is (2, B, H_kv * SPLIT, Tk, D) contiguous and plane = Tk * D; DK and DV are (B, H_kv, Tk, D)
+    with any strides. Program (tile, h_kv, which * B + b) adds the SPLIT planes of its kv head in the
+    order s = 0, 1, ..., so every run rounds the same way."""
     inner = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     h_kv = tl.program_id(1).to(tl.int64)
     which_b = tl.program_id(2).to(tl.int64)  # which * B + b; which = 0 for dk, 1 for dv
@@ -414,23 +420,29 @@ def sum_split_kernel(PARTIALS, DK, DV, plane, H_kv, B, SPLIT: tl.constexpr, BLOC
     acc = tl.load(PARTIALS + first * plane + inner, mask=ok, other=0.0)
     for s in tl.static_range(1, SPLIT):
         acc += tl.load(PARTIALS + (first + s) * plane + inner, mask=ok, other=0.0)
-    out = ((which_b % B) * H_kv + h_kv) * plane + inner
+    b = which_b % B
+    t = (inner // head_dim).to(tl.int64)
+    d = inner % head_dim
     if which_b < B:
-        tl.store(DK + out, acc.to(DK.dtype.element_ty), mask=ok)
+        out = DK + b * stride_dkb + h_kv * stride_dkh + t * stride_dkt + d * stride_dkd
+        tl.store(out, acc.to(DK.dtype.element_ty), mask=ok)
     else:
-        tl.store(DV + out, acc.to(DV.dtype.element_ty), mask=ok)
+        out = DV + b * stride_dvb + h_kv * stride_dvh + t * stride_dvt + d * stride_dvd
+        tl.store(out, acc.to(DV.dtype.element_ty), mask=ok)
 
 
 SPLIT_SUM_BLOCK = 1024  # elements per program: a plain streaming sum, 4 warps
 
 
-def split_sum_launch(B: int, H_kv: int, Tk: int, D: int, kv_split: int) -> KernelLaunch | None:
+def split_sum_launch(B: int, H_kv: int, Tk: int, D: int, kv_split: int, dk_strides: tuple,
+                     dv_strides: tuple) -> KernelLaunch | None:  # fmt: skip
     """The launch that sums the split's partials into dk and dv (part of the backward's plan); None without a split."""
     if kv_split == 1:
         return None
     plane = Tk * D
     return KernelLaunch(sum_split_kernel, head_batch_grid(-(-plane // SPLIT_SUM_BLOCK), H_kv, 2 * B),
-                        (plane, H_kv, B), dict(SPLIT=kv_split, BLOCK=SPLIT_SUM_BLOCK), 4, 1)  # fmt: skip
+                        (plane, H_kv, B, D, *dk_strides, *dv_strides), dict(SPLIT=kv_split, BLOCK=SPLIT_SUM_BLOCK),
+                        4, 1)  # fmt: skip
 # --8<-- [end:split_sum]
 
 
@@ -549,6 +561,7 @@ class BackwardPlan(NamedTuple):
     tma_dq: tuple | None  # (strides of k, strides of v, tile rows): likewise for the dQ kernel
     kv_split: int  # programs per (key tile, kv head): > 1 writes float32 partials of dk, dv (see the kernel)
     split_sum: KernelLaunch | None  # with kv_split > 1: the partials summed into dk and dv
+    grad_strides: tuple  # of dq, dk, dv: each laid out like its input where that is dense (``strides_like``)
 
 
 def make_backward_plan(q, k, v, o, lse, do, stats, causal, scale, alignment, block_q, block_k, config,
@@ -587,7 +600,9 @@ def make_backward_plan(q, k, v, o, lse, do, stats, causal, scale, alignment, blo
     dkdv_q, dkdv_k = block_q or dkdv_q, block_k or dkdv_k
     n_key_tiles = -(-shape.Tk // dkdv_k)
     kv_split = pick_kv_split(kv_split, shape.group, n_key_tiles * shape.H_kv * shape.B, q.device)
-    kv_strides = contiguous_strides((shape.B, shape.H_kv * kv_split, shape.Tk, shape.D))  # dk, dv or their partials
+    grad_strides = (strides_like(q), strides_like(k), strides_like(v))  # dq, dk, dv: laid out like q, k, v
+    partials = contiguous_strides((shape.B, shape.H_kv * kv_split, shape.Tk, shape.D))
+    dk_dv_strides = (*grad_strides[1], *grad_strides[2]) if kv_split == 1 else (*partials, *partials)
     dq_q, dq_k, dq_warps, dq_stages = config["dq"]
     dq_q, dq_k = block_q or dq_q, block_k or dq_k
     sizes = (shape.H, shape.H_kv, shape.Tq, shape.Tk)
@@ -603,7 +618,7 @@ def make_backward_plan(q, k, v, o, lse, do, stats, causal, scale, alignment, blo
         dkdv=KernelLaunch(
             backward_dkdv_kernel,
             grid=head_batch_grid(n_key_tiles, shape.H_kv * kv_split, shape.B),
-            scalars=(*q.stride(), *k.stride(), *v.stride(), *do.stride(), *kv_strides, *kv_strides, *sizes, n_rows,
+            scalars=(*q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk_dv_strides, *sizes, n_rows,
                      units.unit, scale, units.qk_scale, offset),  # fmt: skip
             constexprs=dict(BLOCK_Q=dkdv_q, BLOCK_K=dkdv_k, **common, ATOMIC_DQ=not deterministic, SPLIT=kv_split,
                             INTERPRETED=q.device.type == "cpu", USE_TMA=tma_dkdv is not None),  # fmt: skip
@@ -613,8 +628,8 @@ def make_backward_plan(q, k, v, o, lse, do, stats, causal, scale, alignment, blo
         dq=KernelLaunch(
             backward_dq_kernel,
             grid=head_batch_grid(-(-shape.Tq // dq_q), shape.H, shape.B),
-            scalars=(*q.stride(), *k.stride(), *v.stride(), *do.stride(), *o.stride(), *contiguous_strides(q.shape),
-                     *sizes, n_rows, scale, units.qk_scale, offset),  # fmt: skip
+            scalars=(*q.stride(), *k.stride(), *v.stride(), *do.stride(), *o.stride(), *grad_strides[0], *sizes,
+                     n_rows, scale, units.qk_scale, offset),  # fmt: skip
             constexprs=dict(BLOCK_Q=dq_q, BLOCK_K=dq_k, **common, USE_TMA=tma_dq is not None),
             num_warps=dq_warps,
             num_stages=dq_stages,
@@ -622,7 +637,8 @@ def make_backward_plan(q, k, v, o, lse, do, stats, causal, scale, alignment, blo
         tma_dkdv=tma_dkdv,
         tma_dq=tma_dq,
         kv_split=kv_split,
-        split_sum=split_sum_launch(shape.B, shape.H_kv, shape.Tk, shape.D, kv_split),
+        split_sum=split_sum_launch(shape.B, shape.H_kv, shape.Tk, shape.D, kv_split, *grad_strides[1:]),
+        grad_strides=grad_strides,
     )
 
 
@@ -658,7 +674,10 @@ def flash_attention_backward(
             (``pick_kv_split``). Results are bitwise reproducible for each value.
 
     Returns:
-        dq like q; dk, dv like k (contiguous), each accumulated in float32 and cast to the input dtype.
+        dq like q; dk like k, dv like v: each laid out like its input in memory where that input is dense
+        (``flashtile._layouts.strides_like``; a (B, H, T, D) view of (B, T, H, D) storage gets a gradient
+        of the same layout, which autograd then keeps without a copy), contiguous otherwise; accumulated
+        in float32 and cast to the input dtype.
     """
     plan = cached_plan(make_backward_plan, (q, k, v, o, lse, do, stats), causal, scale, alignment, block_q, block_k,
                        config, deterministic, tma, rotate, kv_split)  # fmt: skip
@@ -667,7 +686,7 @@ def flash_attention_backward(
         stats = stats.contiguous()
     if plan.deterministic:  # dQ first: its kernel also stores every row's (delta, m, log2 l) for the dK/dV kernel
         rows = torch.empty((3, *q.shape[:3]), dtype=torch.float32, device=q.device)
-        dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        dq = empty_like_layout(q, plan.grad_strides[0])
         k_tiles, v_tiles = (k, v) if plan.tma_dq is None else tile_descriptors(plan.tma_dq, k, v, plan.pad)
         plan.dq(q, k_tiles, v_tiles, do, o, stats, rows, dq)
         dq_acc = dq  # the dK/dV kernel ignores this argument
@@ -676,19 +695,18 @@ def flash_attention_backward(
         dq_acc = torch.zeros((*q.shape[:3], plan.pad), dtype=torch.float32, device=q.device)
     B, H_kv, Tk, D = k.shape
     if plan.kv_split == 1:
-        dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-        dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+        dk, dv = empty_like_layout(k, plan.grad_strides[1]), empty_like_layout(v, plan.grad_strides[2])
     else:  # float32 partials of dk and dv in one buffer: one allocation for both
         partials = torch.empty((2, B, H_kv * plan.kv_split, Tk, D), dtype=torch.float32, device=k.device)
         dk, dv = partials[0], partials[1]
     q_tiles, do_tiles = (q, do) if plan.tma_dkdv is None else tile_descriptors(plan.tma_dkdv, q, do, plan.pad)
     plan.dkdv(q_tiles, k, v, do_tiles, rows, dk, dv, dq_acc)
     if plan.kv_split > 1:  # the partials of each kv head, summed in a fixed order and cast, in one launch
-        dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)  # two tensors, never views of one buffer: a
-        dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)  # custom op's outputs may not share memory
+        dk = empty_like_layout(k, plan.grad_strides[1])  # two tensors, never views of one buffer: a custom
+        dv = empty_like_layout(v, plan.grad_strides[2])  # op's outputs may not share memory
         plan.split_sum(partials, dk, dv)
     if not plan.deterministic:
-        dq = dq_acc[..., : q.shape[3]].to(q.dtype).contiguous()
+        dq = empty_like_layout(q, plan.grad_strides[0]).copy_(dq_acc[..., : q.shape[3]])  # cast as it copies
     return dq, dk, dv
 
 
