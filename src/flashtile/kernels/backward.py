@@ -465,10 +465,11 @@ def backward_config(head_dim: int, dtype: torch.dtype, seq_len: int = 0, atomic_
     the causal backward ran up to 40% slower through TMA, so short sequences keep the pointer path.
     So do calls with little work (``work`` = B * H * Tq * Tk * D, halved under causal, below
     ``TMA_MIN_WORK``): there the descriptors cost the host more than they save the GPU. At B = 2,
-    H = 16, T = 2k, D = 64 causal (work 4.3e9) TMA took 22 µs off 230 µs of GPU time but added 50-80 µs
-    of host time to the launcher, and more on autograd's device thread: timed through autograd the
-    pointer path ran at 0.55-0.72 of cuDNN there, TMA at 0.25-0.45. From 1.7e10 on (D = 128, T = 4k,
-    causal) TMA won, 0.74-0.81 against 0.67-0.72 (bench/results/backward-models.json at c635d2f).
+    H = 16, T = 2k, D = 64 causal (work 4.3e9) TMA took 20-24 µs off 230-243 µs of GPU time, but timed
+    through autograd, where the backward runs on autograd's device thread and every host call is
+    slower, it ran at 0.25-0.48 of cuDNN in two runs, the pointer path at 0.36-0.72 and 0.55-0.72.
+    From 1.7e10 on (D = 128, T = 4k, causal) TMA won, 0.74-0.81 against the pointer path's 0.67-0.72
+    (bench/results/backward-models.json at c635d2f and 6fd2954; sweeps/backward-descriptor-host-cost.json).
     The atomic-dQ kernel also holds a dQ tile: with 64-row query tiles at D = 128 it spills 764 bytes,
     so it keeps 32.
     fp32 inputs multiply on the CUDA cores, not the tensor cores, and need far smaller tiles.
@@ -682,7 +683,7 @@ def flash_attention_backward(
     plan = cached_plan(make_backward_plan, (q, k, v, o, lse, do, stats), causal, scale, alignment, block_q, block_k,
                        config, deterministic, tma, rotate, kv_split)  # fmt: skip
     stats = stats_from_lse(lse, plan.scale) if stats is None else stats
-    if not stats.is_contiguous():  # checked, not copied: a call costs the host a dispatch even when it is a no-op
+    if not stats.is_contiguous():  # contiguous() is a dispatched call even when it returns stats itself
         stats = stats.contiguous()
     if plan.deterministic:  # dQ first: its kernel also stores every row's (delta, m, log2 l) for the dK/dV kernel
         rows = torch.empty((3, *q.shape[:3]), dtype=torch.float32, device=q.device)
