@@ -111,6 +111,19 @@ def test_torch_compile_fullgraph_traces_forward_and_backward_on_the_reference_pa
         torch.testing.assert_close(a, b)
 
 
+def test_torch_compile_fullgraph_traces_the_default_dispatch():
+    # No use_backend: the tier comes from the device, the dtype and TRITON_INTERPRET, read at trace
+    # time. Reading Triton's knob is C code dynamo cannot trace; a graph break here failed fullgraph.
+    q, k, v = make_qkv(1, 4, 2, 19, 19, 16, seed=20)
+    do = torch.randn(q.shape, generator=torch.Generator().manual_seed(21)).to(DEVICE)
+    fn = lambda q, k, v: attention(q, k, v, is_causal=True, enable_gqa=True)
+    eager = run_attention(fn, q, k, v, do)
+    compiled = run_attention(torch.compile(fn, fullgraph=True, backend="aot_eager"), q, k, v, do)
+    torch.testing.assert_close(compiled[0], eager[0])
+    for a, b in zip(compiled[1], eager[1]):
+        torch.testing.assert_close(a, b)
+
+
 def test_torch_compile_graph_holds_the_custom_ops_as_single_nodes():
     graphs = []
 

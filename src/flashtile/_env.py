@@ -18,6 +18,7 @@ _TRUE = ("1", "true", "on", "yes", "y")  # Triton's own reading, for Triton buil
 
 
 # --8<-- [start:interpret]
+@torch.compiler.assume_constant_result  # torch.compile reads it once, at trace time: Triton's knob is C code
 def is_interpreting() -> bool:
     """True when TRITON_INTERPRET asks for the interpreter, read the way Triton reads it."""
     try:
