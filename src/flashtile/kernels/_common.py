@@ -22,7 +22,6 @@ import triton.language as tl
 
 from .._checks import check_block, check_int
 from .._env import is_interpreting
-from .._layouts import contiguous_strides  # noqa: F401  (re-exported: the launchers' outputs' strides)
 
 KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MIN_DOT_BLOCK = 16  # tl.dot needs every dimension of its operands to be at least 16

@@ -37,7 +37,7 @@ from .._checks import (
     resolve_scale,
 )
 from .._env import sm_count
-from .._layouts import empty_like_layout, strides_like
+from .._layouts import contiguous_strides, empty_like_layout, strides_like
 from .._plans import cached_plan
 from ..reference.causal import diagonal_offset
 from ._common import (
@@ -47,7 +47,6 @@ from ._common import (
     check_kernel_device,
     check_launch,
     check_tile_size,
-    contiguous_strides,
     dot_precision,
     first_query_row,
     full_key_tiles,
@@ -694,17 +693,16 @@ def flash_attention_backward(
     else:  # the row terms from their own kernel, and a float32 dQ accumulator that every key tile adds into
         rows = backward_preprocess(o, do, stats, plan.preprocess)
         dq_acc = torch.zeros((*q.shape[:3], plan.pad), dtype=torch.float32, device=q.device)
-    B, H_kv, Tk, D = k.shape
-    if plan.kv_split == 1:
-        dk, dv = empty_like_layout(k, plan.grad_strides[1]), empty_like_layout(v, plan.grad_strides[2])
-    else:  # float32 partials of dk and dv in one buffer: one allocation for both
+    dk = empty_like_layout(k, plan.grad_strides[1])  # two tensors, never views of one buffer: a custom
+    dv = empty_like_layout(v, plan.grad_strides[2])  # op's outputs may not share memory
+    dk_out, dv_out = dk, dv  # where the dK/dV kernel writes
+    if plan.kv_split > 1:  # float32 partials of dk and dv in one buffer: one allocation for both
+        B, H_kv, Tk, D = k.shape
         partials = torch.empty((2, B, H_kv * plan.kv_split, Tk, D), dtype=torch.float32, device=k.device)
-        dk, dv = partials[0], partials[1]
+        dk_out, dv_out = partials[0], partials[1]
     q_tiles, do_tiles = (q, do) if plan.tma_dkdv is None else tile_descriptors(plan.tma_dkdv, q, do, plan.pad)
-    plan.dkdv(q_tiles, k, v, do_tiles, rows, dk, dv, dq_acc)
+    plan.dkdv(q_tiles, k, v, do_tiles, rows, dk_out, dv_out, dq_acc)
     if plan.kv_split > 1:  # the partials of each kv head, summed in a fixed order and cast, in one launch
-        dk = empty_like_layout(k, plan.grad_strides[1])  # two tensors, never views of one buffer: a custom
-        dv = empty_like_layout(v, plan.grad_strides[2])  # op's outputs may not share memory
         plan.split_sum(partials, dk, dv)
     if not plan.deterministic:
         dq = empty_like_layout(q, plan.grad_strides[0]).copy_(dq_acc[..., : q.shape[3]])  # cast as it copies

@@ -34,6 +34,7 @@ import triton.language as tl
 
 from .._checks import check_flag, resolve_scale
 from .._env import sm_count
+from .._layouts import contiguous_strides
 from .._plans import cached_plan
 from ..decode import DecodeShape, check_decode_inputs, check_num_splits, pick_num_splits
 from ._common import (
@@ -43,7 +44,6 @@ from ._common import (
     check_kernel_device,
     check_launch,
     check_tile_size,
-    contiguous_strides,
     dot_precision,
     has_pdl,
     head_batch_grid,

@@ -34,6 +34,7 @@ import triton
 import triton.language as tl
 
 from .._checks import check_alignment, check_attention_inputs, check_causal, check_flag, resolve_scale
+from .._layouts import contiguous_strides
 from .._plans import cached_plan
 from ..reference.causal import diagonal_offset
 from ._common import (
@@ -44,7 +45,6 @@ from ._common import (
     check_kernel_device,
     check_launch,
     check_tile_size,
-    contiguous_strides,
     delta_of_shift,
     dot_precision,
     full_key_tiles,
