@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._checks import check_block, check_int
+from .._checks import check_block, check_flag, check_int
 from .._env import is_interpreting
 
 KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -81,6 +81,51 @@ def head_batch_grid(n_tiles: int, heads: int, batch: int) -> tuple[int, int, int
         if n > MAX_GRID_YZ:
             raise ValueError(f"the {name} must be at most {MAX_GRID_YZ} (a CUDA grid dimension), got {n}")
     return (n_tiles, heads, batch)
+
+
+# --8<-- [start:launch_order]
+@triton.jit
+def program_tile(HEAVY_TILE_LAST: tl.constexpr, HEAVIEST_FIRST: tl.constexpr):
+    """(tile, plane, batch) of this program in a (tiles, planes, batch) grid, as int32.
+
+    The GPU starts programs about in launch order, the grid's first axis fastest. Under a causal mask
+    the tiles of a head differ in work (the last query tile, or the first key tile, has the most); a long
+    program that starts late keeps a few SMs busy while the rest idle (the tail). HEAVY_TILE_LAST flips
+    the tile axis, so that each head's heaviest tile comes first in that head. HEAVIEST_FIRST goes
+    further: it renumbers the whole launch so that the tile index varies slowest, and every head's
+    heaviest tile starts before any head's second heaviest. Programs that run together then belong to
+    different heads, so it pays only where every head's K and V stay in L2 (the launcher decides).
+    """
+    tile = tl.program_id(0)
+    plane = tl.program_id(1)
+    b = tl.program_id(2)
+    n_tiles = tl.num_programs(0)
+    if HEAVIEST_FIRST:
+        n_planes = tl.num_programs(1)
+        per_tile = n_planes * tl.num_programs(2)  # programs that share one tile index
+        rank = tile + n_tiles * (plane + n_planes * b)  # this program's place in the launch order
+        tile = rank // per_tile
+        plane = (rank % per_tile) % n_planes
+        b = (rank % per_tile) // n_planes
+    if HEAVY_TILE_LAST:
+        tile = n_tiles - 1 - tile
+    return tile, plane, b
+
+
+HEAVIEST_FIRST_KV_BYTES = 16 * 2**20  # K and V of every head up to this size: heaviest tiles first (measured)
+
+
+def heaviest_first(choice, causal: bool, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether a causal launch starts every head's heaviest tile first (``program_tile``'s HEAVIEST_FIRST).
+
+    ``choice`` True or False decides (for benchmarks); None picks it where the K and V of all heads
+    together fit in HEAVIEST_FIRST_KV_BYTES, so that programs of many heads running side by side still
+    find their key tiles in L2. Without a causal mask every tile has the same work: always False.
+    """
+    if choice is not None:
+        return check_flag("heaviest_first", choice) and causal
+    return causal and k.numel() * k.element_size() + v.numel() * v.element_size() <= HEAVIEST_FIRST_KV_BYTES
+# --8<-- [end:launch_order]
 
 
 # --8<-- [start:kernel_scale]

@@ -52,9 +52,11 @@ from ._common import (
     full_key_tiles,
     head_batch_grid,
     head_dim_pad,
+    heaviest_first,
     is_interpreting,
     kernel_scale,
     last_key_tile,
+    program_tile,
     rotated_tile,
     store_tile,
     tile_descriptor,
@@ -213,7 +215,7 @@ def backward_dkdv_kernel(
     CAUSAL: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr, SIGN: tl.constexpr, DOT_PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr,
     WIDE: tl.constexpr, INTERPRETED: tl.constexpr, USE_TMA: tl.constexpr, ROTATE: tl.constexpr,
-    SPLIT: tl.constexpr,
+    SPLIT: tl.constexpr, HEAVIEST_FIRST: tl.constexpr,
 ):  # fmt: skip
     """One program per (key tile, kv head, batch): dk, dv for that tile, summed over the group's heads.
     ROWS is (3, B, H, Tq) float32, planes n_rows = B * H * Tq apart: delta, m, log2 l of every query row,
@@ -227,10 +229,12 @@ def backward_dkdv_kernel(
     With ATOMIC_DQ the same program also adds this key tile's share of dq, τ dS K, into DQ_ACC, a float32
     (B, H, Tq, HEAD_DIM_PAD) buffer, with atomic adds: one kernel and five matmuls per tile instead of
     seven over two kernels, at the price of a summation order that changes from run to run."""
-    k_start = tl.program_id(0) * BLOCK_K  # under causal, key tile 0 has the most work: it launches first
-    plane = tl.program_id(1).to(tl.int64)  # kv_head * SPLIT + part: where this program's dk, dv go
+    # under causal, key tile 0 has the most work: it launches first
+    k_index, plane, b = program_tile(HEAVY_TILE_LAST=False, HEAVIEST_FIRST=HEAVIEST_FIRST)
+    k_start = k_index * BLOCK_K
+    plane = plane.to(tl.int64)  # kv_head * SPLIT + part: where this program's dk, dv go
     h_kv = plane // SPLIT  # the kv head; query heads h_kv * group + r, r < group, read it
-    b = tl.program_id(2).to(tl.int64)
+    b = b.to(tl.int64)
     group = H // H_kv
     first_head = (plane % SPLIT) * (group // SPLIT)  # this program's share of the group: all of it unless SPLIT
     keys = k_start + tl.arange(0, BLOCK_K)
@@ -271,7 +275,7 @@ def backward_dkdv_kernel(
         dk, dv = dkdv_query_tiles(  # the interior, unmasked
             dk, dv, k_tile, v_tile, q_ptr, do_ptr, m_ptr, l_ptr, delta_ptr, acc_ptr, q_offsets, do_offsets,
             acc_offsets, rows0, cols, keys, stride_qt, stride_dot, mid, hi, hi, 0, Tq, Tk, offset,
-            scale, qk_scale, b.to(tl.int32), h.to(tl.int32), tl.program_id(0), BLOCK_Q, HEAD_DIM, HEAD_DIM_PAD,
+            scale, qk_scale, b.to(tl.int32), h.to(tl.int32), k_index, BLOCK_Q, HEAD_DIM, HEAD_DIM_PAD,
             False, CAUSAL, SIGN, DOT_PRECISION, ATOMIC_DQ, INTERPRETED, USE_TMA, ROTATE,
         )  # fmt: skip
         dk, dv = dkdv_query_tiles(  # one masked loop: the band [lo, mid), then the tail [hi, n)
@@ -337,19 +341,18 @@ def backward_dq_kernel(
     H, H_kv, Tq, Tk, n_rows, scale, qk_scale, offset,
     CAUSAL: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr, SIGN: tl.constexpr, DOT_PRECISION: tl.constexpr, WIDE: tl.constexpr,
-    USE_TMA: tl.constexpr, ROTATE: tl.constexpr,
+    USE_TMA: tl.constexpr, ROTATE: tl.constexpr, HEAVIEST_FIRST: tl.constexpr,
 ):  # fmt: skip
     """One program per (query tile, head, batch): dq for that tile, a sum over its key tiles.
 
     It runs before the dK/dV kernel and first works out its rows' terms (``row_terms``: delta from its
     o and do tiles, m and log2 l from the forward's STATS), uses them, and stores them into ROWS for
     the dK/dV kernel: the backward needs no separate preprocess launch."""
-    q_index = tl.program_id(0)
-    if CAUSAL:  # later query tiles see more keys: launch them first, so the short ones fill the tail
-        q_index = tl.num_programs(0) - 1 - q_index
+    # later query tiles see more keys: under causal they launch first, so the short ones fill the tail
+    q_index, h, b = program_tile(HEAVY_TILE_LAST=CAUSAL, HEAVIEST_FIRST=HEAVIEST_FIRST)
     q_start = q_index * BLOCK_Q
-    h = tl.program_id(1).to(tl.int64)
-    b = tl.program_id(2).to(tl.int64)
+    h = h.to(tl.int64)
+    b = b.to(tl.int64)
     h_kv = h // (H // H_kv)  # the kv head this query head reads: K and V are indexed, never repeated
     rows = q_start + tl.arange(0, BLOCK_Q)
     keys0 = tl.arange(0, BLOCK_K)
@@ -565,7 +568,8 @@ class BackwardPlan(NamedTuple):
 
 
 def make_backward_plan(q, k, v, o, lse, do, stats, causal, scale, alignment, block_q, block_k, config,
-                       deterministic, tma=None, rotate=False, kv_split=None) -> BackwardPlan:  # fmt: skip
+                       deterministic, tma=None, rotate=False, kv_split=None,
+                       heaviest_first_choice=None) -> BackwardPlan:  # fmt: skip
     """Check one backward call's arguments and derive its launches; raises on anything the kernels cannot take."""
     shape = check_attention_inputs(q, k, v, dtypes=KERNEL_DTYPES)
     check_like("o", o, "q", q)
@@ -591,11 +595,12 @@ def make_backward_plan(q, k, v, o, lse, do, stats, causal, scale, alignment, blo
                              f"{tuple(stats.shape)}")  # fmt: skip
     units = kernel_scale(scale)
     rotate = check_flag("rotate", rotate)
+    heaviest = heaviest_first(heaviest_first_choice, causal, k, v)
     pad = head_dim_pad(shape.D)
     tiles = config["dkdv"][:2] + config["dq"][:2] + (block_q or 0, block_k or 0)
     common = dict(CAUSAL=causal, HEAD_DIM=shape.D, HEAD_DIM_PAD=pad, SIGN=units.sign,
                   DOT_PRECISION=dot_precision(q.dtype), WIDE=wide_offsets(max(tiles), pad, q, k, v, do, o),
-                  ROTATE=rotate)  # fmt: skip
+                  ROTATE=rotate, HEAVIEST_FIRST=heaviest)  # fmt: skip
     dkdv_q, dkdv_k, dkdv_warps, dkdv_stages = config["dkdv"]
     dkdv_q, dkdv_k = block_q or dkdv_q, block_k or dkdv_k
     n_key_tiles = -(-shape.Tk // dkdv_k)
@@ -645,7 +650,7 @@ def make_backward_plan(q, k, v, o, lse, do, stats, causal, scale, alignment, blo
 # --8<-- [start:launcher]
 def flash_attention_backward(
     q, k, v, o, lse, do, causal=False, scale=None, alignment="upper_left", block_q=None, block_k=None, *,
-    stats=None, config=None, deterministic=True, tma=None, rotate=False, kv_split=None,
+    stats=None, config=None, deterministic=True, tma=None, rotate=False, kv_split=None, heaviest_first=None,
 ):
     """Gradients of attention from the forward's o and lse, with two Triton launches.
 
@@ -672,6 +677,9 @@ def flash_attention_backward(
         kv_split: with GQA, how many dK/dV programs share each (key tile, kv head), splitting the group's
             query heads between them (a divisor of H / H_kv); None picks one by grid size
             (``pick_kv_split``). Results are bitwise reproducible for each value.
+        heaviest_first: under causal, both kernels start every head's heaviest tile before any head's
+            second heaviest (``_common.program_tile``); None (the default) picks it where K and V fit in
+            L2 (``_common.heaviest_first``). The same gradients, bitwise, either way.
 
     Returns:
         dq like q; dk like k, dv like v: each laid out like its input in memory where that input is dense
@@ -680,7 +688,7 @@ def flash_attention_backward(
         in float32 and cast to the input dtype.
     """
     plan = cached_plan(make_backward_plan, (q, k, v, o, lse, do, stats), causal, scale, alignment, block_q, block_k,
-                       config, deterministic, tma, rotate, kv_split)  # fmt: skip
+                       config, deterministic, tma, rotate, kv_split, heaviest_first)  # fmt: skip
     stats = stats_from_lse(lse, plan.scale) if stats is None else stats
     if not stats.is_contiguous():  # contiguous() is a dispatched call even when it returns stats itself
         stats = stats.contiguous()

@@ -51,10 +51,12 @@ from ._common import (
     fused_softmax_step,
     head_batch_grid,
     head_dim_pad,
+    heaviest_first,
     kernel_scale,
     last_key_tile,
     online_softmax_step,
     program_offset,
+    program_tile,
     rotated_tile,
     tile_descriptor,
     use_tma,
@@ -133,13 +135,11 @@ def _forward_kernel(
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr, SIGN: tl.constexpr,
     USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr, ROTATE_KEYS: tl.constexpr, INTERPRETED: tl.constexpr,
+    HEAVIEST_FIRST: tl.constexpr,
 ):
     # --8<-- [start:program]
-    q_index = tl.program_id(0)
-    if CAUSAL:  # launch the longest query tiles (most key tiles) first, so the short ones fill the tail
-        q_index = tl.num_programs(0) - 1 - q_index
-    h = tl.program_id(1)
-    b = tl.program_id(2)
+    # under causal, the longest query tiles (most key tiles) launch first, so the short ones fill the tail
+    q_index, h, b = program_tile(HEAVY_TILE_LAST=CAUSAL, HEAVIEST_FIRST=HEAVIEST_FIRST)
     h_kv = h // group  # GQA: query head h reads the key/value head of its group, no copy
     q_start = q_index * BLOCK_Q
     q_end = tl.minimum(q_start + BLOCK_Q, Tq)
@@ -288,7 +288,7 @@ class ForwardPlan(NamedTuple):
 
 
 def make_forward_plan(q, k, v, causal, scale, alignment, block_q, block_k, num_warps, num_stages, tma,
-                      return_stats, rotate_keys=False) -> ForwardPlan:  # fmt: skip
+                      return_stats, rotate_keys=False, heaviest_first_choice=None) -> ForwardPlan:  # fmt: skip
     """Validate one call's arguments and derive its launch; raises on anything the kernel cannot take."""
     shape = check_attention_inputs(q, k, v, dtypes=KERNEL_DTYPES)
     check_causal(causal)
@@ -296,6 +296,7 @@ def make_forward_plan(q, k, v, causal, scale, alignment, block_q, block_k, num_w
     return_stats = check_flag("return_stats", return_stats)
     tma = None if tma is None else check_flag("tma", tma)
     rotate_keys = check_flag("rotate_keys", rotate_keys)
+    heaviest = heaviest_first(heaviest_first_choice, causal, k, v)
     scale = resolve_scale(scale, shape.D, q.dtype)
     check_kernel_device("q", q)
     config = forward_config(shape.D, q.dtype, q.device.type == "cpu", causal, 512 if shape.Tq <= 512 else (
@@ -321,7 +322,7 @@ def make_forward_plan(q, k, v, causal, scale, alignment, block_q, block_k, num_w
             constexprs=dict(HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D), BLOCK_Q=block_q, BLOCK_K=block_k,
                             CAUSAL=causal, SIGN=units.sign, USE_TMA=strides is not None,
                             DOT_PRECISION=dot_precision(q.dtype), ROTATE_KEYS=rotate_keys,
-                            INTERPRETED=q.device.type == "cpu"),  # fmt: skip
+                            INTERPRETED=q.device.type == "cpu", HEAVIEST_FIRST=heaviest),  # fmt: skip
             num_warps=num_warps,
             num_stages=num_stages,
             maxnreg=config.get("maxnreg") if own_settings else None,  # a cap measured with these settings only
@@ -333,7 +334,7 @@ def make_forward_plan(q, k, v, causal, scale, alignment, block_q, block_k, num_w
 
 def flash_attention(
     q, k, v, causal=False, scale=None, alignment="upper_left", block_q=None, block_k=None, *,
-    num_warps=None, num_stages=None, return_stats=False, tma=None, rotate_keys=False,
+    num_warps=None, num_stages=None, return_stats=False, tma=None, rotate_keys=False, heaviest_first=None,
 ):
     """Attention forward on the GPU, without materialising the Tq x Tk score matrix.
 
@@ -353,6 +354,9 @@ def flash_attention(
             rounding (the tiles are summed in another order), still deterministic. Off by default:
             measured on the H200 it gained 2% at D = 128 without a mask from 8k on and lost elsewhere
             (bench/PERF_LOG.md).
+        heaviest_first: under causal, start every head's longest query tile before any head's second
+            longest (``_common.program_tile``); True or False decide, None (the default) picks it where
+            K and V fit in L2 (``_common.heaviest_first``). Ignored without a causal mask.
 
     Returns:
         o: (B, H, Tq, D) contiguous, in q's dtype. lse: (B, H, Tq) fp32, natural log; a row that
@@ -360,7 +364,7 @@ def flash_attention(
         stats[0] = m (the row max of the raw dots sign(τ)·q·k) and stats[1] = l.
     """
     plan = cached_plan(make_forward_plan, (q, k, v), causal, scale, alignment, block_q, block_k, num_warps,
-                       num_stages, tma, return_stats, rotate_keys)  # fmt: skip
+                       num_stages, tma, return_stats, rotate_keys, heaviest_first)  # fmt: skip
     o, row_stats = forward_with_plan(plan, q, k, v)
     return (o, row_stats[0], row_stats[1:]) if plan.return_stats else (o, row_stats[0])
 
