@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 
 from _truth import attention_truth
-from flashtile.kernels._common import HEAVIEST_FIRST_KV_BYTES, heaviest_first, program_tile
+from flashtile.kernels._common import HEAVIEST_FIRST_BYTES, heaviest_first_chunk, program_tile
 from flashtile.kernels.backward import flash_attention_backward
 from flashtile.kernels.forward import flash_attention
 
@@ -19,51 +19,59 @@ from ._helpers import DEVICE, FORWARD_TOL, randn
 
 
 @triton.jit
-def _record_tiles(OUT, HEAVY_TILE_LAST: tl.constexpr, HEAVIEST_FIRST: tl.constexpr):
-    tile, plane, b = program_tile(HEAVY_TILE_LAST, HEAVIEST_FIRST)
+def _record_tiles(OUT, chunk, HEAVY_TILE_LAST: tl.constexpr, HEAVIEST_FIRST: tl.constexpr):
+    tile, plane, b = program_tile(chunk, HEAVY_TILE_LAST, HEAVIEST_FIRST)
     rank = tl.program_id(0) + tl.num_programs(0) * (tl.program_id(1) + tl.num_programs(1) * tl.program_id(2))
     tl.store(OUT + 3 * rank, tile)
     tl.store(OUT + 3 * rank + 1, plane)
     tl.store(OUT + 3 * rank + 2, b)
 
 
-def _launch_order(grid, heavy_tile_last, heaviest_first_):
+def _launch_order(grid, heavy_tile_last, chunk):
+    """(tile, plane, b) of every program, in launch order; chunk 0: the plain order."""
     out = torch.full((grid[0] * grid[1] * grid[2], 3), -1, dtype=torch.int32, device=DEVICE)
-    _record_tiles[grid](out, HEAVY_TILE_LAST=heavy_tile_last, HEAVIEST_FIRST=heaviest_first_)
-    return [tuple(row) for row in out.cpu().tolist()]  # (tile, plane, b) of each program, in launch order
+    _record_tiles[grid](out, max(chunk, 1), HEAVY_TILE_LAST=heavy_tile_last, HEAVIEST_FIRST=chunk > 0)
+    return [tuple(row) for row in out.cpu().tolist()]
+
+
+def _expected_order(grid, heavy_tile_last, chunk):
+    """The order written out by hand: (plane, b) pairs (plane fastest) cut into chunks; in each chunk the
+    heaviest tile of every pair, then the next heaviest, and so on."""
+    n_tiles, planes, batch = grid
+    pairs = [(p, b) for b in range(batch) for p in range(planes)]
+    heaviest = list(range(n_tiles))[::-1] if heavy_tile_last else list(range(n_tiles))  # heaviest first
+    order = []
+    for start in range(0, len(pairs), chunk):
+        order += [(t, p, b) for t in heaviest for p, b in pairs[start:start + chunk]]
+    return order
 
 
 @pytest.mark.parametrize("grid", [(5, 3, 2), (1, 4, 3), (7, 1, 1), (4, 6, 1)])
 @pytest.mark.parametrize("heavy_tile_last", [False, True])
-def test_heaviest_first_starts_every_heads_heaviest_tile_before_any_second_heaviest(grid, heavy_tile_last):
-    n_tiles, planes, batch = grid
-    every = {(t, p, b) for t in range(n_tiles) for p in range(planes) for b in range(batch)}
-    order = _launch_order(grid, heavy_tile_last, True)
-    assert len(order) == len(every) and set(order) == every  # each (tile, plane, b) exactly once
-    weight = [n_tiles - 1 - t if heavy_tile_last else t for t, _, _ in order]  # 0 = the heaviest tile
-    assert weight == sorted(weight)
-    per_tile = planes * batch  # within one tile index: planes fastest, then batch
-    assert [(p, b) for _, p, b in order[:per_tile]] == [(p, b) for b in range(batch) for p in range(planes)]
+@pytest.mark.parametrize("chunk", [1, 2, 4, 100])
+def test_heaviest_first_starts_every_heads_heaviest_tile_first_within_each_chunk(grid, heavy_tile_last, chunk):
+    order = _launch_order(grid, heavy_tile_last, chunk)
+    assert order == _expected_order(grid, heavy_tile_last, chunk)
+    assert len(set(order)) == len(order)  # each (tile, plane, b) exactly once
 
 
 @pytest.mark.parametrize("heavy_tile_last", [False, True])
 def test_without_heaviest_first_only_the_tile_axis_may_flip(heavy_tile_last):
     grid = (5, 3, 2)
     expected = [(4 - t if heavy_tile_last else t, p, b) for b in range(2) for p in range(3) for t in range(5)]
-    assert _launch_order(grid, heavy_tile_last, False) == expected
+    assert _launch_order(grid, heavy_tile_last, 0) == expected
 
 
-def test_heaviest_first_is_picked_where_k_and_v_fit_and_only_under_causal():
-    small = torch.empty(2, 4, 2048, 64, dtype=torch.bfloat16, device="meta")  # 2 MiB each
-    large = torch.empty(8, 16, 2048, 64, dtype=torch.bfloat16, device="meta")  # 32 MiB each
-    assert 2 * small.numel() * 2 <= HEAVIEST_FIRST_KV_BYTES < 2 * large.numel() * 2
-    assert heaviest_first(None, True, small, small)
-    assert not heaviest_first(None, True, large, large)
-    assert not heaviest_first(None, False, small, small)
-    assert heaviest_first(True, True, large, large) and not heaviest_first(False, True, small, small)
-    assert not heaviest_first(True, False, small, small)  # no causal mask: every tile has the same work
+def test_chunks_hold_what_fits_in_the_budget_in_whole_groups_and_only_under_causal():
+    budget = HEAVIEST_FIRST_BYTES
+    assert heaviest_first_chunk(True, True, budget // 8, 100) == 8
+    assert heaviest_first_chunk(True, True, budget // 8, 5) == 5  # never more than the grid has
+    assert heaviest_first_chunk(True, True, budget // 10, 100, share=4) == 8  # whole GQA groups
+    assert heaviest_first_chunk(True, True, 2 * budget, 100, share=4) == 4  # at least one group
+    assert heaviest_first_chunk(False, True, 1, 100) == 0
+    assert heaviest_first_chunk(True, False, 1, 100) == 0  # no causal mask: every tile has the same work
     with pytest.raises(TypeError, match="heaviest_first"):
-        heaviest_first(1, True, small, small)
+        heaviest_first_chunk(1, True, 1, 100)
 
 
 @pytest.mark.parametrize("shape", [(2, 4, 2, 77, 77, 24), (1, 3, 1, 50, 90, 16), (2, 2, 2, 96, 64, 32)])

@@ -85,16 +85,17 @@ def head_batch_grid(n_tiles: int, heads: int, batch: int) -> tuple[int, int, int
 
 # --8<-- [start:launch_order]
 @triton.jit
-def program_tile(HEAVY_TILE_LAST: tl.constexpr, HEAVIEST_FIRST: tl.constexpr):
+def program_tile(chunk, HEAVY_TILE_LAST: tl.constexpr, HEAVIEST_FIRST: tl.constexpr):
     """(tile, plane, batch) of this program in a (tiles, planes, batch) grid, as int32.
 
     The GPU starts programs about in launch order, the grid's first axis fastest. Under a causal mask
     the tiles of a head differ in work (the last query tile, or the first key tile, has the most); a long
     program that starts late keeps a few SMs busy while the rest idle (the tail). HEAVY_TILE_LAST flips
     the tile axis, so that each head's heaviest tile comes first in that head. HEAVIEST_FIRST goes
-    further: it renumbers the whole launch so that the tile index varies slowest, and every head's
-    heaviest tile starts before any head's second heaviest. Programs that run together then belong to
-    different heads, so it pays only where every head's K and V stay in L2 (the launcher decides).
+    further: it cuts the (plane, batch) pairs into chunks of ``chunk`` and renumbers the launch so
+    that inside a chunk the tile index varies slowest: every head's heaviest tile starts before any
+    head's second heaviest. Programs that run together then belong to different heads; the launcher
+    sizes the chunk so that what one chunk's heads read still fits in L2 (``heaviest_first_chunk``).
     """
     tile = tl.program_id(0)
     plane = tl.program_id(1)
@@ -102,29 +103,34 @@ def program_tile(HEAVY_TILE_LAST: tl.constexpr, HEAVIEST_FIRST: tl.constexpr):
     n_tiles = tl.num_programs(0)
     if HEAVIEST_FIRST:
         n_planes = tl.num_programs(1)
-        per_tile = n_planes * tl.num_programs(2)  # programs that share one tile index
         rank = tile + n_tiles * (plane + n_planes * b)  # this program's place in the launch order
-        tile = rank // per_tile
-        plane = (rank % per_tile) % n_planes
-        b = (rank % per_tile) // n_planes
+        first = rank // (chunk * n_tiles) * chunk  # the first (plane, batch) pair of its chunk
+        size = tl.minimum(chunk, n_planes * tl.num_programs(2) - first)  # the last chunk may be smaller
+        within = rank - first * n_tiles
+        tile = within // size
+        pair = first + within % size
+        plane = pair % n_planes
+        b = pair // n_planes
     if HEAVY_TILE_LAST:
         tile = n_tiles - 1 - tile
     return tile, plane, b
 
 
-HEAVIEST_FIRST_KV_BYTES = 16 * 2**20  # K and V of every head up to this size: heaviest tiles first (measured)
+HEAVIEST_FIRST_BYTES = 32 * 2**20  # what one chunk's heads stream at most, so that it stays in the 50 MB L2
 
 
-def heaviest_first(choice, causal: bool, k: torch.Tensor, v: torch.Tensor) -> bool:
-    """Whether a causal launch starts every head's heaviest tile first (``program_tile``'s HEAVIEST_FIRST).
+def heaviest_first_chunk(heaviest_first, causal: bool, plane_bytes: int, pairs: int, share: int = 1) -> int:
+    """(plane, batch) pairs per chunk of a heaviest-first launch (``program_tile``), or 0: the plain order.
 
-    ``choice`` True or False decides (for benchmarks); None picks it where the K and V of all heads
-    together fit in HEAVIEST_FIRST_KV_BYTES, so that programs of many heads running side by side still
-    find their key tiles in L2. Without a causal mask every tile has the same work: always False.
+    ``plane_bytes``: what the programs of one plane stream from HBM (their K and V, or Q and dO), as a
+    share of what ``share`` neighbouring planes read together (a GQA group's query heads read one kv
+    head); chunks hold a multiple of ``share`` planes, as many as fit in HEAVIEST_FIRST_BYTES, at most
+    all ``pairs``. Without a causal mask every tile has the same work: 0.
     """
-    if choice is not None:
-        return check_flag("heaviest_first", choice) and causal
-    return causal and k.numel() * k.element_size() + v.numel() * v.element_size() <= HEAVIEST_FIRST_KV_BYTES
+    if not (check_flag("heaviest_first", heaviest_first) and causal):
+        return 0
+    fit = HEAVIEST_FIRST_BYTES // max(plane_bytes, 1) // share * share
+    return min(max(fit, share), pairs)
 # --8<-- [end:launch_order]
 
 

@@ -52,7 +52,7 @@ from ._common import (
     full_key_tiles,
     head_batch_grid,
     head_dim_pad,
-    heaviest_first,
+    heaviest_first_chunk,
     is_interpreting,
     kernel_scale,
     last_key_tile,
@@ -211,7 +211,7 @@ def backward_dkdv_kernel(
     stride_dob, stride_doh, stride_dot, stride_dod,
     stride_dkb, stride_dkh, stride_dkt, stride_dkd,
     stride_dvb, stride_dvh, stride_dvt, stride_dvd,
-    H, H_kv, Tq, Tk, n_rows, unit, scale, qk_scale, offset,
+    H, H_kv, Tq, Tk, n_rows, unit, scale, qk_scale, offset, chunk,
     CAUSAL: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr, SIGN: tl.constexpr, DOT_PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr,
     WIDE: tl.constexpr, INTERPRETED: tl.constexpr, USE_TMA: tl.constexpr, ROTATE: tl.constexpr,
@@ -230,7 +230,7 @@ def backward_dkdv_kernel(
     (B, H, Tq, HEAD_DIM_PAD) buffer, with atomic adds: one kernel and five matmuls per tile instead of
     seven over two kernels, at the price of a summation order that changes from run to run."""
     # under causal, key tile 0 has the most work: it launches first
-    k_index, plane, b = program_tile(HEAVY_TILE_LAST=False, HEAVIEST_FIRST=HEAVIEST_FIRST)
+    k_index, plane, b = program_tile(chunk, HEAVY_TILE_LAST=False, HEAVIEST_FIRST=HEAVIEST_FIRST)
     k_start = k_index * BLOCK_K
     plane = plane.to(tl.int64)  # kv_head * SPLIT + part: where this program's dk, dv go
     h_kv = plane // SPLIT  # the kv head; query heads h_kv * group + r, r < group, read it
@@ -338,7 +338,7 @@ def backward_dq_kernel(
     stride_dob, stride_doh, stride_dot, stride_dod,
     stride_ob, stride_oh, stride_ot, stride_od,
     stride_dqb, stride_dqh, stride_dqt, stride_dqd,
-    H, H_kv, Tq, Tk, n_rows, scale, qk_scale, offset,
+    H, H_kv, Tq, Tk, n_rows, scale, qk_scale, offset, chunk,
     CAUSAL: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr, SIGN: tl.constexpr, DOT_PRECISION: tl.constexpr, WIDE: tl.constexpr,
     USE_TMA: tl.constexpr, ROTATE: tl.constexpr, HEAVIEST_FIRST: tl.constexpr,
@@ -349,7 +349,7 @@ def backward_dq_kernel(
     o and do tiles, m and log2 l from the forward's STATS), uses them, and stores them into ROWS for
     the dK/dV kernel: the backward needs no separate preprocess launch."""
     # later query tiles see more keys: under causal they launch first, so the short ones fill the tail
-    q_index, h, b = program_tile(HEAVY_TILE_LAST=CAUSAL, HEAVIEST_FIRST=HEAVIEST_FIRST)
+    q_index, h, b = program_tile(chunk, HEAVY_TILE_LAST=CAUSAL, HEAVIEST_FIRST=HEAVIEST_FIRST)
     q_start = q_index * BLOCK_Q
     h = h.to(tl.int64)
     b = b.to(tl.int64)
@@ -569,7 +569,7 @@ class BackwardPlan(NamedTuple):
 
 def make_backward_plan(q, k, v, o, lse, do, stats, causal, scale, alignment, block_q, block_k, config,
                        deterministic, tma=None, rotate=False, kv_split=None,
-                       heaviest_first_choice=None) -> BackwardPlan:  # fmt: skip
+                       heaviest_first=True) -> BackwardPlan:  # fmt: skip
     """Check one backward call's arguments and derive its launches; raises on anything the kernels cannot take."""
     shape = check_attention_inputs(q, k, v, dtypes=KERNEL_DTYPES)
     check_like("o", o, "q", q)
@@ -595,12 +595,11 @@ def make_backward_plan(q, k, v, o, lse, do, stats, causal, scale, alignment, blo
                              f"{tuple(stats.shape)}")  # fmt: skip
     units = kernel_scale(scale)
     rotate = check_flag("rotate", rotate)
-    heaviest = heaviest_first(heaviest_first_choice, causal, k, v)
     pad = head_dim_pad(shape.D)
     tiles = config["dkdv"][:2] + config["dq"][:2] + (block_q or 0, block_k or 0)
     common = dict(CAUSAL=causal, HEAD_DIM=shape.D, HEAD_DIM_PAD=pad, SIGN=units.sign,
                   DOT_PRECISION=dot_precision(q.dtype), WIDE=wide_offsets(max(tiles), pad, q, k, v, do, o),
-                  ROTATE=rotate, HEAVIEST_FIRST=heaviest)  # fmt: skip
+                  ROTATE=rotate)  # fmt: skip
     dkdv_q, dkdv_k, dkdv_warps, dkdv_stages = config["dkdv"]
     dkdv_q, dkdv_k = block_q or dkdv_q, block_k or dkdv_k
     n_key_tiles = -(-shape.Tk // dkdv_k)
@@ -615,6 +614,13 @@ def make_backward_plan(q, k, v, o, lse, do, stats, causal, scale, alignment, blo
     strides = use_tma(tma, q, do, k, v)  # the streamed tiles: q and do for dK/dV, k and v for dQ
     tma_dkdv = None if strides is None else (strides[0], strides[1], dkdv_q)
     tma_dq = None if strides is None else (strides[2], strides[3], dq_k)
+    # heaviest tiles first, in chunks of heads whose streamed tiles fit in L2: a dK/dV program streams q and
+    # do of its share of the group's query heads, a dQ program k and v of the kv head its group shares
+    share_bytes = 2 * shape.D * q.element_size()
+    dkdv_chunk = heaviest_first_chunk(heaviest_first, causal, share_bytes * shape.Tq * shape.group // kv_split,
+                                      shape.B * shape.H_kv * kv_split)  # fmt: skip
+    dq_chunk = heaviest_first_chunk(heaviest_first, causal, share_bytes * shape.Tk // shape.group, shape.B * shape.H,
+                                    shape.group)  # fmt: skip
     return BackwardPlan(
         scale=scale,
         pad=pad,
@@ -624,9 +630,10 @@ def make_backward_plan(q, k, v, o, lse, do, stats, causal, scale, alignment, blo
             backward_dkdv_kernel,
             grid=head_batch_grid(n_key_tiles, shape.H_kv * kv_split, shape.B),
             scalars=(*q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk_dv_strides, *sizes, n_rows,
-                     units.unit, scale, units.qk_scale, offset),  # fmt: skip
+                     units.unit, scale, units.qk_scale, offset, max(dkdv_chunk, 1)),  # fmt: skip
             constexprs=dict(BLOCK_Q=dkdv_q, BLOCK_K=dkdv_k, **common, ATOMIC_DQ=not deterministic, SPLIT=kv_split,
-                            INTERPRETED=q.device.type == "cpu", USE_TMA=tma_dkdv is not None),  # fmt: skip
+                            INTERPRETED=q.device.type == "cpu", USE_TMA=tma_dkdv is not None,
+                            HEAVIEST_FIRST=dkdv_chunk > 0),  # fmt: skip
             num_warps=dkdv_warps,
             num_stages=dkdv_stages,
         ),
@@ -634,8 +641,9 @@ def make_backward_plan(q, k, v, o, lse, do, stats, causal, scale, alignment, blo
             backward_dq_kernel,
             grid=head_batch_grid(-(-shape.Tq // dq_q), shape.H, shape.B),
             scalars=(*q.stride(), *k.stride(), *v.stride(), *do.stride(), *o.stride(), *grad_strides[0], *sizes,
-                     n_rows, scale, units.qk_scale, offset),  # fmt: skip
-            constexprs=dict(BLOCK_Q=dq_q, BLOCK_K=dq_k, **common, USE_TMA=tma_dq is not None),
+                     n_rows, scale, units.qk_scale, offset, max(dq_chunk, 1)),  # fmt: skip
+            constexprs=dict(BLOCK_Q=dq_q, BLOCK_K=dq_k, **common, USE_TMA=tma_dq is not None,
+                            HEAVIEST_FIRST=dq_chunk > 0),
             num_warps=dq_warps,
             num_stages=dq_stages,
         ),
@@ -650,7 +658,7 @@ def make_backward_plan(q, k, v, o, lse, do, stats, causal, scale, alignment, blo
 # --8<-- [start:launcher]
 def flash_attention_backward(
     q, k, v, o, lse, do, causal=False, scale=None, alignment="upper_left", block_q=None, block_k=None, *,
-    stats=None, config=None, deterministic=True, tma=None, rotate=False, kv_split=None, heaviest_first=None,
+    stats=None, config=None, deterministic=True, tma=None, rotate=False, kv_split=None, heaviest_first=True,
 ):
     """Gradients of attention from the forward's o and lse, with two Triton launches.
 
@@ -677,9 +685,9 @@ def flash_attention_backward(
         kv_split: with GQA, how many dK/dV programs share each (key tile, kv head), splitting the group's
             query heads between them (a divisor of H / H_kv); None picks one by grid size
             (``pick_kv_split``). Results are bitwise reproducible for each value.
-        heaviest_first: under causal, both kernels start every head's heaviest tile before any head's
-            second heaviest (``_common.program_tile``); None (the default) picks it where K and V fit in
-            L2 (``_common.heaviest_first``). The same gradients, bitwise, either way.
+        heaviest_first: under causal (ignored otherwise), both kernels start every head's heaviest tile
+            before any head's second heaviest, in chunks of heads whose streamed tiles fit in L2
+            (``_common.program_tile``); False keeps the plain order. The same gradients, bitwise.
 
     Returns:
         dq like q; dk like k, dv like v: each laid out like its input in memory where that input is dense

@@ -51,7 +51,7 @@ from ._common import (
     fused_softmax_step,
     head_batch_grid,
     head_dim_pad,
-    heaviest_first,
+    heaviest_first_chunk,
     kernel_scale,
     last_key_tile,
     online_softmax_step,
@@ -131,7 +131,7 @@ def _forward_kernel(
     stride_kb, stride_kh, stride_kt, stride_kd,
     stride_vb, stride_vh, stride_vt, stride_vd,
     stride_ob, stride_oh, stride_ot, stride_od,
-    H, group, Tq, Tk, offset, qk_scale, n_rows,
+    H, group, Tq, Tk, offset, qk_scale, n_rows, chunk,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr, SIGN: tl.constexpr,
     USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr, ROTATE_KEYS: tl.constexpr, INTERPRETED: tl.constexpr,
@@ -139,7 +139,7 @@ def _forward_kernel(
 ):
     # --8<-- [start:program]
     # under causal, the longest query tiles (most key tiles) launch first, so the short ones fill the tail
-    q_index, h, b = program_tile(HEAVY_TILE_LAST=CAUSAL, HEAVIEST_FIRST=HEAVIEST_FIRST)
+    q_index, h, b = program_tile(chunk, HEAVY_TILE_LAST=CAUSAL, HEAVIEST_FIRST=HEAVIEST_FIRST)
     h_kv = h // group  # GQA: query head h reads the key/value head of its group, no copy
     q_start = q_index * BLOCK_Q
     q_end = tl.minimum(q_start + BLOCK_Q, Tq)
@@ -288,7 +288,7 @@ class ForwardPlan(NamedTuple):
 
 
 def make_forward_plan(q, k, v, causal, scale, alignment, block_q, block_k, num_warps, num_stages, tma,
-                      return_stats, rotate_keys=False, heaviest_first_choice=None) -> ForwardPlan:  # fmt: skip
+                      return_stats, rotate_keys=False, heaviest_first=True) -> ForwardPlan:  # fmt: skip
     """Validate one call's arguments and derive its launch; raises on anything the kernel cannot take."""
     shape = check_attention_inputs(q, k, v, dtypes=KERNEL_DTYPES)
     check_causal(causal)
@@ -296,7 +296,6 @@ def make_forward_plan(q, k, v, causal, scale, alignment, block_q, block_k, num_w
     return_stats = check_flag("return_stats", return_stats)
     tma = None if tma is None else check_flag("tma", tma)
     rotate_keys = check_flag("rotate_keys", rotate_keys)
-    heaviest = heaviest_first(heaviest_first_choice, causal, k, v)
     scale = resolve_scale(scale, shape.D, q.dtype)
     check_kernel_device("q", q)
     config = forward_config(shape.D, q.dtype, q.device.type == "cpu", causal, 512 if shape.Tq <= 512 else (
@@ -312,17 +311,20 @@ def make_forward_plan(q, k, v, causal, scale, alignment, block_q, block_k, num_w
     units = kernel_scale(scale)
     strides = use_tma(config["tma"] if tma is None else tma, q, k, v)
     offset = diagonal_offset(Tq, Tk, alignment)
+    # the programs of one query head stream its kv head's K and V, which the group's heads share
+    chunk = heaviest_first_chunk(heaviest_first, causal, 2 * Tk * D * q.element_size() // shape.group, B * H,
+                                 shape.group)  # fmt: skip
     return ForwardPlan(
         out_shape=(B, H, Tq, D),
         launch=KernelLaunch(
             _forward_kernel,
             grid=head_batch_grid(-(-Tq // block_q), H, B),  # cdiv in plain Python: triton.cdiv is a jit function
             scalars=(*q.stride(), *k.stride(), *v.stride(), *contiguous_strides((B, H, Tq, D)), H, shape.group, Tq,
-                     Tk, offset, units.qk_scale, B * H * Tq),  # fmt: skip
+                     Tk, offset, units.qk_scale, B * H * Tq, max(chunk, 1)),  # fmt: skip
             constexprs=dict(HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D), BLOCK_Q=block_q, BLOCK_K=block_k,
                             CAUSAL=causal, SIGN=units.sign, USE_TMA=strides is not None,
                             DOT_PRECISION=dot_precision(q.dtype), ROTATE_KEYS=rotate_keys,
-                            INTERPRETED=q.device.type == "cpu", HEAVIEST_FIRST=heaviest),  # fmt: skip
+                            INTERPRETED=q.device.type == "cpu", HEAVIEST_FIRST=chunk > 0),  # fmt: skip
             num_warps=num_warps,
             num_stages=num_stages,
             maxnreg=config.get("maxnreg") if own_settings else None,  # a cap measured with these settings only
@@ -334,7 +336,7 @@ def make_forward_plan(q, k, v, causal, scale, alignment, block_q, block_k, num_w
 
 def flash_attention(
     q, k, v, causal=False, scale=None, alignment="upper_left", block_q=None, block_k=None, *,
-    num_warps=None, num_stages=None, return_stats=False, tma=None, rotate_keys=False, heaviest_first=None,
+    num_warps=None, num_stages=None, return_stats=False, tma=None, rotate_keys=False, heaviest_first=True,
 ):
     """Attention forward on the GPU, without materialising the Tq x Tk score matrix.
 
@@ -354,9 +356,9 @@ def flash_attention(
             rounding (the tiles are summed in another order), still deterministic. Off by default:
             measured on the H200 it gained 2% at D = 128 without a mask from 8k on and lost elsewhere
             (bench/PERF_LOG.md).
-        heaviest_first: under causal, start every head's longest query tile before any head's second
-            longest (``_common.program_tile``); True or False decide, None (the default) picks it where
-            K and V fit in L2 (``_common.heaviest_first``). Ignored without a causal mask.
+        heaviest_first: under causal (ignored otherwise), start every head's longest query tile before
+            any head's second longest, in chunks of heads whose K and V fit in L2 (``_common.program_tile``);
+            False keeps the plain order (each head's tiles together). The same result, bitwise.
 
     Returns:
         o: (B, H, Tq, D) contiguous, in q's dtype. lse: (B, H, Tq) fp32, natural log; a row that
