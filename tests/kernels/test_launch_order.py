@@ -11,7 +11,13 @@ import triton
 import triton.language as tl
 
 from _truth import attention_truth
-from flashtile.kernels._common import HEAVIEST_FIRST_BYTES, heaviest_first_chunk, program_tile
+from flashtile._env import H200_SM_COUNT
+from flashtile.kernels._common import (
+    HEAVIEST_FIRST_BYTES,
+    HEAVIEST_FIRST_PROGRAMS_PER_SM,
+    heaviest_first_chunk,
+    program_tile,
+)
 from flashtile.kernels.backward import flash_attention_backward
 from flashtile.kernels.forward import flash_attention
 
@@ -62,16 +68,22 @@ def test_without_heaviest_first_only_the_tile_axis_may_flip(heavy_tile_last):
     assert _launch_order(grid, heavy_tile_last, 0) == expected
 
 
-def test_chunks_hold_what_fits_in_the_budget_in_whole_groups_and_only_under_causal():
-    budget = HEAVIEST_FIRST_BYTES
-    assert heaviest_first_chunk(True, True, budget // 8, 100) == 8
-    assert heaviest_first_chunk(True, True, budget // 8, 5) == 5  # never more than the grid has
-    assert heaviest_first_chunk(True, True, budget // 10, 100, share=4) == 8  # whole GQA groups
-    assert heaviest_first_chunk(True, True, 2 * budget, 100, share=4) == 4  # at least one group
-    assert heaviest_first_chunk(False, True, 1, 100) == 0
-    assert heaviest_first_chunk(True, False, 1, 100) == 0  # no causal mask: every tile has the same work
+def test_chunks_hold_what_fits_in_the_budget_in_whole_groups_only_under_causal_and_on_small_grids():
+    budget, cpu, few = HEAVIEST_FIRST_BYTES, torch.device("cpu"), 1000  # the CPU tier assumes the H200's SMs
+
+    def chunk(enabled=True, causal=True, plane_bytes=budget // 8, pairs=100, programs=few, share=1):
+        return heaviest_first_chunk(enabled, causal, plane_bytes, pairs, programs, cpu, share)
+
+    assert chunk() == 8
+    assert chunk(pairs=5) == 5  # never more than the grid has
+    assert chunk(plane_bytes=budget // 10, share=4) == 8  # whole GQA groups
+    assert chunk(plane_bytes=2 * budget, share=4) == 4  # at least one group
+    assert chunk(enabled=False) == 0
+    assert chunk(causal=False) == 0  # no causal mask: every tile has the same work
+    assert chunk(programs=HEAVIEST_FIRST_PROGRAMS_PER_SM * H200_SM_COUNT) == 8
+    assert chunk(programs=HEAVIEST_FIRST_PROGRAMS_PER_SM * H200_SM_COUNT + 1) == 0  # many waves: plain order
     with pytest.raises(TypeError, match="heaviest_first"):
-        heaviest_first_chunk(1, True, 1, 100)
+        chunk(enabled=1)
 
 
 @pytest.mark.parametrize("shape", [(2, 4, 2, 77, 77, 24), (1, 3, 1, 50, 90, 16), (2, 2, 2, 96, 64, 32)])

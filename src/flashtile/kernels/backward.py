@@ -617,10 +617,11 @@ def make_backward_plan(q, k, v, o, lse, do, stats, causal, scale, alignment, blo
     # heaviest tiles first, in chunks of heads whose streamed tiles fit in L2: a dK/dV program streams q and
     # do of its share of the group's query heads, a dQ program k and v of the kv head its group shares
     share_bytes = 2 * shape.D * q.element_size()
+    dkdv_pairs, dq_pairs, n_query_tiles = shape.B * shape.H_kv * kv_split, shape.B * shape.H, -(-shape.Tq // dq_q)
     dkdv_chunk = heaviest_first_chunk(heaviest_first, causal, share_bytes * shape.Tq * shape.group // kv_split,
-                                      shape.B * shape.H_kv * kv_split)  # fmt: skip
-    dq_chunk = heaviest_first_chunk(heaviest_first, causal, share_bytes * shape.Tk // shape.group, shape.B * shape.H,
-                                    shape.group)  # fmt: skip
+                                      dkdv_pairs, dkdv_pairs * n_key_tiles, q.device)  # fmt: skip
+    dq_chunk = heaviest_first_chunk(heaviest_first, causal, share_bytes * shape.Tk // shape.group, dq_pairs,
+                                    dq_pairs * n_query_tiles, q.device, shape.group)  # fmt: skip
     return BackwardPlan(
         scale=scale,
         pad=pad,
@@ -639,7 +640,7 @@ def make_backward_plan(q, k, v, o, lse, do, stats, causal, scale, alignment, blo
         ),
         dq=KernelLaunch(
             backward_dq_kernel,
-            grid=head_batch_grid(-(-shape.Tq // dq_q), shape.H, shape.B),
+            grid=head_batch_grid(n_query_tiles, shape.H, shape.B),
             scalars=(*q.stride(), *k.stride(), *v.stride(), *do.stride(), *o.stride(), *grad_strides[0], *sizes,
                      n_rows, scale, units.qk_scale, offset, max(dq_chunk, 1)),  # fmt: skip
             constexprs=dict(BLOCK_Q=dq_q, BLOCK_K=dq_k, **common, USE_TMA=tma_dq is not None,

@@ -312,13 +312,14 @@ def make_forward_plan(q, k, v, causal, scale, alignment, block_q, block_k, num_w
     strides = use_tma(config["tma"] if tma is None else tma, q, k, v)
     offset = diagonal_offset(Tq, Tk, alignment)
     # the programs of one query head stream its kv head's K and V, which the group's heads share
+    n_tiles = -(-Tq // block_q)  # cdiv in plain Python: triton.cdiv is a jit function
     chunk = heaviest_first_chunk(heaviest_first, causal, 2 * Tk * D * q.element_size() // shape.group, B * H,
-                                 shape.group)  # fmt: skip
+                                 B * H * n_tiles, q.device, shape.group)  # fmt: skip
     return ForwardPlan(
         out_shape=(B, H, Tq, D),
         launch=KernelLaunch(
             _forward_kernel,
-            grid=head_batch_grid(-(-Tq // block_q), H, B),  # cdiv in plain Python: triton.cdiv is a jit function
+            grid=head_batch_grid(n_tiles, H, B),
             scalars=(*q.stride(), *k.stride(), *v.stride(), *contiguous_strides((B, H, Tq, D)), H, shape.group, Tq,
                      Tk, offset, units.qk_scale, B * H * Tq, max(chunk, 1)),  # fmt: skip
             constexprs=dict(HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D), BLOCK_Q=block_q, BLOCK_K=block_k,
