@@ -14,9 +14,10 @@ from _truth import attention_truth
 from flashtile._env import H200_SM_COUNT
 from flashtile.kernels._common import (
     HEAVIEST_FIRST_BYTES,
-    HEAVIEST_FIRST_PROGRAMS_PER_SM,
+    HEAVIEST_FIRST_WAVES,
     heaviest_first_chunk,
     program_tile,
+    resident_programs,
 )
 from flashtile.kernels.backward import flash_attention_backward
 from flashtile.kernels.forward import flash_attention
@@ -68,11 +69,11 @@ def test_without_heaviest_first_only_the_tile_axis_may_flip(heavy_tile_last):
     assert _launch_order(grid, heavy_tile_last, 0) == expected
 
 
-def test_chunks_hold_what_fits_in_the_budget_in_whole_groups_only_under_causal_and_on_small_grids():
+def test_chunks_hold_what_fits_in_the_budget_in_whole_groups_only_under_causal_and_on_short_grids():
     budget, cpu, few = HEAVIEST_FIRST_BYTES, torch.device("cpu"), 1000  # the CPU tier assumes the H200's SMs
 
-    def chunk(enabled=True, causal=True, plane_bytes=budget // 8, pairs=100, programs=few, share=1):
-        return heaviest_first_chunk(enabled, causal, plane_bytes, pairs, programs, cpu, share)
+    def chunk(enabled=True, causal=True, plane_bytes=budget // 8, pairs=100, programs=few, resident=1, share=1):
+        return heaviest_first_chunk(enabled, causal, plane_bytes, pairs, programs, resident, cpu, share)
 
     assert chunk() == 8
     assert chunk(pairs=5) == 5  # never more than the grid has
@@ -80,10 +81,18 @@ def test_chunks_hold_what_fits_in_the_budget_in_whole_groups_only_under_causal_a
     assert chunk(plane_bytes=2 * budget, share=4) == 4  # at least one group
     assert chunk(enabled=False) == 0
     assert chunk(causal=False) == 0  # no causal mask: every tile has the same work
-    assert chunk(programs=HEAVIEST_FIRST_PROGRAMS_PER_SM * H200_SM_COUNT) == 8
-    assert chunk(programs=HEAVIEST_FIRST_PROGRAMS_PER_SM * H200_SM_COUNT + 1) == 0  # many waves: plain order
+    waves = HEAVIEST_FIRST_WAVES * H200_SM_COUNT  # programs in that many waves of one program per SM
+    assert chunk(programs=waves) == 8 and chunk(programs=waves + 1) == 0  # a long grid: the plain order
+    assert chunk(programs=2 * waves, resident=2) == 8  # two programs per SM: twice the programs per wave
     with pytest.raises(TypeError, match="heaviest_first"):
         chunk(enabled=1)
+
+
+def test_resident_programs_follow_the_register_file():
+    assert resident_programs(8, 128) == 2  # 8 warps x 32 threads x 128 registers = half of 65,536
+    assert resident_programs(8, None) == 1  # no cap: up to 255 registers a thread
+    assert resident_programs(4, None) == 2
+    assert resident_programs(32, 255) == 1  # never fewer than one
 
 
 @pytest.mark.parametrize("shape", [(2, 4, 2, 77, 77, 24), (1, 3, 1, 50, 90, 16), (2, 2, 2, 96, 64, 32)])

@@ -117,10 +117,17 @@ def program_tile(chunk, HEAVY_TILE_LAST: tl.constexpr, HEAVIEST_FIRST: tl.conste
 
 
 HEAVIEST_FIRST_BYTES = 16 * 2**20  # what one chunk's heads stream at most, so that it stays in the 50 MB L2
-HEAVIEST_FIRST_PROGRAMS_PER_SM = 16  # past this many programs per SM the tail is too short a part to pay
+HEAVIEST_FIRST_WAVES = 8  # past this many waves of programs the tail is too short a part to pay for the order
+REGISTERS_PER_SM = 65536  # 32-bit registers of one SM (sm_80 and sm_90 alike)
 
 
-def heaviest_first_chunk(heaviest_first, causal: bool, plane_bytes: int, pairs: int, programs: int,
+def resident_programs(num_warps: int, maxnreg: int | None) -> int:
+    """How many programs of a launch one SM holds at once, as the registers allow: each thread takes at
+    most ``maxnreg`` registers, or 255 without a cap (a bound: an uncapped kernel may need fewer)."""
+    return max(1, REGISTERS_PER_SM // (num_warps * 32 * (maxnreg or 255)))
+
+
+def heaviest_first_chunk(heaviest_first, causal: bool, plane_bytes: int, pairs: int, programs: int, resident: int,
                          device: torch.device, share: int = 1) -> int:  # fmt: skip
     """(plane, batch) pairs per chunk of a heaviest-first launch (``program_tile``), or 0: the plain order.
 
@@ -128,12 +135,13 @@ def heaviest_first_chunk(heaviest_first, causal: bool, plane_bytes: int, pairs: 
     share of what ``share`` neighbouring planes read together (a GQA group's query heads read one kv
     head); chunks hold a multiple of ``share`` planes, as many as fit in HEAVIEST_FIRST_BYTES, at most
     all ``pairs``. The plain order (0) without a causal mask, where every tile has the same work, and
-    for grids of more than HEAVIEST_FIRST_PROGRAMS_PER_SM programs per SM: measured on the H200, the
-    new order saved 20% at two waves, 5% at eight, and lost up to 10% at thirty (bench/PERF_LOG.md).
+    for grids longer than HEAVIEST_FIRST_WAVES waves (``programs`` over the SMs times ``resident``, the
+    programs one SM holds): measured on the H200, the new order saved 20% at two waves, 5% at eight,
+    and lost 3 to 8% at sixteen (bench/PERF_LOG.md).
     """
     if not (check_flag("heaviest_first", heaviest_first) and causal):
         return 0
-    if programs > HEAVIEST_FIRST_PROGRAMS_PER_SM * sm_count(device):
+    if programs > HEAVIEST_FIRST_WAVES * resident * sm_count(device):
         return 0
     fit = HEAVIEST_FIRST_BYTES // max(plane_bytes, 1) // share * share
     return min(max(fit, share), pairs)

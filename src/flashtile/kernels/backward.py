@@ -57,6 +57,7 @@ from ._common import (
     kernel_scale,
     last_key_tile,
     program_tile,
+    resident_programs,
     rotated_tile,
     store_tile,
     tile_descriptor,
@@ -619,9 +620,11 @@ def make_backward_plan(q, k, v, o, lse, do, stats, causal, scale, alignment, blo
     share_bytes = 2 * shape.D * q.element_size()
     dkdv_pairs, dq_pairs, n_query_tiles = shape.B * shape.H_kv * kv_split, shape.B * shape.H, -(-shape.Tq // dq_q)
     dkdv_chunk = heaviest_first_chunk(heaviest_first, causal, share_bytes * shape.Tq * shape.group // kv_split,
-                                      dkdv_pairs, dkdv_pairs * n_key_tiles, q.device)  # fmt: skip
+                                      dkdv_pairs, dkdv_pairs * n_key_tiles, resident_programs(dkdv_warps, None),
+                                      q.device)  # fmt: skip
     dq_chunk = heaviest_first_chunk(heaviest_first, causal, share_bytes * shape.Tk // shape.group, dq_pairs,
-                                    dq_pairs * n_query_tiles, q.device, shape.group)  # fmt: skip
+                                    dq_pairs * n_query_tiles, resident_programs(dq_warps, None), q.device,
+                                    shape.group)  # fmt: skip
     return BackwardPlan(
         scale=scale,
         pad=pad,

@@ -57,6 +57,7 @@ from ._common import (
     online_softmax_step,
     program_offset,
     program_tile,
+    resident_programs,
     rotated_tile,
     tile_descriptor,
     use_tma,
@@ -313,8 +314,10 @@ def make_forward_plan(q, k, v, causal, scale, alignment, block_q, block_k, num_w
     offset = diagonal_offset(Tq, Tk, alignment)
     # the programs of one query head stream its kv head's K and V, which the group's heads share
     n_tiles = -(-Tq // block_q)  # cdiv in plain Python: triton.cdiv is a jit function
+    maxnreg = config.get("maxnreg") if own_settings else None  # a cap measured with these settings only
     chunk = heaviest_first_chunk(heaviest_first, causal, 2 * Tk * D * q.element_size() // shape.group, B * H,
-                                 B * H * n_tiles, q.device, shape.group)  # fmt: skip
+                                 B * H * n_tiles, resident_programs(num_warps, maxnreg), q.device,
+                                 shape.group)  # fmt: skip
     return ForwardPlan(
         out_shape=(B, H, Tq, D),
         launch=KernelLaunch(
@@ -328,7 +331,7 @@ def make_forward_plan(q, k, v, causal, scale, alignment, block_q, block_k, num_w
                             INTERPRETED=q.device.type == "cpu", HEAVIEST_FIRST=chunk > 0),  # fmt: skip
             num_warps=num_warps,
             num_stages=num_stages,
-            maxnreg=config.get("maxnreg") if own_settings else None,  # a cap measured with these settings only
+            maxnreg=maxnreg,
         ),
         tma=None if strides is None else tuple(zip(strides, (block_q, block_k, block_k))),
         return_stats=return_stats,
