@@ -691,7 +691,8 @@ def flash_attention_backward(
             (``pick_kv_split``). Results are bitwise reproducible for each value.
         heaviest_first: under causal (ignored otherwise), both kernels start every head's heaviest tile
             before any head's second heaviest, in chunks of heads whose streamed tiles fit in L2
-            (``_common.program_tile``); False keeps the plain order. The same gradients, bitwise.
+            (``_common.program_tile``), where the grid is short enough for that to pay
+            (``_common.heaviest_first_chunk``); False keeps the plain order. The same gradients, bitwise.
 
     Returns:
         dq like q; dk like k, dv like v: each laid out like its input in memory where that input is dense

@@ -361,8 +361,9 @@ def flash_attention(
             measured on the H200 it gained 2% at D = 128 without a mask from 8k on and lost elsewhere
             (bench/PERF_LOG.md).
         heaviest_first: under causal (ignored otherwise), start every head's longest query tile before
-            any head's second longest, in chunks of heads whose K and V fit in L2 (``_common.program_tile``);
-            False keeps the plain order (each head's tiles together). The same result, bitwise.
+            any head's second longest, in chunks of heads whose K and V fit in L2 (``_common.program_tile``),
+            where the grid is short enough for that to pay (``_common.heaviest_first_chunk``); False keeps
+            the plain order (each head's tiles together). The same result, bitwise.
 
     Returns:
         o: (B, H, Tq, D) contiguous, in q's dtype. lse: (B, H, Tq) fp32, natural log; a row that
