@@ -207,6 +207,44 @@ def test_gradients_of_bthd_views_keep_the_views_layout(backend):
     torch.library.opcheck(attention_bwd, args)
 
 
+def _query_layouts(gen):
+    """(name, q) with q (1, 4, 23, 16) in the layouts a caller may pass: dense ones in three orders and
+    with an odd stride on the size-one batch dim, and two that are not dense (a slice, gaps between rows)."""
+    base = torch.randn(1, 23, 4, 32, generator=gen)
+    odd = torch.randn(2000, generator=gen).as_strided((1, 4, 23, 16), (999, 16, 80, 1))  # rows 80 apart: gaps
+    heads_first = base[..., :16].transpose(1, 2)
+    return [
+        ("bhtd", base[..., :16].transpose(1, 2).contiguous()),
+        ("bthd view", base[..., :16].contiguous().transpose(1, 2)),
+        ("tbhd view", base[..., :16].permute(1, 0, 2, 3).contiguous().permute(1, 2, 0, 3)),
+        ("one batch, odd stride", torch.empty_strided((1, 4, 23, 16), (7, 368, 16, 1)).copy_(heads_first)),
+        ("head dim sliced", base.transpose(1, 2)[..., :16]),
+        ("row gaps", odd),
+    ]
+
+
+@pytest.mark.parametrize("backend", ["triton", "reference"])
+def test_output_is_laid_out_like_a_dense_query_on_every_tier(backend):
+    # A model's query is a (B, H, T, D) view of a (B, T, H, D) projection; o in that layout makes the
+    # model's transpose back free. Where q is not dense o is contiguous. Both tiers and the custom op's
+    # fake implementation must agree (opcheck compares the fake's strides with the real ones).
+    from flashtile._layouts import contiguous_strides, strides_like
+
+    gen = torch.Generator().manual_seed(23)
+    k, v = (torch.randn(1, 2, 23, 16, generator=gen).to(DEVICE) for _ in range(2))
+    for name, q in _query_layouts(gen):
+        q = q.to(DEVICE) if DEVICE == "cpu" else torch.empty_strided(q.shape, q.stride(), device=DEVICE).copy_(q)
+        dense = name not in ("head dim sliced", "row gaps")
+        expected = q.stride() if dense else contiguous_strides(q.shape)
+        assert strides_like(q) == tuple(expected), name
+        with use_backend(backend):
+            o = attention(q, k, v, is_causal=True, enable_gqa=True)
+        assert o.stride() == tuple(expected), (name, o.stride())
+        o_ref, _ = attention_truth(q.double(), k.double(), v.double(), causal=True)
+        torch.testing.assert_close(o.double(), o_ref, **TOL[F32], msg=lambda m, name=name: f"{name}: {m}")
+        torch.library.opcheck(attention_fwd, (q, k, v, True, 0.25, "upper_left", backend))
+
+
 def test_dispatch_picks_the_tier_from_device_dtype_and_override():
     q = torch.zeros(1, 1, 1, 16, device=DEVICE)
     assert pick_backend(q) == "triton"  # CUDA, or the CPU with TRITON_INTERPRET=1 (set by conftest)

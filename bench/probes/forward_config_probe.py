@@ -7,7 +7,8 @@ SM where the unconstrained compile holds one (or two), with tiles small enough t
 under the cap (checked offline for sm_90 first), and 128 x 128 tiles at D = 64. Every variant's output is
 compared with SDPA-cuDNN's before it is timed.
 
-``PYTHONPATH=src python bench/probes/forward_config_probe.py OUT.json`` on an H200.
+``PYTHONPATH=src python bench/probes/forward_config_probe.py OUT.json [wide-d64]`` on an H200; ``wide-d64``
+times the D = 64 unmasked standard-sweep cells with the old and the new default instead.
 """
 import sys
 
@@ -76,12 +77,20 @@ def measure_shape(D, T, B, H, causal) -> list[dict]:
     return rows
 
 
-def main(out):
-    rows = [row for shape in SHAPES for row in measure_shape(*shape)]
+# The D = 64 unmasked standard-sweep cells, the default before (128 x 64, pointers) and after (128 x 128, TMA)
+WIDE_D64 = [(64, T, 16384 // T, 32, False) for T in (512, 1024, 2048, 4096, 8192, 16384)]
+WIDE_D64_CONFIGS = [(128, 64, 8, 3, 128, False), (128, 128, 8, 3, 128, True)]
+
+
+def main(out, which="probe"):
+    if which == "wide-d64":
+        CONFIGS[64] = WIDE_D64_CONFIGS
+    shapes = WIDE_D64 if which == "wide-d64" else SHAPES
+    rows = [row for shape in shapes for row in measure_shape(*shape)]
     save_result(out, rows, "launcher with explicit settings (make_forward_plan, maxnreg set on the launch), "
                 "triton.testing.do_bench median (warmup 25 ms, rep 100 ms, L2 cleared before each repetition); "
                 "cuDNN through SDPA in the same process; outputs checked against cuDNN's (max abs < 0.05)")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:])

@@ -111,7 +111,8 @@ def forward_impl(q, k, v, causal, scale, alignment, backend):
     from .reference.forward import flash_attention_forward
 
     o, lse = flash_attention_forward(q, k, v, causal, scale, REFERENCE_BLOCK, REFERENCE_BLOCK, alignment)
-    return o.contiguous(), lse.contiguous(), lse.new_empty((0,))
+    # o laid out as q is, as the kernels give it (and as the fake says, whichever tier runs)
+    return empty_like_layout(o, strides_like(q)).copy_(o), lse.contiguous(), lse.new_empty((0,))
 
 
 def backward_impl(do, q, k, v, o, lse, stats, causal, scale, alignment, backend):
@@ -132,7 +133,8 @@ def backward_impl(do, q, k, v, o, lse, stats, causal, scale, alignment, backend)
 def attention_fwd(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float, alignment: str, backend: str
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(o, lse, stats): o (B, H, Tq, D) contiguous in q's dtype; lse (B, H, Tq) float32 (float64 for float64);
+    """(o, lse, stats): o (B, H, Tq, D) in q's dtype, laid out like q where q is dense (``_layouts.strides_like``),
+    contiguous otherwise; lse (B, H, Tq) float32 (float64 for float64);
     stats, what the backward needs besides lse: the kernels' final (m, l), (2, B, H, Tq), or empty."""
     o, lse, stats = forward_impl(q, k, v, causal, scale, alignment, backend)
     # The kernels write lse and (m, l) into one buffer, and an op's outputs may not share memory.
@@ -145,7 +147,7 @@ def _(q, k, v, causal, scale, alignment, backend):
     B, H, Tq, D = q.shape
     c = stats_dtype(q.dtype)
     stats_shape = (2, B, H, Tq) if backend == "triton" else (0,)
-    return q.new_empty((B, H, Tq, D)), q.new_empty((B, H, Tq), dtype=c), q.new_empty(stats_shape, dtype=c)
+    return empty_like_layout(q, strides_like(q)), q.new_empty((B, H, Tq), dtype=c), q.new_empty(stats_shape, dtype=c)
 # --8<-- [end:forward_op]
 
 
@@ -312,7 +314,9 @@ def attention(
             it carries no gradient.
 
     Returns:
-        o (B, H, Tq, D) in query's dtype (the autocast dtype under autocast), or (o, lse) if return_lse.
+        o (B, H, Tq, D) in query's dtype (the autocast dtype under autocast), laid out as query is where
+        query is dense (a model's (B, H, T, D) view of (B, T, H, D) gives o that view too), contiguous
+        otherwise; or (o, lse) if return_lse.
     """
     if attn_mask is not None:
         raise ValueError("attn_mask is not supported by flashtile.attention; pass is_causal=True for a causal mask")

@@ -212,6 +212,39 @@ def test_tma_is_refused_by_name_when_the_head_dim_is_not_contiguous():
     assert_attention_close(o, lse, o_ref, lse_ref, q.dtype)
 
 
+def test_settings_measured_with_descriptors_give_way_to_the_pointer_settings_where_tma_cannot_run(monkeypatch):
+    """A config whose tiles were measured through TMA ("auto") must not run through pointers with those
+    tiles (at D = 64 without a mask, 128 x 128 tiles spill on the pointer path): where the layout, the
+    caller (tma=False) or the device rules descriptors out, the plan asks ``forward_config`` again with
+    tma=False. The table is replaced by a marked one, so the choice is visible on any machine."""
+    from flashtile.kernels import forward
+
+    def table(head_dim, dtype, interpreted=False, causal=False, Tq=4096, tma=True):
+        if tma:
+            return dict(block_q=32, block_k=32, num_warps=4, num_stages=1, tma="auto")
+        return dict(block_q=16, block_k=16, num_warps=4, num_stages=1, tma=False)
+
+    monkeypatch.setattr(forward, "forward_config", table)
+    q, k, v = _qkv()
+    k_t = k.transpose(-1, -2).contiguous().transpose(-1, -2)  # head dim strided: no descriptor for k
+    for args, tma, expected in [((q, k, v), None, (32, True)), ((q, k, v), False, (16, False)),
+                                ((q, k_t, v), None, (16, False))]:  # fmt: skip
+        plan = forward.make_forward_plan(*args, False, None, "upper_left", None, None, None, None, tma, False)
+        constexprs = plan.launch.constexprs
+        assert (constexprs["BLOCK_K"], constexprs["USE_TMA"]) == expected, (tma, expected)
+    o, lse = forward.forward_with_plan(plan, q, k_t, v)  # the fallback's launch computes the same attention
+    o_ref, lse_ref = attention_truth(q.double(), k.double(), v.double())
+    assert_attention_close(o, lse[0], o_ref, lse_ref, q.dtype)
+
+
+def test_forward_config_takes_wide_key_tiles_at_d64_without_a_mask_through_descriptors_only():
+    wide = forward_config(64, torch.bfloat16, causal=False)
+    assert (wide["block_q"], wide["block_k"], wide["tma"], wide["maxnreg"]) == (128, 128, "auto", 128)
+    for config in (forward_config(64, torch.bfloat16, causal=False, tma=False),
+                   forward_config(64, torch.bfloat16, causal=True)):  # fmt: skip
+        assert (config["block_k"], config["tma"], config["maxnreg"]) == (64, False, 128)
+
+
 def test_tma_strides_free_size_one_dims_and_refuse_what_the_copy_engine_cannot_step():
     assert tma_strides(torch.empty(2, 3, 5, 24, dtype=torch.float16)) == [360, 120, 24, 1]  # 48-byte rows
     assert tma_strides(torch.empty(2, 5, 3, 24, dtype=torch.float16).transpose(1, 2)) == [360, 24, 72, 1]

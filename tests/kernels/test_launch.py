@@ -110,6 +110,22 @@ def test_a_launch_remembers_a_bounded_number_of_specialisations(monkeypatch):
     assert 1 <= len(kernel_launch._compiled) <= 2
 
 
+def test_outputs_allocated_per_call_stay_out_of_the_compiled_kernels_key():
+    class StandIn(_common.KernelLaunch):  # Triton's full path stood in for: compiles nothing
+        __slots__ = ()
+
+        def _full_launch(self, tensors):
+            return SimpleNamespace(run=None, function=None, packed_metadata=None)
+
+    kernel_launch = StandIn(SimpleNamespace(arg_names=["x", "out"]), (1,), (), {}, 4, 3, fresh_outputs=1)
+    x = torch.empty(8)
+    for out in (torch.empty(8), torch.empty(9)[1:]):  # aligned and not: a fresh output is always aligned
+        kernel_launch._compile_and_launch((x, out), 0)
+    assert list(kernel_launch._compiled) == [(0, _common.specialization(x))]
+    kernel_launch._compile_and_launch((torch.empty(9)[1:], torch.empty(8)), 0)  # an input's alignment is keyed
+    assert len(kernel_launch._compiled) == 2
+
+
 @pytest.mark.parametrize(("changed", "error"), [(dict(deterministic=1), TypeError), (dict(causal=0), TypeError)])
 def test_a_cached_backward_plan_does_not_let_a_bad_flag_through(changed, error):
     from flashtile.kernels.backward import flash_attention_backward

@@ -36,3 +36,21 @@ def test_codeblocks_collects_every_bare_python_block():
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     collected = [line for line in proc.stdout.splitlines() if re.match(r"^docs/.*\.md::line \d+$", line)]
     assert len(collected) == expected, f"collected {len(collected)} blocks, sources have {expected}:\n{proc.stdout}"
+
+
+def test_a_continued_claim_continues_a_claim_not_a_listing():
+    # <!--pytest-codeblocks:cont--> appends a block to the previous fence, whatever that fence is. After a
+    # listing (```python title=...```, which pytest-codeblocks does not run) the claim would be glued to the
+    # listing and never run: the in-a-model page's claims 3 to 7 were, until this test. A listing's code,
+    # as pytest-codeblocks extracts it, must be its include line alone.
+    from pytest_codeblocks import extract_from_file
+
+    swallowed = [
+        f"{page.relative_to(REPO)}:{block.lineno}"
+        for page in doc_pages()
+        if page.suffix == ".md"
+        for block in extract_from_file(page)
+        if (block.syntax or "").strip() != "python" and len(block.code.strip().splitlines()) > 1
+        and "--8<--" in block.code
+    ]  # fmt: skip
+    assert not swallowed, f"claims continued after a listing, never run: {swallowed}"

@@ -102,7 +102,9 @@ def flashtile_attention_forward(
         if causal and Tk > Tq:  # an empty static cache: slots Tq ... Tk-1 hold no token yet
             key, value = key[:, :, :Tq], value[:, :, :Tq]
         o = attention(query, key, value, is_causal=causal, scale=scaling, enable_gqa=gqa)
-    return o.transpose(1, 2).contiguous(), None  # (B, Tq, H, D), as the model's reshape expects
+    # (B, Tq, H, D), as the model's reshape expects. flashtile.attention lays o out like the model's query
+    # view (a transposed (B, T, H, D) projection), so after it this is contiguous already: no copy
+    return o.transpose(1, 2).contiguous(), None
 # --8<-- [end:attention_forward]
 
 

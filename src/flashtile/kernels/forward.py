@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 from .._checks import check_alignment, check_attention_inputs, check_causal, check_flag, resolve_scale
-from .._layouts import contiguous_strides
+from .._layouts import strides_like
 from .._plans import cached_plan
 from ..reference.causal import diagonal_offset
 from ._common import (
@@ -245,7 +245,7 @@ LAUNCH_SETTINGS = ("block_q", "block_k", "num_warps", "num_stages")  # what a ca
 
 @functools.cache  # a pure function of its arguments, asked on every call: look it up once
 def forward_config(head_dim: int, dtype: torch.dtype, interpreted: bool = False, causal: bool = False,
-                   Tq: int = 4096) -> dict:  # fmt: skip
+                   Tq: int = 4096, tma: bool = True) -> dict:  # fmt: skip
     """Tile sizes, launch settings and the load path, measured on the H200 (bench/PERF_LOG.md, v5).
 
     ``tma``: "auto" loads through TMA descriptors where the layout allows, False always through
@@ -253,7 +253,11 @@ def forward_config(head_dim: int, dtype: torch.dtype, interpreted: bool = False,
     D = 128 TMA with 128 x 128 tiles wins by 5-15% from T = 2k, short sequences (Tq <= 1024) favour
     64 x 64 tiles with 4 warps, through TMA too (at Tq = 512 causal an early sweep had the pointer path
     ahead; two later runs, in separate sessions, measured TMA 6% faster there). fp32 takes twice
-    the bytes per tile and stays on the pointer path, as does D = 256. The interpreter (CPU tensors)
+    the bytes per tile and stays on the pointer path, as does D = 256. At D = 64 without a mask,
+    128 x 128 tiles through TMA under the 128-register cap (two programs an SM, no spills) ran 7%
+    faster than 128 x 64 at T = 2k; through pointers the same tiles spill, and under causal they spill
+    on either path, so those keep 128 x 64. ``tma=False`` asks for the best settings without
+    descriptors, for a layout or a device that cannot have them. The interpreter (CPU tensors)
     runs programs one after another, where fewer, larger tiles are faster; it takes TMA where it can,
     so CPU tests cover that path.
     """
@@ -264,6 +268,8 @@ def forward_config(head_dim: int, dtype: torch.dtype, interpreted: bool = False,
         if pad <= 64:
             return dict(block_q=128, block_k=64, num_warps=8, num_stages=3, tma=False)
         return dict(block_q=64, block_k=32, num_warps=4, num_stages=2, tma=False)
+    if pad == 64 and not causal and tma:  # fewer, longer key steps; the cap keeps two programs an SM
+        return dict(block_q=128, block_k=128, num_warps=8, num_stages=3, tma="auto", maxnreg=128)
     if pad <= 64:  # two programs of 8 warps share an SM only at <= 128 registers a thread: capped there
         return dict(block_q=128, block_k=64, num_warps=8, num_stages=3, tma=False, maxnreg=128)
     if pad == 128 and (Tq <= 512 or (Tq <= 1024 and causal)):
@@ -279,6 +285,7 @@ class ForwardPlan(NamedTuple):
     """Everything about a launch that follows from the inputs' layout and the flags, worked out once."""
 
     out_shape: tuple  # (B, H, Tq, D) of o; lse and stats drop the last dim
+    o_like_q: bool  # o laid out as q is (``_layouts.strides_like``): torch.empty_like(q) gives it; else contiguous
     launch: KernelLaunch  # grid, the arguments after the tensors (strides, sizes, offset, qk_scale, rows), settings
     tma: tuple | None  # (strides, tile rows) of each of q, k, v's descriptors, or None for pointers
     return_stats: bool
@@ -299,8 +306,11 @@ def make_forward_plan(q, k, v, causal, scale, alignment, block_q, block_k, num_w
     rotate_keys = check_flag("rotate_keys", rotate_keys)
     scale = resolve_scale(scale, shape.D, q.dtype)
     check_kernel_device("q", q)
-    config = forward_config(shape.D, q.dtype, q.device.type == "cpu", causal, 512 if shape.Tq <= 512 else (
-        1024 if shape.Tq <= 1024 else 4096))  # three length classes, so the cache stays small
+    length_class = 512 if shape.Tq <= 512 else (1024 if shape.Tq <= 1024 else 4096)  # so the cache stays small
+    config = forward_config(shape.D, q.dtype, q.device.type == "cpu", causal, length_class)
+    strides = use_tma(config["tma"] if tma is None else tma, q, k, v)
+    if strides is None and config["tma"] == "auto":  # settings measured with descriptors, which this call lacks
+        config = forward_config(shape.D, q.dtype, q.device.type == "cpu", causal, length_class, tma=False)
     block_q = config["block_q"] if block_q is None else check_tile_size("block_q", block_q)
     block_k = config["block_k"] if block_k is None else check_tile_size("block_k", block_k)
     num_warps, num_stages = check_launch(
@@ -310,20 +320,21 @@ def make_forward_plan(q, k, v, causal, scale, alignment, block_q, block_k, num_w
     own_settings = (block_q, block_k, num_warps, num_stages) == tuple(config[name] for name in LAUNCH_SETTINGS)
     B, H, H_kv, Tq, Tk, D = shape
     units = kernel_scale(scale)
-    strides = use_tma(config["tma"] if tma is None else tma, q, k, v)
     offset = diagonal_offset(Tq, Tk, alignment)
     # the programs of one query head stream its kv head's K and V, which the group's heads share
     n_tiles = -(-Tq // block_q)  # cdiv in plain Python: triton.cdiv is a jit function
     maxnreg = config.get("maxnreg") if own_settings else None  # a cap measured with these settings only
+    o_strides = strides_like(q)  # q's own layout where q is dense (a model's (B, T, H, D) view), else contiguous
     chunk = heaviest_first_chunk(heaviest_first, causal, 2 * Tk * D * q.element_size() // shape.group, B * H,
                                  B * H * n_tiles, resident_programs(num_warps, maxnreg), q.device,
                                  shape.group)  # fmt: skip
     return ForwardPlan(
         out_shape=(B, H, Tq, D),
+        o_like_q=o_strides == tuple(q.stride()),
         launch=KernelLaunch(
             _forward_kernel,
             grid=head_batch_grid(n_tiles, H, B),
-            scalars=(*q.stride(), *k.stride(), *v.stride(), *contiguous_strides((B, H, Tq, D)), H, shape.group, Tq,
+            scalars=(*q.stride(), *k.stride(), *v.stride(), *o_strides, H, shape.group, Tq,
                      Tk, offset, units.qk_scale, B * H * Tq, max(chunk, 1)),  # fmt: skip
             constexprs=dict(HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D), BLOCK_Q=block_q, BLOCK_K=block_k,
                             CAUSAL=causal, SIGN=units.sign, USE_TMA=strides is not None,
@@ -332,6 +343,7 @@ def make_forward_plan(q, k, v, causal, scale, alignment, block_q, block_k, num_w
             num_warps=num_warps,
             num_stages=num_stages,
             maxnreg=maxnreg,
+            fresh_outputs=2,  # o and the row statistics, allocated on every call (forward_with_plan)
         ),
         tma=None if strides is None else tuple(zip(strides, (block_q, block_k, block_k))),
         return_stats=return_stats,
@@ -366,9 +378,11 @@ def flash_attention(
             the plain order (each head's tiles together). The same result, bitwise.
 
     Returns:
-        o: (B, H, Tq, D) contiguous, in q's dtype. lse: (B, H, Tq) fp32, natural log; a row that
-        sees no key gets o = 0 and lse = -inf. With return_stats, also stats: (2, B, H, Tq) fp32,
-        stats[0] = m (the row max of the raw dots sign(τ)·q·k) and stats[1] = l.
+        o: (B, H, Tq, D) in q's dtype, laid out as q is where q is dense (for q a (B, H, T, D) view of a
+        (B, T, H, D) tensor, o is one too, so o.transpose(1, 2) needs no copy), contiguous otherwise.
+        lse: (B, H, Tq) fp32, natural log; a row that sees no key gets o = 0 and lse = -inf. With
+        return_stats, also stats: (2, B, H, Tq) fp32, stats[0] = m (the row max of the raw dots
+        sign(τ)·q·k) and stats[1] = l.
     """
     plan = cached_plan(make_forward_plan, (q, k, v), causal, scale, alignment, block_q, block_k, num_warps,
                        num_stages, tma, return_stats, rotate_keys, heaviest_first)  # fmt: skip
@@ -386,7 +400,9 @@ def forward_with_plan(plan: ForwardPlan, q, k, v) -> tuple[torch.Tensor, torch.T
     if plan.tma is not None:
         pad = plan.launch.constexprs["HEAD_DIM_PAD"]
         loads = tuple(tile_descriptor(x, strides, rows, pad) for x, (strides, rows) in zip(loads, plan.tma))
-    o = torch.empty(plan.out_shape, dtype=q.dtype, device=q.device)
+    # torch.empty_like is the cheapest allocation a call can make (no size or dtype to parse), and where q
+    # is dense it gives exactly q's strides, which the plan passed to the kernel
+    o = torch.empty_like(q) if plan.o_like_q else torch.empty(plan.out_shape, dtype=q.dtype, device=q.device)
     row_stats = torch.empty((3, *plan.out_shape[:3]), dtype=torch.float32, device=q.device)
     plan.launch(*loads, o, row_stats)
     return o, row_stats
