@@ -33,7 +33,8 @@ from flashtile.kernels.forward import _write_rows, flash_attention
 def _persistent_forward(Q, QP, K, V, O, ROW_STATS, H, Tq, Tk, qk_scale, n_rows, n_tiles, n_q_tiles,
                         stride_ob, stride_oh, stride_ot, PROGRAMS: tl.constexpr, BLOCK_Q: tl.constexpr,
                         BLOCK_K: tl.constexpr, HEAD_DIM: tl.constexpr, FLATTEN: tl.constexpr,
-                        Q_POINTERS: tl.constexpr):  # fmt: skip
+                        Q_POINTERS: tl.constexpr, MASKED_LOOP: tl.constexpr = False,
+                        RERUN_CHECK: tl.constexpr = False):  # fmt: skip
     d = tl.arange(0, HEAD_DIM)
     n_key_tiles = Tk // BLOCK_K
     for tile in tl.range(tl.program_id(0), n_tiles, PROGRAMS, flatten=FLATTEN):
@@ -57,18 +58,34 @@ def _persistent_forward(Q, QP, K, V, O, ROW_STATS, H, Tq, Tk, qk_scale, n_rows, 
             v = V.load([b, h, k_index * BLOCK_K, 0]).reshape(BLOCK_K, HEAD_DIM)
             u = tl.dot(q, k)
             acc, l, m, shift, largest = fused_softmax_step(acc, l, m, shift, largest, u, v, qk_scale, "tf32", False)
+        if MASKED_LOOP:  # the package's second loop, for a ragged last key tile: no steps here, its code is there
+            for k_index in range(n_key_tiles, tl.cdiv(Tk, BLOCK_K)):
+                k = tl.trans(K.load([b, h, k_index * BLOCK_K, 0]).reshape(BLOCK_K, HEAD_DIM))
+                v = V.load([b, h, k_index * BLOCK_K, 0]).reshape(BLOCK_K, HEAD_DIM)
+                j = k_index * BLOCK_K + tl.arange(0, BLOCK_K)
+                u = tl.where(j[None, :] < Tk, tl.dot(q, k), float("-inf"))
+                acc, l, m, shift, largest = fused_softmax_step(acc, l, m, shift, largest, u, v, qk_scale, "tf32",
+                                                               False)  # fmt: skip
         delta = delta_of_shift(m, shift, l, qk_scale, False)
         out = (O + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh + i[:, None].to(tl.int64) * stride_ot
                + d[None, :])  # fmt: skip
         rows = ROW_STATS + (b * H + h).to(tl.int64) * Tq + i
-        _write_rows(acc, l, m, delta, qk_scale, out, rows, n_rows, i[:, None] < Tq, i < Tq)
+        if RERUN_CHECK:  # the package's check for huge scores: a reduction over the tile and a second epilogue
+            if tl.max(largest, 0) < 16777216.0:
+                _write_rows(acc, l, m, delta, qk_scale, out, rows, n_rows, i[:, None] < Tq, i < Tq)
+            else:
+                _write_rows(acc * 0.5, l, m, delta, qk_scale, out, rows, n_rows, i[:, None] < Tq, i < Tq)
+        else:
+            _write_rows(acc, l, m, delta, qk_scale, out, rows, n_rows, i[:, None] < Tq, i < Tq)
 
 
-def persistent(q, k, v, block_q, block_k, num_warps, num_stages, per_sm, flatten):
+def persistent(q, k, v, block_q, block_k, num_warps, num_stages, per_sm, flatten, masked_loop=False,
+               rerun_check=False):  # fmt: skip
     B, H, Tq, D = q.shape
     Tk = k.shape[2]
     assert Tq % block_q == 0 and Tk % block_k == 0 and k.shape[1] == H
-    programs = per_sm * torch.cuda.get_device_properties(q.device).multi_processor_count
+    # per_sm = 0: one program per tile (the loop takes one step), the plain grid's launch
+    programs = per_sm * torch.cuda.get_device_properties(q.device).multi_processor_count or B * H * (Tq // block_q)
     o = torch.empty_like(q)
     stats = torch.empty((3, B, H, Tq), dtype=torch.float32, device=q.device)
     loads = [tile_descriptor(x, tma_strides(x), rows, D) for x, rows in ((q, block_q), (k, block_k), (v, block_k))]
@@ -78,6 +95,7 @@ def persistent(q, k, v, block_q, block_k, num_warps, num_stages, per_sm, flatten
     _persistent_forward[(programs,)](loads[0], q, *loads[1:], o, stats, H, Tq, Tk, qk_scale, B * H * Tq,
                                      B * H * n_q_tiles, n_q_tiles, *o.stride()[:3], PROGRAMS=programs,
                                      BLOCK_Q=block_q, BLOCK_K=block_k, HEAD_DIM=D, FLATTEN=flatten, Q_POINTERS=flatten,
+                                     MASKED_LOOP=masked_loop, RERUN_CHECK=rerun_check,
                                      num_warps=num_warps, num_stages=num_stages)  # fmt: skip
     return o
 
@@ -85,10 +103,15 @@ def persistent(q, k, v, block_q, block_k, num_warps, num_stages, per_sm, flatten
 VARIANTS = [  # (block_q, block_k, num_warps, num_stages, programs per SM, flatten)
     (64, 64, 4, 3, 2, False), (64, 64, 4, 3, 2, True), (128, 128, 8, 3, 1, False), (64, 64, 4, 3, 1, False),
 ]
-SHAPES = [(32, 512), (16, 1024), (8, 2048)]  # (B, T) at H = 16, D = 128, no mask: the standard sweep
+SHAPES = [(32, 512), (16, 1024), (8, 2048)]
+# The prototype's lean body against the package's: one program per tile (per_sm = 0) or persistent, with the
+# package's empty masked loop and its check for huge scores added one at a time
+ABLATION = [(bq, bk, w, 3, per_sm, False, masked, rerun) for bq, bk, w, per_sm in ((64, 64, 4, 0), (64, 64, 4, 2),
+            (128, 128, 8, 0), (128, 128, 8, 1)) for masked, rerun in ((False, False), (True, False), (False, True),
+            (True, True))]  # fmt: skip  # (B, T) at H = 16, D = 128, no mask: the standard sweep
 
 
-def measure_shape(B, T) -> list[dict]:
+def measure_shape(B, T, variants) -> list[dict]:
     shape = dict(B=B, H=16, H_kv=16, Tq=T, Tk=T, D=128, causal=False, layout="bhtd", dtype="bf16")
     q, k, v = make_inputs(shape)
     with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
@@ -99,7 +122,7 @@ def measure_shape(B, T) -> list[dict]:
              "tflops": round(attention_tflops(shape, ms), 1)} for provider, ms in (("sdpa_cudnn", cudnn),
                                                                                   ("flashtile", plain))]  # fmt: skip
     print(f"T{T}: cuDNN {cudnn * 1e3:.1f} us, flashtile {plain * 1e3:.1f} us ({cudnn / plain:.3f})", flush=True)
-    for variant in VARIANTS:
+    for variant in variants:
         try:
             err = (persistent(q, k, v, *variant).float() - truth.float()).abs().max().item()
             assert err < 0.05, err
@@ -151,13 +174,18 @@ def sweep_cell(shape) -> list[dict]:
     return rows
 
 
-def main(out):
+def main(out, variants=None):
     torch.cuda.set_device(0)
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
-    rows = [row for B, T in SHAPES for row in measure_shape(B, T)]
+    shapes = SHAPES if variants is None else [(32, 512), (8, 2048)]
+    rows = [row for B, T in shapes for row in measure_shape(B, T, variants or VARIANTS)]
     save_result(out, rows, "do_bench median (warmup 25 ms, rep 100 ms, L2 cleared before each repetition); "
-                "variant = (block_q, block_k, num_warps, num_stages, programs per SM, flatten)")
+                "variant = (block_q, block_k, num_warps, num_stages, programs per SM (0: one per tile), flatten"
+                "[, empty masked loop, huge-score check])")
 
 
 if __name__ == "__main__":
-    package_sweep(sys.argv[1]) if sys.argv[2:] == ["package"] else main(sys.argv[1])
+    if sys.argv[2:] == ["package"]:
+        package_sweep(sys.argv[1])
+    else:
+        main(sys.argv[1], ABLATION if sys.argv[2:] == ["ablation"] else None)
