@@ -13,7 +13,9 @@ step and epilogue (``_common.fused_softmax_step``, ``forward._write_rows``); the
 tiles only (Tq and Tk multiples of the tiles, no mask) and has no exact rerun for huge scores.
 
 ``PYTHONPATH=src python bench/probes/forward_persistent.py OUT.json`` on an H200 (the prototype);
-``... OUT.json package`` forces the package's own persistent launch on and off over the standard sweep.
+``... OUT.json package`` forced the package's own persistent launch on and off over the standard sweep (it needs
+commit 6b77767, where the package had ``persistent=``; measured there, it did not help and was removed);
+``... OUT.json ablation`` times the prototype's lean body with the package's extras added one at a time.
 """
 import sys
 

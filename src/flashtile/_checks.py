@@ -171,17 +171,6 @@ def check_flag(name: str, value) -> bool:
     return bool(value)
 
 
-def check_persistent(value) -> bool | int | None:
-    """``persistent``: None (the launcher's choice), a bool, or a number of programs (a positive int)."""
-    if value is None or isinstance(value, (bool, np.bool_)):
-        return None if value is None else bool(value)
-    if not isinstance(value, (int, np.integer)):
-        raise TypeError(f"persistent must be None, a bool or a positive int, got {type(value).__name__} {value!r}")
-    if value < 1:
-        raise ValueError(f"persistent must be a positive number of programs, got {value}")
-    return int(value)
-
-
 def check_causal(causal, name: str = "causal") -> bool:
     return check_flag(name, causal)
 

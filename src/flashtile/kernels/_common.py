@@ -145,19 +145,6 @@ def heaviest_first_chunk(heaviest_first, causal: bool, plane_bytes: int, pairs: 
         return 0
     fit = HEAVIEST_FIRST_BYTES // max(plane_bytes, 1) // share * share
     return min(max(fit, share), pairs)
-
-
-def persistent_programs(persistent: bool | int, tiles: int, resident: int, device: torch.device) -> int:
-    """How many programs a persistent launch starts (0: one program per tile, the plain grid).
-
-    True: as many as the GPU holds at once, ``resident`` per SM (from the register file, as for the
-    launch order), at most one per tile, so that no program waits for another to finish before it
-    starts; an int: that many (tests use a few, so that every program takes several tiles).
-    """
-    if persistent is False:
-        return 0
-    programs = resident * sm_count(device) if persistent is True else persistent
-    return max(1, min(programs, tiles))
 # --8<-- [end:launch_order]
 
 

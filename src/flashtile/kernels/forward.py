@@ -33,14 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._checks import (
-    check_alignment,
-    check_attention_inputs,
-    check_causal,
-    check_flag,
-    check_persistent,
-    resolve_scale,
-)
+from .._checks import check_alignment, check_attention_inputs, check_causal, check_flag, resolve_scale
 from .._layouts import strides_like
 from .._plans import cached_plan
 from ..reference.causal import diagonal_offset
@@ -62,7 +55,6 @@ from ._common import (
     kernel_scale,
     last_key_tile,
     online_softmax_step,
-    persistent_programs,
     program_offset,
     program_tile,
     resident_programs,
@@ -144,92 +136,85 @@ def _forward_kernel(
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr, SIGN: tl.constexpr,
     USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr, ROTATE_KEYS: tl.constexpr, INTERPRETED: tl.constexpr,
-    HEAVIEST_FIRST: tl.constexpr, PERSISTENT: tl.constexpr,
+    HEAVIEST_FIRST: tl.constexpr, MASKED_TILES: tl.constexpr,
 ):
     # --8<-- [start:program]
-    if PERSISTENT:  # as many programs as the GPU holds at once, each taking tiles pid, pid + programs, ...
-        n_q_tiles = tl.cdiv(Tq, BLOCK_Q)
-        first, n_tiles, step = tl.program_id(0), n_q_tiles * (n_rows // Tq), tl.num_programs(0)  # n_rows = B H Tq
-    else:  # one program per tile: a loop of one step
-        first, n_tiles, step = 0, 1, 1
-    for rank in range(first, n_tiles, step):
-        if PERSISTENT:  # the tiles of one (batch, head) are consecutive, as in the plain grid
-            q_index, h, b = rank % n_q_tiles, rank // n_q_tiles % H, rank // n_q_tiles // H
-        else:  # under causal, the longest query tiles (most key tiles) launch first, so the short ones fill the tail
-            q_index, h, b = program_tile(chunk, HEAVY_TILE_LAST=CAUSAL, HEAVIEST_FIRST=HEAVIEST_FIRST)
-        h_kv = h // group  # GQA: query head h reads the key/value head of its group, no copy
-        q_start = q_index * BLOCK_Q
-        q_end = tl.minimum(q_start + BLOCK_Q, Tq)
-        i = q_start + tl.arange(0, BLOCK_Q)  # the query rows of this tile
-        d = tl.arange(0, HEAD_DIM_PAD)
-        # --8<-- [end:program]
+    # under causal, the longest query tiles (most key tiles) launch first, so the short ones fill the tail
+    q_index, h, b = program_tile(chunk, HEAVY_TILE_LAST=CAUSAL, HEAVIEST_FIRST=HEAVIEST_FIRST)
+    h_kv = h // group  # GQA: query head h reads the key/value head of its group, no copy
+    q_start = q_index * BLOCK_Q
+    q_end = tl.minimum(q_start + BLOCK_Q, Tq)
+    i = q_start + tl.arange(0, BLOCK_Q)  # the query rows of this tile
+    d = tl.arange(0, HEAD_DIM_PAD)
+    # --8<-- [end:program]
 
-        # --8<-- [start:pointers]
-        q_mask = (i[:, None] < Tq) & (d[None, :] < HEAD_DIM)
-        if USE_TMA:  # Q, K, V are TMA descriptors of the (B, H, T, D) tensors: tiles by coordinates
-            q = Q.load([b, h, q_start, 0]).reshape(BLOCK_Q, HEAD_DIM_PAD)
-            k_base = K
-            v_base = V
-        else:  # Q, K, V are pointers: move them to this (batch, head) in 64 bits
-            q_base = Q + program_offset(b, stride_qb) + program_offset(h, stride_qh)
-            k_base = K + program_offset(b, stride_kb) + program_offset(h_kv, stride_kh)
-            v_base = V + program_offset(b, stride_vb) + program_offset(h_kv, stride_vh)
-            q_ptrs = q_base + i[:, None].to(tl.int64) * stride_qt + d[None, :].to(tl.int64) * stride_qd
-            q = tl.load(q_ptrs, mask=q_mask, other=0.0)  # loaded once, reused for every key tile
-        q = apply_sign(q, SIGN)  # sign(τ) · q, so that the raw dots u order the scores as S = τ q·k does
-        # --8<-- [end:pointers]
+    # --8<-- [start:pointers]
+    q_mask = (i[:, None] < Tq) & (d[None, :] < HEAD_DIM)
+    if USE_TMA:  # Q, K, V are TMA descriptors of the (B, H, T, D) tensors: tiles by coordinates
+        q = Q.load([b, h, q_start, 0]).reshape(BLOCK_Q, HEAD_DIM_PAD)
+        k_base = K
+        v_base = V
+    else:  # Q, K, V are pointers: move them to this (batch, head) in 64 bits
+        q_base = Q + program_offset(b, stride_qb) + program_offset(h, stride_qh)
+        k_base = K + program_offset(b, stride_kb) + program_offset(h_kv, stride_kh)
+        v_base = V + program_offset(b, stride_vb) + program_offset(h_kv, stride_vh)
+        q_ptrs = q_base + i[:, None].to(tl.int64) * stride_qt + d[None, :].to(tl.int64) * stride_qd
+        q = tl.load(q_ptrs, mask=q_mask, other=0.0)  # loaded once, reused for every key tile
+    q = apply_sign(q, SIGN)  # sign(τ) · q, so that the raw dots u order the scores as S = τ q·k does
+    # --8<-- [end:pointers]
 
-        # --8<-- [start:state]
-        m = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)
-        l = tl.zeros([BLOCK_Q], dtype=tl.float32)
-        acc = tl.zeros([BLOCK_Q, HEAD_DIM_PAD], dtype=tl.float32)
-        shift = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)  # fl(m * qk_scale), what p subtracts
-        largest = tl.zeros([BLOCK_Q], dtype=tl.float32)  # max |shift| a row has used, for the check below
-        # --8<-- [end:state]
+    # --8<-- [start:state]
+    m = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)
+    l = tl.zeros([BLOCK_Q], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_Q, HEAD_DIM_PAD], dtype=tl.float32)
+    shift = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)  # fl(m * qk_scale), what p subtracts
+    largest = tl.zeros([BLOCK_Q], dtype=tl.float32)  # max |shift| a row has used, for the check below
+    # --8<-- [end:state]
 
-        # --8<-- [start:loops]
-        if CAUSAL:
-            n_full_tiles = full_key_tiles(q_start, Tk, offset, BLOCK_K)
-            n_key_tiles = last_key_tile(q_end, Tk, offset, BLOCK_K)  # tiles past it are never loaded
-        else:
-            n_full_tiles = Tk // BLOCK_K  # every tile but a ragged last one
-            n_key_tiles = tl.cdiv(Tk, BLOCK_K)
-        acc, l, m, shift, largest = _attend_key_tiles(
-            acc, l, m, shift, largest, q, k_base, v_base, b, h_kv, stride_kt, stride_kd, stride_vt, stride_vd,
-            i, d, 0, n_full_tiles, Tk, offset, qk_scale, q_index,
-            BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, MASKED=False, CAUSAL=CAUSAL, USE_TMA=USE_TMA, DOT_PRECISION=DOT_PRECISION,
-            ROTATE=ROTATE_KEYS, FUSED=True, INTERPRETED=INTERPRETED,
-        )
+    # --8<-- [start:loops]
+    if CAUSAL:
+        n_full_tiles = full_key_tiles(q_start, Tk, offset, BLOCK_K)
+        n_key_tiles = last_key_tile(q_end, Tk, offset, BLOCK_K)  # tiles past it are never loaded
+    else:
+        n_full_tiles = Tk // BLOCK_K  # every tile but a ragged last one
+        n_key_tiles = tl.cdiv(Tk, BLOCK_K)
+    acc, l, m, shift, largest = _attend_key_tiles(
+        acc, l, m, shift, largest, q, k_base, v_base, b, h_kv, stride_kt, stride_kd, stride_vt, stride_vd,
+        i, d, 0, n_full_tiles, Tk, offset, qk_scale, q_index,
+        BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, MASKED=False, CAUSAL=CAUSAL, USE_TMA=USE_TMA, DOT_PRECISION=DOT_PRECISION,
+        ROTATE=ROTATE_KEYS, FUSED=True, INTERPRETED=INTERPRETED,
+    )
+    if MASKED_TILES:  # causal, or Tk not a multiple of BLOCK_K; otherwise not compiled (an empty loop costs 4-6%)
         acc, l, m, shift, largest = _attend_key_tiles(
             acc, l, m, shift, largest, q, k_base, v_base, b, h_kv, stride_kt, stride_kd, stride_vt, stride_vd,
             i, d, n_full_tiles, n_key_tiles, Tk, offset, qk_scale, 0,
-            BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, MASKED=True, CAUSAL=CAUSAL, USE_TMA=USE_TMA, DOT_PRECISION=DOT_PRECISION,
-            ROTATE=False, FUSED=True, INTERPRETED=INTERPRETED,
+            BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, MASKED=True, CAUSAL=CAUSAL, USE_TMA=USE_TMA,
+            DOT_PRECISION=DOT_PRECISION, ROTATE=False, FUSED=True, INTERPRETED=INTERPRETED,
         )
-        delta = delta_of_shift(m, shift, l, qk_scale, INTERPRETED)  # the shift's rounding, which (acc, l) carry
-        # --8<-- [end:loops]
+    delta = delta_of_shift(m, shift, l, qk_scale, INTERPRETED)  # the shift's rounding, which (acc, l) carry
+    # --8<-- [end:loops]
 
-        # --8<-- [start:exact_rerun]
-        out = (O + program_offset(b, stride_ob) + program_offset(h, stride_oh)
-               + i[:, None].to(tl.int64) * stride_ot + d[None, :].to(tl.int64) * stride_od)
-        rows = ROW_STATS + program_offset(b * H + h, Tq) + i  # ROW_STATS is (3, B, H, Tq), contiguous: lse, m, l
-        if tl.max(largest, 0) < SHIFT_LIMIT:  # every program of ordinary inputs
-            _write_rows(acc, l, m, delta, qk_scale, out, rows, n_rows, q_mask, i < Tq)
-        else:  # a score past about 10^7, where 2^delta is no longer harmless: rare, decided once per program
-            # Start over with the subtract-first update, exact at any magnitude, over every key tile (all
-            # through the masked body: this path only has to be right). Each branch writes its own rows,
-            # so the fast path's registers never have to meet this path's after the branch.
-            m = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)
-            l = tl.zeros([BLOCK_Q], dtype=tl.float32)
-            acc = tl.zeros([BLOCK_Q, HEAD_DIM_PAD], dtype=tl.float32)
-            acc, l, m, shift, largest = _attend_key_tiles(
-                acc, l, m, shift, largest, q, k_base, v_base, b, h_kv, stride_kt, stride_kd, stride_vt, stride_vd,
-                i, d, 0, n_key_tiles, Tk, offset, qk_scale, 0,
-                BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, MASKED=True, CAUSAL=CAUSAL, USE_TMA=USE_TMA,
-                DOT_PRECISION=DOT_PRECISION, ROTATE=False, FUSED=False, INTERPRETED=INTERPRETED,
-            )
-            _write_rows(acc, l, m, tl.zeros([BLOCK_Q], dtype=tl.float32), qk_scale, out, rows, n_rows, q_mask, i < Tq)
-        # --8<-- [end:exact_rerun]
+    # --8<-- [start:exact_rerun]
+    out = (O + program_offset(b, stride_ob) + program_offset(h, stride_oh)
+           + i[:, None].to(tl.int64) * stride_ot + d[None, :].to(tl.int64) * stride_od)
+    rows = ROW_STATS + program_offset(b * H + h, Tq) + i  # ROW_STATS is (3, B, H, Tq), contiguous: lse, m, l
+    if tl.max(largest, 0) < SHIFT_LIMIT:  # every program of ordinary inputs
+        _write_rows(acc, l, m, delta, qk_scale, out, rows, n_rows, q_mask, i < Tq)
+    else:  # a score past about 10^7, where 2^delta is no longer harmless: rare, decided once per program
+        # Start over with the subtract-first update, exact at any magnitude, over every key tile (all
+        # through the masked body: this path only has to be right). Each branch writes its own rows,
+        # so the fast path's registers never have to meet this path's after the branch.
+        m = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)
+        l = tl.zeros([BLOCK_Q], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_Q, HEAD_DIM_PAD], dtype=tl.float32)
+        acc, l, m, shift, largest = _attend_key_tiles(
+            acc, l, m, shift, largest, q, k_base, v_base, b, h_kv, stride_kt, stride_kd, stride_vt, stride_vd,
+            i, d, 0, n_key_tiles, Tk, offset, qk_scale, 0,
+            BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, MASKED=True, CAUSAL=CAUSAL, USE_TMA=USE_TMA,
+            DOT_PRECISION=DOT_PRECISION, ROTATE=False, FUSED=False, INTERPRETED=INTERPRETED,
+        )
+        _write_rows(acc, l, m, tl.zeros([BLOCK_Q], dtype=tl.float32), qk_scale, out, rows, n_rows, q_mask, i < Tq)
+    # --8<-- [end:exact_rerun]
 
 
 # --8<-- [start:epilogue]
@@ -288,12 +273,10 @@ def forward_config(head_dim: int, dtype: torch.dtype, interpreted: bool = False,
         return dict(block_q=128, block_k=128, num_warps=8, num_stages=3, tma="auto", maxnreg=128)
     if pad <= 64:  # two programs of 8 warps share an SM only at <= 128 registers a thread: capped there
         return dict(block_q=128, block_k=64, num_warps=8, num_stages=3, tma=False, maxnreg=128)
-    # persistent (through TMA only): without a mask every tile has the same work, so programs that each
-    # take every programs-th tile finish together, and none waits for a launch slot
     if pad == 128 and (Tq <= 512 or (Tq <= 1024 and causal)):
-        return dict(block_q=64, block_k=64, num_warps=4, num_stages=3, tma="auto", persistent=not causal)
+        return dict(block_q=64, block_k=64, num_warps=4, num_stages=3, tma="auto")
     if pad == 128:
-        return dict(block_q=128, block_k=128, num_warps=8, num_stages=3, tma="auto", persistent=not causal)
+        return dict(block_q=128, block_k=128, num_warps=8, num_stages=3, tma="auto")
     return dict(block_q=128, block_k=64, num_warps=8, num_stages=2, tma=False)  # D = 256: 128 x 64, 2 stages
 # --8<-- [end:config]
 
@@ -313,8 +296,8 @@ class ForwardPlan(NamedTuple):
         return forward_with_plan(self, q, k, v)
 
 
-def make_forward_plan(q, k, v, causal, scale, alignment, block_q, block_k, num_warps, num_stages, tma, return_stats,
-                      rotate_keys=False, heaviest_first=True, persistent=None) -> ForwardPlan:  # fmt: skip
+def make_forward_plan(q, k, v, causal, scale, alignment, block_q, block_k, num_warps, num_stages, tma,
+                      return_stats, rotate_keys=False, heaviest_first=True) -> ForwardPlan:  # fmt: skip
     """Validate one call's arguments and derive its launch; raises on anything the kernel cannot take."""
     shape = check_attention_inputs(q, k, v, dtypes=KERNEL_DTYPES)
     check_causal(causal)
@@ -322,7 +305,6 @@ def make_forward_plan(q, k, v, causal, scale, alignment, block_q, block_k, num_w
     return_stats = check_flag("return_stats", return_stats)
     tma = None if tma is None else check_flag("tma", tma)
     rotate_keys = check_flag("rotate_keys", rotate_keys)
-    persistent = check_persistent(persistent)
     scale = resolve_scale(scale, shape.D, q.dtype)
     check_kernel_device("q", q)
     length_class = 512 if shape.Tq <= 512 else (1024 if shape.Tq <= 1024 else 4096)  # so the cache stays small
@@ -343,9 +325,6 @@ def make_forward_plan(q, k, v, causal, scale, alignment, block_q, block_k, num_w
     # the programs of one query head stream its kv head's K and V, which the group's heads share
     n_tiles = -(-Tq // block_q)  # cdiv in plain Python: triton.cdiv is a jit function
     maxnreg = config.get("maxnreg") if own_settings else None  # a cap measured with these settings only
-    if persistent is None:  # the table's choice, measured with its own settings only
-        persistent = bool(config.get("persistent")) and own_settings and strides is not None
-    programs = persistent_programs(persistent, B * H * n_tiles, resident_programs(num_warps, maxnreg), q.device)
     o_strides = strides_like(q)  # q's own layout where q is dense (a model's (B, T, H, D) view), else contiguous
     chunk = heaviest_first_chunk(heaviest_first, causal, 2 * Tk * D * q.element_size() // shape.group, B * H,
                                  B * H * n_tiles, resident_programs(num_warps, maxnreg), q.device,
@@ -355,14 +334,14 @@ def make_forward_plan(q, k, v, causal, scale, alignment, block_q, block_k, num_w
         o_like_q=o_strides == tuple(q.stride()),
         launch=KernelLaunch(
             _forward_kernel,
-            grid=(programs, 1, 1) if programs else head_batch_grid(n_tiles, H, B),
+            grid=head_batch_grid(n_tiles, H, B),
             scalars=(*q.stride(), *k.stride(), *v.stride(), *o_strides, H, shape.group, Tq,
                      Tk, offset, units.qk_scale, B * H * Tq, max(chunk, 1)),  # fmt: skip
             constexprs=dict(HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D), BLOCK_Q=block_q, BLOCK_K=block_k,
                             CAUSAL=causal, SIGN=units.sign, USE_TMA=strides is not None,
                             DOT_PRECISION=dot_precision(q.dtype), ROTATE_KEYS=rotate_keys,
                             INTERPRETED=q.device.type == "cpu", HEAVIEST_FIRST=chunk > 0,
-                            PERSISTENT=programs > 0),  # fmt: skip
+                            MASKED_TILES=causal or Tk % block_k != 0),  # fmt: skip
             num_warps=num_warps,
             num_stages=num_stages,
             maxnreg=maxnreg,
@@ -376,7 +355,6 @@ def make_forward_plan(q, k, v, causal, scale, alignment, block_q, block_k, num_w
 def flash_attention(
     q, k, v, causal=False, scale=None, alignment="upper_left", block_q=None, block_k=None, *,
     num_warps=None, num_stages=None, return_stats=False, tma=None, rotate_keys=False, heaviest_first=True,
-    persistent=None,
 ):
     """Attention forward on the GPU, without materialising the Tq x Tk score matrix.
 
@@ -400,10 +378,6 @@ def flash_attention(
             any head's second longest, in chunks of heads whose K and V fit in L2 (``_common.program_tile``),
             where the grid is short enough for that to pay (``_common.heaviest_first_chunk``); False keeps
             the plain order (each head's tiles together). The same result, bitwise.
-        persistent: launch only as many programs as the GPU holds at once, each taking query tiles
-            pid, pid + programs, ... in turn (True), one program per tile (False), or exactly that many
-            programs (an int >= 1, for tests and benchmarks); None: ``forward_config``'s choice, with its
-            own settings only. The same result, bitwise.
 
     Returns:
         o: (B, H, Tq, D) in q's dtype, laid out as q is where q is dense (for q a (B, H, T, D) view of a
@@ -413,7 +387,7 @@ def flash_attention(
         sign(τ)·q·k) and stats[1] = l.
     """
     plan = cached_plan(make_forward_plan, (q, k, v), causal, scale, alignment, block_q, block_k, num_warps,
-                       num_stages, tma, return_stats, rotate_keys, heaviest_first, persistent)  # fmt: skip
+                       num_stages, tma, return_stats, rotate_keys, heaviest_first)  # fmt: skip
     o, row_stats = forward_with_plan(plan, q, k, v)
     return (o, row_stats[0], row_stats[1:]) if plan.return_stats else (o, row_stats[0])
 
