@@ -12,10 +12,11 @@ memory). The body is the package's fused online-softmax
 step and epilogue (``_common.fused_softmax_step``, ``forward._write_rows``); the prototype takes full
 tiles only (Tq and Tk multiples of the tiles, no mask) and has no exact rerun for huge scores.
 
-``PYTHONPATH=src python bench/probes/forward_persistent.py OUT.json`` on an H200 (the prototype);
-``... OUT.json package`` forced the package's own persistent launch on and off over the standard sweep (it needs
-commit 6b77767, where the package had ``persistent=``; measured there, it did not help and was removed);
-``... OUT.json ablation`` times the prototype's lean body with the package's extras added one at a time.
+``PYTHONPATH=src python bench/probes/forward_persistent.py OUT.json`` on an H200 times the prototype;
+``... OUT.json ablation`` times its lean body with the package's extras added one at a time. The package's
+own persistent launch (``flash_attention(..., persistent=)``, forced on and off over the standard sweep:
+``sweeps/forward-persistent-package.json``) was measured with this file's ``package`` mode at commit
+6b77767; it did not help, and both were removed (they stay in that commit).
 """
 import sys
 
@@ -141,41 +142,6 @@ def measure_shape(B, T, variants) -> list[dict]:
     return rows
 
 
-def package_sweep(out):
-    """The package's own persistent launch (``flash_attention(..., persistent=...)``) forced on and off at the
-    standard sweep's unmasked cells and the causal D = 128 cells up to 2k, default settings otherwise."""
-    rows = []
-    cells = [(D, T, False) for D in (64, 128) for T in (512, 1024, 2048, 4096, 8192, 16384)]
-    cells += [(128, T, True) for T in (512, 1024, 2048)]
-    for D, T, causal in cells:
-        shape = dict(B=16384 // T, H=2048 // D, Tq=T, Tk=T, D=D, causal=causal, layout="bhtd", dtype="bf16")
-        shape["H_kv"] = shape["H"]
-        rows += sweep_cell(shape)
-    save_result(out, rows, "flash_attention with persistent=False / True, default settings otherwise; do_bench "
-                "median (warmup 25 ms, rep 100 ms, L2 cleared before each repetition); the two outputs compared bit "
-                "for bit first")  # fmt: skip
-
-
-def sweep_cell(shape) -> list[dict]:
-    q, k, v = make_inputs(shape)
-    causal = shape["causal"]
-    with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-        cudnn = median_ms(lambda: scaled_dot_product_attention(q, k, v, is_causal=causal), warmup=25, rep=100)
-    outputs = {p: flash_attention(q, k, v, causal=causal, persistent=p)[0] for p in (False, True)}
-    assert torch.equal(outputs[False], outputs[True]), shape
-    rows = [{"pass": "forward", "provider": "sdpa_cudnn", **shape, "ms": round(cudnn, 4),
-             "tflops": round(attention_tflops(shape, cudnn), 1)}]  # fmt: skip
-    for persistent in (False, True):
-        ms = median_ms(lambda p=persistent: flash_attention(q, k, v, causal=causal, persistent=p), warmup=25, rep=100)
-        rows.append({"pass": "forward", "provider": "flashtile_persistent" if persistent else "flashtile", **shape,
-                     "ms": round(ms, 4), "tflops": round(attention_tflops(shape, ms), 1), "persistent": persistent,
-                     "ratio_to_cudnn": round(cudnn / ms, 3)})  # fmt: skip
-    plain, ours = rows[1]["ms"], rows[2]["ms"]
-    print(f"D{shape['D']} T{shape['Tq']} causal={causal}: plain {plain * 1e3:.1f} persistent {ours * 1e3:.1f} us "
-          f"({plain / ours - 1:+.1%}); x cuDNN {cudnn / plain:.3f} -> {cudnn / ours:.3f}", flush=True)
-    return rows
-
-
 def main(out, variants=None):
     torch.cuda.set_device(0)
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
@@ -187,7 +153,4 @@ def main(out, variants=None):
 
 
 if __name__ == "__main__":
-    if sys.argv[2:] == ["package"]:
-        package_sweep(sys.argv[1])
-    else:
-        main(sys.argv[1], ABLATION if sys.argv[2:] == ["ablation"] else None)
+    main(sys.argv[1], ABLATION if sys.argv[2:] == ["ablation"] else None)
