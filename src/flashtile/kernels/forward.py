@@ -111,11 +111,15 @@ def _attend_key_tiles(
             k = tl.load(K + k_start.to(tl.int64) * stride_kt + k_offsets)  # (HEAD_DIM_PAD, BLOCK_K)
             v = tl.load(V + k_start.to(tl.int64) * stride_vt + v_offsets)  # (BLOCK_K, HEAD_DIM_PAD)
         u = tl.dot(q, k, input_precision=DOT_PRECISION)  # (BLOCK_Q, BLOCK_K) fp32 raw dots; S = unit * u
-        if MASKED:
-            visible = j[None, :] < Tk  # padded keys must score -inf, not 0
+        if MASKED:  # padded keys, and keys past the diagonal, must score -inf, not 0
+            # Key j is visible from row i when j < Tk and (causal) j <= i + offset: one bound per row on the
+            # tile's own column 0..BLOCK_K-1, so that each score costs one compare against a row value
+            last = Tk - 1 - k_start  # the last column inside the keys
             if CAUSAL:
-                visible = visible & (j[None, :] <= i[:, None] + offset)
-            u = tl.where(visible, u, float("-inf"))
+                last = tl.minimum(i + (offset - k_start), last)  # and the last one row i sees
+                u = tl.where(j0[None, :] <= last[:, None], u, float("-inf"))
+            else:
+                u = tl.where(j0[None, :] <= last, u, float("-inf"))
         if FUSED:
             acc, l, m, shift, largest = fused_softmax_step(acc, l, m, shift, largest, u, v, qk_scale, DOT_PRECISION,
                                                            INTERPRETED)
