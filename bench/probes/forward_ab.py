@@ -60,6 +60,7 @@ CELLS = {  # the standard sweep's cells under issue 10's targets, and their neig
     "main": [s for s in standard_sweep("bf16") if s["Tq"] in (2048, 4096) or (s["Tq"] == 512 and s["D"] == 128)],
     "causal": [s for s in standard_sweep("bf16") if s["causal"]],
     "all": standard_sweep("bf16"),
+    "2k": [s for s in standard_sweep("bf16") if s["Tq"] == 2048 or (s["Tq"] == 4096 and s["D"] == 128)],
 }
 
 
