@@ -5,7 +5,7 @@ one change) loaded as its own module, so that Triton compiles each one separatel
 process, in interleaved rounds with cuDNN, at the same inputs, after a check against cuDNN's output.
 
     python bench/probes/forward_ab.py make DIR [REV]   # DIR/base.py from REV (git show), DIR/nocheck.py
-    python bench/probes/forward_ab.py OUT.json name=path.py ... [--cells main|causal|all]
+    python bench/probes/forward_ab.py OUT.json name=path.py ... [--cells main|causal|all|2k|d128]
 
 ``nocheck`` is an ablation, never a candidate: the package's kernel with its check for huge scores
 (``tl.max(largest, 0) < SHIFT_LIMIT`` and the exact rerun it guards) replaced by a compile-time True, so
@@ -61,6 +61,7 @@ CELLS = {  # the standard sweep's cells under issue 10's targets, and their neig
     "causal": [s for s in standard_sweep("bf16") if s["causal"]],
     "all": standard_sweep("bf16"),
     "2k": [s for s in standard_sweep("bf16") if s["Tq"] == 2048 or (s["Tq"] == 4096 and s["D"] == 128)],
+    "d128": [s for s in standard_sweep("bf16") if s["D"] == 128 or s["Tq"] in (2048, 4096)],
 }
 
 
