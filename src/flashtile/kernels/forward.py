@@ -154,7 +154,7 @@ def _forward_kernel(
     i = q_start + tl.arange(0, BLOCK_Q)  # the query rows of this tile
     d = tl.arange(0, HEAD_DIM_PAD)
     if PREFETCH_AHEAD > 0:  # the program that starts about a wave after this one finds its Q tile in L2
-        _prefetch_q_tile(Q_LINES, launch_rank().to(tl.int64) + PREFETCH_AHEAD, chunk, stride_qb, stride_qh,
+        _prefetch_q_tile(Q_LINES, launch_rank() + PREFETCH_AHEAD, chunk, stride_qb, stride_qh,
                          stride_qt, stride_qd, Tq, BLOCK_Q, HEAD_DIM_PAD, CAUSAL, HEAVIEST_FIRST)
     # --8<-- [end:program]
 
@@ -240,7 +240,7 @@ def _prefetch_q_tile(Q, rank, chunk, stride_qb, stride_qh, stride_qt, stride_qd,
     comes from L2 instead. The rows of a tile lie ``stride_qt`` apart, each row's lines contiguous
     (stride_qd = 1 wherever this runs: the TMA layouts).
     """
-    if rank < tl.num_programs(0).to(tl.int64) * tl.num_programs(1) * tl.num_programs(2):
+    if rank < tl.num_programs(0) * tl.num_programs(1) * tl.num_programs(2):  # int32: the launcher checks the grid
         tile, h, b = tile_at_rank(rank, chunk, HEAVY_TILE_LAST, HEAVIEST_FIRST)
         LINE: tl.constexpr = 1024 // Q.dtype.element_ty.primitive_bitwidth  # elements of a 128-byte line
         i = tile * BLOCK_Q + tl.arange(0, BLOCK_Q)
