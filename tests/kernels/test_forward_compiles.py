@@ -5,9 +5,7 @@ instructions, so that what the kernel lacks against cuDNN is elsewhere (warp spe
 softmax and matmuls). That is a claim about the compiler, so it is checked on the compiler's output: a
 fresh process, without TRITON_INTERPRET, compiles ``_forward_kernel`` to PTX for
 ``GPUTarget("cuda", 90, 32)`` with the H200's bf16 settings for D = 64 (``forward_config``: 128 x 64
-tiles, 8 warps, 3 stages), on both load paths: pointers (USE_TMA=False) and TMA (USE_TMA=True, with the
-prefetch of the Q tile a wave ahead that D = 128's settings turn on, a GPU-only path the interpreter never
-runs). The
+tiles, 8 warps, 3 stages), on both load paths: pointers (USE_TMA=False) and TMA (USE_TMA=True). The
 TMA path's Q, K and V are host-built tensor descriptors; the compiler needs only their type, spelled
 ``tensordesc<bf16[1, 1, rows, 64]>`` as Triton's launcher would mangle a ``TensorDescriptor`` argument.
 Both must contain ``wgmma.mma_async``; the TMA one must also load through ``cp.async.bulk.tensor``.
@@ -24,7 +22,7 @@ BODY = """
 from flashtile.kernels import forward
 
 D, BLOCK_Q, BLOCK_K = 64, 128, 64
-pointers = dict(Q="*bf16", K="*bf16", V="*bf16", Q_LINES="*bf16", O="*bf16", ROW_STATS="*fp32", qk_scale="fp32")
+pointers = dict(Q="*bf16", K="*bf16", V="*bf16", O="*bf16", ROW_STATS="*fp32", qk_scale="fp32")
 out = {}
 for use_tma in (False, True):
     types = dict(pointers)
@@ -32,8 +30,7 @@ for use_tma in (False, True):
         types.update(Q=f"tensordesc<bf16[1, 1, {BLOCK_Q}, {D}]>", K=f"tensordesc<bf16[1, 1, {BLOCK_K}, {D}]>",
                      V=f"tensordesc<bf16[1, 1, {BLOCK_K}, {D}]>")
     constexprs = dict(HEAD_DIM=D, HEAD_DIM_PAD=D, BLOCK_Q=BLOCK_Q, BLOCK_K=BLOCK_K, CAUSAL=True, SIGN=1,
-                      USE_TMA=use_tma, DOT_PRECISION="tf32", ROTATE_KEYS=False, INTERPRETED=False,
-                      PREFETCH_AHEAD=132 if use_tma else 0)  # the TMA compile with the Q prefetch, as at D = 128
+                      USE_TMA=use_tma, DOT_PRECISION="tf32", ROTATE_KEYS=False, INTERPRETED=False)
     kernel = sm90(forward._forward_kernel, types, constexprs, num_warps=8, num_stages=3)
     out["tma" if use_tma else "pointers"] = kernel.asm["ptx"]
 print(json.dumps(out))
@@ -57,9 +54,3 @@ def test_forward_tma_path_loads_through_the_copy_engine(sm90_ptx):
     """A control for the parametrisation above: the two compiles really are the two load paths."""
     assert "cp.async.bulk.tensor" in sm90_ptx["tma"]
     assert "cp.async.bulk.tensor" not in sm90_ptx["pointers"]
-
-
-def test_forward_q_prefetch_is_an_l2_prefetch_only_where_asked(sm90_ptx):
-    """``_prefetch_q_tile`` reaches the PTX as ``prefetch.global.L2`` with PREFETCH_AHEAD > 0, and not at 0."""
-    assert "prefetch.global.L2" in sm90_ptx["tma"]
-    assert "prefetch.global.L2" not in sm90_ptx["pointers"]

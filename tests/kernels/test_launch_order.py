@@ -16,10 +16,8 @@ from flashtile.kernels._common import (
     HEAVIEST_FIRST_BYTES,
     HEAVIEST_FIRST_WAVES,
     heaviest_first_chunk,
-    launch_rank,
     program_tile,
     resident_programs,
-    tile_at_rank,
 )
 from flashtile.kernels.backward import flash_attention_backward
 from flashtile.kernels.forward import flash_attention
@@ -34,17 +32,6 @@ def _record_tiles(OUT, chunk, HEAVY_TILE_LAST: tl.constexpr, HEAVIEST_FIRST: tl.
     tl.store(OUT + 3 * rank, tile)
     tl.store(OUT + 3 * rank + 1, plane)
     tl.store(OUT + 3 * rank + 2, b)
-
-
-@triton.jit
-def _record_tiles_ahead(OUT, chunk, ahead, HEAVY_TILE_LAST: tl.constexpr, HEAVIEST_FIRST: tl.constexpr):
-    """What the forward's Q prefetch asks for: the tile of the program ``ahead`` places later, in 64 bits."""
-    rank = launch_rank().to(tl.int64) + ahead
-    if rank < tl.num_programs(0).to(tl.int64) * tl.num_programs(1) * tl.num_programs(2):
-        tile, plane, b = tile_at_rank(rank, chunk, HEAVY_TILE_LAST, HEAVIEST_FIRST)
-        tl.store(OUT + 3 * launch_rank(), tile.to(tl.int32))
-        tl.store(OUT + 3 * launch_rank() + 1, plane.to(tl.int32))
-        tl.store(OUT + 3 * launch_rank() + 2, b.to(tl.int32))
 
 
 def _launch_order(grid, heavy_tile_last, chunk):
@@ -80,21 +67,6 @@ def test_without_heaviest_first_only_the_tile_axis_may_flip(heavy_tile_last):
     grid = (5, 3, 2)
     expected = [(4 - t if heavy_tile_last else t, p, b) for b in range(2) for p in range(3) for t in range(5)]
     assert _launch_order(grid, heavy_tile_last, 0) == expected
-
-
-@pytest.mark.parametrize("grid", [(5, 3, 2), (7, 1, 1), (4, 6, 1)])
-@pytest.mark.parametrize("heavy_tile_last", [False, True])
-@pytest.mark.parametrize("chunk", [0, 2, 100])
-@pytest.mark.parametrize("ahead", [1, 7, 13])
-def test_the_tile_a_given_number_of_places_ahead_is_the_one_that_program_computes(grid, heavy_tile_last, chunk,
-                                                                                  ahead):  # fmt: skip
-    """The program at place r asks for place r + ahead's tile; the last ``ahead`` places ask for nothing."""
-    n = grid[0] * grid[1] * grid[2]
-    out = torch.full((n, 3), -1, dtype=torch.int32, device=DEVICE)
-    _record_tiles_ahead[grid](out, max(chunk, 1), ahead, HEAVY_TILE_LAST=heavy_tile_last, HEAVIEST_FIRST=chunk > 0)
-    expected = _expected_order(grid, heavy_tile_last, chunk or 1)  # chunk 0: the plain order, as chunks of one pair
-    asked = [tuple(row) for row in out.cpu().tolist()]
-    assert asked == expected[ahead:] + [(-1, -1, -1)] * min(ahead, n)
 
 
 def test_chunks_hold_what_fits_in_the_budget_in_whole_groups_only_under_causal_and_on_short_grids():

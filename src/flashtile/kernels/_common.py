@@ -97,41 +97,23 @@ def program_tile(chunk, HEAVY_TILE_LAST: tl.constexpr, HEAVIEST_FIRST: tl.conste
     head's second heaviest. Programs that run together then belong to different heads; the launcher
     sizes the chunk so that what one chunk's heads read still fits in L2 (``heaviest_first_chunk``).
     """
-    if HEAVIEST_FIRST:
-        tile, plane, b = tile_at_rank(launch_rank(), chunk, HEAVY_TILE_LAST, HEAVIEST_FIRST)
-    else:  # the grid's own order: no division
-        tile = tl.program_id(0)
-        plane = tl.program_id(1)
-        b = tl.program_id(2)
-        if HEAVY_TILE_LAST:
-            tile = tl.num_programs(0) - 1 - tile
-    return tile, plane, b
-
-
-@triton.jit
-def launch_rank():
-    """This program's place in the launch order: the grid's first axis fastest, then the second."""
-    return tl.program_id(0) + tl.num_programs(0) * (tl.program_id(1) + tl.num_programs(1) * tl.program_id(2))
-
-
-@triton.jit
-def tile_at_rank(rank, chunk, HEAVY_TILE_LAST: tl.constexpr, HEAVIEST_FIRST: tl.constexpr):
-    """(tile, plane, batch) that ``program_tile`` gives the program at place ``rank`` of the launch order
-    (in rank's integer type): its own place, or another program's, such as the one a wave later."""
+    tile = tl.program_id(0)
+    plane = tl.program_id(1)
+    b = tl.program_id(2)
     n_tiles = tl.num_programs(0)
-    n_planes = tl.num_programs(1)
     if HEAVIEST_FIRST:
+        n_planes = tl.num_programs(1)
+        rank = tile + n_tiles * (plane + n_planes * b)  # this program's place in the launch order
         first = rank // (chunk * n_tiles) * chunk  # the first (plane, batch) pair of its chunk
         size = tl.minimum(chunk, n_planes * tl.num_programs(2) - first)  # the last chunk may be smaller
         within = rank - first * n_tiles
         tile = within // size
         pair = first + within % size
-    else:
-        tile = rank % n_tiles
-        pair = rank // n_tiles
+        plane = pair % n_planes
+        b = pair // n_planes
     if HEAVY_TILE_LAST:
         tile = n_tiles - 1 - tile
-    return tile, pair % n_planes, pair // n_planes
+    return tile, plane, b
 
 
 HEAVIEST_FIRST_BYTES = 16 * 2**20  # what one chunk's heads stream at most, so that it stays in the 50 MB L2
@@ -374,15 +356,6 @@ def program_offset(index, stride):
     index = index.to(tl.int64)
     return index * stride
 # --8<-- [end:program_offset]
-
-
-@triton.jit
-def prefetch_l2(pointers):
-    """Ask the L2 to fetch the 128-byte lines at ``pointers`` (one PTX ``prefetch`` per element), and go
-    on at once: nothing waits for them and nothing changes if they never arrive. A GPU-only hint: the
-    interpreter cannot run PTX, so callers leave it out there."""
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [pointers], dtype=tl.int32,
-                              is_pure=False, pack=1)
 
 
 # --8<-- [start:tiles]

@@ -54,14 +54,11 @@ from ._common import (
     heaviest_first_chunk,
     kernel_scale,
     last_key_tile,
-    launch_rank,
     online_softmax_step,
-    prefetch_l2,
     program_offset,
     program_tile,
     resident_programs,
     rotated_tile,
-    tile_at_rank,
     tile_descriptor,
     use_tma,
 )
@@ -134,7 +131,7 @@ def _attend_key_tiles(
 
 @triton.jit
 def _forward_kernel(
-    Q, K, V, Q_LINES, O, ROW_STATS,
+    Q, K, V, O, ROW_STATS,
     stride_qb, stride_qh, stride_qt, stride_qd,
     stride_kb, stride_kh, stride_kt, stride_kd,
     stride_vb, stride_vh, stride_vt, stride_vd,
@@ -143,7 +140,7 @@ def _forward_kernel(
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr, SIGN: tl.constexpr,
     USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr, ROTATE_KEYS: tl.constexpr, INTERPRETED: tl.constexpr,
-    HEAVIEST_FIRST: tl.constexpr, MASKED_TILES: tl.constexpr, PREFETCH_AHEAD: tl.constexpr,
+    HEAVIEST_FIRST: tl.constexpr, MASKED_TILES: tl.constexpr,
 ):
     # --8<-- [start:program]
     # under causal, the longest query tiles (most key tiles) launch first, so the short ones fill the tail
@@ -153,9 +150,6 @@ def _forward_kernel(
     q_end = tl.minimum(q_start + BLOCK_Q, Tq)
     i = q_start + tl.arange(0, BLOCK_Q)  # the query rows of this tile
     d = tl.arange(0, HEAD_DIM_PAD)
-    if PREFETCH_AHEAD > 0:  # the program that starts about a wave after this one finds its Q tile in L2
-        _prefetch_q_tile(Q_LINES, launch_rank() + PREFETCH_AHEAD, chunk, stride_qb, stride_qh,
-                         stride_qt, stride_qd, Tq, BLOCK_Q, HEAD_DIM_PAD, CAUSAL, HEAVIEST_FIRST)
     # --8<-- [end:program]
 
     # --8<-- [start:pointers]
@@ -229,28 +223,6 @@ def _forward_kernel(
     # --8<-- [end:exact_rerun]
 
 
-# --8<-- [start:prefetch]
-@triton.jit
-def _prefetch_q_tile(Q, rank, chunk, stride_qb, stride_qh, stride_qt, stride_qd, Tq, BLOCK_Q: tl.constexpr,
-                     HEAD_DIM_PAD: tl.constexpr, HEAVY_TILE_LAST: tl.constexpr, HEAVIEST_FIRST: tl.constexpr):  # fmt: skip
-    """One L2 prefetch for each 128-byte line of the Q tile of the program at place ``rank`` of the launch.
-
-    A program on a full GPU waits for its Q tile first (from HBM: nothing else reads it) and only then
-    starts streaming K and V; asked for a wave earlier, by a program that is already running, the tile
-    comes from L2 instead. The rows of a tile lie ``stride_qt`` apart, each row's lines contiguous
-    (stride_qd = 1 wherever this runs: the TMA layouts).
-    """
-    if rank < tl.num_programs(0) * tl.num_programs(1) * tl.num_programs(2):  # int32: the launcher checks the grid
-        tile, h, b = tile_at_rank(rank, chunk, HEAVY_TILE_LAST, HEAVIEST_FIRST)
-        LINE: tl.constexpr = 1024 // Q.dtype.element_ty.primitive_bitwidth  # elements of a 128-byte line
-        i = tile * BLOCK_Q + tl.arange(0, BLOCK_Q)
-        line_starts = tl.arange(0, (HEAD_DIM_PAD + LINE - 1) // LINE) * LINE
-        lines = (Q + program_offset(b, stride_qb) + program_offset(h, stride_qh)
-                 + i[:, None].to(tl.int64) * stride_qt + line_starts[None, :].to(tl.int64) * stride_qd)
-        prefetch_l2(tl.where(i[:, None] < Tq, lines, Q))  # rows past Tq ask for a line that exists
-# --8<-- [end:prefetch]
-
-
 # --8<-- [start:epilogue]
 @triton.jit
 def _write_rows(acc, l, m, delta, qk_scale, out, rows, n_rows, q_mask, row_ok):
@@ -308,9 +280,9 @@ def forward_config(head_dim: int, dtype: torch.dtype, interpreted: bool = False,
     if pad <= 64:  # two programs of 8 warps share an SM only at <= 128 registers a thread: capped there
         return dict(block_q=128, block_k=64, num_warps=8, num_stages=3, tma=False, maxnreg=128)
     if pad == 128 and (Tq <= 512 or (Tq <= 1024 and causal)):
-        return dict(block_q=64, block_k=64, num_warps=4, num_stages=3, tma="auto", prefetch_q=True)
+        return dict(block_q=64, block_k=64, num_warps=4, num_stages=3, tma="auto")
     if pad == 128:
-        return dict(block_q=128, block_k=128, num_warps=8, num_stages=3, tma="auto", prefetch_q=True)
+        return dict(block_q=128, block_k=128, num_warps=8, num_stages=3, tma="auto")
     return dict(block_q=128, block_k=64, num_warps=8, num_stages=2, tma=False)  # D = 256: 128 x 64, 2 stages
 # --8<-- [end:config]
 
@@ -320,7 +292,6 @@ class ForwardPlan(NamedTuple):
     """Everything about a launch that follows from the inputs' layout and the flags, worked out once."""
 
     out_shape: tuple  # (B, H, Tq, D) of o; lse and stats drop the last dim
-    prefetch_q: bool  # the kernel prefetches Q tiles a wave ahead, through q's own pointer
     o_like_q: bool  # o laid out as q is (``_layouts.strides_like``): torch.empty_like(q) gives it; else contiguous
     launch: KernelLaunch  # grid, the arguments after the tensors (strides, sizes, offset, qk_scale, rows), settings
     tma: tuple | None  # (strides, tile rows) of each of q, k, v's descriptors, or None for pointers
@@ -361,15 +332,11 @@ def make_forward_plan(q, k, v, causal, scale, alignment, block_q, block_k, num_w
     n_tiles = -(-Tq // block_q)  # cdiv in plain Python: triton.cdiv is a jit function
     maxnreg = config.get("maxnreg") if own_settings else None  # a cap measured with these settings only
     o_strides = strides_like(q)  # q's own layout where q is dense (a model's (B, T, H, D) view), else contiguous
-    prefetch_q = bool(config.get("prefetch_q")) and q.device.type == "cuda"  # PTX: never in the interpreter
-    ahead = torch.cuda.get_device_properties(q.device).multi_processor_count * resident_programs(num_warps, maxnreg) \
-        if prefetch_q else 0  # the programs that run at once: the one this many places later starts a wave later
     chunk = heaviest_first_chunk(heaviest_first, causal, 2 * Tk * D * q.element_size() // shape.group, B * H,
                                  B * H * n_tiles, resident_programs(num_warps, maxnreg), q.device,
                                  shape.group)  # fmt: skip
     return ForwardPlan(
         out_shape=(B, H, Tq, D),
-        prefetch_q=prefetch_q,
         o_like_q=o_strides == tuple(q.stride()),
         launch=KernelLaunch(
             _forward_kernel,
@@ -380,7 +347,7 @@ def make_forward_plan(q, k, v, causal, scale, alignment, block_q, block_k, num_w
                             CAUSAL=causal, SIGN=units.sign, USE_TMA=strides is not None,
                             DOT_PRECISION=dot_precision(q.dtype), ROTATE_KEYS=rotate_keys,
                             INTERPRETED=q.device.type == "cpu", HEAVIEST_FIRST=chunk > 0,
-                            MASKED_TILES=causal or Tk % block_k != 0, PREFETCH_AHEAD=ahead),  # fmt: skip
+                            MASKED_TILES=causal or Tk % block_k != 0),  # fmt: skip
             num_warps=num_warps,
             num_stages=num_stages,
             maxnreg=maxnreg,
@@ -445,6 +412,6 @@ def forward_with_plan(plan: ForwardPlan, q, k, v) -> tuple[torch.Tensor, torch.T
     # is dense it gives exactly q's strides, which the plan passed to the kernel
     o = torch.empty_like(q) if plan.o_like_q else torch.empty(plan.out_shape, dtype=q.dtype, device=q.device)
     row_stats = torch.empty((3, *plan.out_shape[:3]), dtype=torch.float32, device=q.device)
-    plan.launch(*loads, q if plan.prefetch_q else None, o, row_stats)
+    plan.launch(*loads, o, row_stats)
     return o, row_stats
 # --8<-- [end:launcher]
