@@ -13,6 +13,7 @@ the fast path always writes. For ordinary inputs its outputs equal the package's
 the check costs.
 """
 import importlib.util
+import os
 import statistics
 import subprocess
 import sys
@@ -107,7 +108,7 @@ def main(out: str, specs: list[str], cells: str = "main") -> None:
     rows = [row for shape in CELLS[cells] for row in measure(shape, versions)]
     save_result(out, rows, "do_bench median (warmup 25 ms, rep 100 ms) per round, three interleaved rounds, "
                 "the median of the rounds; each version checked against cuDNN's output first",
-                versions={name: getattr(module, "__file__", name) for name, module in versions.items()})  # fmt: skip
+                versions={name: os.path.relpath(module.__file__) for name, module in versions.items()})  # fmt: skip
 
 
 if __name__ == "__main__":
