@@ -8,8 +8,9 @@ process, in interleaved rounds with cuDNN, at the same inputs, after a check aga
     python bench/probes/forward_ab.py OUT.json name=path.py ... [--cells main|causal|all|2k|d128]
 
 ``nocheck`` is an ablation, never a candidate: the package's kernel with its check for huge scores
-(``tl.max(largest, 0) < SHIFT_LIMIT`` and the exact rerun it guards) replaced by a compile-time True, so
-the fast path always writes. For ordinary inputs its outputs equal the package's bitwise; it shows what
+(``tl.max(largest, 0) >= SHIFT_LIMIT`` and the exact rerun it guards) replaced by a compile-time False,
+so only the fast path's stores remain (``forward-ab-1.json`` ran the same ablation on the earlier
+order, the check before the stores). For ordinary inputs its outputs equal the package's bitwise; it shows what
 the check costs.
 """
 import importlib.util
@@ -29,7 +30,7 @@ from flashtile.bench.providers import make_inputs
 from flashtile.bench.shapes import standard_sweep
 from flashtile.kernels import forward as package_forward
 
-CHECK = "if tl.max(largest, 0) < SHIFT_LIMIT:"
+CHECK = "if tl.max(largest, 0) >= SHIFT_LIMIT:"  # the package's check (since a260343: after the fast rows' stores)
 
 
 def absolute_imports(source: str) -> str:
@@ -43,7 +44,7 @@ def make_versions(folder: str, rev: str | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     source = Path(package_forward.__file__).read_text()
     assert source.count(CHECK) == 1, "the check's line moved: update CHECK"
-    (out / "nocheck.py").write_text(absolute_imports(source.replace(CHECK, "if SHIFT_LIMIT > 0:  # ablation")))
+    (out / "nocheck.py").write_text(absolute_imports(source.replace(CHECK, "if SHIFT_LIMIT < 0:  # ablation: never")))
     if rev:
         old = subprocess.run(["git", "show", f"{rev}:src/flashtile/kernels/forward.py"], check=True,
                              capture_output=True, text=True).stdout  # fmt: skip
