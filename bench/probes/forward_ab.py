@@ -5,7 +5,7 @@ one change) loaded as its own module, so that Triton compiles each one separatel
 process, in interleaved rounds with cuDNN, at the same inputs, after a check against cuDNN's output.
 
     python bench/probes/forward_ab.py make DIR [REV]   # DIR/base.py from REV (git show), DIR/nocheck.py
-    python bench/probes/forward_ab.py OUT.json name=path.py ... [--cells main|causal|all|2k|d128]
+    python bench/probes/forward_ab.py OUT.json name=path.py ... [--cells main|causal|all|2k|d128] [--rounds N]
 
 ``nocheck`` is an ablation, never a candidate: the package's kernel with its check for huge scores
 (``tl.max(largest, 0) >= SHIFT_LIMIT`` and the exact rerun it guards) replaced by a compile-time False,
@@ -99,15 +99,15 @@ def measure(shape: dict, versions: dict, rounds: int = 3) -> list[dict]:
     return rows
 
 
-def main(out: str, specs: list[str], cells: str = "main") -> None:
+def main(out: str, specs: list[str], cells: str = "main", rounds: int = 3) -> None:
     torch.cuda.set_device(0)
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
     versions = {"package": package_forward}
     for spec in specs:
         name, path = spec.split("=", 1)
         versions[name] = load(name, path)
-    rows = [row for shape in CELLS[cells] for row in measure(shape, versions)]
-    save_result(out, rows, "do_bench median (warmup 25 ms, rep 100 ms) per round, three interleaved rounds, "
+    rows = [row for shape in CELLS[cells] for row in measure(shape, versions, rounds)]
+    save_result(out, rows, f"do_bench median (warmup 25 ms, rep 100 ms) per round, {rounds} interleaved rounds, "
                 "the median of the rounds; each version checked against cuDNN's output first",
                 versions={name: os.path.relpath(module.__file__) for name, module in versions.items()})  # fmt: skip
 
@@ -117,9 +117,10 @@ if __name__ == "__main__":
         make_versions(sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else None)
     else:
         args = sys.argv[2:]
-        cells = "main"
-        if "--cells" in args:
-            at = args.index("--cells")
-            cells = args[at + 1]
-            args = args[:at] + args[at + 2:]
-        main(sys.argv[1], args, cells)
+        options = {"--cells": "main", "--rounds": "3"}
+        for flag in options:
+            if flag in args:
+                at = args.index(flag)
+                options[flag] = args[at + 1]
+                args = args[:at] + args[at + 2:]
+        main(sys.argv[1], args, options["--cells"], int(options["--rounds"]))

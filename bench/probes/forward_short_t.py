@@ -2,7 +2,8 @@
 
 Two views, both beside cuDNN in the same process:
 
-* ``ablation``: the forward at Tq = 512 (B = 32, H = 16, no mask) against Tk = 64 ... 1024 keys. Time
+* ``ablation``: the forward at Tq = 512 (B = 32, H = 16, no mask) against Tk = 64 ... 1024 keys (with
+  ``--tq 2048``: B = 8, H = 16, Tk = 128 ... 4096, the 2k cell's 128 x 128 tiles). Time
   grows by a per-key-tile cost; what is left at zero keys (the intercept of a least-squares line) is
   what every program pays once: its launch, the Q load, the pipeline's fill, the epilogue and the
   write of O. The same fit for cuDNN says how much of that a hand-written kernel avoids.
@@ -10,7 +11,7 @@ Two views, both beside cuDNN in the same process:
   misses (D = 128 at T = 512, both masks, and at 2k without a mask), for Nsight Compute
   (``ncu --profile-from-start off``): warm-up calls run outside the profiled range.
 
-``PYTHONPATH=src python bench/probes/forward_short_t.py ablation OUT.json`` /
+``PYTHONPATH=src python bench/probes/forward_short_t.py ablation OUT.json [--tq 2048]`` /
 ``ncu --profile-from-start off ... python bench/probes/forward_short_t.py profile`` on an H200.
 """
 import sys
@@ -23,7 +24,8 @@ from flashtile.bench.common import attention_tflops, median_ms, save_result
 from flashtile.bench.providers import make_inputs
 from flashtile.kernels.forward import flash_attention
 
-KEYS = (64, 128, 256, 512, 768, 1024)
+KEYS = {512: (64, 128, 256, 512, 768, 1024), 2048: (128, 256, 512, 1024, 2048, 3072, 4096)}
+BATCH = {512: 32, 2048: 8}  # the standard sweep's batch at that length (H = 16, D = 128)
 
 
 def shape_of(Tq, Tk, causal, B=32, H=16, D=128):
@@ -49,10 +51,11 @@ def fit(points):
     return my - slope * mx, slope
 
 
-def ablation(out):
+def ablation(out, Tq=512):
     rows, fits = [], {}
-    for Tk in KEYS:
-        shape = shape_of(512, Tk, False)
+    step = 64 if Tq == 512 else 128  # the key tile of the setting that runs at this length
+    for Tk in KEYS[Tq]:
+        shape = shape_of(Tq, Tk, False, B=BATCH[Tq])
         fns = calls(shape)
         truth = fns["sdpa_cudnn"]()
         assert (fns["flashtile"]().float() - truth.float()).abs().max().item() < 0.05
@@ -61,12 +64,12 @@ def ablation(out):
             rows.append({"pass": "forward", "provider": provider, **shape, "ms": round(ms, 4),
                          "tflops": round(attention_tflops(shape, ms), 1)})  # fmt: skip
     for provider in ("flashtile", "sdpa_cudnn"):
-        points = [(r["Tk"] // 64, r["ms"] * 1e3) for r in rows if r["provider"] == provider]
-        fits[provider] = dict(zip(("fixed_us", "us_per_64_keys"), (round(x, 2) for x in fit(points))))
+        points = [(r["Tk"] // step, r["ms"] * 1e3) for r in rows if r["provider"] == provider]
+        fits[provider] = dict(zip(("fixed_us", f"us_per_{step}_keys"), (round(x, 2) for x in fit(points))))
         print(provider, fits[provider], [round(y, 1) for _, y in points], flush=True)
     save_result(out, rows, "do_bench median (warmup 25 ms, rep 100 ms, L2 cleared before each repetition); "
-                "Tq = 512, B = 32, H = 16, D = 128, no mask, Tk from 64 to 1024; fits: least squares of time "
-                "against Tk / 64", fits=fits)  # fmt: skip
+                f"Tq = {Tq}, B = {BATCH[Tq]}, H = 16, D = 128, no mask, Tk from {KEYS[Tq][0]} to {KEYS[Tq][-1]}; "
+                f"fits: least squares of time against Tk / {step}", fits=fits)  # fmt: skip
 
 
 def profile():
@@ -84,4 +87,7 @@ def profile():
 
 
 if __name__ == "__main__":
-    ablation(sys.argv[2]) if sys.argv[1] == "ablation" else profile()
+    if sys.argv[1] == "ablation":
+        ablation(sys.argv[2], int(sys.argv[4]) if sys.argv[3:4] == ["--tq"] else 512)
+    else:
+        profile()
