@@ -15,7 +15,11 @@ been issued, and ``%smid``. One thread per program writes them to a buffer. From
 The clock rate is measured too (cycles over globaltimer nanoseconds, per program), since the H200 runs its
 SMs slower the longer a kernel keeps it busy.
 
-    PYTHONPATH=src python bench/probes/forward_timeline.py OUT.json
+    PYTHONPATH=src python bench/probes/forward_timeline.py OUT.json [name=path.py ...]
+
+Each ``name=path.py`` is another version of the module (as ``forward_ab.py`` takes them), instrumented the
+same way and read at the same shapes: its epilogue or its loop can then be compared with the package's
+to a few hundredths of a microsecond, where timing whole kernels side by side resolves about 1.5%.
 """
 import importlib.util
 import statistics
@@ -43,7 +47,7 @@ EDITS = (  # (anchor, replacement): each anchor must occur exactly once in the p
     ("    Q, K, V, O, ROW_STATS,\n", "    Q, K, V, TIMES, O, ROW_STATS,\n"),
     ("    # --8<-- [start:program]\n", f"    t0c = {CLOCK}\n    t0g = {TIMER}\n    # --8<-- [start:program]\n"),
     ("    # --8<-- [end:loops]\n", f"    t2c = {CLOCK_AFTER_L}\n    # --8<-- [end:loops]\n"),
-    ("    if tl.max(largest, 0) >= SHIFT_LIMIT:", f"""    t3c = {CLOCK}
+    ("    # --8<-- [end:exact_rerun]\n", f"""    t3c = {CLOCK}
     t3g = {TIMER}
     sm = tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=tl.int32, is_pure=True, pack=1)
     slot = TIMES + (tl.program_id(0) + tl.num_programs(0) * (tl.program_id(1) + tl.num_programs(1)
@@ -55,27 +59,36 @@ EDITS = (  # (anchor, replacement): each anchor must occur exactly once in the p
     tl.store(slot + 3 + 0 * i, t3c + 0 * i, mask=first)
     tl.store(slot + 4 + 0 * i, t3g + 0 * i, mask=first)
     tl.store(slot + 5 + 0 * i, sm.to(tl.int64) + 0 * i, mask=first)
-    if tl.max(largest, 0) >= SHIFT_LIMIT:"""),
-    ("    plan.launch(*loads, o, row_stats)", """    grid = plan.launch.grid
-    if TIMES.get("shape") != grid:
-        TIMES.update(shape=grid, buffer=torch.zeros((grid[0] * grid[1] * grid[2], 6), dtype=torch.int64,
-                                                    device=q.device))
-    plan.launch(*loads, TIMES["buffer"], o, row_stats)"""),
+    # --8<-- [end:exact_rerun]
+"""),
+    ("    plan.launch(*loads, ", "    plan.launch(*loads, clock_buffer(plan.launch.grid, q.device), "),
 )
 SHAPES = (  # (Tq, Tk, causal, B) at H = 16, D = 128: the 2k cell, its key-count neighbours, causal, and T = 512
     (2048, 128, False, 8), (2048, 2048, False, 8), (2048, 4096, False, 8), (2048, 2048, True, 8), (512, 512, False, 32),
 )
 
 
-def instrumented_module():
-    source = absolute_imports(Path(package.__file__).read_text())
+CLOCK_BUFFER = """
+
+TIMES = {}  # the clock buffer of the last grid launched
+
+
+def clock_buffer(grid, device):
+    if TIMES.get("shape") != grid:
+        TIMES.update(shape=grid, buffer=torch.zeros((grid[0] * grid[1] * grid[2], 6), dtype=torch.int64, device=device))
+    return TIMES["buffer"]
+"""
+
+
+def instrumented_module(name: str = "package", path: str | None = None):
+    """A copy of the package's forward module (or of the version at ``path``) with the clock reads added."""
+    source = absolute_imports(Path(path or package.__file__).read_text())
     for anchor, replacement in EDITS:
-        assert source.count(anchor) == 1, f"the package moved: update the anchor {anchor!r}"
+        assert source.count(anchor) == 1, f"{name}: the anchor {anchor!r} moved"
         source = source.replace(anchor, replacement)
-    source += "\n\nTIMES = {}  # the clock buffer of the last grid launched\n"
-    path = Path(tempfile.mkdtemp()) / "forward_timeline_copy.py"
-    path.write_text(source)
-    spec = importlib.util.spec_from_file_location("forward_timeline_copy", path)
+    copy = Path(tempfile.mkdtemp()) / f"forward_timeline_{name}.py"
+    copy.write_text(source + CLOCK_BUFFER)
+    spec = importlib.util.spec_from_file_location(f"forward_timeline_{name}", copy)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -86,11 +99,11 @@ def quantiles(values) -> list[float]:
     return [round(ordered[min(len(ordered) - 1, int(p * len(ordered)))], 2) for p in (0.1, 0.5, 0.9)]
 
 
-def measure(module, Tq, Tk, causal, B) -> dict:
+def measure(module, name, Tq, Tk, causal, B) -> dict:
     shape = dict(B=B, H=16, H_kv=16, Tq=Tq, Tk=Tk, D=128, causal=causal, layout="bhtd", dtype="bf16")
     q, k, v = make_inputs(shape)
     reference, _ = package.flash_attention(q, k, v, causal=causal)
-    assert torch.equal(module.flash_attention(q, k, v, causal=causal)[0], reference), "the clock reads changed o"
+    assert torch.equal(module.flash_attention(q, k, v, causal=causal)[0], reference), f"{name}: o differs"
     with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
         cudnn_ms = median_ms(lambda: scaled_dot_product_attention(q, k, v, is_causal=causal), warmup=25, rep=100)
     package_ms = median_ms(lambda: package.flash_attention(q, k, v, causal=causal), warmup=25, rep=100)
@@ -109,8 +122,8 @@ def measure(module, Tq, Tk, causal, B) -> dict:
         gaps += [us(after[0] - before[3]) for before, after in zip(rows, rows[1:])]
     span_us = (max(row[4] for row in table) - min(row[1] for row in table)) / 1e3
     programs = [us(row[3] - row[0]) for row in table]
-    return {"pass": "forward", "provider": "flashtile_timeline", **shape, "ms": round(instrumented_ms, 4),
-            "package_ms": round(package_ms, 4), "sdpa_cudnn_ms": round(cudnn_ms, 4),
+    return {"pass": "forward", "provider": "flashtile_timeline", "version": name, **shape,
+            "ms": round(instrumented_ms, 4), "package_ms": round(package_ms, 4), "sdpa_cudnn_ms": round(cudnn_ms, 4),
             "clock_ghz": round(cycles_per_ns, 3), "programs": len(table), "sms": len(on_sm),
             "span_us": round(span_us, 1), "busy_fraction": round(sum(programs) / (len(on_sm) * span_us), 3),
             "program_us_p10_p50_p90": quantiles(programs),
@@ -119,14 +132,17 @@ def measure(module, Tq, Tk, causal, B) -> dict:
             "gap_on_sm_us_p10_p50_p90": quantiles(gaps)}  # fmt: skip
 
 
-def main(out: str) -> None:
+def main(out: str, specs: list[str]) -> None:
     torch.cuda.set_device(0)
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
-    module = instrumented_module()
+    modules = {"package": instrumented_module()}
+    for spec in specs:
+        name, path = spec.split("=", 1)
+        modules[name] = instrumented_module(name, path)
     rows = []
-    for Tq, Tk, causal, B in SHAPES:
-        rows.append(measure(module, Tq, Tk, causal, B))
-        keys = ("Tq", "Tk", "causal", "ms", "package_ms", "sdpa_cudnn_ms", "program_us_p10_p50_p90",
+    for (Tq, Tk, causal, B), (name, module) in ((shape, version) for shape in SHAPES for version in modules.items()):
+        rows.append(measure(module, name, Tq, Tk, causal, B))
+        keys = ("version", "Tq", "Tk", "causal", "ms", "package_ms", "sdpa_cudnn_ms", "program_us_p10_p50_p90",
                 "start_to_loop_end_us_p10_p50_p90", "epilogue_us_p10_p50_p90", "gap_on_sm_us_p10_p50_p90")
         print({key: rows[-1][key] for key in keys}, flush=True)
     save_result(out, rows, "one launch's per-program clocks (%clock64, %globaltimer, %smid) from a copy of the "
@@ -135,4 +151,4 @@ def main(out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[2:])
