@@ -52,6 +52,8 @@ def fit(points):
 
 
 def ablation(out, Tq=512):
+    if Tq not in KEYS:
+        raise ValueError(f"--tq must be one of {sorted(KEYS)}, got {Tq}")
     rows, fits = [], {}
     step = 64 if Tq == 512 else 128  # the key tile of the setting that runs at this length
     for Tk in KEYS[Tq]:

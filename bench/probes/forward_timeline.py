@@ -3,13 +3,14 @@
 A copy of ``src/flashtile/kernels/forward.py`` is made with five clock reads added and nothing else changed
 in the arithmetic (its outputs are checked bitwise against the package's): ``%clock64`` and ``%globaltimer``
 when a program starts, ``%clock64`` once its key loop is done (the read takes the row sums ``l`` as an
-input, so it waits for the last tile's softmax), ``%clock64`` and ``%globaltimer`` after its stores have
-been issued, and ``%smid``. One thread per program writes them to a buffer. From them, per program:
+input, so it waits for the last tile's softmax), ``%clock64`` and ``%globaltimer`` at its end (after its
+stores are issued and its check for huge scores is decided; before abeadd2 this read came before the
+check), and ``%smid``. One thread per program writes them to a buffer. From them, per program:
 
 * ``start_to_loop_end``: the Q load, the pipeline's fill and every key tile;
 * ``epilogue``: the last P V product, o = acc / l, the stores of o and of the row statistics, the check
   for huge scores;
-* ``gap_on_sm``: from one program's last store to the next program's first instruction on the same SM,
+* ``gap_on_sm``: from one program's end to the next program's first instruction on the same SM,
   what the GPU takes to retire a program and start the next (one program an SM at D = 128, T >= 1k).
 
 The clock rate is measured too (cycles over globaltimer nanoseconds, per program), since the H200 runs its
