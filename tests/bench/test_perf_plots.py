@@ -78,4 +78,20 @@ def test_figures_draw_from_rows_and_say_when_nothing_is_measured():
     assert empty.startswith("<?xml") and drawn.startswith("<?xml") and empty != drawn
     assert plots.ratio_svg(None).startswith("<?xml")
     assert plots.roofline_svg(CEILINGS, [None]).startswith("<?xml")
-    assert set(plots.figures()) == {"perf-scaleup.svg", "perf-ratio.svg", "perf-roofline.svg"}
+    assert plots.timeline_svg(None).startswith("<?xml")
+    assert set(plots.figures()) == {"perf-scaleup.svg", "perf-ratio.svg", "perf-roofline.svg", "perf-timeline.svg"}
+
+
+def test_timeline_parts_take_the_package_medians_at_2k_without_a_mask_by_key_count():
+    def clock_row(Tk, causal=False, version="package", Tq=2048, loop=30.0):
+        return {"Tq": Tq, "Tk": Tk, "causal": causal, "version": version,
+                "start_to_loop_end_us_p10_p50_p90": [loop - 1, loop, loop + 1],
+                "epilogue_us_p10_p50_p90": [1.2, 1.4, 1.6], "gap_on_sm_us_p10_p50_p90": [0.3, 0.4, 0.5]}  # fmt: skip
+
+    rows = [clock_row(4096, loop=60.0), clock_row(128, loop=4.5), clock_row(2048, causal=True),
+            clock_row(2048, version="nocheck"), clock_row(512, Tq=512)]  # fmt: skip
+    parts = plots.timeline_parts(rows)
+    assert [Tk for Tk, _ in parts] == [128, 4096]
+    assert parts[1][1] == {"start_to_loop_end": 60.0, "epilogue": 1.4, "gap_on_sm": 0.4}
+    legacy = {key: value for key, value in clock_row(2048).items() if key != "version"}  # the first file's rows
+    assert plots.timeline_parts([legacy])[0][0] == 2048

@@ -13,6 +13,10 @@ yet says so instead of showing data.
 - ``roofline_svg``: the H200's roofline (``ceilings.json``) with the measured rows at their arithmetic
   intensity: the least-traffic intensity for every provider but ``naive``, which writes and reads the
   scores, and sits at the intensity of unfused attention.
+- ``timeline_svg``: one forward program's time on its SM, split where the clock probe read it
+  (``sweeps/forward-timeline.json``: start to the end of the key loop, epilogue, then the check for huge
+  scores and the switch to the next program), as shares of the whole, at Tq = 2048 and d = 128 without
+  a mask for each key count measured.
 """
 
 from __future__ import annotations
@@ -99,6 +103,24 @@ def roofline_points(rows: list[dict]) -> dict:
             continue
         points.setdefault(r["provider"], []).append((intensity, r["tflops"]))
     return points
+
+
+TIMELINE_PARTS = (  # (key of the probe's row, label, colour): the intervals between the probe's clock reads
+    ("start_to_loop_end", "start to end of key loop", STYLE["flashtile"][0]),
+    ("epilogue", "epilogue (last PV, o, stores)", "#ff7f0e"),
+    ("gap_on_sm", "the check, then the next program starts", "#7f7f7f"),
+)
+
+
+def timeline_parts(rows: list[dict]) -> list[tuple[int, dict]]:
+    """[(Tk, {part: median µs})] of the package's rows at Tq = 2048 without a mask, by Tk.
+
+    The probe writes each interval's 10%, 50% and 90% quantiles over the programs; the median is drawn.
+    Rows of other versions of the kernel (``version`` other than the package) are left out.
+    """
+    picked = [r for r in rows if r.get("version", "package") == "package" and r["Tq"] == 2048 and not r["causal"]]
+    return [(r["Tk"], {key: r[f"{key}_us_p10_p50_p90"][1] for key, _, _ in TIMELINE_PARTS})
+            for r in sorted(picked, key=lambda r: r["Tk"])]  # fmt: skip
 
 
 def _svg(fig) -> str:
@@ -252,6 +274,31 @@ def roofline_svg(ceilings: dict, results: list[dict | None]) -> str:
         return _svg(fig)
 
 
+def timeline_svg(result: dict | None) -> str:
+    plt = _pyplot()
+    bars = timeline_parts(result["rows"] if result else [])
+    with plt.rc_context(FONT):
+        fig, ax = plt.subplots(figsize=(FIGSIZE[0], 3.4), layout="constrained")
+        if not bars:
+            _not_measured(ax, "python bench/probes/forward_timeline.py")
+            return _svg(fig)
+        for y, (Tk, parts) in enumerate(bars):
+            total, left = sum(parts.values()), 0.0
+            for key, _, colour in TIMELINE_PARTS:
+                share = 100 * parts[key] / total
+                ax.barh(y, share, left=left, color=colour, height=0.6)
+                left += share
+            ax.text(2, y + 0.42, f"{_token_count(Tk)} keys: {total:.1f} µs a program", fontsize=10, va="center")
+        ax.set_yticks([])
+        ax.set_ylim(-0.5, len(bars) - 0.1)
+        ax.set(xlim=(0, 100), xlabel="share of the program's time on its SM (%)",
+               title="One program, d = 128, Tq = 2048, no mask")  # fmt: skip
+        from matplotlib.patches import Patch
+
+        _legend_below(fig, [Patch(color=colour, label=label) for _, label, colour in TIMELINE_PARTS], ncol=1)
+        return _svg(fig)
+
+
 def figures() -> dict[str, str]:
     """file name under figures/ -> SVG text, for every figure of the performance chapter."""
     main = load_optional("forward.json")
@@ -261,4 +308,5 @@ def figures() -> dict[str, str]:
         "perf-scaleup.svg": scaleup_svg(scaleup),
         "perf-ratio.svg": ratio_svg(main),
         "perf-roofline.svg": roofline_svg(load_ceilings(), [main, scaleup, models]),
+        "perf-timeline.svg": timeline_svg(load_optional("sweeps/forward-timeline.json")),
     }
