@@ -22,7 +22,6 @@ Each ``name=path.py`` is another version of the module (as ``forward_ab.py`` tak
 same way and read at the same shapes: its epilogue or its loop can then be compared with the package's
 to a few hundredths of a microsecond, where timing whole kernels side by side resolves about 1.5%.
 """
-import importlib.util
 import statistics
 import sys
 import tempfile
@@ -38,7 +37,7 @@ from flashtile.bench.providers import make_inputs
 from flashtile.kernels import forward as package
 
 sys.path.insert(0, str(Path(__file__).parent))
-from forward_ab import absolute_imports  # noqa: E402
+from forward_ab import absolute_imports, load  # noqa: E402
 
 CLOCK = 'tl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)'
 CLOCK_AFTER_L = ('tl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l,r", [l], dtype=tl.int64, is_pure=False, '
@@ -89,10 +88,7 @@ def instrumented_module(name: str = "package", path: str | None = None):
         source = source.replace(anchor, replacement)
     copy = Path(tempfile.mkdtemp()) / f"forward_timeline_{name}.py"
     copy.write_text(source + CLOCK_BUFFER)
-    spec = importlib.util.spec_from_file_location(f"forward_timeline_{name}", copy)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load(f"timeline_{name}", str(copy))
 
 
 def quantiles(values) -> list[float]:
