@@ -1,0 +1,356 @@
+"""The textbook FlashAttention kernels: forward and backward written to be read whole, before any tuning.
+
+These are the kernels a chapter shows first. They mirror ``flashtile.reference.forward`` and
+``flashtile.reference.backward`` line for line, and add only what a GPU forces: pointers and strides,
+masks for padded tiles, exp2 in place of exp, and 16-bit tiles fed to tensor-core dots with float32
+accumulation. There is no switch in them that exists for speed.
+
+What they support:
+
+* q, k, v of shape (B, H, T, D), any strides (views read in place), fp16, bf16 or fp32 (bf16 on CUDA
+  only: Triton's interpreter computes bf16 wrongly), any Tq and Tk (ragged last tiles are masked),
+  1 <= D <= 128 (padded to ``HEAD_DIM_PAD``, a power of two >= 16, with masks);
+* ``causal`` with the package's alignments: "upper_left" by default (query i sees keys j <= i, as
+  SDPA's ``is_causal``), "lower_right" on request. A row that sees no key gets o = 0 and lse = -inf;
+* ``scale`` τ: 1/sqrt(D) by default, any finite value (zero and negative too);
+* lse as ``flashtile.attention`` returns it: (B, H, Tq) float32, natural log, so the textbook backward
+  takes the package's lse and the package's backward takes this one.
+
+What they do not do (the package's kernels, ``flashtile.kernels.forward`` and ``.backward``, do):
+
+* grouped-query attention (H_kv < H) and head dims above 128 are refused with a ValueError;
+* no TMA, no launch order, no autotuning, no fused multiply-add trick: fixed tiles, stated below;
+* the scale is folded into the score before the max is taken (s = τ log2(e) q·k), so a score of
+  magnitude 1e7 keeps fewer digits than in the package's kernels, which take the max of raw dots;
+* NaN and inf inputs are not part of their contract (the package's kernels define and test them).
+
+Launch settings, one plain choice: 64 x 64 tiles (BLOCK_Q x BLOCK_K) with 4 warps and 2 pipeline
+stages. Tiles whose rows hold 128 fp32 values (fp32 at D > 64) are halved to 32 x 32, and so is every
+backward tile at D > 64: there the dK/dV program holds k, v, dk and dv of its key tile in registers.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from .._checks import (
+    check_alignment,
+    check_attention_inputs,
+    check_causal,
+    check_like,
+    check_lse,
+    resolve_scale,
+)
+from ..reference.causal import diagonal_offset
+from ._common import (
+    KERNEL_DTYPES,
+    check_kernel_device,
+    dot_precision,
+    first_query_row,
+    full_key_tiles,
+    head_batch_grid,
+    head_dim_pad,
+    last_key_tile,
+)
+
+TEXTBOOK_MAX_HEAD_DIM = 128
+LOG2E = math.log2(math.e)
+LN2 = tl.constexpr(math.log(2.0))  # a constexpr global, so the jit functions may read it
+LOG2E_JIT = tl.constexpr(LOG2E)
+
+
+# --8<-- [start:textbook-forward]
+@triton.jit
+def key_tile_counts(q_start, Tq, Tk, offset, CAUSAL: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr):
+    """(n_full, n_visit): key tiles 0 .. n_full - 1 are FULL for every row of the query tile starting at
+    q_start, tiles n_full .. n_visit - 1 need the mask (DIAGONAL, or the ragged last tile), the rest are
+    SKIP (Part A's tile classes, ``reference.causal.classify_tile``)."""
+    if CAUSAL:
+        q_end = tl.minimum(q_start + BLOCK_Q, Tq)
+        return full_key_tiles(q_start, Tk, offset, BLOCK_K), last_key_tile(q_end, Tk, offset, BLOCK_K)
+    return Tk // BLOCK_K, tl.cdiv(Tk, BLOCK_K)
+
+
+@triton.jit
+def fold_key_tile(acc, l, m, q, K, V, stride_kt, stride_kd, stride_vt, stride_vd, i, d, k_start, Tk, offset,
+                  qk_scale, HEAD_DIM: tl.constexpr, BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr,
+                  MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr):  # fmt: skip
+    """One step of the online softmax: fold keys k_start .. k_start + BLOCK_K - 1 into (m, l, acc)."""
+    j = k_start + tl.arange(0, BLOCK_K).to(tl.int64)  # the key columns of this tile
+    kv_mask = (j[:, None] < Tk) & (d[None, :] < HEAD_DIM)  # zeros past the keys and past the head dim
+    k = tl.load(K + j[:, None] * stride_kt + d[None, :] * stride_kd, mask=kv_mask, other=0.0)  # (BLOCK_K, HEAD_DIM_PAD)
+    v = tl.load(V + j[:, None] * stride_vt + d[None, :] * stride_vd, mask=kv_mask, other=0.0)  # (BLOCK_K, HEAD_DIM_PAD)
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # (BLOCK_Q, BLOCK_K), log2 units
+    if MASKED:  # a padded key, or one past the diagonal, must score -inf (p = 0), not 0
+        visible = j[None, :] < Tk
+        if CAUSAL:
+            visible = visible & (j[None, :] <= i[:, None] + offset)
+        s = tl.where(visible, s, float("-inf"))
+    m_new = tl.maximum(m, tl.max(s, 1))  # (BLOCK_Q,)
+    # A row that has seen no key yet keeps m_new = -inf, and -inf - (-inf) is NaN: subtract 0 instead,
+    # which gives alpha = 0 and p = 0 for that row.
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.math.exp2(m - m_safe)  # rescales what the row had onto the new max
+    p = tl.math.exp2(s - m_safe[:, None])  # (BLOCK_Q, BLOCK_K), this tile's unnormalised probabilities
+    l = alpha * l + tl.sum(p, 1)
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)  # (BLOCK_Q, HEAD_DIM_PAD)
+    return acc, l, m_new
+
+
+@triton.jit
+def textbook_forward_kernel(
+    Q, K, V, O, LSE,
+    stride_qb, stride_qh, stride_qt, stride_qd, stride_kb, stride_kh, stride_kt, stride_kd,
+    stride_vb, stride_vh, stride_vt, stride_vd, stride_ob, stride_oh, stride_ot, stride_od,
+    H, Tq, Tk, offset, qk_scale,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
+    CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """One program: query tile q_index of head h of batch b; grid (cdiv(Tq, BLOCK_Q), H, B)."""
+    q_index, h, b = tl.program_id(0), tl.program_id(1).to(tl.int64), tl.program_id(2).to(tl.int64)
+    q_start = q_index * BLOCK_Q
+    i = q_start + tl.arange(0, BLOCK_Q).to(tl.int64)  # the query rows; int64, so row * stride never wraps
+    d = tl.arange(0, HEAD_DIM_PAD).to(tl.int64)  # the head-dim columns, padded to a power of two
+    Q += b * stride_qb + h * stride_qh  # each pointer now at this (batch, head)
+    K += b * stride_kb + h * stride_kh
+    V += b * stride_vb + h * stride_vh
+    O += b * stride_ob + h * stride_oh
+    q_mask = (i[:, None] < Tq) & (d[None, :] < HEAD_DIM)
+    q = tl.load(Q + i[:, None] * stride_qt + d[None, :] * stride_qd, mask=q_mask, other=0.0)  # (BLOCK_Q, HEAD_DIM_PAD)
+
+    m = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)  # running row max of s, log2 units
+    l = tl.zeros([BLOCK_Q], dtype=tl.float32)  # running sum of exp2(s - m)
+    acc = tl.zeros([BLOCK_Q, HEAD_DIM_PAD], dtype=tl.float32)  # running sum of exp2(s - m) v
+    n_full, n_visit = key_tile_counts(q_start, Tq, Tk, offset, CAUSAL, BLOCK_Q, BLOCK_K)
+    for k_index in range(0, n_full):  # FULL tiles: every pair visible, no mask
+        acc, l, m = fold_key_tile(acc, l, m, q, K, V, stride_kt, stride_kd, stride_vt, stride_vd, i, d,
+                                  k_index * BLOCK_K, Tk, offset, qk_scale, HEAD_DIM, BLOCK_K, CAUSAL, False,
+                                  DOT_PRECISION)  # fmt: skip
+    for k_index in range(n_full, n_visit):  # DIAGONAL tiles and a ragged last tile; SKIP tiles never come
+        acc, l, m = fold_key_tile(acc, l, m, q, K, V, stride_kt, stride_kd, stride_vt, stride_vd, i, d,
+                                  k_index * BLOCK_K, Tk, offset, qk_scale, HEAD_DIM, BLOCK_K, CAUSAL, True,
+                                  DOT_PRECISION)  # fmt: skip
+
+    empty = l == 0.0  # a row that saw no key: o = 0 (acc is 0), lse = -inf, as in the reference
+    l_safe = tl.where(empty, 1.0, l)  # divide by 1, not 0, for such a row
+    o = acc / l_safe[:, None]  # (BLOCK_Q, HEAD_DIM_PAD)
+    lse = tl.where(empty, float("-inf"), (m + tl.math.log2(l_safe)) * LN2)  # back from log2 units: natural log
+    tl.store(O + i[:, None] * stride_ot + d[None, :] * stride_od, o.to(O.dtype.element_ty), mask=q_mask)
+    tl.store(LSE + (b * H + h) * Tq + i, lse, mask=i < Tq)  # lse is (B, H, Tq), contiguous
+# --8<-- [end:textbook-forward]
+
+
+# --8<-- [start:textbook-backward]
+@triton.jit
+def textbook_delta_kernel(O, DO, DELTA, stride_ob, stride_oh, stride_ot, stride_od, stride_dob, stride_doh,
+                          stride_dot, stride_dod, H, Tq, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+                          BLOCK_Q: tl.constexpr):  # fmt: skip
+    """delta = rowsum(dO * O) of one query tile, float32: the paper's D, one number per query row."""
+    q_index, h, b = tl.program_id(0), tl.program_id(1).to(tl.int64), tl.program_id(2).to(tl.int64)
+    i = q_index * BLOCK_Q + tl.arange(0, BLOCK_Q).to(tl.int64)
+    d = tl.arange(0, HEAD_DIM_PAD).to(tl.int64)
+    mask = (i[:, None] < Tq) & (d[None, :] < HEAD_DIM)
+    o = tl.load(O + b * stride_ob + h * stride_oh + i[:, None] * stride_ot + d[None, :] * stride_od, mask=mask,
+                other=0.0)  # fmt: skip
+    do = tl.load(DO + b * stride_dob + h * stride_doh + i[:, None] * stride_dot + d[None, :] * stride_dod,
+                 mask=mask, other=0.0)  # fmt: skip
+    tl.store(DELTA + (b * H + h) * Tq + i, tl.sum(o.to(tl.float32) * do.to(tl.float32), 1), mask=i < Tq)
+
+
+@triton.jit
+def dkdv_step(dk, dv, k, v, Q, DO, LSE, DELTA, stride_qt, stride_qd, stride_dot, stride_dod, j, d, q_start, Tq,
+              offset, qk_scale, HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, MASKED: tl.constexpr,
+              DOT_PRECISION: tl.constexpr):  # fmt: skip
+    """Add one query tile's share to dK and dV of the key tile, in the transposed domain (S^T = K Q^T)."""
+    i = q_start + tl.arange(0, BLOCK_Q).to(tl.int64)
+    mask = (i[:, None] < Tq) & (d[None, :] < HEAD_DIM)  # rows past Tq load q = dO = 0: they add nothing
+    q = tl.load(Q + i[:, None] * stride_qt + d[None, :] * stride_qd, mask=mask, other=0.0)  # (BLOCK_Q, HEAD_DIM_PAD)
+    do = tl.load(DO + i[:, None] * stride_dot + d[None, :] * stride_dod, mask=mask, other=0.0)
+    lse = tl.load(LSE + i, mask=i < Tq, other=0.0) * LOG2E_JIT  # (BLOCK_Q,), in log2 units like s
+    delta = tl.load(DELTA + i, mask=i < Tq, other=0.0)
+    s_t = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION) * qk_scale  # (BLOCK_K, BLOCK_Q), S^T
+    p_t = tl.math.exp2(s_t - lse[None, :])  # P^T = exp(S - lse)^T, recomputed, never stored
+    if MASKED:  # the forward's mask, again: a hidden pair (or a row that saw no key) has p = 0
+        p_t = tl.where(j[:, None] <= i[None, :] + offset, p_t, 0.0)
+    dv += tl.dot(p_t.to(do.dtype), do, input_precision=DOT_PRECISION)  # dV += P^T dO
+    dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)  # (BLOCK_K, BLOCK_Q), dP^T = V dO^T
+    ds_t = p_t * (dp_t - delta[None, :])  # dS^T = P^T * (dP^T - D), per query column
+    dk += tl.dot(ds_t.to(q.dtype), q, input_precision=DOT_PRECISION)  # dK += dS^T Q (times τ at the end)
+    return dk, dv
+
+
+@triton.jit
+def textbook_dkdv_kernel(
+    Q, K, V, DO, LSE, DELTA, DK, DV,
+    stride_qb, stride_qh, stride_qt, stride_qd, stride_kb, stride_kh, stride_kt, stride_kd,
+    stride_vb, stride_vh, stride_vt, stride_vd, stride_dob, stride_doh, stride_dot, stride_dod,
+    H, Tq, Tk, offset, scale, qk_scale,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
+    CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """One program: key tile k_index of head h of batch b, its dK and dV; the query tiles stream past."""
+    k_index, h, b = tl.program_id(0), tl.program_id(1).to(tl.int64), tl.program_id(2).to(tl.int64)
+    k_start = k_index * BLOCK_K
+    j = k_start + tl.arange(0, BLOCK_K).to(tl.int64)  # the key rows of this tile
+    d = tl.arange(0, HEAD_DIM_PAD).to(tl.int64)
+    Q += b * stride_qb + h * stride_qh
+    DO += b * stride_dob + h * stride_doh
+    LSE += (b * H + h) * Tq  # lse, delta, dk and dv are contiguous: (B, H, T) and (B, H, T, D)
+    DELTA += (b * H + h) * Tq
+    kv_mask = (j[:, None] < Tk) & (d[None, :] < HEAD_DIM)
+    k = tl.load(K + b * stride_kb + h * stride_kh + j[:, None] * stride_kt + d[None, :] * stride_kd, mask=kv_mask,
+                other=0.0)  # (BLOCK_K, HEAD_DIM_PAD), held for the whole loop  # fmt: skip
+    v = tl.load(V + b * stride_vb + h * stride_vh + j[:, None] * stride_vt + d[None, :] * stride_vd, mask=kv_mask,
+                other=0.0)  # fmt: skip
+    dk = tl.zeros([BLOCK_K, HEAD_DIM_PAD], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_K, HEAD_DIM_PAD], dtype=tl.float32)
+    # The tile classes seen from a key tile: query tiles above the first row that sees key k_start are
+    # SKIP; then come DIAGONAL tiles, up to the first tile whose first row sees the tile's last key;
+    # every tile from there on is FULL. Without the mask every query tile is FULL.
+    n_q_tiles = tl.cdiv(Tq, BLOCK_Q)
+    first, first_full = 0, 0
+    if CAUSAL:
+        first = first_query_row(k_start, offset) // BLOCK_Q
+        first_full = tl.minimum(tl.cdiv(first_query_row(k_start + BLOCK_K - 1, offset), BLOCK_Q), n_q_tiles)
+    for q_index in range(first, first_full):
+        dk, dv = dkdv_step(dk, dv, k, v, Q, DO, LSE, DELTA, stride_qt, stride_qd, stride_dot, stride_dod, j, d,
+                           q_index * BLOCK_Q, Tq, offset, qk_scale, HEAD_DIM, BLOCK_Q, True, DOT_PRECISION)
+    for q_index in range(first_full, n_q_tiles):
+        dk, dv = dkdv_step(dk, dv, k, v, Q, DO, LSE, DELTA, stride_qt, stride_qd, stride_dot, stride_dod, j, d,
+                           q_index * BLOCK_Q, Tq, offset, qk_scale, HEAD_DIM, BLOCK_Q, False, DOT_PRECISION)
+    out = (b * H + h) * Tk * HEAD_DIM + j[:, None] * HEAD_DIM + d[None, :]
+    tl.store(DK + out, (dk * scale).to(DK.dtype.element_ty), mask=kv_mask)  # dK = τ dS^T Q
+    tl.store(DV + out, dv.to(DV.dtype.element_ty), mask=kv_mask)
+
+
+@triton.jit
+def dq_step(dq, q, do, lse, delta, K, V, stride_kt, stride_kd, stride_vt, stride_vd, i, d, k_start, Tk, offset,
+            qk_scale, HEAD_DIM: tl.constexpr, BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr, MASKED: tl.constexpr,
+            DOT_PRECISION: tl.constexpr):  # fmt: skip
+    """Add one key tile's share to dQ of the query tile."""
+    j = k_start + tl.arange(0, BLOCK_K).to(tl.int64)
+    kv_mask = (j[:, None] < Tk) & (d[None, :] < HEAD_DIM)
+    k = tl.load(K + j[:, None] * stride_kt + d[None, :] * stride_kd, mask=kv_mask, other=0.0)  # (BLOCK_K, HEAD_DIM_PAD)
+    v = tl.load(V + j[:, None] * stride_vt + d[None, :] * stride_vd, mask=kv_mask, other=0.0)
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # (BLOCK_Q, BLOCK_K), as in the forward
+    p = tl.math.exp2(s - lse[:, None])
+    if MASKED:  # the forward's mask: padded keys and keys past the diagonal have p = 0
+        visible = j[None, :] < Tk
+        if CAUSAL:
+            visible = visible & (j[None, :] <= i[:, None] + offset)
+        p = tl.where(visible, p, 0.0)
+    dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)  # (BLOCK_Q, BLOCK_K), dP = dO V^T
+    ds = p * (dp - delta[:, None])  # dS = P * (dP - D)
+    return tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT_PRECISION)  # dQ += dS K (times τ at the end)
+
+
+@triton.jit
+def textbook_dq_kernel(
+    Q, K, V, DO, LSE, DELTA, DQ,
+    stride_qb, stride_qh, stride_qt, stride_qd, stride_kb, stride_kh, stride_kt, stride_kd,
+    stride_vb, stride_vh, stride_vt, stride_vd, stride_dob, stride_doh, stride_dot, stride_dod,
+    H, Tq, Tk, offset, scale, qk_scale,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
+    CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """One program: query tile q_index of head h of batch b, its dQ; the key tiles stream past, in the
+    forward's order and classes."""
+    q_index, h, b = tl.program_id(0), tl.program_id(1).to(tl.int64), tl.program_id(2).to(tl.int64)
+    q_start = q_index * BLOCK_Q
+    i = q_start + tl.arange(0, BLOCK_Q).to(tl.int64)
+    d = tl.arange(0, HEAD_DIM_PAD).to(tl.int64)
+    K += b * stride_kb + h * stride_kh
+    V += b * stride_vb + h * stride_vh
+    mask = (i[:, None] < Tq) & (d[None, :] < HEAD_DIM)
+    q = tl.load(Q + b * stride_qb + h * stride_qh + i[:, None] * stride_qt + d[None, :] * stride_qd, mask=mask,
+                other=0.0)  # (BLOCK_Q, HEAD_DIM_PAD)  # fmt: skip
+    do = tl.load(DO + b * stride_dob + h * stride_doh + i[:, None] * stride_dot + d[None, :] * stride_dod,
+                 mask=mask, other=0.0)  # fmt: skip
+    lse = tl.load(LSE + (b * H + h) * Tq + i, mask=i < Tq, other=0.0) * LOG2E_JIT  # log2 units
+    delta = tl.load(DELTA + (b * H + h) * Tq + i, mask=i < Tq, other=0.0)
+    dq = tl.zeros([BLOCK_Q, HEAD_DIM_PAD], dtype=tl.float32)
+    n_full, n_visit = key_tile_counts(q_start, Tq, Tk, offset, CAUSAL, BLOCK_Q, BLOCK_K)
+    for k_index in range(0, n_full):
+        dq = dq_step(dq, q, do, lse, delta, K, V, stride_kt, stride_kd, stride_vt, stride_vd, i, d, k_index * BLOCK_K,
+                     Tk, offset, qk_scale, HEAD_DIM, BLOCK_K, CAUSAL, False, DOT_PRECISION)  # fmt: skip
+    for k_index in range(n_full, n_visit):
+        dq = dq_step(dq, q, do, lse, delta, K, V, stride_kt, stride_kd, stride_vt, stride_vd, i, d, k_index * BLOCK_K,
+                     Tk, offset, qk_scale, HEAD_DIM, BLOCK_K, CAUSAL, True, DOT_PRECISION)  # fmt: skip
+    out = (b * H + h) * Tq * HEAD_DIM + i[:, None] * HEAD_DIM + d[None, :]
+    tl.store(DQ + out, (dq * scale).to(DQ.dtype.element_ty), mask=mask)  # dQ = τ dS K
+# --8<-- [end:textbook-backward]
+
+
+def _check(q, k, v, causal, scale, alignment):
+    """The package's checks (``flashtile._checks``, the errors ``flashtile.attention`` raises), then what
+    only the textbook kernels add: no GQA, D <= 128, a device Triton runs on."""
+    shape = check_attention_inputs(q, k, v, dtypes=KERNEL_DTYPES)
+    check_causal(causal)
+    check_alignment(alignment)
+    scale = resolve_scale(scale, shape.D, q.dtype)
+    if shape.H_kv != shape.H:
+        raise ValueError(
+            f"q has {shape.H} heads but k and v have {shape.H_kv}: the textbook kernels take one key/value head "
+            "per query head (no GQA); use flashtile.attention(..., enable_gqa=True)"
+        )
+    if shape.D > TEXTBOOK_MAX_HEAD_DIM:
+        raise ValueError(
+            f"q has head dim {shape.D}; the textbook kernels take head dims 1 to {TEXTBOOK_MAX_HEAD_DIM}; "
+            "use flashtile.attention for head dims up to 256"
+        )
+    check_kernel_device("q", q)
+    return shape, scale, diagonal_offset(shape.Tq, shape.Tk, alignment)
+
+
+def textbook_blocks(head_dim: int, dtype: torch.dtype, backward: bool = False) -> tuple[int, int]:
+    """(BLOCK_Q, BLOCK_K): 64 x 64, or 32 x 32 for tiles whose rows hold 128 fp32 values and for every
+    backward tile at D > 64 (see the module docstring)."""
+    pad = head_dim_pad(head_dim)
+    small = pad > 64 and (backward or dtype == torch.float32)
+    return (32, 32) if small else (64, 64)
+
+
+NUM_WARPS, NUM_STAGES = 4, 2
+
+
+# --8<-- [start:textbook-launch]
+def textbook_forward(q, k, v, causal=False, scale=None, *, alignment="upper_left"):
+    """(o, lse): o (B, H, Tq, D) in q's dtype, contiguous; lse (B, H, Tq) float32, natural log."""
+    (B, H, _, Tq, Tk, D), scale, offset = _check(q, k, v, causal, scale, alignment)
+    o = torch.empty((B, H, Tq, D), dtype=q.dtype, device=q.device)
+    lse = torch.empty((B, H, Tq), dtype=torch.float32, device=q.device)
+    BLOCK_Q, BLOCK_K = textbook_blocks(D, q.dtype)
+    textbook_forward_kernel[head_batch_grid(triton.cdiv(Tq, BLOCK_Q), H, B)](
+        q, k, v, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(), H, Tq, Tk, offset, scale * LOG2E,
+        HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D), BLOCK_Q=BLOCK_Q, BLOCK_K=BLOCK_K, CAUSAL=causal,
+        DOT_PRECISION=dot_precision(q.dtype), num_warps=NUM_WARPS, num_stages=NUM_STAGES,
+    )  # fmt: skip
+    return o, lse
+
+
+def textbook_backward(q, k, v, o, lse, do, causal=False, scale=None, *, alignment="upper_left"):
+    """(dq, dk, dv), each contiguous in its input's dtype, from the forward's o and lse and the incoming dO."""
+    shape, scale, offset = _check(q, k, v, causal, scale, alignment)
+    check_like("o", o, "q", q)
+    check_like("do", do, "q", q)
+    check_lse(lse, shape, q)
+    B, H, _, Tq, Tk, D = shape
+    lse = lse.contiguous()  # the kernels index lse as (B, H, Tq), contiguous
+    delta = torch.empty((B, H, Tq), dtype=torch.float32, device=q.device)
+    dq, dk, dv = (torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v))
+    BLOCK_Q, BLOCK_K = textbook_blocks(D, q.dtype, backward=True)
+    sizes = dict(HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D), BLOCK_Q=BLOCK_Q)
+    textbook_delta_kernel[head_batch_grid(triton.cdiv(Tq, BLOCK_Q), H, B)](
+        o, do, delta, *o.stride(), *do.stride(), H, Tq, **sizes, num_warps=NUM_WARPS)
+    common = (*q.stride(), *k.stride(), *v.stride(), *do.stride(), H, Tq, Tk, offset, scale, scale * LOG2E)
+    sizes.update(BLOCK_K=BLOCK_K, CAUSAL=causal, DOT_PRECISION=dot_precision(q.dtype))
+    textbook_dkdv_kernel[head_batch_grid(triton.cdiv(Tk, BLOCK_K), H, B)](
+        q, k, v, do, lse, delta, dk, dv, *common, **sizes, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+    textbook_dq_kernel[head_batch_grid(triton.cdiv(Tq, BLOCK_Q), H, B)](
+        q, k, v, do, lse, delta, dq, *common, **sizes, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+    return dq, dk, dv
+# --8<-- [end:textbook-launch]
