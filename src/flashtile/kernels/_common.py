@@ -84,6 +84,7 @@ def head_batch_grid(n_tiles: int, heads: int, batch: int) -> tuple[int, int, int
 
 
 # --8<-- [start:launch_order]
+# --8<-- [start:heaviest_first]
 @triton.jit
 def program_tile(chunk, HEAVY_TILE_LAST: tl.constexpr, HEAVIEST_FIRST: tl.constexpr):
     """(tile, plane, batch) of this program in a (tiles, planes, batch) grid, as int32.
@@ -114,6 +115,7 @@ def program_tile(chunk, HEAVY_TILE_LAST: tl.constexpr, HEAVIEST_FIRST: tl.conste
     if HEAVY_TILE_LAST:
         tile = n_tiles - 1 - tile
     return tile, plane, b
+# --8<-- [end:heaviest_first]
 
 
 HEAVIEST_FIRST_BYTES = 16 * 2**20  # what one chunk's heads stream at most, so that it stays in the 50 MB L2
@@ -223,6 +225,7 @@ def multiply_subtract(x, scale, shift, INTERPRETED: tl.constexpr):
     return x * scale - shift
 
 
+# --8<-- [start:fused_update]
 @triton.jit
 def fused_softmax_step(acc, l, m, shift, largest, u, v, qk_scale, DOT_PRECISION: tl.constexpr,
                        INTERPRETED: tl.constexpr):  # fmt: skip
@@ -249,6 +252,7 @@ def fused_softmax_step(acc, l, m, shift, largest, u, v, qk_scale, DOT_PRECISION:
     acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
     largest = tl.where(tl.abs(shift_safe) > largest, tl.abs(shift_safe), largest)  # a NaN shift is never largest
     return acc, l, m_new, shift_new, largest
+# --8<-- [end:fused_update]
 
 
 @triton.jit

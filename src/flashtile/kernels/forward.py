@@ -99,9 +99,11 @@ def _attend_key_tiles(
         k_index = rotated_tile(step, first_k_index, count, rotation, ROTATE)
         k_start = k_index * BLOCK_K
         j = k_start + j0  # the key columns of this tile
+        # --8<-- [start:tma_load]
         if USE_TMA:  # (1, 1, BLOCK_K, HEAD_DIM_PAD) boxes of the (B, H_kv, Tk, D) tensors, zeros outside
             k = tl.trans(K.load([b, h_kv, k_start, 0]).reshape(BLOCK_K, HEAD_DIM_PAD))  # K^T tile
             v = V.load([b, h_kv, k_start, 0]).reshape(BLOCK_K, HEAD_DIM_PAD)
+        # --8<-- [end:tma_load]
         elif MASKED or HEAD_DIM != HEAD_DIM_PAD:
             k_mask = (d[:, None] < HEAD_DIM) & (j[None, :] < Tk)  # zeros past the keys and the head dim
             v_mask = (j[:, None] < Tk) & (d[None, :] < HEAD_DIM)
@@ -111,6 +113,7 @@ def _attend_key_tiles(
             k = tl.load(K + k_start.to(tl.int64) * stride_kt + k_offsets)  # (HEAD_DIM_PAD, BLOCK_K)
             v = tl.load(V + k_start.to(tl.int64) * stride_vt + v_offsets)  # (BLOCK_K, HEAD_DIM_PAD)
         u = tl.dot(q, k, input_precision=DOT_PRECISION)  # (BLOCK_Q, BLOCK_K) fp32 raw dots; S = unit * u
+        # --8<-- [start:row_bound]
         if MASKED:  # padded keys, and keys past the diagonal, must score -inf, not 0
             # Key j is visible from row i when j < Tk and (causal) j <= i + offset: one bound per row on the
             # tile's own column 0..BLOCK_K-1, so that each score costs one compare against a row value
@@ -120,6 +123,7 @@ def _attend_key_tiles(
                 u = tl.where(j0[None, :] <= last[:, None], u, float("-inf"))
             else:
                 u = tl.where(j0[None, :] <= last, u, float("-inf"))
+        # --8<-- [end:row_bound]
         if FUSED:
             acc, l, m, shift, largest = fused_softmax_step(acc, l, m, shift, largest, u, v, qk_scale, DOT_PRECISION,
                                                            INTERPRETED)
@@ -268,6 +272,7 @@ def forward_config(head_dim: int, dtype: torch.dtype, interpreted: bool = False,
     runs programs one after another, where fewer, larger tiles are faster; it takes TMA where it can,
     so CPU tests cover that path.
     """
+    # --8<-- [start:settings]
     pad = head_dim_pad(head_dim)
     if interpreted:
         return dict(block_q=32, block_k=32, num_warps=4, num_stages=1, tma="auto")
@@ -284,6 +289,7 @@ def forward_config(head_dim: int, dtype: torch.dtype, interpreted: bool = False,
     if pad == 128:
         return dict(block_q=128, block_k=128, num_warps=8, num_stages=3, tma="auto")
     return dict(block_q=128, block_k=64, num_warps=8, num_stages=2, tma=False)  # D = 256: 128 x 64, 2 stages
+    # --8<-- [end:settings]
 # --8<-- [end:config]
 
 
