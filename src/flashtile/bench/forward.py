@@ -7,7 +7,7 @@ per set under ``bench/results/`` (``--set main,fp16,models,scaleup`` picks sets;
   sweep (B·T = 16,384, H·D = 2,048, T = 512 .. 16k, D = 64 and 128, causal and not), bf16, ``bhtd``;
 - ``forward-fp16.json`` (``fp16``): the standard sweep at D = 128 in fp16;
 - ``forward-models.json`` (``models``): GQA, the ``bthd`` layout, small B·H and D = 256;
-- ``forward-scaleup.json`` (``scaleup``): B=4, H=16, D=64, not causal, T = 256 .. 32k.
+- ``forward-scaleup.json`` (``scaleup``): the lab's B=8, H=16, D=64, causal, T = 256 .. 32k.
 
 Rows follow BENCH_SCHEMA.md (``pass: "forward"``, ``Tq``, ``Tk``, ``H_kv``, ``layout``, ``dtype``, ``ms``,
 ``tflops``) plus ``max_abs_err_vs_fp32``. Every provider of a shape is measured in this process on the

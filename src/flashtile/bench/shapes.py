@@ -11,7 +11,7 @@ set        file                                 shapes
 main       ``forward.json``                     the seed shape, then the standard sweep in bf16
 fp16       ``forward-fp16.json``                the standard sweep at D = 128 in fp16
 models     ``forward-models.json``              GQA, ``bthd``, small B·H and D = 256, bf16, causal
-scaleup    ``forward-scaleup.json``             B = 4, H = 16, D = 64, not causal, T = 256 .. 32k, bf16
+scaleup    ``forward-scaleup.json``             B = 8, H = 16, D = 64, causal, T = 256 .. 32k, bf16 (the lab's)
 =========  ===================================  ==========================================================
 """
 
@@ -75,8 +75,9 @@ SCALEUP_T = tuple(2**k for k in range(8, 16))  # 256 .. 32,768
 
 
 def scaleup_shapes() -> list[dict]:
-    """One batch of heads at growing T: the plot where materialising the scores falls off, then runs out."""
-    return [shape(4, 16, T, 64, False) for T in SCALEUP_T]
+    """The lab's shape (the seed's B, H, D and mask) at growing T: the plot where materialising the scores
+    falls off, then runs out of memory."""
+    return [shape(SEED["B"], SEED["H"], T, SEED["D"], SEED["causal"]) for T in SCALEUP_T]
 
 
 # set name -> (result file under bench/results, shapes)
