@@ -6,6 +6,7 @@ from flashtile.reference.io_model import (
     attention_traffic_lower_bound,
     flash_attention_traffic,
     paper_tile_sizes,
+    query_outer_traffic,
     sram_footprint,
     standard_attention_traffic,
     theorem2_bound,
@@ -126,6 +127,47 @@ def test_win_collapses_when_d_squared_exceeds_M():
     assert flash_attention_traffic(T, d, M).total > standard_attention_traffic(T, d).total
 
 
+def walk_tiles(T: int, d: int, outer: int, inner: int, query_outer: bool) -> int:
+    """Elements moved by literally running the two tile loops and adding up each load and store.
+
+    Independent of the model's closed forms: it never multiplies by a pass count. Key-outer (the
+    paper's Algorithm 1): K_c, V_c loaded per outer step, then per query tile Q_r, O_r, l_r, m_r
+    loaded and O_r, l_r, m_r stored. Query-outer: Q_r loaded, K_c, V_c loaded per inner step, then
+    O_r and lse_r stored once.
+    """
+    moved = 0
+    for o_start in range(0, T, outer):
+        o_rows = min(outer, T - o_start)
+        if query_outer:
+            moved += o_rows * d  # load Q_r
+            for i_start in range(0, T, inner):
+                moved += 2 * min(inner, T - i_start) * d  # load K_c, V_c
+            moved += o_rows * d + o_rows  # store O_r, lse_r
+        else:
+            moved += 2 * o_rows * d  # load K_c, V_c
+            for i_start in range(0, T, inner):
+                rows = min(inner, T - i_start)
+                moved += 2 * rows * d + 2 * rows  # load Q_r, O_r, l_r, m_r
+                moved += rows * d + 2 * rows  # store O_r, l_r, m_r
+    return moved
+
+
+@pytest.mark.parametrize("T, d, M", [(4096, 64, 100_000), (1000, 64, 25_000), (777, 96, 8192), (300, 32, 4096)])
+def test_both_loop_orders_match_a_tile_by_tile_walk(T, d, M):
+    B_c = M // (4 * d)  # step 2's floor, written out here rather than taken from the model
+    assert flash_attention_traffic(T, d, M).total == walk_tiles(T, d, B_c, min(B_c, d), query_outer=False)
+    assert query_outer_traffic(T, d, M).total == walk_tiles(T, d, B_c, min(B_c, d), query_outer=True)
+
+
+@pytest.mark.parametrize("d", HEAD_DIMS)
+def test_query_outer_order_tends_to_8_not_12_plus_16_over_d(d):
+    M = 4 * d * 512  # nothing rounds: B_r = 512, T a multiple of it
+    for T in (512 * 8, 512 * 64):
+        ratio = Fraction(query_outer_traffic(T, d, M).total * M, T * T * d * d)
+        assert ratio == 8 + Fraction(2 * M, T * d) + Fraction(M, T * d * d)  # K, V per pass | Q, O once | lse
+        assert query_outer_traffic(T, d, M).total < flash_attention_traffic(T, d, M).total
+
+
 def test_io_model_rejects_non_positive_sizes():
     with pytest.raises(ValueError, match="M"):
         flash_attention_traffic(1024, 64, 0)
@@ -133,3 +175,7 @@ def test_io_model_rejects_non_positive_sizes():
         standard_attention_traffic(1024, 64.0)
     with pytest.raises(ValueError, match="T"):
         attention_traffic_lower_bound(0, 64, 100_000)
+    with pytest.raises(ValueError, match="T"):
+        query_outer_traffic(0, 64, 100_000)
+    with pytest.raises(ValueError, match="4\\*d"):
+        query_outer_traffic(1024, 64, 255)

@@ -16,6 +16,10 @@ FlashAttention, Algorithm 1 of the paper (key/value tiles outer, query tiles inn
     inner loop reads all of Q and O (2Td) and the statistics l, m (2T), and writes O, l, m back (Td + 2T):
     total  2Td + T_c * (3Td + 4T)  ->  (12 + 16/d) T^2 d^2 / M as T grows (4d dividing M).
 
+The FlashAttention-2 order (query tiles outer, key/value tiles inner), the order flashtile's forward runs:
+    B_r = floor(M / 4d), T_r = ceil(T / B_r); Q read once and O, lse written once (2Td + T); K and V
+    read on every pass: total  2Td + T + T_r * 2Td  ->  8 T^2 d^2 / M as T grows (4d dividing M).
+
 Lower bound: any exact attention that forms each score from its d products moves at least
 max(4Td, M * (ceil(T^2 d / (floor(r^2/4) d + 3Md)) - 1)) elements, r = floor(2M/d); for M >= d^2 that is
 Omega(T^2 d^2 / M), the same shape as FlashAttention's count.
@@ -88,6 +92,23 @@ def flash_attention_traffic(T: int, d: int, M: int) -> Traffic:
     writes = outer_steps * (T * d + 2 * T)  # O, l, m every pass
     return Traffic(reads, writes)
 # --8<-- [end:flash]
+
+
+# --8<-- [start:query_outer]
+def query_outer_traffic(T: int, d: int, M: int) -> Traffic:
+    """Elements moved with the query tiles outside (the FlashAttention-2 order of Part A's forward and the kernels).
+
+    The same four d-wide blocks fit in M, with the roles exchanged: the query tile Q_r and its
+    accumulator stay on chip for the whole inner loop, so block_q = floor(M / 4d) and block_k =
+    min(block_q, d). Q is read once and O and lse written once; K and V are read once per query tile.
+    """
+    check_block("T", T)
+    _small, block_q = paper_tile_sizes(M, d)  # the larger tile goes to the loop that stays on chip
+    outer_steps = math.ceil(T / block_q)  # T_r: one pass over all key tiles per query tile
+    reads = T * d + outer_steps * 2 * T * d  # Q once | K, V every pass
+    writes = T * d + T  # O and lse, once
+    return Traffic(reads, writes)
+# --8<-- [end:query_outer]
 
 
 def theorem2_bound(T: int, d: int, M: int) -> float:
