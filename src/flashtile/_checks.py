@@ -9,6 +9,14 @@ The contract is the same whichever tier runs (the PyTorch reference, the Triton 
 compiled kernels): an input the kernels cannot take is refused here, by every tier, rather than
 accepted by one and refused by another. The limits that exist only because of GPU hardware (a head
 dim of at most 256, the grid's 65,535 heads) are therefore part of the contract everywhere.
+
+A view's negative bit (``x.is_neg()``, e.g. the imaginary part of a conjugate) is a flag on the tensor,
+not in its memory: PyTorch's operators honour it, a Triton kernel reading the raw memory would not. The
+public entry points resolve it first (``resolve_neg_bits``), so every tier reads a view's values.
+Complex tensors (the only ones with a conjugate bit) are refused by dtype everywhere.
+
+The decode contract (``flashtile.decode_attention``) lives here too, below the reference tier and the
+kernels that both check with it.
 """
 
 from __future__ import annotations
@@ -44,6 +52,12 @@ class AttentionShape(NamedTuple):
 
 def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
+
+
+def resolve_neg_bits(*xs):
+    """Each x, with its negative bit resolved (a copy holding the values) where it is set; other
+    arguments (non-tensors, tensors without the bit) come back as they are, for the checks to judge."""
+    return tuple(x.resolve_neg() if isinstance(x, torch.Tensor) and x.is_neg() else x for x in xs)
 
 
 def check_tensor(name: str, x, *, rank: int | None = None, dtypes=FLOAT_DTYPES) -> torch.Tensor:
@@ -200,3 +214,117 @@ def resolve_scale(scale, D: int, dtype: torch.dtype | None = None) -> float:
         )
     return value
 # --8<-- [end:flags]
+
+
+# --- decode: a few new tokens against a KV cache (``flashtile.decode_attention``) ----------------------
+
+MAX_NEW_TOKENS = 16  # Tq: a decode step (1) or a short speculative / chunked step (up to 16)
+MAX_SPLITS = 128  # the most slices one sequence's keys are cut into
+
+
+class DecodeShape(NamedTuple):
+    """Sizes of one decode call. ``page_size`` is None for a contiguous cache."""
+
+    B: int
+    H: int
+    H_kv: int
+    Tq: int
+    D: int
+    capacity: int  # the most keys a sequence can hold: T_max, or max_pages * page_size
+    page_size: int | None
+    num_pages: int
+
+    @property
+    def group(self) -> int:
+        """Query heads per key/value head (g = H / H_kv)."""
+        return self.H // self.H_kv
+
+
+def check_decode_inputs(
+    query, key_cache, value_cache, cache_seqlens=None, block_table=None, *, dtypes=FLOAT_DTYPES, check_values=True
+) -> DecodeShape:
+    """Validate every argument of a decode call; return its sizes. ``check_values`` also reads
+    ``cache_seqlens`` and ``block_table`` on the host (one copy of B + B * max_pages int32s), through
+    their strides: the kernels read them through the same strides, so what is checked is what is read."""
+    check_tensor("query", query, rank=4, dtypes=dtypes)
+    check_tensor("key_cache", key_cache, rank=4, dtypes=dtypes)
+    check_tensor("value_cache", value_cache, rank=4, dtypes=dtypes)
+    check_same("key_cache", key_cache, "query", query)
+    check_same("value_cache", value_cache, "query", query)
+    if tuple(value_cache.shape) != tuple(key_cache.shape):
+        raise ValueError(f"value_cache must have the shape of key_cache {tuple(key_cache.shape)}, got "
+                         f"{tuple(value_cache.shape)}")
+    for name, t in (("query", query), ("key_cache", key_cache)):
+        if t.numel() == 0:
+            raise ValueError(f"{name} is empty (shape {tuple(t.shape)}); every dimension must be at least 1")
+    B, H, Tq, D = query.shape
+    n0, H_kv, slots, Dk = key_cache.shape
+    if Tq > MAX_NEW_TOKENS:
+        raise ValueError(f"query has {Tq} new tokens (dim 2); decode_attention takes 1 to {MAX_NEW_TOKENS}: "
+                         "use flashtile.attention(..., is_causal=True, alignment='lower_right') for a prefill")
+    if Dk != D:
+        raise ValueError(f"key_cache has head dim {Dk} but query has {D}; the head dim (dim 3) must match")
+    if D > MAX_HEAD_DIM:
+        raise ValueError(f"query has head dim {D}; flashtile supports head dims 1 to {MAX_HEAD_DIM}")
+    if H % H_kv:
+        raise ValueError(f"query has {H} heads but key_cache has {H_kv}; the number of query heads must be a "
+                         "multiple of the number of key/value heads (GQA)")
+    if block_table is None:
+        if n0 != B:
+            raise ValueError(f"key_cache has batch size {n0} but query has {B}; without a block_table the cache "
+                             "is (B, H_kv, T_max, D)")
+        shape = DecodeShape(B, H, H_kv, Tq, D, capacity=slots, page_size=None, num_pages=0)
+    else:
+        check_tensor("block_table", block_table, rank=2, dtypes=(torch.int32,))
+        if block_table.device != query.device:
+            raise ValueError(f"block_table is on {block_table.device} but query is on {query.device}")
+        if block_table.shape[0] != B or block_table.shape[1] == 0:
+            raise ValueError(f"block_table must have shape (B, max_pages) = ({B}, >= 1), got "
+                             f"{tuple(block_table.shape)}")
+        shape = DecodeShape(B, H, H_kv, Tq, D, block_table.shape[1] * slots, page_size=slots, num_pages=n0)
+    if cache_seqlens is not None:
+        check_tensor("cache_seqlens", cache_seqlens, rank=1, dtypes=(torch.int32,))
+        if cache_seqlens.device != query.device:
+            raise ValueError(f"cache_seqlens is on {cache_seqlens.device} but query is on {query.device}")
+        if cache_seqlens.shape[0] != B:
+            raise ValueError(f"cache_seqlens must have B = {B} entries, got {cache_seqlens.shape[0]}")
+    elif shape.capacity < Tq:
+        raise ValueError(f"the cache holds {shape.capacity} keys but query has {Tq} new tokens, whose keys the "
+                         "cache must already hold")
+    if check_values:
+        check_decode_values(shape, cache_seqlens, block_table)
+    return shape
+
+
+def check_decode_values(shape: DecodeShape, cache_seqlens, block_table) -> None:
+    """The value checks: lengths 0 or in [Tq, capacity]; block table entries in the page pool.
+
+    ``tolist`` reads a tensor through its strides and offset (a strided, transposed or expanded view gives
+    its own values, never its raw neighbours), as the kernels do."""
+    lengths = [shape.capacity] * shape.B if cache_seqlens is None else cache_seqlens.tolist()
+    for b, n in enumerate(lengths):
+        if n != 0 and not shape.Tq <= n <= shape.capacity:
+            raise ValueError(
+                f"cache_seqlens[{b}] = {n}: each length must be 0 (an empty slot) or in [Tq, capacity] = "
+                f"[{shape.Tq}, {shape.capacity}] (the new tokens' own keys are part of the cache; the capacity is "
+                + ("T_max)" if shape.page_size is None else "max_pages * page_size)")
+            )
+    if block_table is None:
+        return
+    table = block_table.tolist()
+    for b, n in enumerate(lengths):
+        used = -(-n // shape.page_size)  # pages that hold keys 0 .. n - 1
+        for j, page in enumerate(table[b][:used]):
+            if not 0 <= page < shape.num_pages:
+                raise ValueError(f"block_table[{b}, {j}] = {page} is outside the page pool [0, {shape.num_pages}) "
+                                 f"(sequence {b} has {n} keys, so its first {used} entries are read)")
+
+
+def check_num_splits(num_splits) -> int | None:
+    """None (let the split heuristic choose) or an int from 1 to MAX_SPLITS."""
+    if num_splits is None:
+        return None
+    num_splits = check_int("num_splits", num_splits)
+    if num_splits > MAX_SPLITS:
+        raise ValueError(f"num_splits must be at most {MAX_SPLITS}, got {num_splits}")
+    return num_splits

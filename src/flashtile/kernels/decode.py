@@ -32,11 +32,11 @@ import torch
 import triton
 import triton.language as tl
 
-from .._checks import check_flag, resolve_scale
+from .._checks import DecodeShape, check_decode_inputs, check_flag, check_num_splits, resolve_neg_bits, resolve_scale
 from .._env import sm_count
 from .._layouts import contiguous_strides
 from .._plans import cached_plan
-from ..decode import DecodeShape, check_decode_inputs, check_num_splits, pick_num_splits
+from ..reference.decode import pick_num_splits
 from ._common import (
     KERNEL_DTYPES,
     KernelLaunch,
@@ -137,7 +137,7 @@ def _decode_split_kernel(
     stride_qb, stride_qh, stride_qt, stride_qd,
     stride_kp, stride_kh, stride_kt, stride_kd,
     stride_vp, stride_vh, stride_vt, stride_vd,
-    stride_tb, stride_tp,
+    stride_sb, stride_tb, stride_tp,
     stride_ob, stride_oh, stride_ot, stride_os, stride_od,
     stride_lb, stride_lh, stride_lt, stride_ls,
     Tq, group, capacity, num_splits, qk_scale,
@@ -166,7 +166,7 @@ def _decode_split_kernel(
 
     # --8<-- [start:slice]
     if HAS_SEQLENS:
-        length = tl.load(SEQLENS + b)  # ragged: this sequence's own number of keys
+        length = tl.load(SEQLENS + program_offset(b, stride_sb))  # ragged: this sequence's own number of keys
     else:
         length = capacity
     n_tiles = tl.cdiv(length, BLOCK_K)
@@ -310,6 +310,9 @@ def make_decode_plan(q, key_cache, value_cache, cache_seqlens, block_table, scal
     # split it is o and lse themselves, whose layout is the same with the split axis of size 1.
     o_strides = contiguous_strides((B, H, Tq, num_splits, D))
     lse_strides = contiguous_strides((B, H, Tq, num_splits))
+    # cache_seqlens and block_table are read through their strides, like every other argument: a view of
+    # either (every other entry, a column, an expanded row) gives its own values, as the host check read them
+    seqlens_stride = cache_seqlens.stride(0) if cache_seqlens is not None else 0
     table_strides = block_table.stride() if block_table is not None else (0, 0)
     return DecodePlan(
         shape=shape,
@@ -317,8 +320,9 @@ def make_decode_plan(q, key_cache, value_cache, cache_seqlens, block_table, scal
         split=KernelLaunch(
             _decode_split_kernel,
             grid=head_batch_grid(num_splits, shape.H_kv * n_row_blocks, B),
-            scalars=(*q.stride(), *key_cache.stride(), *value_cache.stride(), *table_strides, *o_strides,
-                     *lse_strides, Tq, shape.group, shape.capacity, num_splits, units.qk_scale),  # fmt: skip
+            scalars=(*q.stride(), *key_cache.stride(), *value_cache.stride(), seqlens_stride, *table_strides,
+                     *o_strides, *lse_strides, Tq, shape.group, shape.capacity, num_splits,
+                     units.qk_scale),  # fmt: skip
             constexprs=dict(
                 HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D), BLOCK_M=block_m, BLOCK_K=block_k,
                 PAGE_SIZE=shape.page_size or 1, PAGED=block_table is not None, HAS_SEQLENS=cache_seqlens is not None,
@@ -352,6 +356,10 @@ def flash_decode(
 
     Returns (o, lse): o (B, H, Tq, D) contiguous in q's dtype, lse (B, H, Tq) float32, natural log.
     """
+    # the kernels read memory, not a view's negative bit: resolve it (nothing happens where it is not set)
+    q, key_cache, value_cache, cache_seqlens, block_table = resolve_neg_bits(
+        q, key_cache, value_cache, cache_seqlens, block_table
+    )
     plan = cached_plan(make_decode_plan, (q, key_cache, value_cache, cache_seqlens, block_table), scale,
                        num_splits, block_k, num_warps, num_stages, pdl)  # fmt: skip
     B, H, Tq, D = plan.shape.B, plan.shape.H, plan.shape.Tq, plan.shape.D

@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import torch
 
-from .._checks import check_block, resolve_scale, stats_dtype
+from .._checks import MAX_SPLITS, check_block, check_decode_inputs, check_num_splits, resolve_scale, stats_dtype
+from .._env import H200_SM_COUNT, sm_count
 from .naive import expand_kv_heads
 from .online_softmax import lse_from_stats, merge, safe_exp_diff
 
 REFERENCE_BLOCK_K = 64  # the key tile the splits are counted in; any value gives the same answer
+MIN_KEYS_PER_SPLIT = 256  # a split reads at least this many keys, so the merge stays a small fraction
 
 
 # --8<-- [start:bytes]
@@ -53,6 +55,26 @@ def split_bounds(length: int, num_splits: int, block_k: int) -> list[tuple[int, 
         bounds.append((k_start, k_end))
     return bounds
 # --8<-- [end:split_bounds]
+
+
+# --8<-- [start:num_splits]
+def pick_num_splits(programs: int, capacity: int, sm_count: int = H200_SM_COUNT) -> int:
+    """How many slices to cut each sequence's keys into, when ``programs`` programs exist without splits.
+
+    Enough programs already fill the GPU: 1. Otherwise the split count whose programs fill the last
+    wave best (waves / ceil(waves), ties to fewer splits), keeping at least MIN_KEYS_PER_SPLIT keys
+    per split so that the merge reads and writes little next to the cache.
+    """
+    if programs >= sm_count:
+        return 1
+    most = max(1, min(MAX_SPLITS, capacity // MIN_KEYS_PER_SPLIT))
+
+    def wave_efficiency(s: int) -> float:
+        waves = programs * s / sm_count
+        return waves / -(-waves // 1)
+
+    return max(range(1, most + 1), key=lambda s: (round(wave_efficiency(s), 3), -s))
+# --8<-- [end:num_splits]
 
 
 # --8<-- [start:gather_pages]
@@ -128,9 +150,6 @@ def decode_attention_reference(
     (to show that it does not matter). Returns (o, lse): o in query's dtype, lse float32 (float64 for
     float64 inputs); 16-bit inputs are computed in float32, like the kernels' accumulators.
     """
-    from .._env import sm_count
-    from ..decode import check_decode_inputs, check_num_splits, pick_num_splits
-
     shape = check_decode_inputs(query, key_cache, value_cache, cache_seqlens, block_table)
     block_k = check_block("block_k", block_k)
     num_splits = check_num_splits(num_splits)
