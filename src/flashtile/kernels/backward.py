@@ -96,6 +96,7 @@ def visible(rows, keys, Tq, Tk, offset, CAUSAL: tl.constexpr):
     return ok
 
 
+# --8<-- [start:recompute_p]
 @triton.jit
 def recompute_p(u, m, log2_l, qk_scale):
     """P for one tile from the raw dots u and the forward's (m, log2 l), shaped to broadcast against u.
@@ -104,6 +105,7 @@ def recompute_p(u, m, log2_l, qk_scale):
     must still give 0, not NaN, for the keys it never saw.
     """
     return tl.math.exp2((u - m) * qk_scale - log2_l)
+# --8<-- [end:recompute_p]
 # --8<-- [end:row_stats]
 
 
@@ -167,9 +169,11 @@ def dkdv_query_tiles(
         q_index = tl.where(t < jump_at, t, t + jump_by)
         q_start = q_index * BLOCK_Q
         rows = q_start + rows0
+        # --8<-- [start:dkdv_tma]
         if USE_TMA:
             qT = tl.trans(Q.load([b, h, q_start, 0]).reshape(BLOCK_Q, HEAD_DIM_PAD))  # a view of the tile
             do = DO.load([b, h, q_start, 0]).reshape(BLOCK_Q, HEAD_DIM_PAD)
+        # --8<-- [end:dkdv_tma]
         else:
             qT = load_masked(Q + q_start.to(tl.int64) * stride_qt + q_offsets, rows[None, :] < Tq,
                              cols[:, None] < HEAD_DIM, MASKED, HEAD_DIM != HEAD_DIM_PAD)  # fmt: skip
@@ -370,9 +374,11 @@ def backward_dq_kernel(
     o_ptr = O + b * stride_ob + h * stride_oh + q_start.to(tl.int64) * stride_ot
     o_tile = load_masked(o_ptr + tile_offsets(rows[:, None] - q_start, cols[None, :], stride_ot, stride_od, WIDE),
                          row_ok, col_ok, True, HEAD_DIM != HEAD_DIM_PAD)  # fmt: skip
+    # --8<-- [start:dq_row_terms]
     m, l = load_stats(STATS, row_base, rows, Tq, n_rows)
     delta, m, log2_l = row_terms(o_tile, do_tile, m, l)
     store_row_terms(ROWS, row_base, rows, Tq, n_rows, delta, m, log2_l)  # for the dK/dV kernel, which runs next
+    # --8<-- [end:dq_row_terms]
     dq = tl.zeros((BLOCK_Q, HEAD_DIM_PAD), dtype=tl.float32)
     if CAUSAL:  # key tiles [0, n_full) are visible from every row, [n_full, n) cross the diagonal (step 9)
         n_full = full_key_tiles(q_start, Tk, offset, BLOCK_K)
@@ -478,6 +484,7 @@ def backward_config(head_dim: int, dtype: torch.dtype, seq_len: int = 0, atomic_
     fp32 inputs multiply on the CUDA cores, not the tensor cores, and need far smaller tiles.
     The interpreter runs programs one after another: fewer, larger tiles are faster there.
     """
+    # --8<-- [start:bwd_settings]
     pad = head_dim_pad(head_dim)
     if is_interpreting():
         return dict(dkdv=(32, 32, 4, 1), dq=(32, 32, 4, 1), tma=False)
@@ -490,11 +497,13 @@ def backward_config(head_dim: int, dtype: torch.dtype, seq_len: int = 0, atomic_
     if pad == 128:
         return dict(dkdv=(64, 64, 4, 2) if long and not atomic_dq else (32, 64, 4, 3), dq=(128, 64, 8, 3), tma=tma)
     return dict(dkdv=(16, 32, 4, 2), dq=(64, 32, 8, 2), tma=False)  # D = 256
+    # --8<-- [end:bwd_settings]
 
 
 PROGRAMS_PER_SM = 4  # below this many dK/dV programs per SM, split GQA groups (see pick_kv_split)
 
 
+# --8<-- [start:kv_split]
 def pick_kv_split(kv_split, group: int, programs: int, device: torch.device) -> int:
     """How many dK/dV programs share one (key tile, kv head): a divisor of the GQA group size.
 
@@ -514,6 +523,7 @@ def pick_kv_split(kv_split, group: int, programs: int, device: torch.device) -> 
     if kv_split < 1 or group % kv_split:
         raise ValueError(f"kv_split must divide the GQA group size {group} (H / H_kv), got {kv_split}")
     return kv_split
+# --8<-- [end:kv_split]
 
 
 # --8<-- [end:config]
