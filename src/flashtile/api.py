@@ -16,7 +16,8 @@ What runs (the dispatch):
 * ``use_backend("reference")`` / ``use_backend("triton")`` overrides the choice inside a ``with``
   block, for the current thread (or asyncio task) only.
 
-Every tier takes the same inputs and refuses the same inputs (``flashtile._checks``), and follows one
+Every tier takes the same inputs and refuses the same inputs (``flashtile._checks``), reads a view with
+the negative bit (``z.conj().imag``) as its values and refuses complex tensors, and follows one
 rule for NaN and inf (the site's "flashtile.attention" page): a row that sees a NaN, or an infinite
 score, comes out NaN; a row that sees no key gives o = 0 and lse = -inf.
 
@@ -44,6 +45,7 @@ from ._checks import (
     check_attention_inputs,
     check_causal,
     check_flag,
+    resolve_neg_bits,
     resolve_scale,
     stats_dtype,
 )
@@ -117,6 +119,7 @@ def forward_impl(q, k, v, causal, scale, alignment, backend):
 
 def backward_impl(do, q, k, v, o, lse, stats, causal, scale, alignment, backend):
     """What the backward op computes, callable without the op: (dq, dk, dv), see ``attention_bwd``."""
+    (do,) = resolve_neg_bits(do)  # an upstream gradient may be a negative view: the kernels read memory
     if check_backend(backend) == "triton":  # the launcher's gradients are new tensors, laid out like q, k, v
         from .kernels.backward import flash_attention_backward
 
@@ -318,6 +321,9 @@ def attention(
         query is dense (a model's (B, H, T, D) view of (B, T, H, D) gives o that view too), contiguous
         otherwise; or (o, lse) if return_lse.
     """
+    # A view's negative bit (z.conj().imag) is a flag the kernels cannot see: resolve it before the checks,
+    # so that every tier, and the kept plans, only ever meet tensors that hold their own values.
+    query, key, value = resolve_neg_bits(query, key, value)
     if attn_mask is not None:
         raise ValueError("attn_mask is not supported by flashtile.attention; pass is_causal=True for a causal mask")
     if dropout_p.__class__ is not float or dropout_p != 0.0:  # the default, 0.0, passes on this one comparison

@@ -2,15 +2,42 @@
 
 It saves exactly what the backward needs, q, k, v, o and the (B, H, Tq) log-sum-exp, and never a
 Tq x Tk tensor: that is the memory saving of FlashAttention in training, made checkable.
+
+The backward is not itself differentiable. A second derivative (a gradient penalty, a Hessian-vector
+product, ``torch.autograd.gradgradcheck``) raises ``NotImplementedError``, as ``flashtile.attention``
+does, whether or not the incoming gradient requires a gradient: a constant one (the usual case) must
+not give second-order terms of zero.
 """
 
 from __future__ import annotations
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from .backward import flash_attention_backward
 from .forward import flash_attention_forward
+
+DOUBLE_BACKWARD = (
+    "reference_attention supports one backward pass: double backward (a gradient of a gradient, as in "
+    "gradient penalties, Hessian-vector products or gradgradcheck) is not supported; use the float64 "
+    "formula of naive_attention, or torch's scaled_dot_product_attention with the math backend, for that"
+)
+
+
+class NoSecondDerivative(torch.autograd.Function):
+    """Hands the first derivatives (dq, dk, dv) on unchanged, tied to q, k, v and do; differentiating
+    them again raises. Applied only under ``create_graph=True``, the one case where they could be."""
+
+    @staticmethod
+    def forward(q, k, v, do, dq, dk, dv):
+        return dq.clone(), dk.clone(), dv.clone()
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise NotImplementedError(DOUBLE_BACKWARD)
 
 
 # --8<-- [start:function]
@@ -32,13 +59,15 @@ class FlashAttentionFunction(torch.autograd.Function):
         ctx.mark_non_differentiable(lse)
 
     @staticmethod
-    @once_differentiable  # the backward is not itself differentiable: a second backward raises, never lies
     def backward(ctx, do, _dlse):
         q, k, v, o, lse = ctx.saved_tensors
         causal, scale, block_q, block_k, alignment = ctx.config
-        dq, dk, dv = flash_attention_backward(
-            q, k, v, o, lse, do.contiguous(), causal, scale, block_q, block_k, alignment
-        )
+        with torch.no_grad():  # the tiled backward is not differentiable: record nothing of it
+            dq, dk, dv = flash_attention_backward(
+                q, k, v, o, lse, do.contiguous(), causal, scale, block_q, block_k, alignment
+            )
+        if torch.is_grad_enabled():  # create_graph=True: a second backward through dq, dk, dv raises, never lies
+            dq, dk, dv = NoSecondDerivative.apply(q, k, v, do, dq, dk, dv)
         return dq, dk, dv, None, None, None, None, None
 # --8<-- [end:function]
 
