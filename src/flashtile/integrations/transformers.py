@@ -24,7 +24,8 @@ attention dropout, logit soft-capping, attention sinks and position biases.
 Two traps this module handles for its users:
 
 * transformers treats every attention-implementation name that contains "flash" as a request for a
-  FlashAttention kernel package, and fails to load it: ``register`` refuses such names;
+  FlashAttention kernel package, and one with "/" or ":" as a Hub kernel repository, and fails to load
+  it: ``register`` refuses such names;
 * a custom attention function receives ``attention_mask=None`` for a padded batch unless a mask function
   is registered under the same name (``AttentionMaskInterface``): ``register`` registers one.
 
@@ -46,25 +47,44 @@ DEFAULT_NAME = "ftile"
 
 
 # --8<-- [start:register]
+def check_name(name) -> str:
+    """A name transformers will take as a plain registered implementation, or a ValueError naming ``name``.
+
+    transformers reads any attention implementation whose name contains "flash" as a request for a
+    FlashAttention kernel package, and one with "/" or ":" as a kernel repository on the Hub
+    ("org/name" or "org/name:function"): either way it goes looking for a package and fails to load it
+    instead of calling the registered function. "eager" and names with "|" are reserved.
+    """
+    if not isinstance(name, str) or not name or "flash" in name.lower() or name == "eager" or "|" in name:
+        raise ValueError(
+            f"cannot register flashtile as name={name!r}: transformers reads any attention implementation whose "
+            "name contains 'flash' as a request for a FlashAttention kernel package and fails to load it; 'eager' "
+            f"and names with '|' are reserved too. Use another name, e.g. {DEFAULT_NAME!r}"
+        )
+    if "/" in name or ":" in name:
+        raise ValueError(
+            f"cannot register flashtile as name={name!r}: transformers reads a name with '/' or ':' as a kernel "
+            f"repository on the Hub ('org/name' or 'org/name:function') and tries to download it; use a name "
+            f"without '/' and ':', e.g. {DEFAULT_NAME!r}"
+        )
+    return name
+
+
 def register(name: str = DEFAULT_NAME) -> str:
     """Register flashtile with transformers under ``name``; return the name. Idempotent.
 
     Registers two things under the same name: the attention function (``AttentionInterface``) and a mask
     function (``AttentionMaskInterface``), without which the model would pass ``attention_mask=None``
     for a padded batch. Raises ValueError for a name containing "flash" (transformers would look for a
-    FlashAttention kernel package) or a name already taken by another implementation.
+    FlashAttention kernel package), with '/' or ':' (a Hub kernel repository, "org/name:function"), or a
+    name already taken by another implementation.
     """
     try:
         from transformers import AttentionInterface
         from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
     except ImportError as exc:
         raise ImportError("flashtile.integrations.transformers needs transformers: pip install transformers") from exc
-    if not isinstance(name, str) or not name or "flash" in name.lower() or name == "eager" or "|" in name:
-        raise ValueError(
-            f"cannot register flashtile as {name!r}: transformers reads any attention implementation whose name "
-            "contains 'flash' as a request for a FlashAttention kernel package and fails to load it; 'eager' "
-            f"and names with '|' are reserved too. Use another name, e.g. {DEFAULT_NAME!r}"
-        )
+    check_name(name)
     for interface, function in ((AttentionInterface, flashtile_attention_forward), (AttentionMaskInterface, sdpa_mask)):
         taken = interface._global_mapping.get(name)
         if taken is not None and taken is not function:
@@ -134,6 +154,12 @@ def allowed_keys(mask: torch.Tensor, query: torch.Tensor, key: torch.Tensor) -> 
         raise ValueError(
             f"flashtile takes a (B, 1, Tq, Tk) = ({B}, 1, {Tq}, {Tk}) padding mask, got shape {tuple(mask.shape)} "
             "(per-head and other shapes are not supported); use attn_implementation='sdpa'"
+        )
+    if mask.dtype != torch.bool and not mask.dtype.is_floating_point:
+        raise TypeError(
+            f"attention_mask must be a bool or floating-point (B, 1, Tq, Tk) mask (True or 0.0 where a key may be "
+            f"seen), got dtype {str(mask.dtype).replace('torch.', '')}: an integer mask is ambiguous (1 = keep, or "
+            "an additive 0 / large negative?); convert it with mask.bool() or pass transformers' own mask"
         )
     if mask.dtype == torch.bool:
         allowed = mask[:, 0]
