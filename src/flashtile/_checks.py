@@ -57,6 +57,8 @@ def _dtype_name(dtype: torch.dtype) -> str:
 def resolve_neg_bits(*xs):
     """Each x, with its negative bit resolved (a copy holding the values) where it is set; other
     arguments (non-tensors, tensors without the bit) come back as they are, for the checks to judge."""
+    if torch.compiler.is_compiling():  # torch.compile cannot trace is_neg(); resolve_neg() is an alias when unset
+        return tuple(x.resolve_neg() if isinstance(x, torch.Tensor) else x for x in xs)
     return tuple(x.resolve_neg() if isinstance(x, torch.Tensor) and x.is_neg() else x for x in xs)
 
 
