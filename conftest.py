@@ -23,3 +23,21 @@ def _has_cuda() -> bool:
 
 if not _has_cuda():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def _hypothesis_profiles() -> None:
+    """Examples per property test: 60 in ``make test``, 300 in ``make test-long`` (FLASHTILE_TEST_LONG=1).
+
+    Each example of the kernel property test runs the Triton interpreter; 60 fresh examples per run, drawn
+    anew each time, keep the unit suite short while the long profile explores further."""
+    try:
+        from hypothesis import HealthCheck, settings
+    except ImportError:  # pragma: no cover - hypothesis comes with the test extra
+        return
+    common = dict(deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow])
+    settings.register_profile("unit", max_examples=60, **common)
+    settings.register_profile("long", max_examples=300, **common)
+    settings.load_profile("long" if os.environ.get("FLASHTILE_TEST_LONG", "") not in ("", "0") else "unit")
+
+
+_hypothesis_profiles()

@@ -9,6 +9,7 @@ failure there is the backward's alone.
 import pytest
 import torch
 
+from _grids import covering
 from _truth import truth_with_grads
 from flashtile.kernels.backward import flash_attention_backward
 from flashtile.kernels.forward import flash_attention
@@ -17,6 +18,8 @@ from ._helpers import DEVICE, randn
 
 F32, F16 = torch.float32, torch.float16
 ATTN = [(False, "upper_left"), (True, "upper_left"), (True, "lower_right")]
+# Each grid below runs a pairwise covering array of its axes (tests/_grids.py); make test-long runs it whole.
+MASKS = {"full": ATTN[0], "causal_ul": ATTN[1], "causal_lr": ATTN[2]}
 # fp32 runs exact fp32 dots ("ieee"); fp16 rounds P and dS to fp16 before three of the five matmuls.
 GRAD_TOL = {F32: dict(atol=1e-4, rtol=1e-4), F16: dict(atol=1e-2, rtol=1e-2)}
 
@@ -49,10 +52,11 @@ def make_inputs(B, H, H_kv, Tq, Tk, D, dtype, seed):
     return q, k, v, do
 
 
-@pytest.mark.parametrize("dtype", [F32, F16], ids=["fp32", "fp16"])
-@pytest.mark.parametrize("H,H_kv", [(4, 4), (4, 1)], ids=["mha", "gqa4"])
-@pytest.mark.parametrize("Tq,Tk", [(16, 16), (37, 37), (37, 23), (23, 37)])
-@pytest.mark.parametrize("causal,alignment", ATTN, ids=["full", "causal_ul", "causal_lr"])
+@pytest.mark.parametrize(
+    "causal,alignment,Tq,Tk,H,H_kv,dtype",
+    covering(mask=MASKS, T=[(16, 16), (37, 37), (37, 23), (23, 37)], heads={"mha": (4, 4), "gqa4": (4, 1)},
+             dtype={"fp32": F32, "fp16": F16}),
+)  # fmt: skip
 def test_backward_matches_float64_autograd(causal, alignment, Tq, Tk, H, H_kv, dtype):
     q, k, v, do = make_inputs(1, H, H_kv, Tq, Tk, 16, dtype, seed=Tq * 100 + Tk + H_kv)
     actual = kernel_gradients(q, k, v, do, causal, alignment, block_q=16, block_k=16)
@@ -60,10 +64,11 @@ def test_backward_matches_float64_autograd(causal, alignment, Tq, Tk, H, H_kv, d
     assert_gradients_close(actual, expected, dtype)
 
 
-@pytest.mark.parametrize("dtype", [F32, F16], ids=["fp32", "fp16"])
-@pytest.mark.parametrize("H,H_kv,D", [(4, 4, 16), (4, 1, 40)], ids=["mha", "gqa4-d40"])
-@pytest.mark.parametrize("Tq,Tk", [(37, 37), (37, 23), (23, 53)])
-@pytest.mark.parametrize("causal,alignment", ATTN, ids=["full", "causal_ul", "causal_lr"])
+@pytest.mark.parametrize(
+    "causal,alignment,Tq,Tk,H,H_kv,D,dtype",
+    covering(mask=MASKS, T=[(37, 37), (37, 23), (23, 53)], heads={"mha": (4, 4, 16), "gqa4-d40": (4, 1, 40)},
+             dtype={"fp32": F32, "fp16": F16}),
+)  # fmt: skip
 def test_atomic_dq_matches_float64_autograd(causal, alignment, Tq, Tk, H, H_kv, D, dtype):
     # dQ added up with atomics inside the dK/dV kernel (deterministic=False): every key tile's share must
     # land on the right rows, head and columns, including GQA heads and a padded head dim.
@@ -81,10 +86,11 @@ def test_backward_matches_when_block_q_differs_from_block_k(block_q, block_k):
     assert_gradients_close(actual, reference_gradients(q, k, v, do, True, "lower_right")[1], F32)
 
 
-@pytest.mark.parametrize("deterministic", [True, False], ids=["deterministic", "atomic_dq"])
-@pytest.mark.parametrize("block_q,block_k", [(16, 32), (32, 16)])
-@pytest.mark.parametrize("Tq,Tk", [(70, 100), (100, 70), (64, 96), (33, 97)])
-@pytest.mark.parametrize("causal,alignment", ATTN, ids=["full", "causal_ul", "causal_lr"])
+@pytest.mark.parametrize(
+    "causal,alignment,Tq,Tk,block_q,block_k,deterministic",
+    covering(mask=MASKS, T=[(70, 100), (100, 70), (64, 96), (33, 97)], blocks=[(16, 32), (32, 16)],
+             order={"deterministic": True, "atomic_dq": False}),
+)  # fmt: skip
 def test_every_kind_of_tile_matches_float64_autograd(causal, alignment, Tq, Tk, block_q, block_k, deterministic):
     # Shapes with several tiles of each kind in both kernels: a diagonal band wider than one tile (block_q !=
     # block_k), unmasked interior tiles, ragged last tiles of Tq and Tk (or none: 64, 96), rows that see no
@@ -95,10 +101,10 @@ def test_every_kind_of_tile_matches_float64_autograd(causal, alignment, Tq, Tk, 
     assert_gradients_close(actual, reference_gradients(q, k, v, do, causal, alignment)[1], F32)
 
 
-@pytest.mark.parametrize("deterministic", [True, False], ids=["deterministic", "atomic_dq"])
-@pytest.mark.parametrize("D", [16, 40])
-@pytest.mark.parametrize("Tq,Tk", [(70, 100), (100, 70)])
-@pytest.mark.parametrize("causal,alignment", ATTN, ids=["full", "causal_ul", "causal_lr"])
+@pytest.mark.parametrize(
+    "causal,alignment,Tq,Tk,D,deterministic",
+    covering(mask=MASKS, T=[(70, 100), (100, 70)], D=[16, 40], order={"deterministic": True, "atomic_dq": False}),
+)
 def test_tma_loads_match_float64_autograd_and_the_pointer_path(causal, alignment, Tq, Tk, D, deterministic):
     """tma=True: q and do (dK/dV kernel), k and v (dQ kernel) come through descriptors, zeros past T and D,
     with no load masks. Same shapes as above (ragged tiles, GQA, rows that see no key), and a head dim that

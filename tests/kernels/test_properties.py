@@ -48,9 +48,7 @@ def assert_close_relative(actual, expected, rel, name, natural_size=0.0):
     assert err <= rel * size + floor, f"{name}: max error {err:.3g} > {rel:g} x {size:.3g} + {floor:.3g}"
 
 
-@hypothesis.settings(max_examples=300, deadline=None, print_blob=True,
-                     suppress_health_check=[hypothesis.HealthCheck.too_slow])  # fmt: skip
-@hypothesis.given(
+@hypothesis.given(  # examples per run: the profile of the root conftest (60, or 300 in make test-long)
     B=st.integers(1, 2),
     H_kv=st.integers(1, 2),
     group=st.sampled_from([1, 2, 3]),

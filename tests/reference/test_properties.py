@@ -9,7 +9,8 @@ from flashtile.reference.backward import flash_attention_backward
 from flashtile.reference.forward import flash_attention_forward
 from flashtile.reference.online_softmax import lse_from_stats, merge, online_softmax_stats
 
-SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# Examples per run: the hypothesis profile of the root conftest (60, or 300 in make test-long).
+SETTINGS = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @st.composite
