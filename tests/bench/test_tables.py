@@ -85,7 +85,7 @@ def test_a_table_not_yet_measured_says_so_and_names_its_command(monkeypatch, tmp
         "`bench/results/forward-models.json`.*\n"
     )
     (tmp_path / "forward-models.json").write_text(json.dumps({"provenance": PROVENANCE, "rows": [ROW]}))
-    assert tables.measured("forward-models") and "| 2 | 16 / 4 | 2048 | 64 | yes | bthd | 300.0 |" in tables.render(
+    assert tables.measured("forward-models") and "| — | 2 | 16 / 4 | 2048 | 64 | yes | bthd | 300.0 |" in tables.render(
         "forward-models"
     )
 
@@ -110,7 +110,7 @@ def test_the_sweep_table_puts_t_down_and_head_dim_and_mask_across():
     lines = tables.sweep_table({"rows": rows})
     assert lines[0] == "| dtype | T | D = 64, causal | D = 64, full | D = 128, causal | D = 128, full |"
     assert lines[2] == "| bf16 | 512 | — | 100 · — · — | — | — |"  # cuDNN missing: no ratio
-    assert lines[3] == "| bf16 | 2048 | — | — | 300 · 400 · fails (75%) | — |"
+    assert lines[3] == "| bf16 | 2048 | — | — | 75% (300 · 400 · fails) | — |"
     assert lines[-1] == "- flash fails at B=8 H=16 T=2048 D=128 bhtd bf16: No available kernel: reasons"
     assert len(lines) == 8  # header, rule, two T, blank, "Not run:", blank, one reason
 
@@ -120,15 +120,26 @@ def test_the_sweep_table_leaves_out_a_head_dim_the_file_has_no_cell_of():
             row("sdpa_cudnn", 2048, 128, True, 400.0, dtype="fp16")]
     lines = tables.sweep_table({"rows": rows})
     assert lines[0] == "| dtype | T | D = 128, causal | D = 128, full |"
-    assert lines[2] == "| fp16 | 2048 | 300 · 400 · — (75%) | — |"
+    assert lines[2] == "| fp16 | 2048 | 75% (300 · 400 · —) | — |"
+
+
+def test_every_wide_table_puts_its_ratio_first():
+    """A reader on a phone sees the first columns only: the ratio to the baseline must be one of them."""
+    first = {"forward": "flashtile / cuDNN", "forward-models": "flashtile / cuDNN", "backward": "flashtile / cuDNN",
+             "backward-models": "flashtile / cuDNN", "decode": "split-K / cuDNN speed",
+             "train-step": "SDPA / flashtile"}  # fmt: skip
+    for name, column in first.items():
+        header = tables.render(name).splitlines()[0]
+        assert header.startswith(f"| {column} |"), (name, header)
 
 
 def test_the_model_and_scaleup_tables_show_only_providers_present_and_why_one_did_not_run():
     rows = [dict(ROW), dict(ROW, provider="sdpa_cudnn", tflops=400.0), dict(ROW, provider="naive", ms=None,
             tflops=None, error="OOM")]  # fmt: skip
     lines = tables.models_table({"rows": rows})
-    assert lines[0] == "| B | H / H_kv | T | D | causal | layout | flashtile | cuDNN | naive | flashtile / cuDNN |"
-    assert lines[2] == "| 2 | 16 / 4 | 2048 | 64 | yes | bthd | 300.0 | 400.0 | OOM | 75% |"
+    # The ratio first: on a phone it is the column on screen.
+    assert lines[0] == "| flashtile / cuDNN | B | H / H_kv | T | D | causal | layout | flashtile | cuDNN | naive |"
+    assert lines[2] == "| 75% | 2 | 16 / 4 | 2048 | 64 | yes | bthd | 300.0 | 400.0 | OOM |"
     assert len(lines) == 3  # an OOM is not a failure to explain
     skipped = dict(ROW, provider="sdpa_math", ms=None, tflops=None, error="skipped: fp32 scores 9 GiB > 8 GiB budget")
     lines = tables.scaleup_table({"rows": [dict(ROW), skipped]})
@@ -142,9 +153,7 @@ def test_the_overhead_table_lists_each_entry_point_in_both_modes():
                                                          "| `flashtile_launcher` | 89.5 | — |"]  # fmt: skip
 
 
-def test_the_perf_log_becomes_a_section_without_its_title():
-    text = "# Performance log\n\nIntro.\n\n## v1: first\n\n### detail\n\n```\n## code stays\n```\n    ## and so here\n"
-    assert tables.perf_log_markdown(text) == (
-        "Intro.\n\n### v1: first\n\n#### detail\n\n```\n## code stays\n```\n    ## and so here\n"
-    )
+def test_the_perf_log_becomes_a_page_body_without_its_title():
+    text = "# Performance log\n\nIntro.\n\n## v1: first\n\n### detail\n\n```\n## code stays\n```\n"
+    assert tables.perf_log_markdown(text) == "Intro.\n\n## v1: first\n\n### detail\n\n```\n## code stays\n```\n"
     assert tables.perf_log_markdown(tables.PERF_LOG.read_text()).startswith("One entry per version")

@@ -81,10 +81,13 @@ def failures(rows: list[dict]) -> list[str]:
 
 
 def forward_table(result: dict) -> list[str]:
-    """Multi-head, bhtd, bf16 rows with flashtile, cuDNN and flash, one line per shape, in file order."""
+    """Multi-head, bhtd, bf16 rows with flashtile, cuDNN and flash, one line per shape, in file order.
+
+    The ratio comes first in every table with a dozen columns: on a phone only the first few columns
+    are on screen, and the ratio is what a reader looks for."""
     lines = [
-        _line(["B", "H", "T", "D", "causal", "flashtile ms", "TFLOP/s", "cuDNN ms", "TFLOP/s", "flash ms", "TFLOP/s",
-               "flashtile / cuDNN"]),  # fmt: skip
+        _line(["flashtile / cuDNN", "B", "H", "T", "D", "causal", "flashtile ms", "TFLOP/s", "cuDNN ms", "TFLOP/s",
+               "flash ms", "TFLOP/s"]),  # fmt: skip
         _line(["---"] * 12),
     ]
     keep = lambda r: (r["pass"] == "forward" and r["dtype"] == "bf16" and r["layout"] == "bhtd"
@@ -97,14 +100,15 @@ def forward_table(result: dict) -> list[str]:
             cells += [f"{row['ms']:.3f}", f"{row['tflops']:.1f}"] if _ok(row) else [short_reason(row)] * 2
         ours, cudnn = by.get("flashtile"), by.get("sdpa_cudnn")
         ratio = f"{ours['tflops'] / cudnn['tflops']:.0%}" if _ok(ours) and _ok(cudnn) else "—"
-        lines.append(_line([*cells, ratio]))
+        lines.append(_line([ratio, *cells]))
     return lines
 
 
 def sweep_table(result: dict) -> list[str]:
-    """The standard sweep as a grid: T down, (D, causal) across; each cell flashtile · cuDNN · flash TFLOP/s
-    and, in brackets, flashtile / cuDNN. A cell the file does not hold is "—"; a head dim it holds no
-    cell of gets no columns (the fp16 sweep runs D = 128 only)."""
+    """The standard sweep as a grid: T down, (D, causal) across; each cell flashtile / cuDNN first, then
+    flashtile · cuDNN · flash TFLOP/s in brackets (only the TFLOP/s where cuDNN has none). A cell the
+    file does not hold is "—"; a head dim it holds no cell of gets no columns (the fp16 sweep runs
+    D = 128 only)."""
     cells = {}
     for row in result["rows"]:
         if row["pass"] == "forward" and is_standard(row):
@@ -127,8 +131,10 @@ def sweep_table(result: dict) -> list[str]:
                 tf = [f"{by[p]['tflops']:.0f}" if _ok(by.get(p)) else short_reason(by.get(p))
                       for p in ATTENTION_PROVIDERS]  # fmt: skip
                 ours, cudnn = by.get("flashtile"), by.get("sdpa_cudnn")
-                ratio = f" ({ours['tflops'] / cudnn['tflops']:.0%})" if _ok(ours) and _ok(cudnn) else ""
-                row_cells.append(" · ".join(tf) + ratio)
+                if _ok(ours) and _ok(cudnn):
+                    row_cells.append(f"{ours['tflops'] / cudnn['tflops']:.0%} ({' · '.join(tf)})")
+                else:
+                    row_cells.append(" · ".join(tf))
             if any(c != "—" for c in row_cells):
                 lines.append(_line([dtype, T, *row_cells]))
     return lines + failures([r for by in cells.values() for p, r in by.items() if p in ATTENTION_PROVIDERS])
@@ -144,8 +150,8 @@ def models_table(result: dict) -> list[str]:
     rows = [r for r in result["rows"] if r["pass"] == "forward"]
     names = _providers_in(rows)
     lines = [
-        _line(["B", "H / H_kv", "T", "D", "causal", "layout", *(FORWARD_PROVIDERS.get(p, p) for p in names),
-               "flashtile / cuDNN"]),  # fmt: skip
+        _line(["flashtile / cuDNN", "B", "H / H_kv", "T", "D", "causal", "layout",
+               *(FORWARD_PROVIDERS.get(p, p) for p in names)]),  # fmt: skip
         _line(["---"] * (7 + len(names))),
     ]
     shape_of = lambda r: (r["B"], r["H"], r["H_kv"], r["Tq"], r["D"], r["causal"], r["layout"], r["dtype"])
@@ -153,7 +159,7 @@ def models_table(result: dict) -> list[str]:
         tf = [f"{by[p]['tflops']:.1f}" if _ok(by.get(p)) else short_reason(by.get(p)) for p in names]
         ours, cudnn = by.get("flashtile"), by.get("sdpa_cudnn")
         ratio = f"{ours['tflops'] / cudnn['tflops']:.0%}" if _ok(ours) and _ok(cudnn) else "—"
-        lines.append(_line([B, f"{H} / {H_kv}", T, D, "yes" if causal else "no", layout, *tf, ratio]))
+        lines.append(_line([ratio, B, f"{H} / {H_kv}", T, D, "yes" if causal else "no", layout, *tf]))
     return lines + failures(rows)
 
 
@@ -199,7 +205,7 @@ def _backward_columns(rows: list[dict]) -> tuple[list[str], list[str]]:
     flashtile provider over cuDNN, then the default over SDPA's flash backend."""
     present = {r["provider"] for r in rows}
     options = [p for p in BACKWARD_OPTIONS if p in present]
-    head = ["flashtile", *(BACKWARD_OPTIONS[p][0] for p in options), "SDPA cuDNN", "SDPA flash", "flashtile / cuDNN",
+    head = ["flashtile", *(BACKWARD_OPTIONS[p][0] for p in options), "SDPA cuDNN", "SDPA flash",
             *(BACKWARD_OPTIONS[p][1] for p in options), "flashtile / flash"]  # fmt: skip
     return options, head
 
@@ -207,25 +213,30 @@ def _backward_columns(rows: list[dict]) -> tuple[list[str], list[str]]:
 def _backward_cells(by: dict, options: list[str]) -> list[str]:
     ours, cudnn, flash = (by.get(p) for p in ATTENTION_PROVIDERS)
     return [_tflops(ours), *(_tflops(by.get(p)) for p in options), _tflops(cudnn), _tflops(flash),
-            _ratio(ours, cudnn), *(_ratio(by.get(p), cudnn) for p in options), _ratio(ours, flash)]  # fmt: skip
+            *(_ratio(by.get(p), cudnn) for p in options), _ratio(ours, flash)]  # fmt: skip
+
+
+def _backward_ratio(by: dict) -> str:
+    """flashtile / cuDNN, the first column of the backward tables (on a phone, the one on screen)."""
+    return _ratio(by.get("flashtile"), by.get("sdpa_cudnn"))
 
 
 def backward_table(result: dict) -> list[str]:
     """TFLOP/s of the backward alone on the standard sweep; a column for each opt-in provider the run measured."""
     options, head = _backward_columns(result["rows"])
-    lines = [_line(["D", "T", "causal", *head]), _line(["---"] * (3 + len(head)))]
+    lines = [_line(["flashtile / cuDNN", "D", "T", "causal", *head]), _line(["---"] * (4 + len(head)))]
     for (D, T, causal), by in sorted(_group(result["rows"], lambda r: (r["D"], r["Tq"], r["causal"])).items()):
-        lines.append(_line([D, T, "yes" if causal else "no", *_backward_cells(by, options)]))
+        lines.append(_line([_backward_ratio(by), D, T, "yes" if causal else "no", *_backward_cells(by, options)]))
     return lines + failures(result["rows"])
 
 
 def backward_models_table(result: dict) -> list[str]:
     """The backward at the model shapes: one line per shape, in the file's order."""
     options, head = _backward_columns(result["rows"])
-    lines = [_line(["B", "H / H_kv", "T", "D", "layout", *head]), _line(["---"] * (5 + len(head)))]
+    lines = [_line(["flashtile / cuDNN", "B", "H / H_kv", "T", "D", "layout", *head]), _line(["---"] * (6 + len(head)))]
     shape_of = lambda r: (r["B"], r["H"], r["H_kv"], r["Tq"], r["D"], r["causal"], r["layout"])
     for (B, H, H_kv, T, D, _causal, layout), by in _group(result["rows"], shape_of).items():
-        lines.append(_line([B, f"{H} / {H_kv}", T, D, layout, *_backward_cells(by, options)]))
+        lines.append(_line([_backward_ratio(by), B, f"{H} / {H_kv}", T, D, layout, *_backward_cells(by, options)]))
     return lines + failures(result["rows"])
 
 
@@ -254,9 +265,9 @@ def decode_table(result: dict) -> list[str]:
     split-K against cuDNN both ways. A provider that has no row for a shape (SDPA has no paged cache)
     shows a dash."""
     lines = [
-        _line(["B", "cache", "H / H_kv", "cache layout", "split-K µs (eager)", "split-K µs", "TB/s",
-               "forward kernel TB/s", "cuDNN µs", "TB/s", "flash TB/s", "split-K / cuDNN speed",
-               "same, eager"]),  # fmt: skip
+        _line(["split-K / cuDNN speed", "B", "cache", "H / H_kv", "cache layout", "split-K µs (eager)",
+               "split-K µs", "TB/s", "forward kernel TB/s", "cuDNN µs", "TB/s", "flash TB/s",
+               "split-K / cuDNN, eager"]),  # fmt: skip
         _line(["---"] * 13),
     ]
     key = lambda r: (r["B"], r["Tk"], r["H"], r["H_kv"], r.get("page_size"), bool(r.get("ragged")))
@@ -268,10 +279,10 @@ def decode_table(result: dict) -> list[str]:
             for k in ("ms_graph", "ms")
         ]
         lines.append(_line([
-            B, f"{Tk // 1024}k", f"{H} / {H_kv}", _decode_layout(ours), f"{1000 * ours['ms']:.1f}",
+            versus[0], B, f"{Tk // 1024}k", f"{H} / {H_kv}", _decode_layout(ours), f"{1000 * ours['ms']:.1f}",
             f"{1000 * ours['ms_graph']:.1f}", rate("flashtile_split_k"), rate("flashtile"),
             f"{1000 * cudnn['ms_graph']:.1f}" if _ok(cudnn) and cudnn.get("ms_graph") else "—", rate("sdpa_cudnn"),
-            rate("sdpa_flash"), *versus,
+            rate("sdpa_flash"), versus[1],
         ]))  # fmt: skip
     copy = result["copy"]
     lines += [
@@ -285,7 +296,7 @@ def decode_table(result: dict) -> list[str]:
 def train_step_table(result: dict) -> list[str]:
     """ms per training step of each model, flashtile against SDPA, and accuracy where it was checked."""
     lines = [
-        _line(["model", "B", "T", "flashtile ms", "SDPA ms", "SDPA / flashtile", "logits error (flashtile / SDPA)",
+        _line(["SDPA / flashtile", "model", "B", "T", "flashtile ms", "SDPA ms", "logits error (flashtile / SDPA)",
                "gradient error (flashtile / SDPA)"]),  # fmt: skip
         _line(["---"] * 8),
     ]
@@ -297,7 +308,7 @@ def train_step_table(result: dict) -> list[str]:
             for name in ("logits_max_abs_err", "grad_rel_err")
         ]
         model = f"{layers} layers, hidden {hidden}, {H} / {H_kv} heads, d = {D}"
-        lines.append(_line([model, B, T, f"{ours['ms']:.2f}", f"{sdpa['ms']:.2f}", f"{sdpa['ms'] / ours['ms']:.2f}",
+        lines.append(_line([f"{sdpa['ms'] / ours['ms']:.2f}", model, B, T, f"{ours['ms']:.2f}", f"{sdpa['ms']:.2f}",
                             *errors]))  # fmt: skip
     return lines
 
@@ -351,19 +362,17 @@ PERF_LOG_MARKER = "<!-- perf-log -->"
 
 
 def perf_log_markdown(text: str) -> str:
-    """bench/PERF_LOG.md as a section of a page: its title dropped, every heading one level deeper.
+    """bench/PERF_LOG.md as the body of a page: its title dropped, every other line as it is.
 
-    The build (``hooks/figures.py``) puts this where a page has the line ``<!-- perf-log -->``, so the
-    log stays the one source and the page shows it as it is, whoever edited it last.
+    The build (``hooks/figures.py``) puts this where a page has the line ``<!-- perf-log -->`` (the lab
+    notebook in the site's appendix, whose own title replaces the log's), so the log stays the one source
+    and the page shows it as it is, whoever edited it last. Its entries keep their ``##`` headings and
+    are the page's table of contents.
     """
     lines = text.splitlines()
     if lines and lines[0].startswith("# "):
         lines = lines[1:]
-    out, in_fence = [], False
-    for line in lines:
-        in_fence ^= line.startswith("```")
-        out.append("#" + line if not in_fence and re.match(r"#{2,5} ", line) else line)
-    return "\n".join(out).strip() + "\n"
+    return "\n".join(lines).strip() + "\n"
 
 
 def blocks(text: str) -> list[tuple[str, str]]:
