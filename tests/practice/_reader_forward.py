@@ -4,6 +4,14 @@
 * ``floor_tile_count=True``: the causal key-tile count (q_end + offset) // block_k, a floor where a
   ceiling is needed: right while block_k divides T, one tile short on a ragged last query tile.
 * ``lse_dtype=torch.bfloat16``: lse rounded to 16 bits before it is returned (to save memory, say).
+* ``alignment_ignored=True`` (forward and backward): the diagonal always starts top-left (offset 0),
+  whatever ``alignment`` says.
+* ``scale_ignored=True`` (forward and backward): τ = 1/sqrt(D) always, the ``scale`` argument unused.
+* ``rescale=False``: l and acc are not moved onto the new max when it grows.
+* ``subtract_max=False``: p = exp(s) with no max subtracted; right until a score passes exp's range.
+* ``stats_dtype=torch.float16``: m and l kept in 16 bits for 16-bit inputs (lse converted at the end).
+* ``untiled=True``: the whole Tq x Tk score matrix, softmax, then P V; right, but not FlashAttention.
+* ``skip_tiles=False``: every key tile visited, the hidden ones masked; right unless they hold NaN.
 * backward ``mask_in_backward=False``: the causal mask applied in the forward only.
 """
 
@@ -21,23 +29,33 @@ def _visible(q_start, q_end, k_start, k_end, offset):
     return j <= i + offset
 
 
-def make(guard_neg_inf=True, floor_tile_count=False, lse_dtype=None) -> SimpleNamespace:
+def make(guard_neg_inf=True, floor_tile_count=False, lse_dtype=None, alignment_ignored=False, scale_ignored=False,
+         rescale=True, subtract_max=True, stats_dtype=None, untiled=False, skip_tiles=True) -> SimpleNamespace:
     def flash_attention_forward(q, k, v, causal=False, scale=None, block_q=16, block_k=16, alignment="upper_left",
                                 on_tile=None):
         Tq, Tk = q.shape[-2], k.shape[-2]
-        tau = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
-        offset = 0 if alignment == "upper_left" else Tk - Tq
+        tau = 1 / math.sqrt(q.shape[-1]) if scale is None or scale_ignored else scale
+        offset = 0 if alignment == "upper_left" or alignment_ignored else Tk - Tq
         c = torch.float64 if q.dtype == torch.float64 else torch.float32
+        if stats_dtype is not None and q.dtype != torch.float64:
+            c = stats_dtype  # BUG: the statistics in 16 bits
         qc, kc, vc = q.to(c), k.to(c), v.to(c)
+        if untiled:  # BUG: the whole score matrix at once
+            s = tau * qc @ kc.transpose(-1, -2)
+            if causal:
+                s = s.masked_fill(~_visible(0, Tq, 0, Tk, offset), float("-inf"))
+            lse = torch.logsumexp(s, dim=-1)
+            p = torch.where(torch.isneginf(lse)[..., None], 0.0, torch.exp(s - lse[..., None]))
+            return (p @ vc).to(q.dtype), lse
         o = torch.empty_like(q)
-        lse = torch.empty(q.shape[:-1], dtype=c)
+        lse = torch.empty(q.shape[:-1], dtype=torch.float64 if q.dtype == torch.float64 else torch.float32)
         for q_start in range(0, Tq, block_q):
             q_end = min(q_start + block_q, Tq)
             m = torch.full((*q.shape[:-2], q_end - q_start), float("-inf"), dtype=c)
             l = torch.zeros_like(m)
             acc = torch.zeros((*q.shape[:-2], q_end - q_start, q.shape[-1]), dtype=c)
             n_tiles = -(-Tk // block_k)
-            if causal:
+            if causal and skip_tiles:
                 last = max(q_end - 1 + offset, -1)  # the last key the tile's last row sees
                 needed = (q_end + offset) // block_k if floor_tile_count else last // block_k + 1
                 n_tiles = min(n_tiles, needed)
@@ -48,27 +66,29 @@ def make(guard_neg_inf=True, floor_tile_count=False, lse_dtype=None) -> SimpleNa
                     s = s.masked_fill(~_visible(q_start, q_end, k_start, k_end, offset), float("-inf"))
                 m_new = torch.maximum(m, s.max(dim=-1).values)
                 m_sub = torch.where(torch.isneginf(m_new), 0.0, m_new) if guard_neg_inf else m_new
-                alpha = torch.exp(m - m_sub)
+                if not subtract_max:
+                    m_sub = torch.zeros_like(m_new)  # BUG: exp of the raw scores
+                alpha = torch.exp(m - m_sub) if rescale and subtract_max else torch.ones_like(m)  # BUG when not
                 p = torch.exp(s - m_sub[..., None])
                 l = alpha * l + p.sum(-1)
                 acc = alpha[..., None] * acc + p @ vc[..., k_start:k_end, :]
                 m = m_new
             empty = l == 0
             o[..., q_start:q_end, :] = (acc / torch.where(empty, 1.0, l)[..., None]).to(q.dtype)
-            lse[..., q_start:q_end] = torch.where(empty, float("-inf"), m + torch.log(l))
+            lse[..., q_start:q_end] = torch.where(empty, float("-inf"), (m if subtract_max else 0) + torch.log(l))
         if lse_dtype is not None:
-            lse = lse.to(lse_dtype).to(c)  # BUG: the statistics kept in 16 bits
+            lse = lse.to(lse_dtype).to(lse.dtype)  # BUG: the statistics kept in 16 bits
         return o, lse
 
     return SimpleNamespace(flash_attention_forward=flash_attention_forward)
 
 
-def make_backward(mask_in_backward=True) -> SimpleNamespace:
+def make_backward(mask_in_backward=True, scale_ignored=False, alignment_ignored=False) -> SimpleNamespace:
     def flash_attention_backward(q, k, v, o, lse, do, causal=False, scale=None, block_q=16, block_k=16,
                                  alignment="upper_left"):
         Tq, Tk = q.shape[-2], k.shape[-2]
-        tau = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
-        offset = 0 if alignment == "upper_left" else Tk - Tq
+        tau = 1 / math.sqrt(q.shape[-1]) if scale is None or scale_ignored else scale
+        offset = 0 if alignment == "upper_left" or alignment_ignored else Tk - Tq
         delta = (do * o).sum(-1)  # D = rowsum(dO * O)
         dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
         lse_safe = torch.where(torch.isneginf(lse), 0.0, lse)

@@ -46,6 +46,19 @@ def attention_grads_truth(q, k, v, do, causal=False, scale=None, alignment="uppe
     return o.detach(), lse.detach(), dq, dk, dv
 
 
+def backward_equations(q, k, v, o, lse, do, causal=False, scale=None, alignment="upper_left"):
+    """(dq, dk, dv) in float64 from the backward's equations with the GIVEN o and lse, densely:
+    P = exp(τ Q Kᵀ - lse) (0 where hidden), dV = Pᵀ dO, dS = P ∘ (dO Vᵀ - rowsum(dO ∘ O)), dQ = τ dS K,
+    dK = τ dSᵀ Q. With the o and lse of the same τ and mask it equals ``attention_grads_truth``; the
+    battery evaluates it at another τ or mask to recognise a backward that used them."""
+    q, k, v, o, lse, do = (t.detach().double().cpu() for t in (q, k, v, o, lse, do))
+    tau = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    seen = visible(q.shape[2], k.shape[2], causal, alignment) & ~torch.isneginf(lse)[..., None]
+    p = torch.where(seen, torch.exp(tau * q @ k.transpose(-1, -2) - torch.where(seen, lse[..., None], 0.0)), 0.0)
+    ds = p * (do @ v.transpose(-1, -2) - (do * o).sum(-1, keepdim=True))
+    return tau * ds @ k, tau * ds.transpose(-1, -2) @ q, p.transpose(-1, -2) @ do
+
+
 def softmax_truth(x: torch.Tensor) -> torch.Tensor:
     """Row softmax of x's last dimension in float64 (a row of all -inf gives NaN, as torch does)."""
     return torch.softmax(x.double().cpu(), dim=-1)
