@@ -12,7 +12,13 @@ import torch
 import torch.distributed as dist
 from _ring_cases import attention_truth, random_qkv
 
-from flashtile.distributed import ring_attention, ring_attention_on_shards, run_local_ring, unshard_sequence
+from flashtile.distributed import (
+    ring_attention,
+    ring_attention_on_shards,
+    run_local_ring,
+    shard_sequence,
+    unshard_sequence,
+)
 from flashtile.distributed.local import RankFailed
 
 TIMEOUT_S = 60  # a hang fails the test after this long instead of holding up CI
@@ -79,6 +85,64 @@ def test_mismatched_shards_raise_value_error_on_every_rank():
     assert "equal shard" in shape_error
     assert "rank 0: query (1, 2, 4, 4), key (1, 2, 4, 4), is_causal=False" in causal_error
     assert "rank 1: query (1, 2, 4, 4), key (1, 2, 4, 4), is_causal=True" in causal_error
+
+
+def disagreeing_ranks(rank, world_size):
+    """Worker: rank 1 differs from rank 0 in the dtype only, then in the scale only. Every rank must raise
+    the same ValueError (before this check knew dtypes, the ranks aborted inside gloo: the transfers'
+    byte counts differ)."""
+    errors = []
+    for case in ("dtype", "scale"):
+        dtype = torch.float32 if case == "dtype" and rank == 1 else torch.float64
+        scale = 0.25 if case == "scale" and rank == 1 else None  # the default is 1/sqrt(4) = 0.5
+        q = torch.linspace(-1, 1, 32, dtype=dtype).view(1, 2, 4, 4)
+        try:
+            ring_attention(q, q, q, scale=scale)
+            errors.append(None)
+        except ValueError as e:
+            errors.append(str(e))
+    dist.barrier()  # every rank got here: nobody is stuck in a transfer
+    return errors
+
+
+def test_ranks_with_different_dtypes_or_scales_raise_the_same_value_error():
+    per_rank = run_local_ring(disagreeing_ranks, 2, timeout_s=TIMEOUT_S)
+    assert per_rank[0] == per_rank[1]  # one message, word for word, on every rank
+    dtype_error, scale_error = per_rank[0]
+    assert dtype_error is not None and "different dtype on different ranks" in dtype_error
+    assert "rank 0: query (1, 2, 4, 4)" in dtype_error and "float64 on cpu" in dtype_error
+    assert "rank 1: query (1, 2, 4, 4)" in dtype_error and "float32 on cpu" in dtype_error
+    assert scale_error is not None and "different scale on different ranks" in scale_error
+    assert "scale=0.5" in scale_error and "scale=0.25" in scale_error
+
+
+def strided_shards(rank, world_size, q, k, v, do, is_causal):
+    """Worker: this rank's shards as views a model hands over: query a (B, H, T, D) view of a (B, T, H, D)
+    tensor, key a view with the negative bit set, value every other column of a wider tensor, do
+    transposed too; returns (o, dq, dk, dv) like ``ring_attention_on_shards``."""
+    q, k, v, do = (shard_sequence(x, world_size, rank, is_causal) for x in (q, k, v, do))
+    q = q.transpose(1, 2).contiguous().transpose(1, 2)
+    k = torch.complex(torch.zeros_like(k), -k).conj().imag  # reads as k; its memory holds -k
+    assert k.is_neg()
+    wide = torch.zeros(*v.shape[:-1], 2 * v.shape[-1], dtype=v.dtype)
+    wide[..., ::2] = v
+    v = wide[..., ::2]
+    do = do.transpose(1, 2).contiguous().transpose(1, 2)
+    assert not (q.is_contiguous() or k.is_contiguous() or v.is_contiguous())
+    q, k, v = (x.requires_grad_() for x in (q, k, v))
+    o = ring_attention(q, k, v, is_causal=is_causal)
+    o.backward(do)
+    return o.detach(), q.grad, k.grad, v.grad
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_strided_and_negative_view_shards_are_read_as_their_values_at_every_world_size(world_size):
+    # before: world size 1 passed and world size 2 failed inside dist.isend ("Tensors must be contiguous")
+    q, k, v, do = random_qkv(1, 4, 2, 8, 8, seed=world_size)
+    per_rank = run_local_ring(strided_shards, world_size, q, k, v, do, True, timeout_s=TIMEOUT_S)
+    got = [unshard_sequence([r[i] for r in per_rank], True) for i in range(4)]
+    for name, g, want in zip(("o", "dq", "dk", "dv"), got, attention_truth(q, k, v, do, True)):
+        torch.testing.assert_close(g, want, rtol=0, atol=1e-12, msg=lambda m, name=name: f"{name}: {m}")
 
 
 def sleeps(rank, world_size):

@@ -14,8 +14,9 @@ Status and caveats:
   key/value heads travel); causal (zig-zag layout) and non-causal (contiguous layout).
 * Does not support: cross-attention (query and key shards must hold the same tokens), masks other
   than causal, dropout, uneven shards.
-* Every call checks that all ranks hold shards of one shape: a small all_gather and, on CUDA, a host
-  sync. ``check_shards=False`` skips it.
+* Every call checks that all ranks hold shards of one shape, dtype and device type, with one is_causal
+  and scale: a small all_gather and, on CUDA, a host sync; every rank raises the same ValueError
+  naming what differs. ``check_shards=False`` skips it.
 * Transport is torch.distributed's ``batch_isend_irecv`` (NCCL on GPUs, gloo on CPUs); the transfer
   of the next key/value shard is started before the local attention and waited for after it.
 * Measured status: bench/results/ring.json (1.74-2.09x on two H200s from 32k tokens, except the causal
@@ -30,7 +31,7 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
-from .._checks import check_attention_inputs, check_causal, resolve_scale
+from .._checks import FLOAT_DTYPES, check_attention_inputs, check_causal, resolve_neg_bits, resolve_scale
 from ..reference.decode import merge_partials
 from .sharding import LAYOUTS, layout_for
 
@@ -294,6 +295,7 @@ class RingAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do):
         q, k, v, o, lse = ctx.saved_tensors
+        (do,) = resolve_neg_bits(do)  # a negative view's memory holds -do; the kernels and the transfers read memory
         dq, dk, dv = ring_backward(q, k, v, o, lse, do.contiguous(), *ctx.config)
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None
 
@@ -310,14 +312,36 @@ def check_group(group):
     return group
 
 
+DEVICE_TYPES = ("cpu", "cuda")  # a signature's device code: the index here, or len(DEVICE_TYPES) for another
+
+
+def signature_of(q, k, is_causal: bool, scale: float) -> list[int]:
+    """What every rank must agree on, as ints: the two shapes, is_causal, the scale's bits, the dtype and the
+    device type (query's; check_attention_inputs made key and value match it)."""
+    scale_bits = struct.unpack("<q", struct.pack("<d", scale))[0]
+    device_code = DEVICE_TYPES.index(q.device.type) if q.device.type in DEVICE_TYPES else len(DEVICE_TYPES)
+    return [*q.shape, *k.shape, int(is_causal), scale_bits, FLOAT_DTYPES.index(q.dtype), device_code]
+
+
+SIGNATURE_FIELDS = ("query shape", "key shape", "is_causal", "scale", "dtype", "device type")
+
+
+def describe_signature(t: list[int]) -> str:
+    dtype = str(FLOAT_DTYPES[t[10]]).replace("torch.", "")
+    device = DEVICE_TYPES[t[11]] if t[11] < len(DEVICE_TYPES) else "another device type"
+    scale = struct.unpack("<d", struct.pack("<q", t[9]))[0]
+    return f"query {tuple(t[:4])}, key {tuple(t[4:8])}, is_causal={bool(t[8])}, scale={scale}, {dtype} on {device}"
+
+
 def check_shards_agree(q, k, is_causal: bool, scale: float, ring: Ring) -> None:
-    """Every rank must hold shards of one shape and call with the same is_causal and scale.
+    """Every rank must hold shards of one shape, dtype and device type, and call with the same is_causal
+    and scale.
 
     One all_gather of a few ints, so that every rank sees every other rank's signature and all of them
-    raise the same error, instead of some hanging in a transfer that never comes.
+    raise the same error, instead of some hanging in a transfer that never comes, or aborting inside the
+    transport when the byte counts of a transfer differ (shards of two dtypes).
     """
-    scale_bits = struct.unpack("<q", struct.pack("<d", scale))[0]
-    mine = [*q.shape, *k.shape, int(is_causal), scale_bits]
+    mine = signature_of(q, k, is_causal, scale)
     device = q.device if q.is_cuda else torch.device("cpu")
     # One collective into one buffer and one copy back: every extra launch or host read here is paid
     # on every call, before any attention work is queued.
@@ -327,15 +351,14 @@ def check_shards_agree(q, k, is_causal: bool, scale: float, ring: Ring) -> None:
     gather_into = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     gather_into(everyone, signature, group=ring.group)
     signatures = everyone.view(ring.world, len(mine)).cpu().tolist()
-    if any(theirs != mine for theirs in signatures):
-        described = "; ".join(
-            f"rank {r}: query {tuple(t[:4])}, key {tuple(t[4:8])}, is_causal={bool(t[8])}, "
-            f"scale={struct.unpack('<d', struct.pack('<q', t[9]))[0]}"
-            for r, t in enumerate(signatures)
-        )
+    if any(theirs != signatures[0] for theirs in signatures):
+        spans = (slice(0, 4), slice(4, 8), slice(8, 9), slice(9, 10), slice(10, 11), slice(11, 12))
+        differ = [f for f, at in zip(SIGNATURE_FIELDS, spans) if any(t[at] != signatures[0][at] for t in signatures)]
+        described = "; ".join(f"rank {r}: {describe_signature(t)}" for r, t in enumerate(signatures))
         raise ValueError(
-            f"ring_attention was called with different shards or settings on different ranks ({described}): "
-            "every rank must hold an equal shard (see shard_sequence) and use the same is_causal and scale"
+            f"ring_attention was called with a different {', '.join(differ)} on different ranks ({described}): "
+            "every rank must hold an equal shard (see shard_sequence) of one dtype on one device type, and use "
+            "the same is_causal and scale"
         )
 
 
@@ -345,17 +368,20 @@ def ring_attention(query, key, value, is_causal=False, scale=None, group=None, *
 
     Args:
         query: this rank's shard, (B, H, T / W, D). key, value: (B, H_kv, T / W, D), H a multiple of
-            H_kv (GQA). Shards as ``shard_sequence(x, W, rank, is_causal)`` cuts them.
+            H_kv (GQA). Shards as ``shard_sequence(x, W, rank, is_causal)`` cuts them; any strides.
         is_causal: causal attention over the whole sequence (the shards must be zig-zag).
         scale: multiplies Q K^T; defaults to 1/sqrt(D).
         group: the torch.distributed process group (None: the default one, which must exist).
         layout: optional, "zigzag" or "contiguous": states the layout of the shards, and must be the
             one ``shard_sequence`` uses for ``is_causal`` (zig-zag for causal, contiguous otherwise).
-        check_shards: check that every rank holds shards of one shape (a small all_gather per call).
+        check_shards: check that every rank holds shards of one shape, dtype and device type and passes
+            the same is_causal and scale (a small all_gather per call).
 
     Returns:
         This rank's shard of the output, like query, differentiable with respect to query, key, value.
     """
+    # a negative view's memory holds the negated values, and the transfers and kernels read memory
+    query, key, value = resolve_neg_bits(query, key, value)
     shape = check_attention_inputs(query, key, value, names=("query", "key", "value"))
     check_causal(is_causal, "is_causal")
     expected = layout_for(is_causal)
@@ -377,5 +403,8 @@ def ring_attention(query, key, value, is_causal=False, scale=None, group=None, *
     ring = ring_of(check_group(group))
     if check_shards:
         check_shards_agree(query, key, is_causal, scale, ring)
+    # The key and value shards travel (isend/irecv send dense memory): any layout is taken, as a dense copy
+    # where it is not dense already, at every world size alike. The gradients flow back through the copy.
+    key, value = key.contiguous(), value.contiguous()
     return RingAttention.apply(query, key, value, is_causal, scale, ring)
 # --8<-- [end:ring_attention]
