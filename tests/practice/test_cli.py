@@ -83,6 +83,7 @@ def test_check_names_the_failing_case_of_a_planted_bug_and_exits_nonzero(tmp_pat
     proc = practice("check", tmp_path, "--step", "forward_kernel")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "FAILED forward_kernel: B=1 H=2 Tq=20 Tk=37 D=16, block_q=16 block_k=16, no mask" in proc.stdout
+    assert "(and 1 more; -v shows them)" in proc.stdout  # D = 24 pads keys too
     assert "padded keys (columns j >= Tk of the last tile) must score -inf, not 0" in proc.stdout
     assert "0 of 1 steps pass" in proc.stdout
 
@@ -94,14 +95,110 @@ def test_a_file_that_does_not_import_fails_its_step_with_the_error(tmp_path):
     assert "FAILED online_softmax: importing online_softmax.py" in proc.stdout and "SyntaxError" in proc.stdout
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter re-run only happens without CUDA")
-def test_check_turns_the_interpreter_on_by_itself_when_there_is_no_gpu():
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter is chosen only without CUDA")
+def test_check_turns_the_interpreter_on_by_itself_and_prints_no_interpreter_warning():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = practice("check", "--package", "--step", "fused_softmax", "--fast", env=env)
+    proc = practice("check", "--package", "--step", "forward_kernel", "--fast", env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Triton interpreter on the CPU" in proc.stdout and "1 of 1 steps pass" in proc.stdout
+    assert "Warning" not in proc.stderr, proc.stderr  # numpy's "invalid value" from the interpreter is not shown
 
 
 def test_check_without_a_directory_is_a_usage_error():
     proc = practice("check")
     assert proc.returncode == 2 and "check needs DIR" in proc.stderr
+
+
+def test_init_on_a_file_or_an_unwritable_path_is_a_clean_error(tmp_path, capsys, monkeypatch):
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("mine\n", encoding="utf-8")
+    assert main(["init", str(a_file)]) == 2
+    assert main(["init", str(a_file / "mine")]) == 2  # a folder inside a file
+    err = capsys.readouterr().err
+    assert "is not a folder" in err and "cannot write into" in err and "Traceback" not in err
+    assert a_file.read_text(encoding="utf-8") == "mine\n"
+
+    def refuse(self, *args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "write_text", refuse)  # a read-only place, whoever runs the test
+    assert main(["init", str(tmp_path / "mine")]) == 2
+    err = capsys.readouterr().err
+    assert "cannot write into" in err and "Permission denied" in err and "Traceback" not in err
+
+
+def test_check_on_a_missing_folder_is_a_clean_error(tmp_path, capsys):
+    assert main(["check", str(tmp_path / "nowhere")]) == 2
+    assert "is not a folder" in capsys.readouterr().err
+
+
+def test_verbose_shows_every_failure_and_the_default_the_first_with_a_count():
+    from flashtile.practice.battery import Failure, StepResult, step_named
+    from flashtile.practice.cli import failure_report
+
+    result = StepResult(step_named("forward"), failures=[Failure(f"case {n}", f"error {n}", "hint", "ch") for n in
+                                                          range(3)])
+    short, full = failure_report(result), failure_report(result, verbose=True)
+    assert "case 0" in short and "(and 2 more; -v shows them)" in short and "case 1" not in short
+    assert all(f"case {n}" in full and f"error {n}" in full for n in range(3)) and "more" not in full
+
+
+HOSTILE = {  # each file tries to stop the checker a different way; only one case of each misbehaves
+    "online_softmax.py": """
+from flashtile.reference.online_softmax import lse_from_stats, merge, online_softmax_stats
+from flashtile.reference.online_softmax import online_softmax_update as right
+
+
+def online_softmax_update(m, l, x_block):
+    while bool((l > 0).any()):  # an infinite loop, from a state that has seen something
+        pass
+    return right(m, l, x_block)
+""",
+    "forward.py": """
+import sys
+
+from flashtile.reference.forward import flash_attention_forward as right
+
+
+def flash_attention_forward(q, k, v, **kwargs):
+    if kwargs.get("scale") == 60.0:
+        sys.exit(0)
+    return right(q, k, v, **kwargs)
+""",
+    "backward.py": """
+import os
+
+from flashtile.reference.backward import flash_attention_backward as right
+
+
+def flash_attention_backward(*args, **kwargs):
+    if kwargs.get("scale") == 0.3:
+        print("leaving now")
+        os._exit(0)
+    return right(*args, **kwargs)
+""",
+    "fused_softmax.py": "raise SystemExit(0)\n",
+}
+
+
+def test_the_readers_code_cannot_stop_or_hang_the_checker(tmp_path):
+    for name, text in HOSTILE.items():
+        (tmp_path / name).write_text(text, encoding="utf-8")
+    steps = [a for s in ("online_softmax", "forward", "backward", "fused_softmax") for a in ("--step", s)]
+    proc = practice("check", tmp_path, *steps, "--fast", "-v", "--time-limit", "5")
+    out = proc.stdout
+    assert proc.returncode == 1, out + proc.stderr
+    assert "FAILED online_softmax: update from a state of 8 columns" in out
+    assert "TimeoutError: no answer within the time limit of 5 s" in out
+    assert "FAILED forward: B=1 H=2 Tq=16 Tk=24" in out and "SystemExit: your code tried to end the checker" in out
+    assert "FAILED backward: B=1 H=2 Tq=32 Tk=32" in out and "ended (exit status 0) during this case" in out
+    assert "leaving now" in proc.stderr  # the reader's prints reach the terminal, not the checker's channel
+    assert "FAILED fused_softmax: importing fused_softmax.py" in out
+    counts = {line.split()[0]: line.split()[-1] for line in out.splitlines()
+              if line.split() and line.split()[0] in ("online_softmax", "forward", "backward", "fused_softmax")}
+    fast = {s.name: len([c for c in s.cases() if c.fast]) for s in STEPS}
+    # every case after the one that hung or ended the process still ran, and passed
+    assert counts == {"online_softmax": f"{fast['online_softmax'] - 1}/{fast['online_softmax']}",
+                      "forward": f"{fast['forward'] - 1}/{fast['forward']}",
+                      "backward": f"{fast['backward'] - 1}/{fast['backward']}", "fused_softmax": "0/1"}, out
+    assert "0 of 4 steps pass" in out

@@ -71,6 +71,7 @@ HINT_MEMORY = ("tile: keep only (m, l, acc) per query tile and one (block_q, blo
 HINT_ARANGE = ("tl.arange needs a power-of-two length: BLOCK = triton.next_power_of_2(n_cols), "
                "and mask the extra lanes (load them as -inf)")
 HINT_DELTA = "dS = P * (dP - D) with D = rowsum(dO * O)"
+HINT_EXIT = "return the results instead of ending the process: sys.exit and raise SystemExit only fail the case"
 
 EXP_LIMIT = {torch.float64: 709.78, torch.float32: 88.72}  # exp overflows past these
 
@@ -726,10 +727,11 @@ def _short_error(exc: BaseException) -> str:
 
 # --8<-- [start:run_step]
 def run_step(step: Step, impl: ModuleType, fast: bool = False, stop_at_first_failure: bool = False,
-             on_case: Callable[[Case, bool], None] | None = None, start: int = 0,
-             on_start: Callable[[int, Case], None] | None = None) -> StepResult:
+             start: int = 0, on_start: Callable[[int, Case], None] | None = None,
+             on_case: Callable[[int, Case, Failure | None], None] | None = None) -> StepResult:
     """Run the cases of ``step`` (from index ``start``) against ``impl``; never raises for a failing case,
-    whatever the implementation raises (SystemExit included; only a KeyboardInterrupt stops the run)."""
+    whatever the implementation raises (SystemExit included; only a KeyboardInterrupt stops the run).
+    ``on_start(n, case)`` is called before each case, ``on_case(n, case, failure or None)`` after it."""
     result = StepResult(step)
     cases = [c for c in step.cases() if c.fast or not fast]
     for n, case in enumerate(cases[start:], start):
@@ -744,24 +746,19 @@ def run_step(step: Step, impl: ModuleType, fast: bool = False, stop_at_first_fai
                 case.run(impl)
         except KeyboardInterrupt:
             raise
-        except NotImplementedError as exc:  # an untouched skeleton: every remaining case fails the same way
-            hint = f"write {', '.join(step.functions)} in {step.file}.py"
-            result.failures.append(Failure(case.name, _short_error(exc), hint, step.chapter))
-            result.skipped = len(cases) - n - 1
-            if on_case:
-                on_case(case, False)
-            break
         except BaseException as exc:  # the implementation's own error (or exit) fails this case, not the run
-            hint = getattr(exc, "hint", None) or case.hint
+            unwritten = isinstance(exc, NotImplementedError)  # an untouched skeleton: the rest fail the same way
+            hint = f"write {', '.join(step.functions)} in {step.file}.py" if unwritten else HINT_EXIT if isinstance(
+                exc, SystemExit) else getattr(exc, "hint", None) or case.hint
             result.failures.append(Failure(case.name, _short_error(exc), hint, step.chapter))
             if on_case:
-                on_case(case, False)
-            if stop_at_first_failure:
+                on_case(n, case, result.failures[-1])
+            if unwritten or stop_at_first_failure:
                 result.skipped = len(cases) - n - 1
                 break
             continue
         result.passed += 1
         if on_case:
-            on_case(case, True)
+            on_case(n, case, None)
     return result
 # --8<-- [end:run_step]

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.util
+import json
 import os
+import queue
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
-from types import ModuleType
 
-from .battery import SITE, STEP_NAMES, STEPS, Case, Step, StepResult, run_step
+from .battery import SITE, STEP_NAMES, STEPS, Failure, StepResult
+
+TIME_LIMIT = 60.0  # seconds per case, and for importing each file
 
 SKELETONS = Path(__file__).with_name("skeletons")
 MARKER = "--8<--"
@@ -34,6 +37,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"run only this step (repeatable): {', '.join(STEP_NAMES)}")
     check.add_argument("--fast", action="store_true", help="fewer cases per step")
     check.add_argument("--package", action="store_true", help="check flashtile's own functions instead of DIR")
+    check.add_argument("-v", "--verbose", action="store_true",
+                       help="show every failing case (by default: the first of each step and a count)")
+    check.add_argument("--time-limit", type=float, default=TIME_LIMIT, metavar="SECONDS",
+                       help=f"fail a case (or a file's import) that runs longer than this (default {TIME_LIMIT:g})")
     sub.add_parser("steps", help="list the steps, their files and chapters")
     return parser
 # --8<-- [end:parser]
@@ -65,122 +72,232 @@ Your files may import each other (this folder is put on sys.path) and torch, tri
 
 
 def init(directory: Path, force: bool) -> int:
-    directory.mkdir(parents=True, exist_ok=True)
+    """Write the skeletons; exit status 1 when files are already there (without --force), 2 for a DIR that
+    cannot be a folder of files (an existing file, a path that cannot be written)."""
+    if directory.exists() and not directory.is_dir():
+        print(f"error: {directory} exists and is not a folder; give init a folder (new or existing)", file=sys.stderr)
+        return 2
     targets = {directory / f"{s.file}.py": SKELETONS / f"{s.file}.py" for s in STEPS}
     targets[directory / "README.md"] = None
     clash = [p for p in targets if p.exists()]
     if clash and not force:
         print(f"error: {', '.join(str(p) for p in clash)} already exist; use --force to overwrite", file=sys.stderr)
         return 1
-    for target, source in targets.items():
-        text = readme() if source is None else "".join(
-            line for line in source.read_text(encoding="utf-8").splitlines(keepends=True) if MARKER not in line)
-        target.write_text(text, encoding="utf-8")
-        print(f"wrote {target}")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        for target, source in targets.items():
+            text = readme() if source is None else "".join(
+                line for line in source.read_text(encoding="utf-8").splitlines(keepends=True) if MARKER not in line)
+            target.write_text(text, encoding="utf-8")
+            print(f"wrote {target}")
+    except OSError as exc:  # a read-only place, a file where a folder should be, a full disk
+        print(f"error: cannot write into {directory}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     print(f"\nnext: open {directory / 'README.md'}, then run: python -m flashtile.practice check {directory}")
     return 0
 
 
 # --8<-- [start:interpreter]
-def needs_interpreter() -> bool:
-    """No GPU, and TRITON_INTERPRET not set by the caller: Triton must be told before it is imported.
+def worker_environment() -> dict[str, str]:
+    """The worker's environment: TRITON_INTERPRET=1 when there is no GPU and the caller did not set it.
 
     Triton reads TRITON_INTERPRET when a @triton.jit function is defined, and triton.language defines
     some of its own (tl.sum, tl.max) when it is imported; ``import flashtile`` has already imported it
-    by the time this code runs. So ``check`` then re-runs itself in a fresh interpreter with the
-    variable set, before anything imports triton.
+    by the time this code runs. The worker is a fresh interpreter, so the variable is set before
+    anything there imports Triton.
     """
     import torch
 
-    return not torch.cuda.is_available() and "TRITON_INTERPRET" not in os.environ
-
-
-def rerun_with_interpreter(argv: list[str]) -> int:
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    return subprocess.call([sys.executable, "-m", "flashtile.practice", *argv], env=env)
+    env = dict(os.environ)
+    if not torch.cuda.is_available() and "TRITON_INTERPRET" not in env:
+        env["TRITON_INTERPRET"] = "1"
+    return env
 # --8<-- [end:interpreter]
 
 
-def backend() -> str:
+def backend(env: dict[str, str]) -> str:
     import torch
 
     if torch.cuda.is_available():
         return "compiled Triton on " + torch.cuda.get_device_name()
-    if os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "on", "yes", "y"):
+    if env.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "on", "yes", "y"):
         return "Triton interpreter on the CPU"
     return "no CUDA and TRITON_INTERPRET unset: Triton steps cannot run"
 
 
-class Loader:
-    """Imports the reader's DIR/<file>.py once each, or the package's own module for --package."""
+class Worker:
+    """One ``python -m flashtile.practice.worker`` process and the events it sends, one JSON line each."""
 
-    def __init__(self, directory: Path | None):
-        self.directory = directory
-        self.modules: dict[str, ModuleType] = {}
-        if directory is not None and str(directory.resolve()) not in sys.path:
-            sys.path.insert(0, str(directory.resolve()))  # the reader's files may import each other
+    def __init__(self, spec: dict, env: dict[str, str]):
+        posix = os.name == "posix"
+        self.proc = subprocess.Popen([sys.executable, "-m", "flashtile.practice.worker", json.dumps(spec)],
+                                     stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env, text=True,
+                                     start_new_session=posix)  # its own group: a kill ends its children too
+        self.events: queue.Queue = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
 
-    def load(self, step: Step) -> ModuleType:
-        if self.directory is None:
-            return importlib.import_module(step.package_module)
-        if step.file not in self.modules:
-            path = self.directory / f"{step.file}.py"
-            if not path.is_file():
-                raise FileNotFoundError(f"{path} does not exist (python -m flashtile.practice init writes it)")
-            spec = importlib.util.spec_from_file_location(f"practice_{step.file}", path)
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-            self.modules[step.file] = module
-        return self.modules[step.file]
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            try:
+                self.events.put(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+        self.events.put(None)  # the worker ended
+
+    def next(self, timeout: float):
+        """The next event, None when the worker ended, or TimeoutError after ``timeout`` seconds."""
+        try:
+            return self.events.get(timeout=timeout)
+        except queue.Empty:
+            raise TimeoutError from None
+
+    def exit_status(self) -> int | None:
+        try:
+            return self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                if os.name == "posix":
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                else:
+                    self.proc.kill()
+            except ProcessLookupError:
+                pass
+        self.proc.wait()
 
 
-def progress(case: Case, ok: bool) -> None:
+def progress(ok: bool) -> None:
     print("." if ok else "F", end="", flush=True)
 
 
 # --8<-- [start:check]
-def check(directory: Path | None, steps: list[str] | None, fast: bool) -> int:
+def check(directory: Path | None, steps: list[str] | None, fast: bool, verbose: bool = False,
+          time_limit: float = TIME_LIMIT) -> int:
+    """Run the chosen steps in a worker process; exit status 0 only when every case of every step passed."""
+    env = worker_environment()
     where = "flashtile's own functions" if directory is None else f"{directory}/"
-    print(f"checking {where} ({backend()}){', fast' if fast else ''}")
-    loader = Loader(directory)
+    print(f"checking {where} ({backend(env)}){', fast' if fast else ''}")
     chosen = [s for s in STEPS if not steps or s.name in steps]
-    results: list[StepResult] = []
-    for n, step in enumerate(chosen, 1):
-        print(f"[{n}/{len(chosen)}] {step.name:<15} {step.file + '.py':<19} ", end="", flush=True)
-        try:
-            impl = loader.load(step)
-        except Exception as exc:  # a syntax error or a failing import fails the step, with the message
-            result = StepResult(step)
-            result.failures.append(_import_failure(step, exc))
-        else:
-            result = run_step(step, impl, fast=fast, on_case=progress)
-        results.append(result)
-        print(f" {'ok' if result.ok else 'FAILED'}")
+    results = [StepResult(step) for step in chosen]
+    spec = {"dir": None if directory is None else str(directory), "steps": [s.name for s in chosen], "fast": fast}
+    position: tuple[int, int] | None = (0, 0)
+    while position is not None:  # a new worker after each case that timed out or ended the process
+        position = supervise(dict(spec, start=position), env, results, time_limit)
     for result in results:
         if not result.ok:
-            print("\n" + failure_report(result))
+            print("\n" + failure_report(result, verbose))
     print(summary_table(results))
-    return 0 if all(r.ok for r in results) else 1
+    return 0 if all(r.ok and r.passed for r in results) else 1
 # --8<-- [end:check]
 
 
-def failure_report(result: StepResult) -> str:
-    """The first failure of a step (it says the most): the case, the error, the hint, the chapter."""
+class WorkerError(RuntimeError):
+    """The worker process could not start or stopped answering outside the reader's code."""
+
+
+def supervise(spec: dict, env: dict[str, str], results: list[StepResult], time_limit: float):
+    """Run one worker from spec["start"]; return where the next worker must start, or None when done."""
+    worker = Worker(spec, env)
+    running = None  # (step, case index or None while importing, case name)
+    done = tuple(spec["start"])  # where a next worker would start: after the last case that ended
+    heard = False
+    try:
+        while True:
+            try:
+                # starting Python, torch and the interpreter is not the reader's time; a case or an import is
+                event = worker.next(time_limit if running else max(300.0, time_limit))
+            except TimeoutError:
+                if running is None:
+                    raise WorkerError("the worker process did not answer for 300 s") from None
+                return _lost(results, running, spec["fast"],
+                             f"TimeoutError: no answer within the time limit of {time_limit:g} s (an infinite loop? "
+                             "a loop far longer than the case needs?); the case was stopped",
+                             "look for a loop whose bound never moves (while without an update, a tile index "
+                             "that does not advance); raise the limit with --time-limit if your code is only slow")
+            if event is None:
+                status = worker.exit_status()
+                if not heard:
+                    raise WorkerError(f"the worker process ended before it started the battery (exit status {status})")
+                if running is None:  # e.g. a thread of the reader's ended the process: the step cannot go on
+                    step = done[0]
+                    if step >= len(results):
+                        return None
+                    running = (step, None, f"after the case {done[1]} of {results[step].step.name}")
+                return _lost(results, running, spec["fast"],
+                             f"the process running your code ended (exit status {status}) during this case: "
+                             "os._exit, a crash or a signal", "do not end the process from your code")
+            heard = True
+            step = event.get("step")
+            kind = event["event"]
+            if kind == "load":
+                running = (step, None, f"importing {results[step].step.file}.py")
+                if results[step].total == 0:
+                    print(f"[{step + 1}/{len(results)}] {results[step].step.name:<15} "
+                          f"{results[step].step.file + '.py':<19} ", end="", flush=True)
+            elif kind == "import_failed":
+                r = results[step]
+                r.failures.append(Failure(f"importing {r.step.file}.py", event["error"], event["hint"], r.step.chapter))
+                progress(False)
+                _end_step(r)
+                running, done = None, (step + 1, 0)
+            elif kind == "case":
+                running = (step, event["index"], event["name"])
+            elif kind == "result":
+                r = results[step]
+                if event["ok"]:
+                    r.passed += 1
+                else:
+                    r.failures.append(Failure(running[2], event["error"], event["hint"], r.step.chapter))
+                progress(event["ok"])
+                running, done = None, (step, event["index"] + 1)
+            elif kind == "step_end":
+                results[step].skipped = event["skipped"]
+                _end_step(results[step])
+                running, done = None, (step + 1, 0)
+            elif kind == "end":
+                return None
+    finally:
+        worker.kill()
+
+
+def _end_step(result: StepResult) -> None:
+    print(f" {'ok' if result.ok else 'FAILED'}")
+
+
+def _lost(results: list[StepResult], running, fast: bool, error: str, hint: str):
+    """Record the running case (or import) as failed; return where the next worker starts."""
+    step, index, name = running
+    r = results[step]
+    r.failures.append(Failure(name, error, hint, r.step.chapter))
+    progress(False)
+    if index is None:  # the import itself: the step cannot run
+        _end_step(r)
+        return (step + 1, 0) if step + 1 < len(results) else None
+    n_cases = len([c for c in r.step.cases() if c.fast or not fast])
+    if index + 1 < n_cases:
+        return (step, index + 1)
+    _end_step(r)
+    return (step + 1, 0) if step + 1 < len(results) else None
+
+
+def failure_report(result: StepResult, verbose: bool = False) -> str:
+    """A step's failures: the first (it says the most) and how many more, or with ``verbose`` every one,
+    each with the case, the error, the hint and the chapter."""
     if result.ok:
         return f"{result.step.name}: all {result.passed} cases pass"
-    failure, more = result.failures[0], len(result.failures) - 1
-    return "\n".join([
-        f"FAILED {result.step.name}: {failure.case}" + (f"  (and {more} more)" if more > 0 else ""),
-        f"  error: {failure.error}",
-        f"  hint:  {failure.hint}",
-        f"  read:  {SITE}{failure.chapter}",
-    ])
-
-
-def _import_failure(step: Step, exc: Exception):
-    from .battery import Failure, _short_error
-
-    return Failure(f"importing {step.file}.py", _short_error(exc), "fix the file so that it imports", step.chapter)
+    shown = result.failures if verbose else result.failures[:1]
+    more = len(result.failures) - len(shown)
+    lines = []
+    for failure in shown:
+        lines += [f"FAILED {result.step.name}: {failure.case}" + (f"  (and {more} more; -v shows them)"
+                                                                   if more > 0 else ""),
+                  f"  error: {failure.error}",
+                  f"  hint:  {failure.hint}",
+                  f"  read:  {SITE}{failure.chapter}"]
+    return "\n".join(lines)
 
 
 def summary_table(results: list[StepResult]) -> str:
@@ -209,6 +326,17 @@ def main(argv: list[str] | None = None) -> int:
         return list_steps()
     if args.dir is None and not args.package:
         build_parser().error("check needs DIR (or --package for flashtile's own functions)")
-    if needs_interpreter():
-        return rerun_with_interpreter(argv)
-    return check(None if args.package else args.dir, args.step, args.fast)
+    if not args.package and not args.dir.is_dir():
+        print(f"error: {args.dir} is not a folder (python -m flashtile.practice init {args.dir} writes one)",
+              file=sys.stderr)
+        return 2
+    if not args.time_limit > 0:
+        build_parser().error("--time-limit must be a positive number of seconds")
+    try:
+        return check(None if args.package else args.dir, args.step, args.fast, args.verbose, args.time_limit)
+    except WorkerError as exc:
+        print(f"\nerror: {exc}; its messages are above", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
