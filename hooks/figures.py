@@ -19,8 +19,9 @@ A figure pasted as a PNG drifts the moment the code changes. These are computed 
 * ``figures/perf-*.svg``: the performance chapter's measured plots (scale-up, ratio to cuDNN, roofline),
   drawn by ``flashtile.bench.plots`` from the committed JSON under ``bench/results/``.
 
-The same chapter shows ``bench/PERF_LOG.md``, the record of every kernel change with its prediction
-and outcome, where its source has the line ``<!-- perf-log -->`` (``on_page_markdown``): the log stays
+The appendix's lab notebook (``docs/appendix/lab-notebook.md``) shows ``bench/PERF_LOG.md``, the record
+of every kernel change with its prediction and outcome, where its source has the line
+``<!-- perf-log -->`` (``on_page_markdown``): the log stays
 the one source. (pymdownx.snippets could include it, but the drift test allows only named src sections.)
 """
 
