@@ -24,9 +24,11 @@ What they do not do (the package's kernels, ``flashtile.kernels.forward`` and ``
   magnitude 1e7 keeps fewer digits than in the package's kernels, which take the max of raw dots;
 * NaN and inf inputs are not part of their contract (the package's kernels define and test them).
 
-Launch settings, one plain choice: 64 x 64 tiles (BLOCK_Q x BLOCK_K) with 4 warps and 2 pipeline
-stages. Tiles whose rows hold 128 fp32 values (fp32 at D > 64) are halved to 32 x 32, and so is every
-backward tile at D > 64: there the dK/dV program holds k, v, dk and dv of its key tile in registers.
+Launch settings, one plain choice: 4 warps, 2 pipeline stages, and BLOCK_Q x BLOCK_K tiles of
+64 x 64 for fp16 and bf16. At D > 64 the backward takes 64 x 32: its dK/dV program holds k, v, dk
+and dv of its key tile in registers. fp32 multiplies in full fp32 on the CUDA cores, not in tf32 on
+the tensor cores, and needs far more registers: 16 x 32 tiles, 16 x 16 at D > 64. Compiled for
+sm_90 (the H200) none of these spills registers (tests/kernels/test_textbook.py compiles them).
 """
 
 from __future__ import annotations
@@ -288,10 +290,15 @@ def textbook_dq_kernel(
 def _check(q, k, v, causal, scale, alignment):
     """The package's checks (``flashtile._checks``, the errors ``flashtile.attention`` raises), then what
     only the textbook kernels add: no GQA, D <= 128, a device Triton runs on."""
-    shape = check_attention_inputs(q, k, v, dtypes=KERNEL_DTYPES)
+    shape = check_attention_inputs(q, k, v)
     check_causal(causal)
     check_alignment(alignment)
     scale = resolve_scale(scale, shape.D, q.dtype)
+    if q.dtype not in KERNEL_DTYPES:
+        raise TypeError(
+            f"q has dtype {str(q.dtype)[6:]}; the textbook kernels take float16, bfloat16 and float32 "
+            "(flashtile.attention runs float64 on its reference tier)"
+        )
     if shape.H_kv != shape.H:
         raise ValueError(
             f"q has {shape.H} heads but k and v have {shape.H_kv}: the textbook kernels take one key/value head "
@@ -307,11 +314,11 @@ def _check(q, k, v, causal, scale, alignment):
 
 
 def textbook_blocks(head_dim: int, dtype: torch.dtype, backward: bool = False) -> tuple[int, int]:
-    """(BLOCK_Q, BLOCK_K): 64 x 64, or 32 x 32 for tiles whose rows hold 128 fp32 values and for every
-    backward tile at D > 64 (see the module docstring)."""
+    """(BLOCK_Q, BLOCK_K) of the forward, or of the backward's dK/dV and dQ kernels (module docstring)."""
     pad = head_dim_pad(head_dim)
-    small = pad > 64 and (backward or dtype == torch.float32)
-    return (32, 32) if small else (64, 64)
+    if dtype == torch.float32:  # full-fp32 dots on the CUDA cores: small tiles, or registers spill
+        return (16, 32) if pad <= 64 else (16, 16)
+    return (64, 32) if backward and pad > 64 else (64, 64)
 
 
 NUM_WARPS, NUM_STAGES = 4, 2
