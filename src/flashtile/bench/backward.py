@@ -11,11 +11,13 @@ set under ``bench/results/`` (``--set main,models`` picks sets; both by default)
 Providers: ``flashtile`` (``flashtile.attention``: the deterministic default, dQ in its own kernel, TMA
 loads where ``backward_config`` picks them), ``flashtile_atomic_dq`` (the same kernels with
 ``deterministic=False``: dQ added up with float32 atomics inside the dK/dV kernel),
-``flashtile_pointers`` (the default with ``tma=False``: what the TMA loads buy), ``sdpa_cudnn`` and
-``sdpa_flash``; ``--providers`` also takes ``flashtile_tma`` (``tma=True``) and ``flashtile_rotated``
-(``rotate=True``). Each provider is timed on its backward alone: the forward runs once, then
-``o.backward(do, retain_graph=True)`` is timed, the same way for every provider. Before timing, each
-provider's dq, dk, dv are checked against SDPA's flash backend (cuDNN's where flash refuses the shape).
+``flashtile_pointers`` (the default with ``tma=False``: what the TMA loads buy), ``flashtile_textbook``
+(``kernels.textbook``: the chapters' first forward and backward kernels, fixed tiles, pointer loads; its
+row says "skipped" at GQA shapes and head dims above 128), ``sdpa_cudnn`` and ``sdpa_flash``;
+``--providers`` also takes ``flashtile_tma`` (``tma=True``). Each provider is timed on its backward
+alone: the forward runs once, then ``o.backward(do, retain_graph=True)`` is timed, the same way for
+every provider. Before timing, each provider's dq, dk, dv are checked against SDPA's flash backend
+(cuDNN's where flash refuses the shape).
 A provider that cannot run a shape gets ``ms: null`` and a short ``error``; flashtile must run every shape.
 Rows follow BENCH_SCHEMA.md (``pass: "backward"``, ``Tq``, ``Tk``, ``H_kv``, ``layout``, ``dtype``).
 ``--sweep`` times launch configs of the backward launcher instead (how ``kernels.backward.backward_config``
@@ -31,15 +33,16 @@ import torch
 
 from .common import RESULTS, attention_tflops, median_ms, save_result
 from .forward import error_reason, free_memory
-from .providers import _sdpa, make_inputs
+from .providers import _sdpa, make_inputs, textbook_skip
 from .shapes import describe, model_shapes, shape, standard_sweep
 
 SETS = {  # set name -> (result file under bench/results, shapes)
     "main": ("backward.json", lambda: standard_sweep("bf16")),
     "models": ("backward-models.json", model_shapes),
 }
-DEFAULT_PROVIDERS = ("flashtile", "flashtile_atomic_dq", "flashtile_pointers", "sdpa_cudnn", "sdpa_flash")
-OPTIONAL_PROVIDERS = ("flashtile_tma", "flashtile_rotated")
+DEFAULT_PROVIDERS = ("flashtile", "flashtile_atomic_dq", "flashtile_pointers", "flashtile_textbook", "sdpa_cudnn",
+                     "sdpa_flash")
+OPTIONAL_PROVIDERS = ("flashtile_tma",)
 SWEEP_SHAPES = [shape(16384 // 8192, 2048 // D, 8192, D, causal) for D in (64, 128) for causal in (False, True)]
 SWEEP_DKDV = [  # (block_q, block_k, warps, stages): query rows per step x keys resident
     (32, 128, 8, 3), (32, 64, 8, 3), (32, 128, 8, 2), (32, 64, 8, 2), (16, 128, 8, 2), (16, 128, 8, 3),
@@ -81,6 +84,26 @@ class LauncherBackward(torch.autograd.Function):
         return (*grads, None, None)
 
 
+class TextbookAttention(torch.autograd.Function):
+    """The textbook forward, and the textbook backward (delta, dK/dV and dQ kernels) as its gradient."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal):
+        from ..kernels.textbook import textbook_forward
+
+        o, lse = textbook_forward(q, k, v, causal)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.causal = causal
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        from ..kernels.textbook import textbook_backward
+
+        q, k, v, o, lse = ctx.saved_tensors
+        return (*textbook_backward(q, k, v, o, lse, do, ctx.causal), None)
+
+
 def providers(shape: dict, names) -> dict:
     """name -> (q, k, v) -> o with autograd, for the providers in ``names`` (in that order)."""
     from ..api import attention
@@ -92,7 +115,7 @@ def providers(shape: dict, names) -> dict:
         "flashtile_atomic_dq": launcher(deterministic=False),
         "flashtile_pointers": launcher(tma=False),
         "flashtile_tma": launcher(tma=True),
-        "flashtile_rotated": launcher(rotate=True),
+        "flashtile_textbook": lambda q, k, v: TextbookAttention.apply(q, k, v, causal),
         "sdpa_cudnn": _sdpa("CUDNN_ATTENTION", causal, gqa),
         "sdpa_flash": _sdpa("FLASH_ATTENTION", causal, gqa),
     }
@@ -129,6 +152,9 @@ def measure(shape: dict, names) -> list[dict]:
         except RuntimeError as exc:
             failed[name] = error_reason(exc)
     for name, fn in fns.items():
+        if name == "flashtile_textbook" and textbook_skip(shape):  # a shape it does not take: a row says so
+            rows.append(schema_row(shape, name, error=textbook_skip(shape)))
+            continue
         try:
             leaves, o = gradients(fn, q, k, v, do)
         except (RuntimeError, torch.OutOfMemoryError) as exc:

@@ -5,6 +5,8 @@ shape's layout, returning o (B, H, Tq, D) in the inputs' dtype (any strides):
 
 - ``flashtile``: the Triton launcher ``kernels.forward.flash_attention`` (GQA natively, any strides),
   with a launch config when the benchmark asks for one;
+- ``flashtile_textbook``: ``kernels.textbook.textbook_forward``, the chapters' first kernel (fixed tiles,
+  pointer loads); skipped (``Skip``) at GQA shapes and head dims above 128, which it does not take;
 - ``sdpa_cudnn``, ``sdpa_flash``, ``sdpa_efficient``, ``sdpa_math``: PyTorch's
   ``scaled_dot_product_attention`` pinned to one backend with ``torch.nn.attention.sdpa_kernel``
   (``enable_gqa=True`` where H_kv < H); a backend that refuses a shape raises, and the row says why;
@@ -22,8 +24,8 @@ import math
 
 import torch
 
-PROVIDERS = ("flashtile", "flashtile_rotated", "sdpa_cudnn", "sdpa_flash", "sdpa_efficient", "sdpa_math", "flex",
-             "naive")  # flashtile_rotated: flash_attention(..., rotate_keys=True), measured and off by default
+PROVIDERS = ("flashtile", "flashtile_textbook", "sdpa_cudnn", "sdpa_flash", "sdpa_efficient", "sdpa_math", "flex",
+             "naive")
 SDPA_BACKENDS = {
     "sdpa_cudnn": "CUDNN_ATTENTION",
     "sdpa_flash": "FLASH_ATTENTION",
@@ -126,6 +128,17 @@ def math_scores_bytes(shape: dict) -> int:
     return 4 * shape["B"] * shape["H"] * shape["Tq"] * shape["Tk"]
 
 
+def textbook_skip(shape: dict) -> str | None:
+    """Why the textbook kernels do not run ``shape`` (a row's ``error``), or None where they do."""
+    from ..kernels.textbook import TEXTBOOK_MAX_HEAD_DIM
+
+    if shape["H_kv"] != shape["H"]:
+        return "skipped: the textbook kernel has no GQA"
+    if shape["D"] > TEXTBOOK_MAX_HEAD_DIM:
+        return f"skipped: the textbook kernel takes head dims up to {TEXTBOOK_MAX_HEAD_DIM}"
+    return None
+
+
 def _sdpa(backend_name: str, causal: bool, gqa: bool):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -157,11 +170,17 @@ def build(name: str, shape: dict, device="cuda", launch: dict | None = None):
     ``launch`` (block_q, block_k, num_warps, num_stages) goes to flashtile's launcher only.
     """
     causal, gqa = shape["causal"], shape["H_kv"] != shape["H"]
-    if name in ("flashtile", "flashtile_rotated"):
+    if name == "flashtile":
         from ..kernels.forward import flash_attention
 
-        launch = dict(launch or {}, rotate_keys=name == "flashtile_rotated")
+        launch = dict(launch or {})
         return lambda q, k, v: flash_attention(q, k, v, causal=causal, **launch)[0]
+    if name == "flashtile_textbook":
+        from ..kernels.textbook import textbook_forward
+
+        if textbook_skip(shape):
+            raise Skip(textbook_skip(shape))
+        return lambda q, k, v: textbook_forward(q, k, v, causal)[0]
     if name == "sdpa_math" and math_scores_bytes(shape) > MATH_BUDGET_BYTES:
         raise Skip(f"skipped: fp32 scores {math_scores_bytes(shape) / 2**30:.0f} GiB > 8 GiB budget")
     if name in SDPA_BACKENDS:

@@ -28,7 +28,8 @@ from .shapes import STANDARD_D, STANDARD_T, is_standard
 
 ATTENTION_PROVIDERS = ("flashtile", "sdpa_cudnn", "sdpa_flash")
 # Every forward provider, in table order, with its column name.
-FORWARD_PROVIDERS = {"flashtile": "flashtile", "flashtile_rotated": "flashtile, rotated", "sdpa_cudnn": "cuDNN",
+FORWARD_PROVIDERS = {"flashtile": "flashtile", "flashtile_textbook": "textbook",
+                     "flashtile_rotated": "flashtile, rotated", "sdpa_cudnn": "cuDNN",
                      "sdpa_flash": "flash",
                      "sdpa_efficient": "efficient", "sdpa_math": "math", "flex": "flex", "naive": "naive"}  # fmt: skip
 BLOCK = re.compile(r"(<!-- bench-table: (?P<name>[a-z0-9-]+) -->\n)(?P<body>.*?)(<!-- /bench-table -->)", re.S)
@@ -85,17 +86,19 @@ def forward_table(result: dict) -> list[str]:
 
     The ratio comes first in every table with a dozen columns: on a phone only the first few columns
     are on screen, and the ratio is what a reader looks for."""
+    # the textbook kernel's columns, once a run has measured it
+    textbook = ("flashtile_textbook",) if any(r["provider"] == "flashtile_textbook" for r in result["rows"]) else ()
     lines = [
         _line(["flashtile / cuDNN", "B", "H", "T", "D", "causal", "flashtile ms", "TFLOP/s", "cuDNN ms", "TFLOP/s",
-               "flash ms", "TFLOP/s"]),  # fmt: skip
-        _line(["---"] * 12),
+               "flash ms", "TFLOP/s", *(["textbook ms", "TFLOP/s"] if textbook else [])]),  # fmt: skip
+        _line(["---"] * (12 + 2 * len(textbook))),
     ]
     keep = lambda r: (r["pass"] == "forward" and r["dtype"] == "bf16" and r["layout"] == "bhtd"
                       and r["H_kv"] == r["H"] and r["Tq"] == r["Tk"])  # fmt: skip
     shape_of = lambda r: (r["B"], r["H"], r["Tq"], r["D"], r["causal"])
     for (B, H, T, D, causal), by in _group([r for r in result["rows"] if keep(r)], shape_of).items():
         cells = [B, H, T, D, "yes" if causal else "no"]
-        for p in ATTENTION_PROVIDERS:
+        for p in (*ATTENTION_PROVIDERS, *textbook):
             row = by.get(p)
             cells += [f"{row['ms']:.3f}", f"{row['tflops']:.1f}"] if _ok(row) else [short_reason(row)] * 2
         ours, cudnn = by.get("flashtile"), by.get("sdpa_cudnn")
@@ -188,6 +191,7 @@ BACKWARD_OPTIONS = {  # other flashtile providers: (column, ratio column); each 
     "flashtile_atomic_dq": ("flashtile, atomic dQ", "atomic dQ / cuDNN"),
     "flashtile_pointers": ("flashtile, pointer loads", "pointers / cuDNN"),
     "flashtile_tma": ("flashtile, TMA", "TMA / cuDNN"),
+    "flashtile_textbook": ("flashtile, textbook", "textbook / cuDNN"),
     "flashtile_rotated": ("flashtile, rotated", "rotated / cuDNN"),
 }
 
