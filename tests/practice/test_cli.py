@@ -88,13 +88,6 @@ def test_check_names_the_failing_case_of_a_planted_bug_and_exits_nonzero(tmp_pat
     assert "0 of 1 steps pass" in proc.stdout
 
 
-def test_a_file_that_does_not_import_fails_its_step_with_the_error(tmp_path):
-    (tmp_path / "online_softmax.py").write_text("def online_softmax_update(:\n", encoding="utf-8")
-    proc = practice("check", tmp_path, "--step", "online_softmax")
-    assert proc.returncode == 1
-    assert "FAILED online_softmax: importing online_softmax.py" in proc.stdout and "SyntaxError" in proc.stdout
-
-
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter is chosen only without CUDA")
 def test_check_turns_the_interpreter_on_by_itself_and_prints_no_interpreter_warning():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -104,9 +97,10 @@ def test_check_turns_the_interpreter_on_by_itself_and_prints_no_interpreter_warn
     assert "Warning" not in proc.stderr, proc.stderr  # numpy's "invalid value" from the interpreter is not shown
 
 
-def test_check_without_a_directory_is_a_usage_error():
-    proc = practice("check")
-    assert proc.returncode == 2 and "check needs DIR" in proc.stderr
+def test_check_without_a_directory_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["check"])
+    assert exit_.value.code == 2 and "check needs DIR" in capsys.readouterr().err
 
 
 def test_init_on_a_file_or_an_unwritable_path_is_a_clean_error(tmp_path, capsys, monkeypatch):
@@ -178,13 +172,15 @@ def flash_attention_backward(*args, **kwargs):
     return right(*args, **kwargs)
 """,
     "fused_softmax.py": "raise SystemExit(0)\n",
+    "forward_kernel.py": "def flash_attention(:\n",  # and a file that does not even parse
 }
 
 
 def test_the_readers_code_cannot_stop_or_hang_the_checker(tmp_path):
     for name, text in HOSTILE.items():
         (tmp_path / name).write_text(text, encoding="utf-8")
-    steps = [a for s in ("online_softmax", "forward", "backward", "fused_softmax") for a in ("--step", s)]
+    steps = [a for s in ("online_softmax", "forward", "backward", "fused_softmax", "forward_kernel")
+             for a in ("--step", s)]
     proc = practice("check", tmp_path, *steps, "--fast", "-v", "--time-limit", "5")
     out = proc.stdout
     assert proc.returncode == 1, out + proc.stderr
@@ -194,11 +190,13 @@ def test_the_readers_code_cannot_stop_or_hang_the_checker(tmp_path):
     assert "FAILED backward: B=1 H=2 Tq=32 Tk=32" in out and "ended (exit status 0) during this case" in out
     assert "leaving now" in proc.stderr  # the reader's prints reach the terminal, not the checker's channel
     assert "FAILED fused_softmax: importing fused_softmax.py" in out
+    assert "FAILED forward_kernel: importing forward_kernel.py" in out and "SyntaxError" in out
     counts = {line.split()[0]: line.split()[-1] for line in out.splitlines()
-              if line.split() and line.split()[0] in ("online_softmax", "forward", "backward", "fused_softmax")}
+              if line.split() and line.split()[0] in {s.name for s in STEPS}}
     fast = {s.name: len([c for c in s.cases() if c.fast]) for s in STEPS}
     # every case after the one that hung or ended the process still ran, and passed
     assert counts == {"online_softmax": f"{fast['online_softmax'] - 1}/{fast['online_softmax']}",
                       "forward": f"{fast['forward'] - 1}/{fast['forward']}",
-                      "backward": f"{fast['backward'] - 1}/{fast['backward']}", "fused_softmax": "0/1"}, out
-    assert "0 of 4 steps pass" in out
+                      "backward": f"{fast['backward'] - 1}/{fast['backward']}", "fused_softmax": "0/1",
+                      "forward_kernel": "0/1"}, out
+    assert "0 of 5 steps pass" in out
