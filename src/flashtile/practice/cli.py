@@ -58,13 +58,17 @@ this order, and check each step as you go:
     python -m flashtile.practice check . --step online_softmax
     python -m flashtile.practice check .          # every step
     python -m flashtile.practice check . --fast   # fewer cases, quicker
+    python -m flashtile.practice check . -v       # every failing case, not only the first of each step
 
 | # | step | file | functions | chapter |
 |---|---|---|---|---|
 {rows}
 
 The checker compares against a float64 truth computed from the definition (einsum and torch.softmax).
-A failing case is named by its shapes, alignment and block sizes, with the error and a hint.
+A failing case is named by its shapes, alignment and block sizes, with the error and a hint chosen
+from what your output looks like. Your code runs in a separate process with a time limit per case
+(--time-limit, 60 s by default), so a hang or a sys.exit fails its case and the rest still run; the
+exit status is 0 only when every case passed.
 Triton steps run through the Triton interpreter when there is no CUDA device (the checker sets
 TRITON_INTERPRET=1 before it imports your files); use float32 or float16 there, never bfloat16.
 Your files may import each other (this folder is put on sys.path) and torch, triton, numpy.

@@ -1,7 +1,8 @@
 """Steps 2 and 3: the tiled forward, then causal masking. Read part-a/forward and part-a/causal-tiles.
 
 One query tile of block_q rows keeps (m, l, acc) while it walks the key tiles of block_k columns;
-never form the whole Tq x Tk score matrix. Check with:
+never form the whole Tq x Tk score matrix (one case measures the largest tensor you create), and
+under causal never load a key tile the query tile cannot see (one case puts NaN there). Check with:
     python -m flashtile.practice check DIR --step forward
     python -m flashtile.practice check DIR --step causal
 """
