@@ -289,7 +289,10 @@ def with_symptom(check: Callable[[], None], symptom: Callable[[], str | None]) -
     try:
         check()
     except PracticeFailure as exc:
-        exc.hint = symptom() or exc.hint
+        try:
+            exc.hint = symptom() or exc.hint
+        except Exception:  # the diagnosis (which may call the implementation again) must not replace the failure
+            pass
         raise
 
 
