@@ -99,6 +99,19 @@ def test_strided_views_are_read_in_place():
         torch.testing.assert_close(g, g_c)
 
 
+def test_negative_bit_views_are_read_as_their_values():
+    """A view with the negative bit (its memory holds -x) gives what its values give, as in flashtile.attention."""
+    q, k, v, do = make_inputs(1, 2, 37, 37, 16, F32, seed=12)
+    neg = lambda x: torch._neg_view(-x)  # noqa: E731 - values x, memory -x
+    assert neg(q).is_neg() and torch.equal(neg(q), q)
+    o, lse = textbook_forward(q, k, v, True)
+    o_n, lse_n = textbook_forward(neg(q), neg(k), neg(v), True)
+    assert torch.equal(o, o_n) and torch.equal(lse, lse_n)
+    grads = textbook_backward(q, k, v, o, lse, do, True)
+    for g, g_n in zip(grads, textbook_backward(neg(q), k, v, neg(o), lse, neg(do), True)):
+        assert torch.equal(g, g_n)
+
+
 def test_lse_means_what_the_package_lse_means():
     """The textbook backward runs on flashtile.attention's (o, lse), and the textbook's lse is the package's."""
     q, k, v, do = make_inputs(1, 2, 130, 70, 64, F32, seed=8)

@@ -45,6 +45,7 @@ from .._checks import (
     check_causal,
     check_like,
     check_lse,
+    resolve_neg_bits,
     resolve_scale,
 )
 from ..reference.causal import diagonal_offset
@@ -327,6 +328,7 @@ NUM_WARPS, NUM_STAGES = 4, 2
 # --8<-- [start:textbook-launch]
 def textbook_forward(q, k, v, causal=False, scale=None, *, alignment="upper_left"):
     """(o, lse): o (B, H, Tq, D) in q's dtype, contiguous; lse (B, H, Tq) float32, natural log."""
+    q, k, v = resolve_neg_bits(q, k, v)  # a negative view's memory holds -x, and the kernels read memory
     (B, H, _, Tq, Tk, D), scale, offset = _check(q, k, v, causal, scale, alignment)
     o = torch.empty((B, H, Tq, D), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, H, Tq), dtype=torch.float32, device=q.device)
@@ -341,6 +343,7 @@ def textbook_forward(q, k, v, causal=False, scale=None, *, alignment="upper_left
 
 def textbook_backward(q, k, v, o, lse, do, causal=False, scale=None, *, alignment="upper_left"):
     """(dq, dk, dv), each contiguous in its input's dtype, from the forward's o and lse and the incoming dO."""
+    q, k, v, o, lse, do = resolve_neg_bits(q, k, v, o, lse, do)
     shape, scale, offset = _check(q, k, v, causal, scale, alignment)
     check_like("o", o, "q", q)
     check_like("do", do, "q", q)
