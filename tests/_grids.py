@@ -4,6 +4,7 @@ A grid of four axes of 3, 4, 2 and 2 values has 48 cases; most bugs need one val
 pair of values of two axes, to show. ``covering`` keeps a set of cases in which every pair of values of
 any two axes appears at least once (12 cases for the grid above), chosen greedily in a fixed order, so
 the same cases run every time. ``make test-long`` (FLASHTILE_TEST_LONG=1) runs the whole grid instead.
+``covering_rows`` does the same for a hand-made list of cases, pairing the features each case has.
 """
 
 from __future__ import annotations
@@ -36,6 +37,25 @@ def covering_indices(sizes: list[int], full: bool = LONG) -> list[tuple[int, ...
         chosen.append(best)
         uncovered -= _pairs(best)
     return sorted(chosen)
+
+
+def covering_rows(rows: list, features) -> list:
+    """The rows (in their order) of a subset of ``rows`` in which every pair of feature values that some
+    row has is still had by some kept row; ``features(row)`` is a tuple of hashable values, the same
+    length for every row. For a hand-made list of cases, where the full product would not make sense.
+    With FLASHTILE_TEST_LONG, every row."""
+    if LONG:
+        return list(rows)
+    pairs = []
+    for f in map(features, rows):
+        singles = {(a, f[a]) for a in range(len(f))}  # a value no other value pairs with still counts
+        pairs.append(singles | {(a, f[a], b, f[b]) for a, b in itertools.combinations(range(len(f)), 2)})
+    uncovered, kept = set().union(*pairs), set()
+    while uncovered:
+        best = max(range(len(rows)), key=lambda n: len(pairs[n] & uncovered))
+        kept.add(best)
+        uncovered -= pairs[best]
+    return [row for n, row in enumerate(rows) if n in kept]
 
 
 def covering(**axes: list | dict) -> list:

@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from _grids import covering, covering_indices
+from _grids import covering, covering_indices, covering_rows
 
 
 @pytest.mark.parametrize("sizes", [[3, 4, 2, 2], [3, 3, 2, 2], [3, 2, 2, 2], [2, 3, 3], [5, 2, 4], [4, 4, 4, 4, 4]])
@@ -34,3 +34,12 @@ def test_the_full_grid_and_the_params_unpack_tuples_with_readable_ids():
     params = covering(mask={"full": (False, "upper_left"), "causal": (True, "upper_left")}, T=[(16, 16), (37, 23)])
     assert {p.id for p in params} == {"full-16x16", "full-37x23", "causal-16x16", "causal-37x23"}
     assert all(len(p.values) == 4 for p in params)
+
+
+def test_rows_keep_every_pair_of_features_some_row_has():
+    rows = [(d, t, causal) for d in (64, 128, 256) for t in ("bf16", "fp16") for causal in (False, True)]
+    rows += [(80, "bf16", False), (96, "fp16", True)]
+    kept = covering_rows(rows, lambda r: r)
+    assert len(kept) < len(rows) and set(kept) <= set(rows)
+    for a, b in itertools.combinations(range(3), 2):
+        assert {(r[a], r[b]) for r in kept} == {(r[a], r[b]) for r in rows}

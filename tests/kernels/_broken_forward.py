@@ -92,7 +92,7 @@ def forward_assuming_contiguous_strides(q, k, v, causal=False, alignment="upper_
         *contiguous_strides(q), *contiguous_strides(k), *contiguous_strides(v), *o.stride(),
         H, H // H_kv, Tq, Tk, diagonal_offset(Tq, Tk, alignment), units.qk_scale, B * H * Tq, 1,
         HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D), BLOCK_Q=16, BLOCK_K=16, CAUSAL=causal, SIGN=units.sign,
-        USE_TMA=False, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", ROTATE_KEYS=False,
+        USE_TMA=False, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         INTERPRETED=q.device.type == "cpu", HEAVIEST_FIRST=False, MASKED_TILES=True,
     )
     return o, row_stats[0]

@@ -122,22 +122,6 @@ def test_tma_loads_match_float64_autograd_and_the_pointer_path(causal, alignment
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5, msg=lambda m, name=name: f"{name}: {m}")
 
 
-@pytest.mark.parametrize("deterministic", [True, False], ids=["deterministic", "atomic_dq"])
-@pytest.mark.parametrize("causal,alignment", ATTN, ids=["full", "causal_ul", "causal_lr"])
-def test_rotated_tile_order_matches_float64_autograd(causal, alignment, deterministic):
-    """rotate=True: both kernels walk their unmasked tiles from their own tile index on. Same gradients
-    up to rounding; without a mask the sums run in another order, so some last bits must change."""
-    q, k, v, do = make_inputs(1, 4, 2, 70, 100, 16, F32, seed=17)
-    blocks = dict(block_q=16, block_k=16, deterministic=deterministic)
-    rotated = kernel_gradients(q, k, v, do, causal, alignment, rotate=True, **blocks)
-    assert_gradients_close(rotated, reference_gradients(q, k, v, do, causal, alignment)[1], F32)
-    if not causal:
-        default = kernel_gradients(q, k, v, do, causal, alignment, **blocks)
-        assert any(not torch.equal(a, b) for a, b in zip(rotated, default))
-    with pytest.raises(TypeError, match="rotate must be a bool"):
-        kernel_gradients(q, k, v, do, causal, alignment, rotate=1)
-
-
 def test_tma_true_is_refused_for_a_layout_the_copy_engine_cannot_step():
     q, k, v, do = make_inputs(1, 2, 2, 20, 20, 20, F16, seed=1)  # 40-byte rows: not a multiple of 16 bytes
     o, lse, stats = flash_attention(q, k, v, return_stats=True)
@@ -289,9 +273,10 @@ def test_backward_rejects_bad_input_with_a_clear_message(override, error, match)
 
 
 
-@pytest.mark.parametrize("kv_split", [2, 4])
-@pytest.mark.parametrize("deterministic", [True, False], ids=["deterministic", "atomic_dq"])
-@pytest.mark.parametrize("causal,alignment", ATTN, ids=["full", "causal_ul", "causal_lr"])
+@pytest.mark.parametrize(
+    "causal,alignment,deterministic,kv_split",
+    covering(mask=MASKS, order={"deterministic": True, "atomic_dq": False}, kv_split=[2, 4]),
+)
 def test_split_gqa_groups_match_float64_autograd(causal, alignment, deterministic, kv_split):
     # Each (key tile, kv head) shared by kv_split programs, each summing part of the group's query heads
     # into float32 partials that the launcher adds up: every head must be counted once, in the right plane.

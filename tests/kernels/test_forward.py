@@ -51,19 +51,6 @@ def test_forward_matches_naive_on_ragged_causal_and_gqa_shapes(case, tma):
     _run_and_check(q, k, v, causal, alignment, block_q=16, block_k=16, tma=tma)
 
 
-@pytest.mark.parametrize("tma", [True, False], ids=["tma", "pointers"])
-@pytest.mark.parametrize("causal,alignment,Tq,Tk", [(False, "upper_left", 45, 100), (True, "lower_right", 37, 100)])
-def test_rotated_key_order_matches_naive_and_really_reorders(causal, alignment, Tq, Tk, tma):
-    """rotate_keys=True visits the unmasked key tiles from the program's own query-tile index on: the
-    same softmax, so the float64 truth still holds; the sum runs in another order, so at least one
-    output differs from the default order's in its last bits (else the switch did nothing)."""
-    gen = torch.Generator().manual_seed(Tq * 7 + Tk)
-    q, k, v = randn(1, 2, Tq, 32, generator=gen), randn(1, 2, Tk, 32, generator=gen), randn(1, 2, Tk, 32, generator=gen)
-    rotated, _ = _run_and_check(q, k, v, causal, alignment, block_q=16, block_k=16, tma=tma, rotate_keys=True)
-    default, _ = flash_attention(q, k, v, causal=causal, alignment=alignment, block_q=16, block_k=16, tma=tma)
-    assert not torch.equal(rotated, default)
-
-
 @pytest.mark.parametrize("block_q,block_k", [(16, 32), (32, 16)])
 def test_forward_matches_naive_when_block_q_differs_from_block_k(block_q, block_k):
     q, k, v = randn(1, 2, 45, 32), randn(1, 2, 45, 32), randn(1, 2, 45, 32)
@@ -156,7 +143,6 @@ def test_forward_rejects_bad_tensors(kwargs, error, match):
         (dict(alignment="lower_left"), ValueError, "alignment must be one of"),
         (dict(scale=float("inf")), ValueError, "scale must be finite"),
         (dict(tma="yes"), TypeError, "tma must be a bool"),
-        (dict(rotate_keys=1), TypeError, "rotate_keys must be a bool"),
     ],
 )
 def test_forward_rejects_bad_arguments(kwargs, error, match):

@@ -30,7 +30,7 @@ for use_tma in (False, True):
         types.update(Q=f"tensordesc<bf16[1, 1, {BLOCK_Q}, {D}]>", K=f"tensordesc<bf16[1, 1, {BLOCK_K}, {D}]>",
                      V=f"tensordesc<bf16[1, 1, {BLOCK_K}, {D}]>")
     constexprs = dict(HEAD_DIM=D, HEAD_DIM_PAD=D, BLOCK_Q=BLOCK_Q, BLOCK_K=BLOCK_K, CAUSAL=True, SIGN=1,
-                      USE_TMA=use_tma, DOT_PRECISION="tf32", ROTATE_KEYS=False, INTERPRETED=False)
+                      USE_TMA=use_tma, DOT_PRECISION="tf32", INTERPRETED=False)
     kernel = sm90(forward._forward_kernel, types, constexprs, num_warps=8, num_stages=3)
     out["tma" if use_tma else "pointers"] = kernel.asm["ptx"]
 print(json.dumps(out))

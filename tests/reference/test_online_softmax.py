@@ -7,7 +7,6 @@ from flashtile.reference.online_softmax import (
     lse_from_stats,
     merge,
     online_softmax_stats,
-    softmax_from_stats,
 )
 
 
@@ -41,8 +40,6 @@ def test_all_minus_inf_row_gives_m_minus_inf_l_zero_and_no_nan():
     assert not torch.isnan(m).any() and not torch.isnan(l).any()
     lse = lse_from_stats(m, l)
     assert lse[0].item() == float("-inf") and lse[1].item() == 0.5
-    p = softmax_from_stats(x, m, l)
-    assert not torch.isnan(p).any() and p[0].sum() == 0 and p[1, 4] == 1
 
 
 @pytest.mark.parametrize("split", [1, 5, 20, 36])
@@ -66,7 +63,8 @@ def test_merge_is_commutative_and_associative(rand):
         torch.testing.assert_close(lse_from_stats(*left), lse_from_stats(*other), rtol=0, atol=1e-12)
 
 
-def test_softmax_from_stats_matches_torch_softmax(rand):
+def test_the_stats_give_torch_softmax_in_a_second_pass(rand):
     x = rand(6, 50, scale=10.0)
     m, l = online_softmax_stats(x, 16)
-    torch.testing.assert_close(softmax_from_stats(x, m, l), torch.softmax(x, -1), rtol=0, atol=1e-14)
+    p = torch.exp(x - m[..., None]) / l[..., None]  # the second pass, written out here
+    torch.testing.assert_close(p, torch.softmax(x, -1), rtol=0, atol=1e-14)

@@ -49,8 +49,8 @@ def interleaved_us_per_call(tasks: dict, repeats: int = REPEATS, warmup: int = W
     """{key: median µs per call} for ``tasks`` = {key: (fn, calls)}, the tasks taking turns.
 
     Round r times one loop of ``calls`` calls and one ``sync()`` for every task in turn, so a drift of
-    the host's speed during the run (SDPA's forward measured 17 to 26 µs in loops minutes apart on one
-    machine) falls on every entry point alike instead of on whichever ran during it.
+    the host's speed during the run (loops minutes apart on one machine differ by tens of percent)
+    falls on every entry point alike instead of on whichever ran during it.
     """
     sync = sync or torch.cuda.synchronize
     for fn, _ in tasks.values():

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import copy
 import os
-import time
 
 import torch
 
@@ -141,16 +140,6 @@ def _median_ms(fn) -> float:
     from .common import median_ms
 
     return median_ms(fn, warmup=WARMUP_MS, rep=REP_MS)
-
-
-def wall_clock_ms(fn, repeats: int = 3) -> float:
-    """A timer for machines without CUDA (tests): median wall-clock time of ``repeats`` calls."""
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - start) * 1e3)
-    return sorted(times)[len(times) // 2]
 
 
 def run(out, check: bool = True, extra: bool = True) -> dict:

@@ -84,7 +84,6 @@ def head_batch_grid(n_tiles: int, heads: int, batch: int) -> tuple[int, int, int
 
 
 # --8<-- [start:launch_order]
-# --8<-- [start:heaviest_first]
 @triton.jit
 def program_tile(chunk, HEAVY_TILE_LAST: tl.constexpr, HEAVIEST_FIRST: tl.constexpr):
     """(tile, plane, batch) of this program in a (tiles, planes, batch) grid, as int32.
@@ -98,6 +97,7 @@ def program_tile(chunk, HEAVY_TILE_LAST: tl.constexpr, HEAVIEST_FIRST: tl.conste
     head's second heaviest. Programs that run together then belong to different heads; the launcher
     sizes the chunk so that what one chunk's heads read still fits in L2 (``heaviest_first_chunk``).
     """
+    # --8<-- [start:heaviest_first]
     tile = tl.program_id(0)
     plane = tl.program_id(1)
     b = tl.program_id(2)
@@ -115,7 +115,7 @@ def program_tile(chunk, HEAVY_TILE_LAST: tl.constexpr, HEAVIEST_FIRST: tl.conste
     if HEAVY_TILE_LAST:
         tile = n_tiles - 1 - tile
     return tile, plane, b
-# --8<-- [end:heaviest_first]
+    # --8<-- [end:heaviest_first]
 
 
 HEAVIEST_FIRST_BYTES = 16 * 2**20  # what one chunk's heads stream at most, so that it stays in the 50 MB L2
@@ -138,8 +138,8 @@ def heaviest_first_chunk(heaviest_first, causal: bool, plane_bytes: int, pairs: 
     head); chunks hold a multiple of ``share`` planes, as many as fit in HEAVIEST_FIRST_BYTES, at most
     all ``pairs``. The plain order (0) without a causal mask, where every tile has the same work, and
     for grids longer than HEAVIEST_FIRST_WAVES waves (``programs`` over the SMs times ``resident``, the
-    programs one SM holds): measured on the H200, the new order saved 20% at two waves, 5% at eight,
-    and lost 3 to 8% at sixteen (bench/PERF_LOG.md).
+    programs one SM holds): on the H200 the new order paid at a few waves and lost at sixteen
+    (sweeps/launch-order.json, bench/PERF_LOG.md).
     """
     if not (check_flag("heaviest_first", heaviest_first) and causal):
         return 0
@@ -194,6 +194,7 @@ def online_softmax_step(acc, l, m, u, v, qk_scale, DOT_PRECISION: tl.constexpr):
     value tile in the input dtype. Every kernel that walks key tiles (forward, decode) calls this one
     function, so the update and its -inf guard are written once.
     """
+    # --8<-- [start:exact_update]
     m_new = tl.maximum(m, tl.max(u, 1))
     # A row that has seen only -inf scores so far (masked keys, or keys scoring -inf) has m_new = -inf;
     # subtracting it would give exp(-inf - (-inf)) = NaN. Subtracting 0 instead gives p = 0 and
@@ -205,6 +206,7 @@ def online_softmax_step(acc, l, m, u, v, qk_scale, DOT_PRECISION: tl.constexpr):
     acc = acc * alpha[:, None]
     acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)  # P in the input dtype
     return acc, l, m_new
+    # --8<-- [end:exact_update]
 # --8<-- [end:softmax_step]
 
 
@@ -215,8 +217,8 @@ SHIFT_LIMIT = tl.constexpr(2.0**24)  # |shift| below this: the rounding of a shi
 @triton.jit
 def multiply_subtract(x, scale, shift, INTERPRETED: tl.constexpr):
     """x * scale - shift with the product unrounded: one fused multiply-add on the GPU, where Triton
-    lets the compiler contract a multiply and a subtract (in the loop this form ran 5-7% faster at
-    D = 128 with the causal mask than an explicit tl.fma, which is kept for the per-row delta; the GPU
+    lets the compiler contract a multiply and a subtract (in the loop this form ran faster than an
+    explicit tl.fma, sweeps/forward-fused-step-variants.json; tl.fma is kept for the per-row delta; the GPU
     tests at scores of 4e5 and 4e6 fail if the contraction is ever lost). The interpreter rounds the
     product first, so there it is taken in float64 (exact for two float32 factors) and the difference
     rounded once."""
@@ -225,7 +227,6 @@ def multiply_subtract(x, scale, shift, INTERPRETED: tl.constexpr):
     return x * scale - shift
 
 
-# --8<-- [start:fused_update]
 @triton.jit
 def fused_softmax_step(acc, l, m, shift, largest, u, v, qk_scale, DOT_PRECISION: tl.constexpr,
                        INTERPRETED: tl.constexpr):  # fmt: skip
@@ -242,6 +243,7 @@ def fused_softmax_step(acc, l, m, shift, largest, u, v, qk_scale, DOT_PRECISION:
 
     shift carries -inf for a row that has seen only -inf so far, so that alpha = 0 for it, as with m.
     """
+    # --8<-- [start:fused_update]
     m_new = tl.maximum(m, tl.max(u, 1))
     shift_new = m_new * qk_scale  # rounded once: the kernel's only rounding of the row max
     shift_safe = tl.where(m_new == float("-inf"), 0.0, shift_new)  # the -inf guard of online_softmax_step
@@ -252,7 +254,7 @@ def fused_softmax_step(acc, l, m, shift, largest, u, v, qk_scale, DOT_PRECISION:
     acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
     largest = tl.where(tl.abs(shift_safe) > largest, tl.abs(shift_safe), largest)  # a NaN shift is never largest
     return acc, l, m_new, shift_new, largest
-# --8<-- [end:fused_update]
+    # --8<-- [end:fused_update]
 
 
 @triton.jit
@@ -342,7 +344,7 @@ def tile_descriptor(x: torch.Tensor, strides: list[int], block_rows: int, head_d
 
     Rows past T and columns past D read as zeros, so the kernel needs no load masks on this path. Built
     on the host, the descriptor reaches the kernel as a launch argument; a descriptor built inside the
-    kernel costs every program a global-memory write and a fence, measured 5-25% slower at T = 1k.
+    kernel costs every program a global-memory write and a fence, and measured slower (bench/PERF_LOG.md).
     """
     from triton.tools.tensor_descriptor import TensorDescriptor
 
@@ -416,16 +418,6 @@ def first_query_row(k_start, offset):
 # --8<-- [end:tile_counts]
 
 
-@triton.jit
-def rotated_tile(step, first, count, shift, ROTATE: tl.constexpr):
-    """Tile ``step`` of the run first .. first + count - 1, or with ROTATE the tile ``shift`` places further
-    on, wrapping around: the same tiles in another order. Softmax sums do not depend on the order, and
-    programs that start together with different shifts read different tiles at first."""
-    if ROTATE:
-        return first + (step - first + shift) % count
-    return step
-
-
 # --8<-- [start:launch]
 MAX_COMPILED = 16  # specialisations one launch remembers (devices, alignments); past that it starts over
 
@@ -458,8 +450,8 @@ class KernelLaunch:
     of the host cost: one kernel's launch, as a plan works it out once per layout.
 
     Triton's launch path re-binds every argument, rebuilds the specialisation key and looks up the device
-    and stream on each call: about 40 µs on the H200's host, against 10 µs for the compiled launcher
-    itself (bench/PERF_LOG.md, v6). Everything in that key but the tensors' addresses is fixed by the
+    and stream on each call, several times what the compiled launcher itself costs (bench/PERF_LOG.md,
+    v6). Everything in that key but the tensors' addresses is fixed by the
     plan that holds this launch, so a call only reads each tensor's dtype and 16-byte alignment, finds
     the compiled kernel kept for them, and hands its arguments straight to that kernel's launcher. The
     first call of each specialisation takes Triton's full path and keeps what it compiled. An interpreted

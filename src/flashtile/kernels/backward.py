@@ -58,7 +58,6 @@ from ._common import (
     last_key_tile,
     program_tile,
     resident_programs,
-    rotated_tile,
     store_tile,
     tile_descriptor,
     use_tma,
@@ -142,10 +141,10 @@ def load_masked(ptrs, row_ok, col_ok, MASK_ROWS: tl.constexpr, MASK_COLS: tl.con
 @triton.jit
 def dkdv_query_tiles(
     dk, dv, k, v, Q, DO, M, L, DELTA, DQ_ACC, q_offsets, do_offsets, acc_offsets, rows0, cols, keys,
-    stride_qt, stride_dot, first, end, jump_at, jump_by, Tq, Tk, offset, scale, qk_scale, b, h, shift,
+    stride_qt, stride_dot, first, end, jump_at, jump_by, Tq, Tk, offset, scale, qk_scale, b, h,
     BLOCK_Q: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, MASKED: tl.constexpr,
     CAUSAL: tl.constexpr, SIGN: tl.constexpr, DOT_PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr,
-    INTERPRETED: tl.constexpr, USE_TMA: tl.constexpr, ROTATE: tl.constexpr,
+    INTERPRETED: tl.constexpr, USE_TMA: tl.constexpr,
 ):  # fmt: skip
     """Fold query tiles t = first .. end - 1 of one head into (dk, dv), on transposed tiles; a t from
     jump_at on stands for tile t + jump_by, so one loop can walk two separate runs of tiles.
@@ -159,13 +158,8 @@ def dkdv_query_tiles(
     With USE_TMA, Q and DO are tensor descriptors of the whole (B, H, Tq, D) tensors and the copy engine
     fetches each (BLOCK_Q, HEAD_DIM_PAD) tile by its coordinates (b, h, q_start, 0), with zeros past Tq
     and HEAD_DIM: no tile of pointers is computed or kept in registers, and no load needs a mask.
-
-    ROTATE (the unmasked run only) walks the same tiles from ``shift`` tiles in, wrapping around, as
-    the forward's ``rotate_keys`` does: neighbouring programs then read different query tiles.
     """
-    count = end - first
-    for step in range(first, end):
-        t = rotated_tile(step, first, count, shift, ROTATE)
+    for t in range(first, end):
         q_index = tl.where(t < jump_at, t, t + jump_by)
         q_start = q_index * BLOCK_Q
         rows = q_start + rows0
@@ -219,7 +213,7 @@ def backward_dkdv_kernel(
     H, H_kv, Tq, Tk, n_rows, unit, scale, qk_scale, offset, chunk,
     CAUSAL: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr, SIGN: tl.constexpr, DOT_PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr,
-    WIDE: tl.constexpr, INTERPRETED: tl.constexpr, USE_TMA: tl.constexpr, ROTATE: tl.constexpr,
+    WIDE: tl.constexpr, INTERPRETED: tl.constexpr, USE_TMA: tl.constexpr,
     SPLIT: tl.constexpr, HEAVIEST_FIRST: tl.constexpr,
 ):  # fmt: skip
     """One program per (key tile, kv head, batch): dk, dv for that tile, summed over the group's heads.
@@ -280,14 +274,14 @@ def backward_dkdv_kernel(
         dk, dv = dkdv_query_tiles(  # the interior, unmasked
             dk, dv, k_tile, v_tile, q_ptr, do_ptr, m_ptr, l_ptr, delta_ptr, acc_ptr, q_offsets, do_offsets,
             acc_offsets, rows0, cols, keys, stride_qt, stride_dot, mid, hi, hi, 0, Tq, Tk, offset,
-            scale, qk_scale, b.to(tl.int32), h.to(tl.int32), k_index, BLOCK_Q, HEAD_DIM, HEAD_DIM_PAD,
-            False, CAUSAL, SIGN, DOT_PRECISION, ATOMIC_DQ, INTERPRETED, USE_TMA, ROTATE,
+            scale, qk_scale, b.to(tl.int32), h.to(tl.int32), BLOCK_Q, HEAD_DIM, HEAD_DIM_PAD,
+            False, CAUSAL, SIGN, DOT_PRECISION, ATOMIC_DQ, INTERPRETED, USE_TMA,
         )  # fmt: skip
         dk, dv = dkdv_query_tiles(  # one masked loop: the band [lo, mid), then the tail [hi, n)
             dk, dv, k_tile, v_tile, q_ptr, do_ptr, m_ptr, l_ptr, delta_ptr, acc_ptr, q_offsets, do_offsets,
             acc_offsets, rows0, cols, keys, stride_qt, stride_dot, lo, mid + n - hi, mid, hi - mid, Tq, Tk, offset,
-            scale, qk_scale, b.to(tl.int32), h.to(tl.int32), 0, BLOCK_Q, HEAD_DIM, HEAD_DIM_PAD, True, CAUSAL,
-            SIGN, DOT_PRECISION, ATOMIC_DQ, INTERPRETED, USE_TMA, False,
+            scale, qk_scale, b.to(tl.int32), h.to(tl.int32), BLOCK_Q, HEAD_DIM, HEAD_DIM_PAD, True, CAUSAL,
+            SIGN, DOT_PRECISION, ATOMIC_DQ, INTERPRETED, USE_TMA,
         )  # fmt: skip
     dk = dk * unit  # S = τ Q K^T = unit (sign Q) K^T, so dK = unit * dS^T (sign Q)
     store_tile(DK + b * stride_dkb + plane * stride_dkh, stride_dkt, stride_dkd, keys, cols, Tk, HEAD_DIM, dk)
@@ -299,18 +293,15 @@ def backward_dkdv_kernel(
 @triton.jit
 def dq_key_tiles(
     dq, q, do, m, log2_l, delta, K, V, kT_offsets, vT_offsets, rows, keys0, cols,
-    stride_kt, stride_vt, first, end, Tq, Tk, offset, qk_scale, b, h_kv, shift,
+    stride_kt, stride_vt, first, end, Tq, Tk, offset, qk_scale, b, h_kv,
     BLOCK_K: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, MASKED: tl.constexpr,
-    CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr, ROTATE: tl.constexpr,
+    CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
 ):  # fmt: skip
     """Fold key tiles first .. end - 1 into dq. K and V arrive as kT, vT, (HEAD_DIM_PAD, BLOCK_K) loads
     through transposed pointers, so S = Q K^T and dP = dO V^T are plain products; dQ = dS K reads kT as a
     transposed view of the loaded tile. With USE_TMA, K and V are tensor descriptors and each tile is
-    fetched by its coordinates (b, h_kv, k_start, 0), with zeros past Tk and HEAD_DIM. ROTATE walks the
-    same tiles from ``shift`` tiles in, wrapping around (the forward's ``rotate_keys``)."""
-    count = end - first
-    for step in range(first, end):
-        k_index = rotated_tile(step, first, count, shift, ROTATE)
+    fetched by its coordinates (b, h_kv, k_start, 0), with zeros past Tk and HEAD_DIM."""
+    for k_index in range(first, end):
         k_start = k_index * BLOCK_K
         keys = k_start + keys0
         if USE_TMA:
@@ -346,7 +337,7 @@ def backward_dq_kernel(
     H, H_kv, Tq, Tk, n_rows, scale, qk_scale, offset, chunk,
     CAUSAL: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr, SIGN: tl.constexpr, DOT_PRECISION: tl.constexpr, WIDE: tl.constexpr,
-    USE_TMA: tl.constexpr, ROTATE: tl.constexpr, HEAVIEST_FIRST: tl.constexpr,
+    USE_TMA: tl.constexpr, HEAVIEST_FIRST: tl.constexpr,
 ):  # fmt: skip
     """One program per (query tile, head, batch): dq for that tile, a sum over its key tiles.
 
@@ -395,13 +386,13 @@ def backward_dq_kernel(
     vT_offsets = tile_offsets(keys0[None, :], cols[:, None], stride_vt, stride_vd, WIDE)
     dq = dq_key_tiles(  # the full tiles first, then the diagonal band and a ragged last tile, masked
         dq, q_tile, do_tile, m, log2_l, delta, k_ptr, v_ptr, kT_offsets, vT_offsets, rows, keys0, cols,
-        stride_kt, stride_vt, 0, n_full, Tq, Tk, offset, qk_scale, b.to(tl.int32), h_kv.to(tl.int32), q_index,
-        BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, False, CAUSAL, DOT_PRECISION, USE_TMA, ROTATE,
+        stride_kt, stride_vt, 0, n_full, Tq, Tk, offset, qk_scale, b.to(tl.int32), h_kv.to(tl.int32),
+        BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, False, CAUSAL, DOT_PRECISION, USE_TMA,
     )  # fmt: skip
     dq = dq_key_tiles(
         dq, q_tile, do_tile, m, log2_l, delta, k_ptr, v_ptr, kT_offsets, vT_offsets, rows, keys0, cols,
-        stride_kt, stride_vt, n_full, n, Tq, Tk, offset, qk_scale, b.to(tl.int32), h_kv.to(tl.int32), 0,
-        BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, True, CAUSAL, DOT_PRECISION, USE_TMA, False,
+        stride_kt, stride_vt, n_full, n, Tq, Tk, offset, qk_scale, b.to(tl.int32), h_kv.to(tl.int32),
+        BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, True, CAUSAL, DOT_PRECISION, USE_TMA,
     )  # fmt: skip
     dq = dq * scale  # dQ = τ dS K, with the signed τ
     store_tile(DQ + b * stride_dqb + h * stride_dqh, stride_dqt, stride_dqd, rows, cols, Tq, HEAD_DIM, dq)
@@ -469,16 +460,13 @@ def backward_config(head_dim: int, dtype: torch.dtype, seq_len: int = 0, atomic_
     16-bit settings are the fastest of sweeps on the H200 (bench/results/sweeps/backward-v2-configs.json,
     then backward-tma-configs-2.json after the row terms moved to the preprocess kernel). Every dK/dV
     setting sits at the 255-register limit and spills a little (ptxas, sm_90); the 8-warp tiles ran
-    1.2-2 times slower. From 1k tokens on, loading the streamed tiles through TMA ("auto": where the
-    device and layout allow) gained 1-6%, and 64-row query tiles at D = 128 another 2-6%; below 1k
-    the causal backward ran up to 40% slower through TMA, so short sequences keep the pointer path.
+    slower. From 1k tokens on, loading the streamed tiles through TMA ("auto": where the device and
+    layout allow) was faster, and so were 64-row query tiles at D = 128; below 1k the causal backward
+    ran slower through TMA, so short sequences keep the pointer path (sweeps/backward-dq-long.json).
     So do calls with little work (``work`` = B * H * Tq * Tk * D, halved under causal, below
-    ``TMA_MIN_WORK``): there the descriptors cost the host more than they save the GPU. At B = 2,
-    H = 16, T = 2k, D = 64 causal (work 4.3e9) TMA took 20-24 µs off 230-243 µs of GPU time, but timed
-    through autograd, where the backward runs on autograd's device thread and every host call is
-    slower, it ran at 0.25-0.48 of cuDNN in two runs, the pointer path at 0.36-0.72 and 0.55-0.72.
-    From 1.7e10 on (D = 128, T = 4k, causal) TMA won, 0.74-0.81 against the pointer path's 0.67-0.72
-    (bench/results/backward-models.json at c635d2f and 6fd2954; sweeps/backward-descriptor-host-cost.json).
+    ``TMA_MIN_WORK``): there the descriptors cost the host more than they save the GPU, timed through
+    autograd, where the backward runs on autograd's device thread and every host call is slower
+    (bench/PERF_LOG.md; bench/results/backward-models.json, sweeps/backward-descriptor-host-cost.json).
     The atomic-dQ kernel also holds a dQ tile: with 64-row query tiles at D = 128 it spills 764 bytes,
     so it keeps 32.
     fp32 inputs multiply on the CUDA cores, not the tensor cores, and need far smaller tiles.
@@ -508,9 +496,9 @@ def pick_kv_split(kv_split, group: int, programs: int, device: torch.device) -> 
     """How many dK/dV programs share one (key tile, kv head): a divisor of the GQA group size.
 
     None picks: 1 without GQA, on the CPU, or when the grid already has PROGRAMS_PER_SM programs per SM;
-    otherwise the smallest divisor of the group that gets there (or the whole group). Measured on the
-    H200 at B = 2, H = 16, T = 2k, D = 64: with 4 kv heads (128 programs, one per SM) the dK/dV kernel
-    took 241 µs, with 16 (512 programs, the same work) 146 µs. A split writes float32 partials, which
+    otherwise the smallest divisor of the group that gets there (or the whole group): on the H200, a
+    grid of one program per SM left the dK/dV kernel far slower than the same work over four times the
+    programs (sweeps/backward-kv-split.json). A split writes float32 partials, which
     the launcher sums in a fixed order: still bitwise reproducible, rounded differently from no split.
     """
     if kv_split is None:
@@ -579,8 +567,7 @@ class BackwardPlan(NamedTuple):
 
 
 def make_backward_plan(q, k, v, o, lse, do, stats, causal, scale, alignment, block_q, block_k, config,
-                       deterministic, tma=None, rotate=False, kv_split=None,
-                       heaviest_first=True) -> BackwardPlan:  # fmt: skip
+                       deterministic, tma=None, kv_split=None, heaviest_first=True) -> BackwardPlan:  # fmt: skip
     """Check one backward call's arguments and derive its launches; raises on anything the kernels cannot take."""
     shape = check_attention_inputs(q, k, v, dtypes=KERNEL_DTYPES)
     check_like("o", o, "q", q)
@@ -605,12 +592,10 @@ def make_backward_plan(q, k, v, o, lse, do, stats, causal, scale, alignment, blo
             raise ValueError(f"stats must be (2, B, H, Tq) = {(2, *lse.shape)} on {q.device}, got "
                              f"{tuple(stats.shape)}")  # fmt: skip
     units = kernel_scale(scale)
-    rotate = check_flag("rotate", rotate)
     pad = head_dim_pad(shape.D)
     tiles = config["dkdv"][:2] + config["dq"][:2] + (block_q or 0, block_k or 0)
     common = dict(CAUSAL=causal, HEAD_DIM=shape.D, HEAD_DIM_PAD=pad, SIGN=units.sign,
-                  DOT_PRECISION=dot_precision(q.dtype), WIDE=wide_offsets(max(tiles), pad, q, k, v, do, o),
-                  ROTATE=rotate)  # fmt: skip
+                  DOT_PRECISION=dot_precision(q.dtype), WIDE=wide_offsets(max(tiles), pad, q, k, v, do, o))
     dkdv_q, dkdv_k, dkdv_warps, dkdv_stages = config["dkdv"]
     dkdv_q, dkdv_k = block_q or dkdv_q, block_k or dkdv_k
     n_key_tiles = -(-shape.Tk // dkdv_k)
@@ -672,7 +657,7 @@ def make_backward_plan(q, k, v, o, lse, do, stats, causal, scale, alignment, blo
 # --8<-- [start:launcher]
 def flash_attention_backward(
     q, k, v, o, lse, do, causal=False, scale=None, alignment="upper_left", block_q=None, block_k=None, *,
-    stats=None, config=None, deterministic=True, tma=None, rotate=False, kv_split=None, heaviest_first=True,
+    stats=None, config=None, deterministic=True, tma=None, kv_split=None, heaviest_first=True,
 ):
     """Gradients of attention from the forward's o and lse, with two Triton launches.
 
@@ -693,9 +678,6 @@ def flash_attention_backward(
             ``_common.use_tma``); False loads through pointers; None (the default) takes
             ``backward_config``'s choice: TMA where possible from 1k tokens on, measured faster there
             on the H200. Either way the results are bitwise the same.
-        rotate: each program walks its unmasked tiles from its own tile index on, wrapping around (the
-            forward's ``rotate_keys``): the same gradients up to rounding, still bitwise reproducible.
-            Off by default: measured on the H200, no faster at D = 128 and 3-5% slower at D = 64.
         kv_split: with GQA, how many dK/dV programs share each (key tile, kv head), splitting the group's
             query heads between them (a divisor of H / H_kv); None picks one by grid size
             (``pick_kv_split``). Results are bitwise reproducible for each value.
@@ -711,7 +693,7 @@ def flash_attention_backward(
         in float32 and cast to the input dtype.
     """
     plan = cached_plan(make_backward_plan, (q, k, v, o, lse, do, stats), causal, scale, alignment, block_q, block_k,
-                       config, deterministic, tma, rotate, kv_split, heaviest_first)  # fmt: skip
+                       config, deterministic, tma, kv_split, heaviest_first)  # fmt: skip
     stats = stats_from_lse(lse, plan.scale) if stats is None else stats
     if not stats.is_contiguous():  # contiguous() is a dispatched call even when it returns stats itself
         stats = stats.contiguous()

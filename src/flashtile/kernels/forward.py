@@ -58,7 +58,6 @@ from ._common import (
     program_offset,
     program_tile,
     resident_programs,
-    rotated_tile,
     tile_descriptor,
     use_tma,
 )
@@ -71,10 +70,10 @@ LN2 = tl.constexpr(math.log(2.0))  # a constexpr global, so the jit function may
 def _attend_key_tiles(
     acc, l, m, shift, largest, q,
     K, V, b, h_kv, stride_kt, stride_kd, stride_vt, stride_vd,
-    i, d, first_k_index, end_k_index, Tk, offset, qk_scale, rotation,
+    i, d, first_k_index, end_k_index, Tk, offset, qk_scale,
     BLOCK_K: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    ROTATE: tl.constexpr, FUSED: tl.constexpr, INTERPRETED: tl.constexpr,
+    FUSED: tl.constexpr, INTERPRETED: tl.constexpr,
 ):
     """Fold key tiles first_k_index .. end_k_index - 1 into (acc, l, m); i holds the query rows.
 
@@ -86,17 +85,11 @@ def _attend_key_tiles(
     tensor descriptors and the copy engine fetches each tile (zeros past Tk and D, no address
     arithmetic in the loop); otherwise they point at this (batch, KV head) and the tile's addresses
     are one 64-bit add away from offsets computed once, before the loop.
-
-    ROTATE visits the same tiles starting ``rotation`` tiles in, wrapping around: the softmax does not
-    depend on the order of the tiles, and programs that start together then read different tiles
-    instead of all asking the L2 for the same one.
     """
     j0 = tl.arange(0, BLOCK_K)
     k_offsets = d[:, None].to(tl.int64) * stride_kd + j0[None, :].to(tl.int64) * stride_kt  # K^T tile
     v_offsets = j0[:, None].to(tl.int64) * stride_vt + d[None, :].to(tl.int64) * stride_vd
-    count = end_k_index - first_k_index
-    for step in range(first_k_index, end_k_index):
-        k_index = rotated_tile(step, first_k_index, count, rotation, ROTATE)
+    for k_index in range(first_k_index, end_k_index):
         k_start = k_index * BLOCK_K
         j = k_start + j0  # the key columns of this tile
         # --8<-- [start:tma_load]
@@ -143,7 +136,7 @@ def _forward_kernel(
     H, group, Tq, Tk, offset, qk_scale, n_rows, chunk,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr, SIGN: tl.constexpr,
-    USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr, ROTATE_KEYS: tl.constexpr, INTERPRETED: tl.constexpr,
+    USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr, INTERPRETED: tl.constexpr,
     HEAVIEST_FIRST: tl.constexpr, MASKED_TILES: tl.constexpr,
 ):
     # --8<-- [start:program]
@@ -188,16 +181,16 @@ def _forward_kernel(
         n_key_tiles = tl.cdiv(Tk, BLOCK_K)
     acc, l, m, shift, largest = _attend_key_tiles(
         acc, l, m, shift, largest, q, k_base, v_base, b, h_kv, stride_kt, stride_kd, stride_vt, stride_vd,
-        i, d, 0, n_full_tiles, Tk, offset, qk_scale, q_index,
+        i, d, 0, n_full_tiles, Tk, offset, qk_scale,
         BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, MASKED=False, CAUSAL=CAUSAL, USE_TMA=USE_TMA, DOT_PRECISION=DOT_PRECISION,
-        ROTATE=ROTATE_KEYS, FUSED=True, INTERPRETED=INTERPRETED,
+        FUSED=True, INTERPRETED=INTERPRETED,
     )
-    if MASKED_TILES:  # causal, or Tk not a multiple of BLOCK_K; otherwise not compiled (an empty loop costs 4-6%)
+    if MASKED_TILES:  # causal, or Tk not a multiple of BLOCK_K; otherwise not compiled (an empty loop costs time)
         acc, l, m, shift, largest = _attend_key_tiles(
             acc, l, m, shift, largest, q, k_base, v_base, b, h_kv, stride_kt, stride_kd, stride_vt, stride_vd,
-            i, d, n_full_tiles, n_key_tiles, Tk, offset, qk_scale, 0,
+            i, d, n_full_tiles, n_key_tiles, Tk, offset, qk_scale,
             BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, MASKED=True, CAUSAL=CAUSAL, USE_TMA=USE_TMA,
-            DOT_PRECISION=DOT_PRECISION, ROTATE=False, FUSED=True, INTERPRETED=INTERPRETED,
+            DOT_PRECISION=DOT_PRECISION, FUSED=True, INTERPRETED=INTERPRETED,
         )
     delta = delta_of_shift(m, shift, l, qk_scale, INTERPRETED)  # the shift's rounding, which (acc, l) carry
     # --8<-- [end:loops]
@@ -209,19 +202,19 @@ def _forward_kernel(
     _write_rows(acc, l, m, delta, qk_scale, out, rows, n_rows, q_mask, i < Tq)  # the fast result, written at once
     if tl.max(largest, 0) >= SHIFT_LIMIT:  # a score past about 10^7, where 2^delta is no longer harmless
         # Rare, decided once per program, after the fast rows are on their way: the check then waits for
-        # nothing (deciding first and writing in each branch cost 1-3%). Start over with the subtract-first
-        # update, exact at any magnitude, over every key tile (all through the masked body: this path only
-        # has to be right), and write every row again. The barrier orders the two writes of an element
-        # even where the two epilogues give it to different threads.
+        # nothing (deciding first and writing in each branch was slower, bench/PERF_LOG.md). Start over
+        # with the subtract-first update, exact at any magnitude, over every key tile (all through the
+        # masked body: this path only has to be right), and write every row again. The barrier orders the
+        # two writes of an element even where the two epilogues give it to different threads.
         tl.debug_barrier()
         m = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)
         l = tl.zeros([BLOCK_Q], dtype=tl.float32)
         acc = tl.zeros([BLOCK_Q, HEAD_DIM_PAD], dtype=tl.float32)
         acc, l, m, shift, largest = _attend_key_tiles(
             acc, l, m, shift, largest, q, k_base, v_base, b, h_kv, stride_kt, stride_kd, stride_vt, stride_vd,
-            i, d, 0, n_key_tiles, Tk, offset, qk_scale, 0,
+            i, d, 0, n_key_tiles, Tk, offset, qk_scale,
             BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, MASKED=True, CAUSAL=CAUSAL, USE_TMA=USE_TMA,
-            DOT_PRECISION=DOT_PRECISION, ROTATE=False, FUSED=False, INTERPRETED=INTERPRETED,
+            DOT_PRECISION=DOT_PRECISION, FUSED=False, INTERPRETED=INTERPRETED,
         )
         _write_rows(acc, l, m, tl.zeros([BLOCK_Q], dtype=tl.float32), qk_scale, out, rows, n_rows, q_mask, i < Tq)
     # --8<-- [end:exact_rerun]
@@ -261,12 +254,11 @@ def forward_config(head_dim: int, dtype: torch.dtype, interpreted: bool = False,
 
     ``tma``: "auto" loads through TMA descriptors where the layout allows, False always through
     pointers. At D = 64 both paths run equally fast, and pointers cost the host less per call; at
-    D = 128 TMA with 128 x 128 tiles wins by 5-15% from T = 2k, short sequences (Tq <= 1024) favour
-    64 x 64 tiles with 4 warps, through TMA too (at Tq = 512 causal an early sweep had the pointer path
-    ahead; two later runs, in separate sessions, measured TMA 6% faster there). fp32 takes twice
-    the bytes per tile and stays on the pointer path, as does D = 256. At D = 64 without a mask,
-    128 x 128 tiles through TMA under the 128-register cap (two programs an SM, no spills) ran 7%
-    faster than 128 x 64 at T = 2k; through pointers the same tiles spill, and under causal they spill
+    D = 128 TMA with 128 x 128 tiles wins from T = 2k, short sequences (Tq <= 1024) favour 64 x 64
+    tiles with 4 warps, through TMA too (sweeps/forward-tma.json). fp32 takes twice the bytes per tile
+    and stays on the pointer path, as does D = 256. At D = 64 without a mask, 128 x 128 tiles through
+    TMA under the 128-register cap (two programs an SM, no spills) ran faster than 128 x 64 at T = 2k
+    (sweeps/forward-wide-d64.json); through pointers the same tiles spill, and under causal they spill
     on either path, so those keep 128 x 64. ``tma=False`` asks for the best settings without
     descriptors, for a layout or a device that cannot have them. The interpreter (CPU tensors)
     runs programs one after another, where fewer, larger tiles are faster; it takes TMA where it can,
@@ -309,14 +301,13 @@ class ForwardPlan(NamedTuple):
 
 
 def make_forward_plan(q, k, v, causal, scale, alignment, block_q, block_k, num_warps, num_stages, tma,
-                      return_stats, rotate_keys=False, heaviest_first=True) -> ForwardPlan:  # fmt: skip
+                      return_stats, heaviest_first=True) -> ForwardPlan:  # fmt: skip
     """Validate one call's arguments and derive its launch; raises on anything the kernel cannot take."""
     shape = check_attention_inputs(q, k, v, dtypes=KERNEL_DTYPES)
     check_causal(causal)
     check_alignment(alignment)
     return_stats = check_flag("return_stats", return_stats)
     tma = None if tma is None else check_flag("tma", tma)
-    rotate_keys = check_flag("rotate_keys", rotate_keys)
     scale = resolve_scale(scale, shape.D, q.dtype)
     check_kernel_device("q", q)
     length_class = 512 if shape.Tq <= 512 else (1024 if shape.Tq <= 1024 else 4096)  # so the cache stays small
@@ -351,8 +342,8 @@ def make_forward_plan(q, k, v, causal, scale, alignment, block_q, block_k, num_w
                      Tk, offset, units.qk_scale, B * H * Tq, max(chunk, 1)),  # fmt: skip
             constexprs=dict(HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D), BLOCK_Q=block_q, BLOCK_K=block_k,
                             CAUSAL=causal, SIGN=units.sign, USE_TMA=strides is not None,
-                            DOT_PRECISION=dot_precision(q.dtype), ROTATE_KEYS=rotate_keys,
-                            INTERPRETED=q.device.type == "cpu", HEAVIEST_FIRST=chunk > 0,
+                            DOT_PRECISION=dot_precision(q.dtype), INTERPRETED=q.device.type == "cpu",
+                            HEAVIEST_FIRST=chunk > 0,
                             MASKED_TILES=causal or Tk % block_k != 0),  # fmt: skip
             num_warps=num_warps,
             num_stages=num_stages,
@@ -366,7 +357,7 @@ def make_forward_plan(q, k, v, causal, scale, alignment, block_q, block_k, num_w
 
 def flash_attention(
     q, k, v, causal=False, scale=None, alignment="upper_left", block_q=None, block_k=None, *,
-    num_warps=None, num_stages=None, return_stats=False, tma=None, rotate_keys=False, heaviest_first=True,
+    num_warps=None, num_stages=None, return_stats=False, tma=None, heaviest_first=True,
 ):
     """Attention forward on the GPU, without materialising the Tq x Tk score matrix.
 
@@ -381,11 +372,6 @@ def flash_attention(
             ``flash_attention_backward(..., stats=...)``.
         tma: load tiles through TMA descriptors (True), through pointers (False), or let the launcher
             choose (None: ``forward_config``'s choice, where the strides and the device allow it).
-        rotate_keys: each program starts its unmasked key tiles at its own query tile's index and
-            wraps around, so programs running together read different key tiles. Same result up to
-            rounding (the tiles are summed in another order), still deterministic. Off by default:
-            measured on the H200 it gained 2% at D = 128 without a mask from 8k on and lost elsewhere
-            (bench/PERF_LOG.md).
         heaviest_first: under causal (ignored otherwise), start every head's longest query tile before
             any head's second longest, in chunks of heads whose K and V fit in L2 (``_common.program_tile``),
             where the grid is short enough for that to pay (``_common.heaviest_first_chunk``); False keeps
@@ -399,7 +385,7 @@ def flash_attention(
         sign(τ)·q·k) and stats[1] = l.
     """
     plan = cached_plan(make_forward_plan, (q, k, v), causal, scale, alignment, block_q, block_k, num_warps,
-                       num_stages, tma, return_stats, rotate_keys, heaviest_first)  # fmt: skip
+                       num_stages, tma, return_stats, heaviest_first)  # fmt: skip
     o, row_stats = forward_with_plan(plan, q, k, v)
     return (o, row_stats[0], row_stats[1:]) if plan.return_stats else (o, row_stats[0])
 

@@ -96,10 +96,3 @@ def merge(m_a: torch.Tensor, l_a: torch.Tensor, m_b: torch.Tensor, l_b: torch.Te
     l = safe_exp_diff(m_a, m) * l_a + safe_exp_diff(m_b, m) * l_b
     return m, l
 # --8<-- [end:merge]
-
-
-def softmax_from_stats(x: torch.Tensor, m: torch.Tensor, l: torch.Tensor) -> torch.Tensor:
-    """The second pass: p = exp(x - m) / l, with an all -inf row giving zeros (and a NaN row NaN)."""
-    p = safe_exp_diff(x, m[..., None])
-    empty = (l == 0)[..., None]
-    return torch.where(empty, 0.0, p / torch.where(empty, 1.0, l[..., None]))
