@@ -299,3 +299,48 @@ def test_views_on_the_gpu_in_16_bit(dtype):
     torch.testing.assert_close(leaf.grad.double(), dq, atol=4 * tol, rtol=4 * tol)
     o = flashtile.attention(neg_view(q), k, v, is_causal=True)
     torch.testing.assert_close(o.double(), o_true, atol=tol, rtol=tol)
+
+
+# --- below the public entry points: a negative view is refused by name on every tier -----------------------
+
+
+def same_layout_pair(x: torch.Tensor):
+    """(plain, negative): two views of one layout (every other float of a complex tensor), holding x's values;
+    only the second has the negative bit."""
+    plain = torch.complex(torch.zeros_like(x), x).imag
+    negative = neg_view(x)
+    assert plain.stride() == negative.stride() and not plain.is_neg()
+    return plain, negative
+
+
+def launcher_calls():
+    """(name, the argument made negative, call(arg)): the tier functions under the public entry points."""
+    from flashtile.kernels.backward import flash_attention_backward as kernel_backward
+    from flashtile.kernels.decode import flash_decode
+    from flashtile.kernels.forward import flash_attention
+    from flashtile.reference.backward import flash_attention_backward as reference_backward
+    from flashtile.reference.decode import decode_attention_reference
+    from flashtile.reference.forward import flash_attention_forward
+
+    q, k, v = normal(1, 2, 6, 8, seed=30), normal(1, 2, 6, 8, seed=31), normal(1, 2, 6, 8, seed=32)
+    o, lse = flash_attention_forward(q, k, v, True)
+    kq, kk, kv, _ = decode_inputs(seed=33) + (None,)
+    lengths = int32(40, 3, 17)
+    return [
+        ("kernel forward, q", "q", lambda x: flash_attention(x, k, v, causal=True), q),
+        ("reference forward, v", "v", lambda x: flash_attention_forward(q, k, x, True), v),
+        ("kernel backward, do", "do", lambda x: kernel_backward(q, k, v, o, lse, x, True), o),
+        ("reference backward, do", "do", lambda x: reference_backward(q, k, v, o, lse, x, True), o),
+        ("reference backward, lse", "lse", lambda x: reference_backward(q, k, v, o, x, o, True), lse),
+        ("kernel decode, key_cache", "key_cache", lambda x: flash_decode(kq, x, kv, lengths), kk),
+        ("reference decode, query", "query", lambda x: decode_attention_reference(x, kk, kv, lengths), kq),
+    ]
+
+
+@pytest.mark.parametrize("case", range(7), ids=[c[0] for c in launcher_calls()])
+def test_tier_functions_refuse_a_negative_view_by_name_even_after_its_layout_ran(case):
+    _, arg, call, x = launcher_calls()[case]
+    plain, negative = same_layout_pair(x)
+    call(plain)  # the layout's plan is now kept: the refusal must not depend on a first call
+    with pytest.raises(ValueError, match=f"{arg} is a view with the negative bit set"):
+        call(negative)

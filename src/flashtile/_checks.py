@@ -76,6 +76,18 @@ def check_tensor(name: str, x, *, rank: int | None = None, dtypes=FLOAT_DTYPES) 
     return x
 
 
+def check_values_in_memory(name: str, x: torch.Tensor) -> None:
+    """x's memory holds its values: no negative bit (``resolve_neg_bits`` clears it at the public entry
+    points). The kernels read memory, so a launcher given such a view would compute with -x; every tier's
+    functions below the public ones refuse it alike."""
+    if not torch.compiler.is_compiling() and x.is_neg():  # compiled calls resolved it; is_neg is not traceable
+        raise ValueError(
+            f"{name} is a view with the negative bit set (x.is_neg(), e.g. z.conj().imag): its memory holds the "
+            f"negated values, which the kernels would read; pass {name}.resolve_neg(), or call flashtile.attention "
+            "or flashtile.decode_attention, which resolve it"
+        )
+
+
 def check_same(name: str, x: torch.Tensor, ref_name: str, ref: torch.Tensor) -> None:
     """x must share dtype and device with ref."""
     if x.dtype != ref.dtype:
@@ -96,6 +108,7 @@ def check_attention_inputs(q, k, v, *, dtypes=FLOAT_DTYPES, names=("q", "k", "v"
     check_same(nk, k, nq, q)
     check_same(nv, v, nq, q)
     for name, t in ((nq, q), (nk, k), (nv, v)):
+        check_values_in_memory(name, t)
         if t.numel() == 0:
             raise ValueError(f"{name} is empty (shape {tuple(t.shape)}); every dimension must be at least 1")
     B, H, Tq, D = q.shape
@@ -123,6 +136,7 @@ def check_like(name: str, x, ref_name: str, ref: torch.Tensor) -> torch.Tensor:
     """x must be a tensor with exactly ref's shape, dtype and device (o, do, ...)."""
     check_tensor(name, x, dtypes=None)
     check_same(name, x, ref_name, ref)
+    check_values_in_memory(name, x)
     if tuple(x.shape) != tuple(ref.shape):
         raise ValueError(f"{name} must have shape {tuple(ref.shape)} like {ref_name}, got {tuple(x.shape)}")
     return x
@@ -140,6 +154,7 @@ def stats_dtype(dtype: torch.dtype) -> torch.dtype:
 def check_lse(lse, shape: AttentionShape, q: torch.Tensor) -> torch.Tensor:
     """lse is (B, H, Tq) in ``stats_dtype(q.dtype)``, on q's device."""
     check_tensor("lse", lse, rank=3, dtypes=(torch.float32, torch.float64))
+    check_values_in_memory("lse", lse)
     expected = (shape.B, shape.H, shape.Tq)
     if tuple(lse.shape) != expected:
         raise ValueError(f"lse must have shape (B, H, Tq) = {expected}, got {tuple(lse.shape)}")
@@ -253,6 +268,8 @@ def check_decode_inputs(
     check_tensor("value_cache", value_cache, rank=4, dtypes=dtypes)
     check_same("key_cache", key_cache, "query", query)
     check_same("value_cache", value_cache, "query", query)
+    for name, t in (("query", query), ("key_cache", key_cache), ("value_cache", value_cache)):
+        check_values_in_memory(name, t)
     if tuple(value_cache.shape) != tuple(key_cache.shape):
         raise ValueError(f"value_cache must have the shape of key_cache {tuple(key_cache.shape)}, got "
                          f"{tuple(value_cache.shape)}")
@@ -278,6 +295,7 @@ def check_decode_inputs(
         shape = DecodeShape(B, H, H_kv, Tq, D, capacity=slots, page_size=None, num_pages=0)
     else:
         check_tensor("block_table", block_table, rank=2, dtypes=(torch.int32,))
+        check_values_in_memory("block_table", block_table)
         if block_table.device != query.device:
             raise ValueError(f"block_table is on {block_table.device} but query is on {query.device}")
         if block_table.shape[0] != B or block_table.shape[1] == 0:
@@ -286,6 +304,7 @@ def check_decode_inputs(
         shape = DecodeShape(B, H, H_kv, Tq, D, block_table.shape[1] * slots, page_size=slots, num_pages=n0)
     if cache_seqlens is not None:
         check_tensor("cache_seqlens", cache_seqlens, rank=1, dtypes=(torch.int32,))
+        check_values_in_memory("cache_seqlens", cache_seqlens)
         if cache_seqlens.device != query.device:
             raise ValueError(f"cache_seqlens is on {cache_seqlens.device} but query is on {query.device}")
         if cache_seqlens.shape[0] != B:

@@ -17,10 +17,11 @@ _plans: dict = {}
 
 def layout_key(x: torch.Tensor | None) -> tuple | None:
     """All that the checks and the compiled kernel read from a tensor: everything but its values (and its
-    type, so that a tensor subclass never shares a plan with a plain tensor)."""
+    type, so that a tensor subclass never shares a plan with a plain tensor; and its negative bit, which
+    the checks refuse below the public entry points)."""
     if x is None:  # an optional tensor left out
         return None
-    return type(x), x.shape, x.stride(), x.dtype, x.device, x.data_ptr() % 16 == 0
+    return type(x), x.shape, x.stride(), x.dtype, x.device, x.data_ptr() % 16 == 0, x.is_neg()
 
 
 def cached_plan(make_plan, tensors, *flags):

@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._checks import DecodeShape, check_decode_inputs, check_flag, check_num_splits, resolve_neg_bits, resolve_scale
+from .._checks import DecodeShape, check_decode_inputs, check_flag, check_num_splits, resolve_scale
 from .._env import sm_count
 from .._layouts import contiguous_strides
 from .._plans import cached_plan
@@ -356,10 +356,6 @@ def flash_decode(
 
     Returns (o, lse): o (B, H, Tq, D) contiguous in q's dtype, lse (B, H, Tq) float32, natural log.
     """
-    # the kernels read memory, not a view's negative bit: resolve it (nothing happens where it is not set)
-    q, key_cache, value_cache, cache_seqlens, block_table = resolve_neg_bits(
-        q, key_cache, value_cache, cache_seqlens, block_table
-    )
     plan = cached_plan(make_decode_plan, (q, key_cache, value_cache, cache_seqlens, block_table), scale,
                        num_splits, block_k, num_warps, num_stages, pdl)  # fmt: skip
     B, H, Tq, D = plan.shape.B, plan.shape.H, plan.shape.Tq, plan.shape.D
