@@ -86,3 +86,17 @@ def test_the_site_tables_show_the_textbook_columns_once_measured():
     assert "flashtile, textbook" in back[0] and "textbook / cuDNN" in back[0] and "| 0.62 |" in back[2]
     models = tables.models_table({"rows": _rows({**base, "flashtile_textbook": None}, H_kv=4)})
     assert "textbook" in models[0] and "skip" in models[2]
+
+
+def test_the_backward_table_measures_the_textbook_and_skips_what_it_does_not_take(monkeypatch):
+    """backward.measure end to end on the CPU: SDPA's flash backend gives the reference gradients, the
+    textbook's are checked against them and timed (a fake timer); a GQA shape gives a skipped row."""
+    calls = []
+    monkeypatch.setattr(backward, "make_inputs", lambda s: prov.make_inputs(s, device="cpu"))
+    monkeypatch.setattr(backward, "median_ms", lambda fn, **kw: calls.append(fn()) or 1.0)
+    s = shapes.shape(1, 2, 40, 16, True, dtype="fp32", layout="bthd")
+    rows = backward.measure(s, ["flashtile_textbook", "sdpa_flash"])
+    assert [r["provider"] for r in rows] == ["flashtile_textbook", "sdpa_flash"] and len(calls) == 2
+    assert rows[0]["ms"] == 1.0 and rows[0]["max_abs_grad_diff_vs_sdpa"] < 1e-4
+    gqa = backward.measure(shapes.shape(1, 4, 40, 16, True, H_kv=2, dtype="fp32"), ["flashtile_textbook"])
+    assert gqa[0]["ms"] is None and gqa[0]["error"] == "skipped: the textbook kernel has no GQA" and len(calls) == 2
