@@ -1,5 +1,8 @@
 """Forward tables: flashtile's kernel against SDPA's four backends, flex attention and naive PyTorch, same run.
 
+flashtile appears twice: the package's kernel (``flashtile``) and the chapters' textbook kernel
+(``flashtile_textbook``, ``kernels.textbook``), so the tables show what the optimisations buy.
+
 ``python -m flashtile.bench forward`` measures every shape set of ``bench.shapes`` and writes one file
 per set under ``bench/results/`` (``--set main,fp16,models,scaleup`` picks sets; all by default):
 
