@@ -13,8 +13,8 @@ What they support:
 * ``causal`` with the package's alignments: "upper_left" by default (query i sees keys j <= i, as
   SDPA's ``is_causal``), "lower_right" on request. A row that sees no key gets o = 0 and lse = -inf;
 * ``scale`` τ: 1/sqrt(D) by default, any finite value (zero and negative too);
-* lse as ``flashtile.attention`` returns it: (B, H, Tq) float32, natural log, so the textbook backward
-  takes the package's lse and the package's backward takes this one.
+* lse as ``flashtile.attention`` returns it: (B, H, Tq) float32, natural log; the textbook backward runs
+  on the package's (o, lse) as on its own.
 
 What they do not do (the package's kernels, ``flashtile.kernels.forward`` and ``.backward``, do):
 
