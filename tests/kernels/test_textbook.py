@@ -82,6 +82,33 @@ def test_zero_scale_averages_the_visible_values():
     torch.testing.assert_close(lse[0, 0].double(), counts.log(), atol=1e-6, rtol=0)
 
 
+def test_skip_tiles_are_never_read():
+    """Causal, fp16 (64 x 64 tiles), T = 200. Query tile 0 (rows 0 .. 63) needs key tile 0 only, and key
+    tile 1 (keys 64 .. 127) is seen from query row 64 on: NaN in every key and value from key 64 on leaves
+    o and dq of rows 0 .. 63 as they were, NaN in every query and dO row before 64 leaves dk and dv of keys
+    64 on as they were. Control: the same poison one row further in reaches the output."""
+    q, k, v, do = make_inputs(1, 1, 200, 200, 16, F16, seed=13)
+    o, lse = textbook_forward(q, k, v, True)
+    dq, dk, dv = textbook_backward(q, k, v, o, lse, do, True)
+
+    def poisoned(x, start, stop):
+        x = x.clone()
+        x[:, :, start:stop] = float("nan")
+        return x
+
+    for first in (64, 63):  # keys and values NaN from ``first`` on
+        k_bad, v_bad = poisoned(k, first, 200), poisoned(v, first, 200)
+        o_bad, lse_bad = textbook_forward(q, k_bad, v_bad, True)
+        dq_bad = textbook_backward(q, k_bad, v_bad, o_bad, lse_bad, do, True)[0]
+        clean = torch.equal(o_bad[:, :, :64], o[:, :, :64]) and torch.equal(dq_bad[:, :, :64], dq[:, :, :64])
+        assert clean == (first == 64), first
+    for last in (64, 65):  # queries and dO NaN before ``last``
+        q_bad, do_bad = poisoned(q, 0, last), poisoned(do, 0, last)
+        _, dk_bad, dv_bad = textbook_backward(q_bad, k, v, o, lse, do_bad, True)
+        clean = torch.equal(dk_bad[:, :, 64:], dk[:, :, 64:]) and torch.equal(dv_bad[:, :, 64:], dv[:, :, 64:])
+        assert clean == (last == 64), last
+
+
 def test_strided_views_are_read_in_place():
     """(B, T, H, D) storage viewed as (B, H, T, D), and a dO whose head dim is the outer axis: the kernels
     read strides, so the answers are those of contiguous copies."""
