@@ -45,6 +45,18 @@ def assert_gradients_close(actual, expected, dtype):
         torch.testing.assert_close(a.double(), e, **GRAD_TOL[dtype], msg=lambda m, name=name: f"{name}: {m}")
 
 
+def force_kv_split(monkeypatch, kv_split):
+    """Backward plans made from here on share each (key tile, kv head) over kv_split programs, where
+    ``pick_kv_split`` would pick 1 (the CPU runs programs one after another); returns a check that a
+    plan with that split was used."""
+    from flashtile import _plans
+    from flashtile.kernels import backward
+
+    monkeypatch.setattr(_plans, "_plans", {})  # no plan made before the patch is reused
+    monkeypatch.setattr(backward, "pick_kv_split", lambda group, programs, device: kv_split)
+    return lambda: any(getattr(plan, "kv_split", None) == kv_split for plan in _plans._plans.values())
+
+
 def make_inputs(B, H, H_kv, Tq, Tk, D, dtype, seed):
     gen = torch.Generator().manual_seed(seed)
     q, do = randn(B, H, Tq, D, dtype=dtype, generator=gen), randn(B, H, Tq, D, dtype=dtype, generator=gen)
@@ -201,7 +213,7 @@ def test_backward_accepts_non_contiguous_inputs_and_do():
 
 @pytest.mark.parametrize("kv_split", [1, 2], ids=["whole_groups", "split"])
 @pytest.mark.parametrize("deterministic", [True, False], ids=["deterministic", "atomic_dq"])
-def test_gradients_are_laid_out_like_their_inputs(kv_split, deterministic):
+def test_gradients_are_laid_out_like_their_inputs(kv_split, deterministic, monkeypatch):
     # A model's q, k, v are (B, H, T, D) views of (B, T, H, D) projections; autograd keeps a gradient in
     # its input's layout as it is and copies one in any other. A sliced v is not dense: contiguous dv.
     gen = torch.Generator().manual_seed(18)
@@ -209,8 +221,10 @@ def test_gradients_are_laid_out_like_their_inputs(kv_split, deterministic):
     k = randn(2, 31, 2, 16, generator=gen).transpose(1, 2)
     v = randn(2, 2, 31, 24, generator=gen)[..., :16]
     do = randn(2, 4, 29, 16, generator=gen)
-    dq, dk, dv = kernel_gradients(q, k, v, do, True, "upper_left", block_q=16, block_k=16, kv_split=kv_split,
+    used = force_kv_split(monkeypatch, kv_split)
+    dq, dk, dv = kernel_gradients(q, k, v, do, True, "upper_left", block_q=16, block_k=16,
                                   deterministic=deterministic)  # fmt: skip
+    assert used()
     assert dq.stride() == q.stride() and dk.stride() == k.stride()
     assert dv.is_contiguous()
     assert_gradients_close((dq, dk, dv), reference_gradients(q, k, v, do, True, "upper_left")[1], F32)
@@ -277,22 +291,16 @@ def test_backward_rejects_bad_input_with_a_clear_message(override, error, match)
     "causal,alignment,deterministic,kv_split",
     covering(mask=MASKS, order={"deterministic": True, "atomic_dq": False}, kv_split=[2, 4]),
 )
-def test_split_gqa_groups_match_float64_autograd(causal, alignment, deterministic, kv_split):
+def test_split_gqa_groups_match_float64_autograd(causal, alignment, deterministic, kv_split, monkeypatch):
     # Each (key tile, kv head) shared by kv_split programs, each summing part of the group's query heads
     # into float32 partials that the launcher adds up: every head must be counted once, in the right plane.
     q, k, v, do = make_inputs(2, 8, 2, 37, 29, 24, F32, seed=40 + kv_split)
-    actual = kernel_gradients(q, k, v, do, causal, alignment, block_q=16, block_k=16, deterministic=deterministic,
-                              kv_split=kv_split)  # fmt: skip
+    used = force_kv_split(monkeypatch, kv_split)
+    actual = kernel_gradients(q, k, v, do, causal, alignment, block_q=16, block_k=16, deterministic=deterministic)
+    assert used()
     assert_gradients_close(actual, reference_gradients(q, k, v, do, causal, alignment)[1], F32)
     storages = {g.untyped_storage().data_ptr() for g in actual}
     assert len(storages) == 3, "dq, dk and dv must be three tensors, not views of one buffer"
-
-
-def test_kv_split_must_divide_the_group():
-    q, k, v, do = make_inputs(1, 4, 1, 16, 16, 16, F32, seed=3)
-    for bad, error in ((3, ValueError), (0, ValueError), (True, TypeError), (2.0, TypeError)):
-        with pytest.raises(error, match="kv_split"):
-            kernel_gradients(q, k, v, do, False, "upper_left", kv_split=bad)
 
 
 def test_kv_split_is_picked_by_grid_size(monkeypatch):
@@ -301,11 +309,11 @@ def test_kv_split_is_picked_by_grid_size(monkeypatch):
     monkeypatch.setattr(backward, "sm_count", lambda device: 132)
     cuda = torch.device("cuda")  # a device object only: nothing runs on it
     enough = backward.PROGRAMS_PER_SM * 132
-    assert backward.pick_kv_split(None, 4, enough, cuda) == 1  # the grid fills the GPU already
-    assert backward.pick_kv_split(None, 4, enough // 2, cuda) == 2  # the smallest divisor that gets there
-    assert backward.pick_kv_split(None, 4, 128, cuda) == 4  # never past the group
-    assert backward.pick_kv_split(None, 1, 8, cuda) == 1  # no GQA, nothing to split
-    assert backward.pick_kv_split(None, 4, 8, torch.device("cpu")) == 1  # the interpreter: one after another
+    assert backward.pick_kv_split(4, enough, cuda) == 1  # the grid fills the GPU already
+    assert backward.pick_kv_split(4, enough // 2, cuda) == 2  # the smallest divisor that gets there
+    assert backward.pick_kv_split(4, 128, cuda) == 4  # never past the group
+    assert backward.pick_kv_split(1, 8, cuda) == 1  # no GQA, nothing to split
+    assert backward.pick_kv_split(4, 8, torch.device("cpu")) == 1  # the interpreter: one after another
 
 
 def test_descriptor_loads_only_where_the_work_pays_for_them(monkeypatch):

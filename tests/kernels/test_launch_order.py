@@ -11,7 +11,9 @@ import triton
 import triton.language as tl
 
 from _truth import attention_truth
+from flashtile import _plans
 from flashtile._env import H200_SM_COUNT
+from flashtile.kernels import backward, forward
 from flashtile.kernels._common import (
     HEAVIEST_FIRST_BYTES,
     HEAVIEST_FIRST_WAVES,
@@ -72,20 +74,17 @@ def test_without_heaviest_first_only_the_tile_axis_may_flip(heavy_tile_last):
 def test_chunks_hold_what_fits_in_the_budget_in_whole_groups_only_under_causal_and_on_short_grids():
     budget, cpu, few = HEAVIEST_FIRST_BYTES, torch.device("cpu"), 1000  # the CPU tier assumes the H200's SMs
 
-    def chunk(enabled=True, causal=True, plane_bytes=budget // 8, pairs=100, programs=few, resident=1, share=1):
-        return heaviest_first_chunk(enabled, causal, plane_bytes, pairs, programs, resident, cpu, share)
+    def chunk(causal=True, plane_bytes=budget // 8, pairs=100, programs=few, resident=1, share=1):
+        return heaviest_first_chunk(causal, plane_bytes, pairs, programs, resident, cpu, share)
 
     assert chunk() == 8
     assert chunk(pairs=5) == 5  # never more than the grid has
     assert chunk(plane_bytes=budget // 10, share=4) == 8  # whole GQA groups
     assert chunk(plane_bytes=2 * budget, share=4) == 4  # at least one group
-    assert chunk(enabled=False) == 0
     assert chunk(causal=False) == 0  # no causal mask: every tile has the same work
     waves = HEAVIEST_FIRST_WAVES * H200_SM_COUNT  # programs in that many waves of one program per SM
     assert chunk(programs=waves) == 8 and chunk(programs=waves + 1) == 0  # a long grid: the plain order
     assert chunk(programs=2 * waves, resident=2) == 8  # two programs per SM: twice the programs per wave
-    with pytest.raises(TypeError, match="heaviest_first"):
-        chunk(enabled=1)
 
 
 def test_resident_programs_follow_the_register_file():
@@ -96,7 +95,7 @@ def test_resident_programs_follow_the_register_file():
 
 
 @pytest.mark.parametrize("shape", [(2, 4, 2, 77, 77, 24), (1, 3, 1, 50, 90, 16), (2, 2, 2, 96, 64, 32)])
-def test_heaviest_first_gives_the_same_bits_and_the_float64_gradients(shape):
+def test_heaviest_first_gives_the_same_bits_and_the_float64_gradients(shape, monkeypatch):
     B, H, H_kv, Tq, Tk, D = shape
     dtype = torch.float16 if DEVICE == "cuda" else torch.float32
     gen = torch.Generator().manual_seed(sum(shape))
@@ -105,9 +104,19 @@ def test_heaviest_first_gives_the_same_bits_and_the_float64_gradients(shape):
     config = {"dkdv": (16, 16, 4, 1), "dq": (16, 16, 4, 1)}  # many tiles per head, so the order matters
     results = []
     for first in (False, True):
-        o, lse, stats = flash_attention(q, k, v, True, block_q=16, block_k=16, return_stats=True,
-                                        heaviest_first=first)  # fmt: skip
-        grads = flash_attention_backward(q, k, v, o, lse, do, True, stats=stats, config=config, heaviest_first=first)
+        chunks = []  # what the launchers got: the heuristic's chunk, or 0 (the plain order) when not first
+
+        def chunk(*args, first=first, chunks=chunks, **kwargs):
+            chunks.append(heaviest_first_chunk(*args, **kwargs) if first else 0)
+            return chunks[-1]
+
+        with monkeypatch.context() as patch:
+            patch.setattr(_plans, "_plans", {})  # fresh plans, made with the chunk above
+            patch.setattr(forward, "heaviest_first_chunk", chunk)
+            patch.setattr(backward, "heaviest_first_chunk", chunk)
+            o, lse, stats = flash_attention(q, k, v, True, block_q=16, block_k=16, return_stats=True)
+            grads = flash_attention_backward(q, k, v, o, lse, do, True, stats=stats, config=config)
+        assert len(chunks) == 3 and (all(chunks) if first else not any(chunks)), chunks  # forward, dK/dV, dQ
         results.append((o, lse, *grads))
     for before, after in zip(*results):
         assert torch.equal(before, after)

@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._checks import check_block, check_flag, check_int
+from .._checks import check_block, check_int
 from .._env import is_interpreting, sm_count
 
 KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -129,7 +129,7 @@ def resident_programs(num_warps: int, maxnreg: int | None) -> int:
     return max(1, REGISTERS_PER_SM // (num_warps * 32 * (maxnreg or 255)))
 
 
-def heaviest_first_chunk(heaviest_first, causal: bool, plane_bytes: int, pairs: int, programs: int, resident: int,
+def heaviest_first_chunk(causal: bool, plane_bytes: int, pairs: int, programs: int, resident: int,
                          device: torch.device, share: int = 1) -> int:  # fmt: skip
     """(plane, batch) pairs per chunk of a heaviest-first launch (``program_tile``), or 0: the plain order.
 
@@ -141,7 +141,7 @@ def heaviest_first_chunk(heaviest_first, causal: bool, plane_bytes: int, pairs: 
     programs one SM holds): on the H200 the new order paid at a few waves and lost at sixteen
     (sweeps/launch-order.json, bench/PERF_LOG.md).
     """
-    if not (check_flag("heaviest_first", heaviest_first) and causal):
+    if not causal:
         return 0
     if programs > HEAVIEST_FIRST_WAVES * resident * sm_count(device):
         return 0

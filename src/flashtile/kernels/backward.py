@@ -492,25 +492,19 @@ PROGRAMS_PER_SM = 4  # below this many dK/dV programs per SM, split GQA groups (
 
 
 # --8<-- [start:kv_split]
-def pick_kv_split(kv_split, group: int, programs: int, device: torch.device) -> int:
+def pick_kv_split(group: int, programs: int, device: torch.device) -> int:
     """How many dK/dV programs share one (key tile, kv head): a divisor of the GQA group size.
 
-    None picks: 1 without GQA, on the CPU, or when the grid already has PROGRAMS_PER_SM programs per SM;
+    1 without GQA, on the CPU, or when the grid already has PROGRAMS_PER_SM programs per SM;
     otherwise the smallest divisor of the group that gets there (or the whole group): on the H200, a
     grid of one program per SM left the dK/dV kernel far slower than the same work over four times the
     programs (sweeps/backward-kv-split.json). A split writes float32 partials, which
     the launcher sums in a fixed order: still bitwise reproducible, rounded differently from no split.
     """
-    if kv_split is None:
-        if group == 1 or device.type != "cuda":
-            return 1
-        enough = PROGRAMS_PER_SM * sm_count(device)
-        return next((d for d in range(1, group + 1) if group % d == 0 and programs * d >= enough), group)
-    if isinstance(kv_split, bool) or not isinstance(kv_split, int):
-        raise TypeError(f"kv_split must be an int or None, got {type(kv_split).__name__} {kv_split!r}")
-    if kv_split < 1 or group % kv_split:
-        raise ValueError(f"kv_split must divide the GQA group size {group} (H / H_kv), got {kv_split}")
-    return kv_split
+    if group == 1 or device.type != "cuda":
+        return 1
+    enough = PROGRAMS_PER_SM * sm_count(device)
+    return next((d for d in range(1, group + 1) if group % d == 0 and programs * d >= enough), group)
 # --8<-- [end:kv_split]
 
 
@@ -567,7 +561,7 @@ class BackwardPlan(NamedTuple):
 
 
 def make_backward_plan(q, k, v, o, lse, do, stats, causal, scale, alignment, block_q, block_k, config,
-                       deterministic, tma=None, kv_split=None, heaviest_first=True) -> BackwardPlan:  # fmt: skip
+                       deterministic, tma=None) -> BackwardPlan:  # fmt: skip
     """Check one backward call's arguments and derive its launches; raises on anything the kernels cannot take."""
     shape = check_attention_inputs(q, k, v, dtypes=KERNEL_DTYPES)
     check_like("o", o, "q", q)
@@ -599,7 +593,7 @@ def make_backward_plan(q, k, v, o, lse, do, stats, causal, scale, alignment, blo
     dkdv_q, dkdv_k, dkdv_warps, dkdv_stages = config["dkdv"]
     dkdv_q, dkdv_k = block_q or dkdv_q, block_k or dkdv_k
     n_key_tiles = -(-shape.Tk // dkdv_k)
-    kv_split = pick_kv_split(kv_split, shape.group, n_key_tiles * shape.H_kv * shape.B, q.device)
+    kv_split = pick_kv_split(shape.group, n_key_tiles * shape.H_kv * shape.B, q.device)
     grad_strides = (strides_like(q), strides_like(k), strides_like(v))  # dq, dk, dv: laid out like q, k, v
     partials = contiguous_strides((shape.B, shape.H_kv * kv_split, shape.Tk, shape.D))
     dk_dv_strides = (*grad_strides[1], *grad_strides[2]) if kv_split == 1 else (*partials, *partials)
@@ -614,10 +608,10 @@ def make_backward_plan(q, k, v, o, lse, do, stats, causal, scale, alignment, blo
     # do of its share of the group's query heads, a dQ program k and v of the kv head its group shares
     share_bytes = 2 * shape.D * q.element_size()
     dkdv_pairs, dq_pairs, n_query_tiles = shape.B * shape.H_kv * kv_split, shape.B * shape.H, -(-shape.Tq // dq_q)
-    dkdv_chunk = heaviest_first_chunk(heaviest_first, causal, share_bytes * shape.Tq * shape.group // kv_split,
+    dkdv_chunk = heaviest_first_chunk(causal, share_bytes * shape.Tq * shape.group // kv_split,
                                       dkdv_pairs, dkdv_pairs * n_key_tiles, resident_programs(dkdv_warps, None),
                                       q.device)  # fmt: skip
-    dq_chunk = heaviest_first_chunk(heaviest_first, causal, share_bytes * shape.Tk // shape.group, dq_pairs,
+    dq_chunk = heaviest_first_chunk(causal, share_bytes * shape.Tk // shape.group, dq_pairs,
                                     dq_pairs * n_query_tiles, resident_programs(dq_warps, None), q.device,
                                     shape.group)  # fmt: skip
     return BackwardPlan(
@@ -657,7 +651,7 @@ def make_backward_plan(q, k, v, o, lse, do, stats, causal, scale, alignment, blo
 # --8<-- [start:launcher]
 def flash_attention_backward(
     q, k, v, o, lse, do, causal=False, scale=None, alignment="upper_left", block_q=None, block_k=None, *,
-    stats=None, config=None, deterministic=True, tma=None, kv_split=None, heaviest_first=True,
+    stats=None, config=None, deterministic=True, tma=None,
 ):
     """Gradients of attention from the forward's o and lse, with two Triton launches.
 
@@ -678,13 +672,6 @@ def flash_attention_backward(
             ``_common.use_tma``); False loads through pointers; None (the default) takes
             ``backward_config``'s choice: TMA where possible from 1k tokens on, measured faster there
             on the H200. Either way the results are bitwise the same.
-        kv_split: with GQA, how many dK/dV programs share each (key tile, kv head), splitting the group's
-            query heads between them (a divisor of H / H_kv); None picks one by grid size
-            (``pick_kv_split``). Results are bitwise reproducible for each value.
-        heaviest_first: under causal (ignored otherwise), both kernels start every head's heaviest tile
-            before any head's second heaviest, in chunks of heads whose streamed tiles fit in L2
-            (``_common.program_tile``), where the grid is short enough for that to pay
-            (``_common.heaviest_first_chunk``); False keeps the plain order. The same gradients, bitwise.
 
     Returns:
         dq like q; dk like k, dv like v: each laid out like its input in memory where that input is dense
@@ -693,7 +680,7 @@ def flash_attention_backward(
         in float32 and cast to the input dtype.
     """
     plan = cached_plan(make_backward_plan, (q, k, v, o, lse, do, stats), causal, scale, alignment, block_q, block_k,
-                       config, deterministic, tma, kv_split, heaviest_first)  # fmt: skip
+                       config, deterministic, tma)  # fmt: skip
     stats = stats_from_lse(lse, plan.scale) if stats is None else stats
     if not stats.is_contiguous():  # contiguous() is a dispatched call even when it returns stats itself
         stats = stats.contiguous()

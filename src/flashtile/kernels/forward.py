@@ -301,7 +301,7 @@ class ForwardPlan(NamedTuple):
 
 
 def make_forward_plan(q, k, v, causal, scale, alignment, block_q, block_k, num_warps, num_stages, tma,
-                      return_stats, heaviest_first=True) -> ForwardPlan:  # fmt: skip
+                      return_stats) -> ForwardPlan:  # fmt: skip
     """Validate one call's arguments and derive its launch; raises on anything the kernel cannot take."""
     shape = check_attention_inputs(q, k, v, dtypes=KERNEL_DTYPES)
     check_causal(causal)
@@ -329,7 +329,7 @@ def make_forward_plan(q, k, v, causal, scale, alignment, block_q, block_k, num_w
     n_tiles = -(-Tq // block_q)  # cdiv in plain Python: triton.cdiv is a jit function
     maxnreg = config.get("maxnreg") if own_settings else None  # a cap measured with these settings only
     o_strides = strides_like(q)  # q's own layout where q is dense (a model's (B, T, H, D) view), else contiguous
-    chunk = heaviest_first_chunk(heaviest_first, causal, 2 * Tk * D * q.element_size() // shape.group, B * H,
+    chunk = heaviest_first_chunk(causal, 2 * Tk * D * q.element_size() // shape.group, B * H,
                                  B * H * n_tiles, resident_programs(num_warps, maxnreg), q.device,
                                  shape.group)  # fmt: skip
     return ForwardPlan(
@@ -357,7 +357,7 @@ def make_forward_plan(q, k, v, causal, scale, alignment, block_q, block_k, num_w
 
 def flash_attention(
     q, k, v, causal=False, scale=None, alignment="upper_left", block_q=None, block_k=None, *,
-    num_warps=None, num_stages=None, return_stats=False, tma=None, heaviest_first=True,
+    num_warps=None, num_stages=None, return_stats=False, tma=None,
 ):
     """Attention forward on the GPU, without materialising the Tq x Tk score matrix.
 
@@ -372,10 +372,6 @@ def flash_attention(
             ``flash_attention_backward(..., stats=...)``.
         tma: load tiles through TMA descriptors (True), through pointers (False), or let the launcher
             choose (None: ``forward_config``'s choice, where the strides and the device allow it).
-        heaviest_first: under causal (ignored otherwise), start every head's longest query tile before
-            any head's second longest, in chunks of heads whose K and V fit in L2 (``_common.program_tile``),
-            where the grid is short enough for that to pay (``_common.heaviest_first_chunk``); False keeps
-            the plain order (each head's tiles together). The same result, bitwise.
 
     Returns:
         o: (B, H, Tq, D) in q's dtype, laid out as q is where q is dense (for q a (B, H, T, D) view of a
@@ -385,7 +381,7 @@ def flash_attention(
         sign(τ)·q·k) and stats[1] = l.
     """
     plan = cached_plan(make_forward_plan, (q, k, v), causal, scale, alignment, block_q, block_k, num_warps,
-                       num_stages, tma, return_stats, heaviest_first)  # fmt: skip
+                       num_stages, tma, return_stats)  # fmt: skip
     o, row_stats = forward_with_plan(plan, q, k, v)
     return (o, row_stats[0], row_stats[1:]) if plan.return_stats else (o, row_stats[0])
 
