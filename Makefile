@@ -1,9 +1,10 @@
 # flashtile: two commands on a fresh Debian or Ubuntu machine (root or not), no GPU needed.
 #   make serve   install what is needed, then serve the site on http://127.0.0.1:8000
 #   make test    install what is needed (browser included), then run the whole suite
+#   make test-long   the same with the long profiles: 300 examples per property test, whole parameter grids
 # What the system lacks (python3-venv, chromium) is installed with apt when that needs no password
 # (root, or passwordless sudo); otherwise make stops at once and prints the command to run.
-# On a CUDA machine (your own torch build already installed):  make gpu-test  and  make bench
+# On a CUDA machine (your own torch build already installed):  make gpu-test  (gpu-test-long)  and  make bench
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -15,7 +16,7 @@ TORCH_INDEX ?=
 export NO_MKDOCS_2_WARNING := 1
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: install browser serve build test test-unit test-docs test-site lint gpu-test bench clean
+.PHONY: install browser serve build test test-long test-unit test-docs test-site lint gpu-test gpu-test-long bench clean
 
 $(VENV)/.installed: pyproject.toml constraints-cpu.txt
 	PYTHON=$(PYTHON) tools/system-deps.sh venv
@@ -40,22 +41,34 @@ build: install
 
 # Each step fails on its own: pytest exits 5 when it collects nothing, and make stops on any non-zero.
 # The browser comes first so that a machine without one stops before the long steps, not after.
-test: install browser lint test-unit test-docs test-site
+# The unit tests and the docs' claims share one pytest start; the site is built once, into site/, and
+# the site tests read that build (FLASHTILE_SITE_DIR), which is also what the Pages workflow deploys.
+test: install browser lint test-unit test-site
+
+# FLASHTILE_TEST_LONG=1: 300 examples per property test instead of 60 (the hypothesis profile of the
+# root conftest), and every parameter grid whole instead of its pairwise covering (tests/_grids.py).
+test-long: export FLASHTILE_TEST_LONG := 1
+test-long: test
 
 lint: install
 	$(VENV)/bin/ruff check src tests bench conftest.py
 
 test-unit: install
-	$(PY) -m pytest -n 2 -m "not site" tests
+	$(PY) -m pytest -n 2 -m "not site" --codeblocks tests docs
 
 test-docs: install
 	$(PY) -m pytest --codeblocks docs -q
 
-test-site: install browser
-	$(PY) -m pytest -m site tests/site
+test-site: install browser build
+	FLASHTILE_SITE_DIR=site $(PY) -m pytest -m site tests/site
 
+# The GPU suite, one process on one device, sized to finish within 8 minutes on one H200. gpu-test-long: the
+# whole parameter grids.
 gpu-test:
-	PYTHONPATH=src $(PYTHON) -m pytest -m gpu tests -q
+	PYTHONPATH=src $(PYTHON) -m pytest -m gpu tests -q --durations=15
+
+gpu-test-long: export FLASHTILE_TEST_LONG := 1
+gpu-test-long: gpu-test
 
 bench:
 	PYTHONPATH=src $(PYTHON) -m flashtile.bench

@@ -1,9 +1,9 @@
 """Session fixtures for the site tests: one strict build, one local server, one headless Chromium.
 
 The build runs once per session (about half a minute, most of it executing the notebook) into a
-temporary folder; every test reads that folder. The server mounts the site under the path of
-``site_url`` (``/flashtile/``), like GitHub Pages does, so the 404 page's absolute asset links are
-exercised too.
+temporary folder, or was run already into the folder FLASHTILE_SITE_DIR names; every test reads that
+folder. The server mounts the site under the path of ``site_url`` (``/flashtile/``), like GitHub Pages
+does, so the 404 page's absolute asset links are exercised too.
 """
 
 from __future__ import annotations
@@ -38,7 +38,16 @@ CHROMIUM_ARGS = [
 
 @pytest.fixture(scope="session")
 def built_site(tmp_path_factory) -> Path:
-    """Run ``mkdocs build --strict`` once; return the site folder. Fails the session on any warning."""
+    """Run ``mkdocs build --strict`` once; return the site folder. Fails the session on any warning.
+
+    FLASHTILE_SITE_DIR names a folder that ``mkdocs build --strict`` has just built (``make test-site``
+    builds site/ once, the Pages workflow then deploys that same folder): the tests read it instead."""
+    prebuilt = os.environ.get("FLASHTILE_SITE_DIR")
+    if prebuilt:
+        site = Path(prebuilt).resolve()
+        if not (site / "index.html").is_file() or not (site / "404.html").is_file():
+            pytest.fail(f"FLASHTILE_SITE_DIR={prebuilt}: no built site there (index.html and 404.html missing)")
+        return site
     site = tmp_path_factory.mktemp("site")
     env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
     start = time.perf_counter()

@@ -2,13 +2,15 @@
 
 Chromium is Debian's (/usr/bin/chromium) driven by the playwright package; `playwright install` is
 never needed. Each page gets a fresh browser context that records every request, so a CDN script or
-font that sneaks back in fails the test that loads it. Every page is opened at 1280 px and again at
-phone width (390 px), where display math must keep its size and scroll in its own box. Screenshots
-land in artifacts/screenshots/ (git-ignored): <page>.png at 1280 px, <page>--390.png at 390 px.
+font that sneaks back in fails the test that loads it. Every page is checked at 1280 px, then the same
+load is narrowed to phone width (390 px), where display math must keep its size and scroll in its own
+box. Screenshots are taken on request only (FLASHTILE_SCREENSHOTS=1; nothing asserts on them), into
+artifacts/screenshots/ (git-ignored): <page>.png at 1280 px, <page>--390.png at 390 px.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -29,6 +31,7 @@ from _site_docs import (
 pytestmark = pytest.mark.site
 
 SCREENSHOTS = REPO / "artifacts" / "screenshots"
+TAKE_SCREENSHOTS = os.environ.get("FLASHTILE_SCREENSHOTS", "") not in ("", "0")
 PAGES = doc_pages()
 MATHJAX_TIMEOUT_MS = 60_000
 
@@ -75,13 +78,6 @@ def page(browser, site_url):
     context.close()
 
 
-@pytest.fixture
-def phone_page(browser, site_url):
-    context, pg = open_page(browser, site_url, PHONE)
-    yield pg
-    context.close()
-
-
 def wait_for_mathjax(page) -> None:
     ready = "() => window.MathJax && MathJax.startup && MathJax.startup.promise"
     page.wait_for_function(ready, timeout=MATHJAX_TIMEOUT_MS)
@@ -89,9 +85,15 @@ def wait_for_mathjax(page) -> None:
 
 
 def screenshot_name(src: Path, suffix: str = "") -> Path:
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     stem = src.relative_to(DOCS).with_suffix("").as_posix().replace("/", "__")
     return SCREENSHOTS / f"{stem}{suffix}.png"
+
+
+def screenshot(page, path: Path, full_page: bool = False) -> None:
+    """A screenshot to look at, only when FLASHTILE_SCREENSHOTS is set: nothing asserts on it."""
+    if TAKE_SCREENSHOTS:
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=path, full_page=full_page)
 
 
 def expects_math(src: Path) -> bool:
@@ -173,8 +175,26 @@ def check_layout(page, src: Path) -> None:
     assert page_width <= viewport, f"{where}: the page is {page_width} px wide in a {viewport} px viewport"
 
 
+# Collapsed notes (<details>) opened for the listing check, marked so that exactly those close again.
+OPEN_DETAILS_JS = """() => document.querySelectorAll("details:not([open])").forEach((d) => {
+  d.dataset.openedByTest = ""; d.open = true;
+})"""
+CLOSE_DETAILS_JS = """() => document.querySelectorAll("details[data-opened-by-test]").forEach((d) => {
+  delete d.dataset.openedByTest; d.open = false;
+})"""
+
+
 def check_listings(page, src: Path) -> None:
-    """Each titled code block equals its src section, in page order."""
+    """Each titled code block equals its src section, in page order; blocks inside collapsed notes are
+    read with the notes opened (a closed one renders no text), which are then closed again."""
+    page.evaluate(OPEN_DETAILS_JS)
+    try:
+        _check_listings(page, src)
+    finally:
+        page.evaluate(CLOSE_DETAILS_JS)
+
+
+def _check_listings(page, src: Path) -> None:
     expected = listings(src)
     blocks = page.locator(".highlight:has(> .filename)")
     assert blocks.count() == len(expected), (
@@ -191,8 +211,14 @@ def check_listings(page, src: Path) -> None:
         ], f"{src.name}: listing {lst.path}:{lst.section} differs from src"
 
 
+NEXT_FRAME_JS = "() => new Promise((done) => requestAnimationFrame(() => requestAnimationFrame(done)))"
+
+
 @pytest.mark.parametrize("src", PAGES, ids=lambda p: p.relative_to(DOCS).as_posix())
-def test_page_is_offline_clean_typeset_and_shows_live_src(page, site_url, src):
+def test_page_is_offline_clean_typeset_shows_live_src_and_reads_at_phone_width(page, site_url, src):
+    """At 1280 px: offline, typeset, listings equal to src, images loaded. Narrowed to 390 px on the same
+    load: every display equation keeps its size and scrolls in its own box; the page never scrolls."""
+    where = src.relative_to(DOCS).as_posix()
     response = page.goto(site_url + page_url(src), wait_until="load")
     assert response.status == 200
     if expects_math(src):
@@ -203,23 +229,18 @@ def test_page_is_offline_clean_typeset_and_shows_live_src(page, site_url, src):
     assert not broken, f"images that did not load: {broken}"
     page.wait_for_load_state("networkidle")
     check_layout(page, src)
-    page.screenshot(path=screenshot_name(src), full_page=True)
-    page.log.assert_clean(src.relative_to(DOCS).as_posix())
+    screenshot(page, screenshot_name(src), full_page=True)
+    page.log.assert_clean(where)
 
-
-@pytest.mark.parametrize("src", PAGES, ids=lambda p: p.relative_to(DOCS).as_posix())
-def test_page_is_readable_at_phone_width(phone_page, site_url, src):
-    """At 390 px every display equation keeps its size and scrolls in its own box; the page never scrolls."""
-    response = phone_page.goto(site_url + page_url(src), wait_until="load")
-    assert response.status == 200
-    wait_for_mathjax(phone_page)
-    phone_page.wait_for_load_state("networkidle")
+    page.set_viewport_size(PHONE)
+    page.evaluate(NEXT_FRAME_JS)  # the narrow layout laid out and painted before it is measured
+    assert page.evaluate("() => window.innerWidth") == PHONE["width"]
     source = notebook_markdown(src) if src.suffix == ".ipynb" else src.read_text(encoding="utf-8")
     if "$$" in source:  # so that the check below cannot pass by finding no equation at all
-        assert phone_page.locator('mjx-container[display="true"]').count() > 0, f"{src.name}: no display math drawn"
-    check_layout(phone_page, src)
-    phone_page.screenshot(path=screenshot_name(src, "--390"), full_page=True)
-    phone_page.log.assert_clean(f"{src.relative_to(DOCS).as_posix()} at 390 px")
+        assert page.locator('mjx-container[display="true"]').count() > 0, f"{src.name}: no display math drawn"
+    check_layout(page, src)
+    screenshot(page, screenshot_name(src, "--390"), full_page=True)
+    page.log.assert_clean(f"{where} at 390 px")
 
 
 def test_404_page_is_offline_clean(page, site_url):
@@ -228,7 +249,7 @@ def test_404_page_is_offline_clean(page, site_url):
     assert page.locator(".md-header").count() == 1, "the server did not answer with the site's 404.html"
     assert "404" in page.locator(".md-content").inner_text()
     page.wait_for_load_state("networkidle")
-    page.screenshot(path=SCREENSHOTS / "404.png")
+    screenshot(page, SCREENSHOTS / "404.png")
     # The 404 status of the page itself is the point, and on an error page Chromium asks the origin
     # for /favicon.ico, which GitHub Pages does not serve either; anything else failing is a bug.
     origin = "{0.scheme}://{0.netloc}".format(urlsplit(site_url))
@@ -247,7 +268,7 @@ def test_search_finds_logsumexp(page, site_url):
     results = page.locator(".md-search-result__item")
     results.first.wait_for(timeout=30_000)
     assert "logsumexp" in results.first.inner_text().lower()
-    page.screenshot(path=SCREENSHOTS / "search-logsumexp.png")
+    screenshot(page, SCREENSHOTS / "search-logsumexp.png")
     page.log.assert_clean("search")
 
 
@@ -297,7 +318,7 @@ def test_dark_palette_renders(page, site_url):
     page.locator("form[data-md-component='palette'] label:visible").first.click()
     assert page.evaluate("() => document.body.getAttribute('data-md-color-scheme')") == "slate"
     page.wait_for_load_state("networkidle")
-    page.screenshot(path=screenshot_name(src, "--dark"), full_page=True)
+    screenshot(page, screenshot_name(src, "--dark"), full_page=True)
     page.log.assert_clean("dark palette")
 
 
