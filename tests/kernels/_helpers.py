@@ -6,6 +6,9 @@ the CPU; with CUDA the same tests run the compiled kernels on the GPU.
 
 from __future__ import annotations
 
+import json
+import os
+
 import torch
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -46,3 +49,21 @@ def case_id(case) -> str:
     B, H, H_kv, Tq, Tk, D, causal, alignment, dtype = case
     mask = alignment if causal else "full"
     return f"B{B}-H{H}/{H_kv}-Tq{Tq}-Tk{Tk}-D{D}-{mask}-{str(dtype)[6:]}"
+
+
+def once_per_run(tmp_path_factory, name: str, make):
+    """``make()`` (JSON-able) computed once per test run, even when pytest-xdist runs the tests that need it
+    on several workers: the first worker to take the lock computes and writes it into the folder the
+    run's workers share (the parent of each worker's base temp folder), the others read it."""
+    from filelock import FileLock  # a dependency of torch
+
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent
+    path = root / f"{name}.json"
+    with FileLock(str(path) + ".lock"):
+        if path.is_file():
+            return json.loads(path.read_text())
+        value = make()
+        path.write_text(json.dumps(value))
+        return value

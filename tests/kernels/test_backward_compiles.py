@@ -23,6 +23,8 @@ import pytest
 
 from _sm90 import compile_in_fresh_process
 
+from ._helpers import once_per_run
+
 BODY = """
 import re, subprocess, tempfile
 import torch
@@ -92,9 +94,10 @@ H200_SHARED_BYTES = 227 * 1024  # the most shared memory one block may use on th
 
 
 @pytest.fixture(scope="module")
-def sm90() -> dict:
-    """{"ptx": dQ mode -> PTX of the bf16, D = 64 dK/dV kernel, "stats": [kernel, D, config, spills, regs, shared]}."""
-    return compile_in_fresh_process(BODY)
+def sm90(tmp_path_factory) -> dict:
+    """{"ptx": dQ mode -> PTX of the bf16, D = 64 dK/dV kernel, "stats": [kernel, D, config, spills, regs, shared]};
+    compiled once per run, whichever worker asks first."""
+    return once_per_run(tmp_path_factory, "sm90-backward", lambda: compile_in_fresh_process(BODY))
 
 
 def test_atomic_dq_compiles_to_float32_atomic_adds_and_the_default_has_none(sm90):

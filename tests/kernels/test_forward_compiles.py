@@ -18,6 +18,8 @@ import pytest
 
 from _sm90 import compile_in_fresh_process
 
+from ._helpers import once_per_run
+
 BODY = """
 from flashtile.kernels import forward
 
@@ -38,9 +40,10 @@ print(json.dumps(out))
 
 
 @pytest.fixture(scope="module")
-def sm90_ptx() -> dict[str, str]:
-    """load path ("pointers", "tma") -> PTX of the bf16, D = 64 forward kernel for sm_90."""
-    return compile_in_fresh_process(BODY)
+def sm90_ptx(tmp_path_factory) -> dict[str, str]:
+    """load path ("pointers", "tma") -> PTX of the bf16, D = 64 forward kernel for sm_90; compiled once per
+    run, whichever worker asks first."""
+    return once_per_run(tmp_path_factory, "sm90-forward", lambda: compile_in_fresh_process(BODY))
 
 
 @pytest.mark.parametrize("path", ["pointers", "tma"])
