@@ -45,6 +45,21 @@ def attention_truth(q, k, v, causal=False, scale=None, alignment="upper_left"):
     return o, lse
 
 
+def decode_truth(q, k, v, lengths, scale=None):
+    """(o, lse) float64, on the CPU: each sequence b's Tq new tokens (q is (B, H, Tq, D)) against the first
+    ``lengths[b]`` keys of the caches k, v (B, H_kv, T_max, D), lower-right aligned; a sequence with no key
+    gets o = 0 and lse = -inf."""
+    q, k, v = q.double().cpu(), k.double().cpu(), v.double().cpu()
+    o = torch.zeros(q.shape, dtype=torch.float64)
+    lse = torch.full(q.shape[:-1], float("-inf"), dtype=torch.float64)
+    for b, n in enumerate(lengths):
+        if n:
+            o_b, lse_b = attention_truth(q[b : b + 1], k[b : b + 1, :, :n], v[b : b + 1, :, :n], True, scale,
+                                         "lower_right")  # fmt: skip
+            o[b], lse[b] = o_b[0], lse_b[0]
+    return o, lse
+
+
 def truth_with_grads(q, k, v, do, causal=False, scale=None, alignment="upper_left"):
     """o, lse and (dq, dk, dv) in float64, for the given (possibly low-precision) inputs and upstream dO."""
     q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import flashtile
-from _truth import attention_truth, truth_with_grads
+from _truth import attention_truth, decode_truth, truth_with_grads
 from flashtile.api import use_backend
 from flashtile.reference.autograd import reference_attention
 
@@ -48,18 +48,6 @@ def neg_view(x: torch.Tensor) -> torch.Tensor:
     assert view.is_neg() and torch.equal(view, x)
     return view
 
-
-def decode_truth(q, k, v, lengths, scale=None):
-    """(o, lse) float64: each sequence's Tq new tokens against its first ``lengths[b]`` keys, lower-right."""
-    q, k, v = q.double().cpu(), k.double().cpu(), v.double().cpu()
-    o = torch.zeros(q.shape, dtype=torch.float64)
-    lse = torch.full(q.shape[:-1], float("-inf"), dtype=torch.float64)
-    for b, n in enumerate(lengths):
-        if n:
-            o_b, lse_b = attention_truth(q[b : b + 1], k[b : b + 1, :, :n], v[b : b + 1, :, :n], True, scale,
-                                         "lower_right")  # fmt: skip
-            o[b], lse[b] = o_b[0], lse_b[0]
-    return o, lse
 
 
 def decode_inputs(B=3, H=2, H_kv=1, Tq=2, T_max=40, D=8, seed=0):

@@ -1,28 +1,11 @@
-"""Inputs and the float64 truth for the decode tests, without flashtile.
-
-The truth attends each sequence's new tokens to its first ``length`` keys with ``attention_truth``
-(einsum + torch.softmax in float64, lower-right causal); a sequence of length 0 gives o = 0 and
-lse = -inf by the package's convention.
+"""Inputs for the decode tests, without flashtile. Their float64 truth is ``_truth.decode_truth``: each
+sequence's new tokens against its first ``length`` keys (einsum + torch.softmax in float64, lower-right
+causal); a sequence of length 0 gives o = 0 and lse = -inf by the package's convention.
 """
 
 from __future__ import annotations
 
 import torch
-
-from _truth import attention_truth
-
-
-def decode_truth(q, k, v, lengths, scale=None):
-    """(o, lse) float64 for q (B, H, Tq, D) against contiguous caches k, v (B, H_kv, T_max, D)."""
-    q, k, v = q.double(), k.double(), v.double()
-    o = torch.zeros(q.shape, dtype=torch.float64)
-    lse = torch.full(q.shape[:-1], float("-inf"), dtype=torch.float64)
-    for b, n in enumerate(lengths):
-        if n:
-            o_b, lse_b = attention_truth(q[b : b + 1], k[b : b + 1, :, :n], v[b : b + 1, :, :n], True, scale,
-                                         "lower_right")  # fmt: skip
-            o[b], lse[b] = o_b[0], lse_b[0]
-    return o, lse
 
 
 def random_decode_inputs(B, H, H_kv, Tq, T_max, D, dtype=torch.float32, seed=0):

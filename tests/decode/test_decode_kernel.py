@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _decode_cases import decode_truth, poison_past_lengths, random_decode_inputs, to_pages
+from _decode_cases import poison_past_lengths, random_decode_inputs, to_pages
 
-from _truth import assert_close_to_truth
+from _truth import assert_close_to_truth, decode_truth
 from flashtile._env import is_interpreting
 from flashtile.kernels.decode import flash_decode
 

@@ -6,9 +6,9 @@ import itertools
 
 import pytest
 import torch
-from _decode_cases import decode_truth, poison_past_lengths, random_decode_inputs, to_pages
+from _decode_cases import poison_past_lengths, random_decode_inputs, to_pages
 
-from _truth import assert_close_to_truth
+from _truth import assert_close_to_truth, decode_truth
 from flashtile.reference.decode import (
     attend_split,
     decode_attention_reference,
