@@ -62,7 +62,7 @@ test-docs: install
 test-site: install browser build
 	FLASHTILE_SITE_DIR=site $(PY) -m pytest -m site tests/site
 
-# The GPU suite, one process on one device, sized to finish within 8 minutes on one H200. gpu-test-long: the
+# The GPU suite, one process on one device, meant to finish within 8 minutes on one H200. gpu-test-long: the
 # whole parameter grids.
 gpu-test:
 	PYTHONPATH=src $(PYTHON) -m pytest -m gpu tests -q --durations=15
