@@ -80,33 +80,6 @@ def test_every_split_count_gives_the_same_answer_up_to_rounding(num_splits):
     torch.testing.assert_close(lse, lse_one, atol=1e-4, rtol=1e-5)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0),
-                    reason="programmatic dependent launch needs sm_90")
-@pytest.mark.parametrize("paged", [False, True])
-@pytest.mark.parametrize("num_splits, Tq", [(2, 1), (33, 1), (7, 4)])
-def test_pdl_launch_gives_the_same_bits(paged, num_splits, Tq):
-    """pdl=True only changes when the merge kernel's programs are placed; its gdc_wait makes it read the
-    finished partials, so the output is bitwise that of the ordinary launch, eagerly and from a CUDA graph."""
-    gen = torch.Generator(device="cuda").manual_seed(num_splits + Tq)
-    q = torch.randn(2, 32, Tq, 128, generator=gen, device="cuda").to(torch.bfloat16)
-    k, v = (torch.randn(2, 8, 20000, 128, generator=gen, device="cuda").to(torch.bfloat16) for _ in range(2))
-    seqlens = torch.tensor([20000, 999], dtype=torch.int32, device="cuda")
-    table = None
-    if paged:
-        k, v, table = (x.cuda() for x in to_pages(k.cpu(), v.cpu(), 16, seqlens.tolist()))
-    args = dict(num_splits=num_splits, block_table=table)
-    o_plain, lse_plain = flash_decode(q, k, v, seqlens, **args)
-    o, lse = flash_decode(q, k, v, seqlens, pdl=True, **args)
-    assert torch.equal(o, o_plain) and torch.equal(lse, lse_plain)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        o_graph, lse_graph = flash_decode(q, k, v, seqlens, pdl=True, **args)
-    for _ in range(3):
-        graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(o_graph, o_plain) and torch.equal(lse_graph, lse_plain)
-
-
 def test_decode_uses_64_bit_offsets_in_a_large_paged_pool():
     # 9,000 pages of 8 heads x 256 keys x 128 dims = 2.4e9 elements: page offsets pass 2**31.
     gen = torch.Generator(device="cuda").manual_seed(0)

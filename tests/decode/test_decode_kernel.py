@@ -141,16 +141,3 @@ def test_nan_value_behind_the_diagonal_agrees_with_the_truth():
     o_kernel, _ = flash_decode(q, k, v, seqlens, num_splits=2)
     o_ref, _ = decode_attention_reference(q.double(), k.double(), v.double(), seqlens, num_splits=2)
     assert torch.isnan(o_kernel).all() and torch.isnan(o_ref).all()
-
-
-@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0),
-                    reason="this device supports programmatic dependent launch")
-def test_pdl_is_refused_where_it_cannot_run():
-    q, k, v = random_decode_inputs(1, 4, 2, 1, 40, 16)
-    q, k, v = (x.to(DEVICE) for x in (q, k, v))
-    with pytest.raises(ValueError, match="pdl=True needs a CUDA device of compute capability 9.0"):
-        flash_decode(q, k, v, num_splits=2, pdl=True)
-    with pytest.raises(TypeError, match="pdl"):
-        flash_decode(q, k, v, num_splits=2, pdl="yes")
-    o, _ = flash_decode(q, k, v, num_splits=2, pdl=False)  # the default: an ordinary launch
-    assert o.shape == q.shape

@@ -7,9 +7,7 @@ B = 1, H = 32, H_kv in {32, 8}, D = 128, caches of 8k / 32k / 128k tokens, bf16,
 adds B = 8, 4k caches, paged caches (pages of 16 and 256 keys, in shuffled order) and a ragged batch.
 
 Providers, measured in one process: ``flashtile_split_k`` (``kernels.decode.flash_decode``, called
-directly so that the public function's host-side value checks are not timed), on sm_90 and newer also
-``flashtile_split_k_pdl`` (the same with ``pdl=True``: the merge kernel launched while the split kernel
-runs), ``flashtile`` (the
+directly so that the public function's host-side value checks are not timed), ``flashtile`` (the
 forward kernel at Tq = 1, to show one program per (b, h) starving the GPU), ``sdpa_cudnn`` and
 ``sdpa_flash`` (with ``enable_gqa``; a backend that refuses a shape gets ``ms: null`` and its reason).
 Each output is checked against SDPA's default choice before it is timed.
@@ -76,22 +74,15 @@ def paged(k: torch.Tensor, v: torch.Tensor, page_size: int, seed: int = 0):
 def providers(shape: dict, q, k, v, lengths) -> dict:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from ..kernels._common import has_pdl
     from ..kernels.decode import flash_decode
     from ..kernels.forward import flash_attention
 
-    pdl = has_pdl(q.device)  # the merge launched early (programmatic dependent launch): sm_90 and newer
     page_size = shape.get("page_size")
     if page_size:
         k_pages, v_pages, table = paged(k, v, page_size)
-        ours = {"flashtile_split_k": lambda: flash_decode(q, k_pages, v_pages, lengths, block_table=table)[0]}
-        if pdl:
-            ours["flashtile_split_k_pdl"] = lambda: flash_decode(q, k_pages, v_pages, lengths, block_table=table,
-                                                                 pdl=True)[0]  # fmt: skip
-        return ours  # SDPA and the forward kernel have no paged cache
+        # SDPA and the forward kernel have no paged cache
+        return {"flashtile_split_k": lambda: flash_decode(q, k_pages, v_pages, lengths, block_table=table)[0]}
     fns = {"flashtile_split_k": lambda: flash_decode(q, k, v, lengths)[0]}
-    if pdl:
-        fns["flashtile_split_k_pdl"] = lambda: flash_decode(q, k, v, lengths, pdl=True)[0]
     if shape.get("ragged"):
         return fns  # ragged lengths: the other providers would attend to the padding
     fns["flashtile"] = lambda: flash_attention(q, k, v)[0]

@@ -314,12 +314,6 @@ def has_tma(device: torch.device) -> bool:
     return _hopper_or_newer(device) if device.type == "cuda" else is_interpreting()
 
 
-def has_pdl(device: torch.device) -> bool:
-    """Whether kernels on ``device`` can be launched with programmatic dependent launch: sm_90 and newer.
-    Not the interpreter, which cannot run the griddepcontrol instructions."""
-    return _hopper_or_newer(device)
-
-
 def use_tma(tma, *tensors) -> list | None:
     """The strides of each tensor's TMA descriptor, or None where the pointer path runs.
 
@@ -462,18 +456,16 @@ class KernelLaunch:
                  "_compiled")  # fmt: skip
 
     def __init__(self, kernel, grid: tuple, scalars: tuple, constexprs: dict, num_warps: int, num_stages: int,
-                 launch_pdl: bool = False, maxnreg: int | None = None, fresh_outputs: int = 0):  # fmt: skip
+                 maxnreg: int | None = None, fresh_outputs: int = 0):  # fmt: skip
         self.kernel, self.grid, self.scalars, self.constexprs = kernel, grid, scalars, constexprs
         self.num_warps, self.num_stages = num_warps, num_stages
         # The last ``fresh_outputs`` tensors are outputs the caller allocates on every call, in dtypes
         # its plan fixes; the caching allocator aligns every block to 512 bytes, so their specialisation
         # never changes and is left out of the key (two fewer reads of an address per call).
         self.keyed = slice(None, -fresh_outputs if fresh_outputs else None)
-        # Options only NVIDIA's backend knows, passed only when set. launch_pdl: programmatic dependent
-        # launch (sm_90+), the GPU may start this kernel while the previous one on the stream is still
-        # running; the kernel itself must wait (gdc_wait) before reading its results. maxnreg: a cap on
-        # registers per thread, so that as many programs share an SM as the settings were measured with.
-        self.options = {name: value for name, value in (("launch_pdl", launch_pdl), ("maxnreg", maxnreg)) if value}
+        # An option only NVIDIA's backend knows, passed only when set: maxnreg, a cap on registers per
+        # thread, so that as many programs share an SM as the settings were measured with.
+        self.options = {"maxnreg": maxnreg} if maxnreg else {}
         self._compiled = {}  # (device, specialisation of each tensor) -> the compiled kernel's launcher
 
     def __call__(self, *tensors) -> None:

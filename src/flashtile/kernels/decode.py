@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._checks import DecodeShape, check_decode_inputs, check_flag, check_num_splits, resolve_scale
+from .._checks import DecodeShape, check_decode_inputs, check_num_splits, resolve_scale
 from .._env import sm_count
 from .._layouts import contiguous_strides
 from .._plans import cached_plan
@@ -45,7 +45,6 @@ from ._common import (
     check_launch,
     check_tile_size,
     dot_precision,
-    has_pdl,
     head_batch_grid,
     head_dim_pad,
     is_interpreting,
@@ -143,10 +142,8 @@ def _decode_split_kernel(
     Tq, group, capacity, num_splits, qk_scale,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
     PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, HAS_SEQLENS: tl.constexpr, SIGN: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, EARLY_MERGE_LAUNCH: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
-    if EARLY_MERGE_LAUNCH:  # let the merge kernel's programs be placed while this one runs (they wait)
-        tl.extra.cuda.gdc_launch_dependents()
     # --8<-- [start:packing]
     split = tl.program_id(0)
     n_rows = group * Tq  # every query row of one KV group: g heads x Tq new tokens
@@ -221,7 +218,7 @@ def _decode_merge_kernel(
     stride_lb, stride_lh, stride_lt, stride_ls,
     stride_ob, stride_oh, stride_ot, stride_od,
     H, Tq, num_splits,
-    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, SPLITS_PAD: tl.constexpr, WAIT_FOR_SPLITS: tl.constexpr,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, SPLITS_PAD: tl.constexpr,
 ):
     """o = sum_s exp(lse_s - lse) o_s, lse = log sum_s exp(lse_s), for one row (t, h, b)."""
     t = tl.program_id(0)
@@ -230,8 +227,6 @@ def _decode_merge_kernel(
     s = tl.arange(0, SPLITS_PAD)
     d = tl.arange(0, HEAD_DIM_PAD)
     row = program_offset(b, stride_lb) + program_offset(h, stride_lh) + program_offset(t, stride_lt)
-    if WAIT_FOR_SPLITS:  # launched early (programmatic dependent launch): the partials are final only now
-        tl.extra.cuda.gdc_wait()
     lse_s = tl.load(LSE_PART + row + s.to(tl.int64) * stride_ls, mask=s < num_splits, other=float("-inf"))
     m = tl.max(lse_s, 0)  # the largest partial lse; -inf when no slice saw a key
     m_safe = tl.where((m == float("-inf")) | (m == float("inf")), 0.0, m)
@@ -283,7 +278,7 @@ class DecodePlan(NamedTuple):
 
 
 def make_decode_plan(q, key_cache, value_cache, cache_seqlens, block_table, scale, num_splits, block_k, num_warps,
-                     num_stages, pdl=False) -> DecodePlan:  # fmt: skip
+                     num_stages) -> DecodePlan:  # fmt: skip
     """Check one call's shapes and flags and derive its launches; raises on anything the kernels cannot take."""
     shape = check_decode_inputs(q, key_cache, value_cache, cache_seqlens, block_table, dtypes=KERNEL_DTYPES,
                                 check_values=False)
@@ -301,10 +296,6 @@ def make_decode_plan(q, key_cache, value_cache, cache_seqlens, block_table, scal
     if num_splits is None:
         num_splits = pick_num_splits(programs, shape.capacity, sm_count(q.device))
     units = kernel_scale(resolve_scale(scale, shape.D, q.dtype))
-    if check_flag("pdl", pdl) and not has_pdl(q.device):
-        raise ValueError(f"pdl=True needs a CUDA device of compute capability 9.0 or newer (programmatic dependent "
-                         f"launch), got {q.device}")  # fmt: skip
-    pdl = pdl and num_splits > 1  # one split: no merge kernel to launch early
     B, H, Tq, D = shape.B, shape.H, shape.Tq, shape.D
     # The partials' workspace, (B, H, Tq, num_splits, D) and (B, H, Tq, num_splits), contiguous. With one
     # split it is o and lse themselves, whose layout is the same with the split axis of size 1.
@@ -326,7 +317,7 @@ def make_decode_plan(q, key_cache, value_cache, cache_seqlens, block_table, scal
             constexprs=dict(
                 HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D), BLOCK_M=block_m, BLOCK_K=block_k,
                 PAGE_SIZE=shape.page_size or 1, PAGED=block_table is not None, HAS_SEQLENS=cache_seqlens is not None,
-                SIGN=units.sign, DOT_PRECISION=dot_precision(q.dtype), EARLY_MERGE_LAUNCH=pdl,
+                SIGN=units.sign, DOT_PRECISION=dot_precision(q.dtype),
             ),  # fmt: skip
             num_warps=num_warps,
             num_stages=num_stages,
@@ -335,29 +326,24 @@ def make_decode_plan(q, key_cache, value_cache, cache_seqlens, block_table, scal
             _decode_merge_kernel,
             grid=head_batch_grid(Tq, H, B),
             scalars=(*o_strides, *lse_strides, *contiguous_strides((B, H, Tq, D)), H, Tq, num_splits),
-            constexprs=dict(HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D), SPLITS_PAD=triton.next_power_of_2(num_splits),
-                            WAIT_FOR_SPLITS=pdl),  # fmt: skip
+            constexprs=dict(HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D), SPLITS_PAD=triton.next_power_of_2(num_splits)),
             num_warps=4,
             num_stages=3,
-            launch_pdl=pdl,
         ),
     )
 
 
 def flash_decode(
     q, key_cache, value_cache, cache_seqlens=None, *, scale=None, num_splits=None, block_table=None,
-    block_k=None, num_warps=None, num_stages=None, pdl=False,
+    block_k=None, num_warps=None, num_stages=None,
 ):
     """Split-K decode on the GPU (or the interpreter). Arguments as ``flashtile.decode_attention``;
     block_k, num_warps, num_stages override ``decode_config`` (for benchmarks). Checks shapes only.
-    pdl=True launches the merge kernel with programmatic dependent launch (sm_90 and newer): its programs
-    are placed while the split kernel runs and wait for its results, which hides the second launch.
-    Off by default: measured on the H200 it saved under 1 µs a call (bench/PERF_LOG.md).
 
     Returns (o, lse): o (B, H, Tq, D) contiguous in q's dtype, lse (B, H, Tq) float32, natural log.
     """
     plan = cached_plan(make_decode_plan, (q, key_cache, value_cache, cache_seqlens, block_table), scale,
-                       num_splits, block_k, num_warps, num_stages, pdl)  # fmt: skip
+                       num_splits, block_k, num_warps, num_stages)  # fmt: skip
     B, H, Tq, D = plan.shape.B, plan.shape.H, plan.shape.Tq, plan.shape.D
     o = torch.empty((B, H, Tq, D), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, H, Tq), dtype=torch.float32, device=q.device)
