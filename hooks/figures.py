@@ -17,12 +17,15 @@ A figure pasted as a PNG drifts the moment the code changes. These are computed 
 * ``figures/training-curves.svg``: the "In a real model" chapter's training claim, run again and drawn
   by ``flashtile.integrations.training_curves``.
 * ``figures/perf-*.svg``: the performance chapter's measured plots (scale-up, ratio to cuDNN, roofline),
-  drawn by ``flashtile.bench.plots`` from the committed JSON under ``bench/results/``.
+  drawn by ``hooks/render_plots.py`` from the committed JSON under ``bench/results/``.
 
 The appendix's lab notebook (``docs/appendix/lab-notebook.md``) shows ``bench/PERF_LOG.md``, the record
 of every kernel change with its prediction and outcome, where its source has the line
 ``<!-- perf-log -->`` (``on_page_markdown``): the log stays
 the one source. (pymdownx.snippets could include it, but the drift test allows only named src sections.)
+
+MkDocs puts this folder on ``sys.path`` while it loads a hook, so ``render_plots`` (and the
+``render_tables`` it uses) are imported here, at the top, as plain modules of the site's own.
 """
 
 from __future__ import annotations
@@ -31,7 +34,9 @@ import io
 import logging
 from fractions import Fraction
 from html import escape
+from pathlib import Path
 
+import render_plots
 from mkdocs.structure.files import File
 
 log = logging.getLogger("mkdocs.hooks.figures")
@@ -251,9 +256,7 @@ def on_files(files, config):
 
     svg = memory_hierarchy_svg(load_ceilings()["tbps"])
     files.append(File.generated(config, "figures/memory-hierarchy.svg", content=svg))
-    from flashtile.bench.plots import figures
-
-    perf = figures()
+    perf = render_plots.figures()
     for name, svg in perf.items():
         files.append(File.generated(config, f"figures/{name}", content=svg))
     files.append(File.generated(config, "figures/training-curves.svg", content=training_curves_figure()))
@@ -277,9 +280,25 @@ def training_curves_figure() -> str:
     return training_curves_svg(curves, {name: "flashtile", "sdpa": "transformers' SDPA"})
 
 
-def on_page_markdown(markdown, page, config, files):
-    from flashtile.bench.tables import PERF_LOG, PERF_LOG_MARKER, perf_log_markdown
+PERF_LOG = Path(__file__).resolve().parents[1] / "bench" / "PERF_LOG.md"
+PERF_LOG_MARKER = "<!-- perf-log -->"
 
+
+def perf_log_markdown(text: str) -> str:
+    """bench/PERF_LOG.md as the body of a page: its title dropped, every other line as it is.
+
+    ``on_page_markdown`` puts this where a page has the line ``<!-- perf-log -->`` (the lab notebook in
+    the site's appendix, whose own title replaces the log's), so the log stays the one source and the
+    page shows it as it is, whoever edited it last. Its entries keep their ``##`` headings and are the
+    page's table of contents.
+    """
+    lines = text.splitlines()
+    if lines and lines[0].startswith("# "):
+        lines = lines[1:]
+    return "\n".join(lines).strip() + "\n"
+
+
+def on_page_markdown(markdown, page, config, files):
     if PERF_LOG_MARKER not in markdown:
         return markdown
     return markdown.replace(PERF_LOG_MARKER, perf_log_markdown(PERF_LOG.read_text(encoding="utf-8")))

@@ -2,8 +2,8 @@
 
 The forward provider is checked the way a GPU run checks it (``forward.measure``: the float32 truth first,
 then a fake timer); the backward provider's gradients against autograd through the float64 formula of
-tests/_truth.py. Shapes the textbook kernels do not take become rows that say why, in both tables, and the
-site's tables show the provider's columns once a run has measured it.
+tests/_truth.py. Shapes the textbook kernels do not take become rows that say why, in both tables (the site's
+tables show the provider's columns once a run has measured it: tests/hooks/test_render_tables.py).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from _truth import truth_with_grads
-from flashtile.bench import backward, forward, shapes, tables
+from flashtile.bench import backward, forward, shapes
 from flashtile.bench import providers as prov
 
 
@@ -62,30 +62,6 @@ def test_the_textbook_backward_provider_gives_float64_gradients_through_autograd
     torch.testing.assert_close(o.detach().double(), o_ref, atol=2e-5, rtol=2e-5)
     for leaf, g in zip(leaves, grads_ref):
         torch.testing.assert_close(leaf.grad.double(), g, atol=1e-4, rtol=1e-4)
-
-
-def _rows(provider_ms: dict, pass_="forward", **shape_kw) -> list[dict]:
-    s = shapes.shape(8, 16, 2048, 64, True, **shape_kw)
-    rows = []
-    for provider, ms in provider_ms.items():
-        row = dict({"pass": pass_, "provider": provider}, **s, ms=ms, tflops=None if ms is None else 100.0 / ms)
-        if ms is None:
-            row["error"] = "skipped: the textbook kernel has no GQA"
-        rows.append(row)
-    return rows
-
-
-def test_the_site_tables_show_the_textbook_columns_once_measured():
-    base = {"flashtile": 1.0, "sdpa_cudnn": 1.25, "sdpa_flash": 1.5}
-    without = tables.forward_table({"rows": _rows(base)})
-    with_textbook = tables.forward_table({"rows": _rows({**base, "flashtile_textbook": 2.0})})
-    assert "textbook" not in without[0] and len(without[2].split("|")) == 14
-    assert with_textbook[0].endswith("| textbook ms | TFLOP/s |") and with_textbook[2].endswith("| 2.000 | 50.0 |")
-    assert with_textbook[2].startswith(without[2][:-1])  # the other columns unchanged
-    back = tables.backward_table({"rows": _rows({**base, "flashtile_textbook": 2.0}, "backward")})
-    assert "flashtile, textbook" in back[0] and "textbook / cuDNN" in back[0] and "| 0.62 |" in back[2]
-    models = tables.models_table({"rows": _rows({**base, "flashtile_textbook": None}, H_kv=4)})
-    assert "textbook" in models[0] and "skip" in models[2]
 
 
 def test_the_backward_table_measures_the_textbook_and_skips_what_it_does_not_take(monkeypatch):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import sys
 
 import pytest
 from _site_docs import DOCS, REPO
@@ -12,9 +13,16 @@ pytestmark = pytest.mark.site
 
 
 def load_hook(name: str):
+    """hooks/<name>.py loaded as MkDocs loads it: with hooks/ on ``sys.path`` while it runs, so that its
+    imports of the site's own modules (``render_plots``, ``render_tables``) resolve."""
     spec = importlib.util.spec_from_file_location(f"hooks_{name}", REPO / "hooks" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    saved = sys.path.copy()
+    sys.path.insert(0, str(REPO / "hooks"))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path[:] = saved
     return module
 
 
@@ -93,3 +101,10 @@ def test_search_text_hook_changes_what_search_reads_and_not_the_page():
         '<div class="jp-RenderedHTMLCommon jp-RenderedMarkdown" data-mime-type="text/markdown">'
         "<p>Notation: T_q queries and a/b.</p></div>"
     ]
+
+
+def test_the_perf_log_becomes_a_page_body_without_its_title():
+    figures = load_hook("figures")
+    text = "# Performance log\n\nIntro.\n\n## v1: first\n\n### detail\n\n```\n## code stays\n```\n"
+    assert figures.perf_log_markdown(text) == "Intro.\n\n## v1: first\n\n### detail\n\n```\n## code stays\n```\n"
+    assert figures.perf_log_markdown(figures.PERF_LOG.read_text()).startswith("One entry per version")

@@ -8,8 +8,9 @@ Run on a CUDA machine from the repository root:
                                                        # decode, train_step
     python -m flashtile.bench forward --set main       # one shape set of one table
     python -m flashtile.bench forward --sweep          # a launch-config sweep of the forward kernel
-    python -m flashtile.bench.tables                   # re-render the site's tables from the JSON
 
 Results are JSON with provenance (GPU, versions, date, commit) under ``bench/results/``, in the schema
-every table shares; the site renders its tables and plots from those files, so it builds without a GPU.
+every table shares; the site renders its tables and plots from those files (``hooks/render_tables.py``,
+``hooks/render_plots.py``; ``python hooks/render_tables.py`` re-renders the pages' tables after a run),
+so it builds without a GPU.
 """

@@ -146,3 +146,9 @@ def save_result(out: str | Path, rows: list[dict], method: str, **extra) -> dict
     with open(out, "w") as f:
         json.dump(result, f, indent=1)
     return result
+
+
+def load_result(json_name: str, folder: Path | None = None) -> dict:
+    """``bench/results/<json_name>`` (or ``folder/<json_name>``) as ``save_result`` wrote it: the pages'
+    claims and the site's tables and plots read their numbers through this."""
+    return json.loads(((folder or RESULTS) / json_name).read_text())

@@ -25,7 +25,7 @@ config; writes to ``bench/results/sweeps/``), ``--sweep`` / ``--sweep-d256`` (ti
 configs of our kernel, as the defaults in ``kernels.forward.forward_config`` were chosen), ``--dry-run``
 (print the plan and a rough duration; needs no GPU). A progress line per measurement goes to stderr.
 On a machine without the repository's .git, set ``FLASHTILE_COMMIT`` to the commit measured: it goes
-into each file's provenance. After a run, ``python -m flashtile.bench.tables`` renders the site's tables.
+into each file's provenance. After a run, ``python hooks/render_tables.py`` renders the site's tables.
 """
 
 from __future__ import annotations

@@ -1,5 +1,7 @@
 """The performance chapter's figures, drawn from the committed JSON at every site build (``hooks/figures.py``).
 
+The site's code, not the package's: it reads what ``flashtile.bench`` wrote and draws it.
+
 Each figure has a pure function that picks its points out of the result rows (tested on the CPU) and a
 drawing function that turns them into SVG with matplotlib. Nothing is interpolated or filled in: a
 provider or shape the JSON does not hold is simply not drawn, and a figure whose file does not exist
@@ -22,12 +24,12 @@ yet says so instead of showing data.
 from __future__ import annotations
 
 import io
-import json
 
-from .common import RESULTS
-from .roofline import arithmetic_intensity, load_ceilings, ridge_intensity, standard_attention_intensity
-from .shapes import is_standard
-from .tables import short_reason
+from render_tables import short_reason
+
+from flashtile.bench.common import RESULTS, load_result
+from flashtile.bench.roofline import arithmetic_intensity, load_ceilings, ridge_intensity, standard_attention_intensity
+from flashtile.bench.shapes import is_standard
 
 # One colour and marker per provider, the same in every figure.
 STYLE = {
@@ -48,8 +50,7 @@ FONT = {"svg.hashsalt": "flashtile", "font.size": 11, "legend.fontsize": 10}
 
 
 def load_optional(json_name: str) -> dict | None:
-    path = RESULTS / json_name
-    return json.loads(path.read_text()) if path.is_file() else None
+    return load_result(json_name) if (RESULTS / json_name).is_file() else None
 
 
 def _forward_rows(result: dict | None) -> list[dict]:

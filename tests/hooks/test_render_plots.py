@@ -1,10 +1,11 @@
-"""The performance chapter's roofline and figures: what they compute from the JSON, and that they draw nothing else."""
+"""The performance chapter's figures (``hooks/render_plots.py``): what they compute from the JSON, and that they
+draw nothing else."""
 
 from __future__ import annotations
 
-import pytest
+import render_plots
 
-from flashtile.bench import plots, roofline, shapes
+from flashtile.bench import roofline
 
 CEILINGS = {"tflops": 800.0, "tbps": 4.0}
 
@@ -15,41 +16,10 @@ def row(provider, T, tflops=None, error=None, D=64, causal=False, B=4, H=16, **k
     return dict(base, ms=None, tflops=None, error=error) if tflops is None else dict(base, ms=1.0, tflops=tflops)
 
 
-def test_the_committed_ceilings_are_the_anchors_numbers_with_provenance():
-    import json
-
-    raw = json.loads((roofline.RESULTS / "ceilings.json").read_text())
-    assert raw["ceilings"] == {"matmul_bf16_tflops_8192cube": 788.3, "device_copy_TBps_read_plus_write": 4.27}
-    assert "H200" in raw["provenance"]["gpu"] and "h200-sdpa-2026-11-29.json" in raw["provenance"]["source"]
-    assert roofline.load_ceilings() == {"tflops": 788.3, "tbps": 4.27}
-
-
-def test_intensity_is_t_over_two_dense_and_rises_with_gqa():
-    for B, H, T, D in [(1, 1, 128, 64), (4, 32, 4096, 128)]:
-        assert roofline.arithmetic_intensity(shapes.shape(B, H, T, D, False)) == T / 2
-        assert roofline.arithmetic_intensity(shapes.shape(B, H, T, D, True)) == T / 4
-    gqa = shapes.shape(1, 32, 1024, 128, False, H_kv=8)
-    assert roofline.attention_bytes(gqa) == 2 * 128 * (2 * 32 * 1024 + 2 * 8 * 1024)
-    assert roofline.arithmetic_intensity(gqa) == pytest.approx(4 * 1024 / (2 * 2.5))
-
-
-def test_the_roofline_time_is_the_slower_of_compute_and_memory():
-    assert roofline.ridge_intensity(CEILINGS) == 200.0
-    short, long = shapes.shape(1, 1, 256, 64, False), shapes.shape(1, 1, 1024, 64, False)  # I = 128 and 512
-    assert roofline.roofline_ms(short, CEILINGS) == pytest.approx(1e3 * roofline.attention_bytes(short) / 4e12)
-    assert roofline.roofline_ms(long, CEILINGS) == pytest.approx(1e3 * 4 * 1024**2 * 64 / 800e12)
-
-
-def test_unfused_intensity_follows_the_io_model_and_stays_under_d_over_two():
-    for T, d in [(128, 64), (4096, 64), (65536, 256)]:
-        assert roofline.standard_attention_intensity(T, d) == pytest.approx(T * d / (2 * (T + d)))
-        assert roofline.standard_attention_intensity(T, d) < d / 2
-
-
 def test_scaleup_series_keep_measured_points_and_mark_the_rest():
     rows = [row("naive", 1024, 100.0), row("naive", 256, 50.0), row("naive", 32768, error="OOM"),
             row("sdpa_math", 32768, error="skipped: fp32 scores 64 GiB > 8 GiB budget"), row("flashtile", 256, 200.0)]
-    measured, missing = plots.scaleup_series(rows)
+    measured, missing = render_plots.scaleup_series(rows)
     assert measured == {"naive": [(256, 50.0), (1024, 100.0)], "flashtile": [(256, 200.0)]}
     assert missing == {"naive": [(32768, "OOM")], "sdpa_math": [(32768, "skip")]}
 
@@ -60,26 +30,27 @@ def test_ratio_series_divide_by_cudnn_in_the_same_cell_and_drop_cells_without_it
             row("flashtile", 4096, 350.0, D=128, causal=True, B=4, H=16),  # no cuDNN at this cell
             row("flashtile", 2048, 308.0, D=64, causal=True, B=8, H=16),  # the seed: not a sweep cell (H*D = 1024)
             row("sdpa_cudnn", 2048, 370.0, D=64, causal=True, B=8, H=16)]  # fmt: skip
-    assert plots.ratio_series(rows) == {(128, True): {"flashtile": [(2048, 0.75)], "sdpa_cudnn": [(2048, 1.0)]}}
+    assert render_plots.ratio_series(rows) == {(128, True): {"flashtile": [(2048, 0.75)], "sdpa_cudnn": [(2048, 1.0)]}}
 
 
 def test_roofline_points_put_naive_at_the_unfused_intensity():
     rows = [row("flashtile", 1024, 300.0), row("naive", 1024, 100.0), row("naive", 1024, 60.0, causal=True),
             row("naive", 2048, error="OOM"), row("naive", 1024, 90.0, H_kv=4)]  # fmt: skip
-    points = plots.roofline_points(rows)
+    points = render_plots.roofline_points(rows)
     assert points["flashtile"] == [(512.0, 300.0)]
     unfused = roofline.standard_attention_intensity(1024, 64)
     assert points["naive"] == [(unfused, 100.0), (unfused / 2, 60.0)]  # causal halves FLOPs, not traffic; GQA left out
 
 
 def test_figures_draw_from_rows_and_say_when_nothing_is_measured():
-    empty = plots.scaleup_svg(None)
-    drawn = plots.scaleup_svg({"rows": [row("naive", 1024, 100.0), row("naive", 2048, error="OOM")]})
+    empty = render_plots.scaleup_svg(None)
+    drawn = render_plots.scaleup_svg({"rows": [row("naive", 1024, 100.0), row("naive", 2048, error="OOM")]})
     assert empty.startswith("<?xml") and drawn.startswith("<?xml") and empty != drawn
-    assert plots.ratio_svg(None).startswith("<?xml")
-    assert plots.roofline_svg(CEILINGS, [None]).startswith("<?xml")
-    assert plots.timeline_svg(None).startswith("<?xml")
-    assert set(plots.figures()) == {"perf-scaleup.svg", "perf-ratio.svg", "perf-roofline.svg", "perf-timeline.svg"}
+    assert render_plots.ratio_svg(None).startswith("<?xml")
+    assert render_plots.roofline_svg(CEILINGS, [None]).startswith("<?xml")
+    assert render_plots.timeline_svg(None).startswith("<?xml")
+    names = {"perf-scaleup.svg", "perf-ratio.svg", "perf-roofline.svg", "perf-timeline.svg"}
+    assert set(render_plots.figures()) == names
 
 
 def test_timeline_parts_take_the_package_medians_at_2k_without_a_mask_by_key_count():
@@ -90,8 +61,8 @@ def test_timeline_parts_take_the_package_medians_at_2k_without_a_mask_by_key_cou
 
     rows = [clock_row(4096, loop=60.0), clock_row(128, loop=4.5), clock_row(2048, causal=True),
             clock_row(2048, version="nocheck"), clock_row(512, Tq=512)]  # fmt: skip
-    parts = plots.timeline_parts(rows)
+    parts = render_plots.timeline_parts(rows)
     assert [Tk for Tk, _ in parts] == [128, 4096]
     assert parts[1][1] == {"start_to_loop_end": 60.0, "epilogue": 1.4, "gap_on_sm": 0.4}
     legacy = {key: value for key, value in clock_row(2048).items() if key != "version"}  # the first file's rows
-    assert plots.timeline_parts([legacy])[0][0] == 2048
+    assert render_plots.timeline_parts([legacy])[0][0] == 2048

@@ -4,31 +4,33 @@ import json
 from pathlib import Path
 
 import pytest
+import render_tables
 
-from flashtile.bench import tables
+from flashtile.bench import shapes
+from flashtile.bench.common import RESULTS, load_result
 
-PAGES = sorted(p for p in (tables.ROOT / "docs").rglob("*.md") if tables.blocks(p.read_text()))
+PAGES = sorted(p for p in render_tables.DOCS.rglob("*.md") if render_tables.blocks(p.read_text()))
 SCHEMA_FIELDS = {"pass", "provider", "B", "H", "H_kv", "Tq", "Tk", "D", "causal", "layout", "dtype", "ms", "tflops"}
-FORWARD_FILES = sorted({json_name for json_name, _, _ in tables.TABLES.values() if json_name.startswith("forward")})
+FORWARD_FILES = sorted({json_name for json_name, _, _ in render_tables.TABLES.values() if json_name[:7] == "forward"})
 
 
 def test_every_table_is_on_a_page():
-    names = sorted(name for page in PAGES for name, _ in tables.blocks(page.read_text()))
-    assert names == sorted(tables.TABLES)
+    names = sorted(name for page in PAGES for name, _ in render_tables.blocks(page.read_text()))
+    assert names == sorted(render_tables.TABLES)
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
 def test_page_tables_equal_their_json(page: Path):
-    for name, body in tables.blocks(page.read_text()):
-        assert body == tables.render(name), (
-            f"{page.name}: the '{name}' table differs from bench/results/{tables.TABLES[name][0]}; "
-            "run python -m flashtile.bench.tables"
+    for name, body in render_tables.blocks(page.read_text()):
+        assert body == render_tables.render(name), (
+            f"{page.name}: the '{name}' table differs from bench/results/{render_tables.TABLES[name][0]}; "
+            "run python hooks/render_tables.py"
         )
 
 
-@pytest.mark.parametrize("name", sorted(n for n in tables.TABLES if tables.measured(n)))
+@pytest.mark.parametrize("name", sorted(n for n in render_tables.TABLES if render_tables.measured(n)))
 def test_results_carry_provenance_and_every_provider(name):
-    result = tables.load(tables.TABLES[name][0])
+    result = load_result(render_tables.TABLES[name][0])
     meta = result["provenance"]
     assert "H200" in meta["gpu"] and meta["commit"] not in ("", "unknown")
     for key in ("torch", "triton", "cuda", "date_utc", "method"):
@@ -43,51 +45,51 @@ def test_results_carry_provenance_and_every_provider(name):
     elif name in ("overhead", "train-step"):
         assert providers >= {"flashtile", "sdpa"}
     elif name.startswith("backward"):
-        assert set(tables.ATTENTION_PROVIDERS) <= providers <= {*tables.ATTENTION_PROVIDERS, *tables.BACKWARD_OPTIONS}
+        attention = set(render_tables.ATTENTION_PROVIDERS)
+        assert attention <= providers <= {*attention, *render_tables.BACKWARD_OPTIONS}
     else:  # the forward tables: ours, cuDNN and flash at least
-        assert providers >= set(tables.ATTENTION_PROVIDERS)
+        assert providers >= set(render_tables.ATTENTION_PROVIDERS)
 
 
-@pytest.mark.parametrize("json_name", [f for f in FORWARD_FILES if (tables.RESULTS / f).is_file()])
+@pytest.mark.parametrize("json_name", [f for f in FORWARD_FILES if (RESULTS / f).is_file()])
 def test_forward_results_follow_the_bench_schema(json_name):
-    for row in tables.load(json_name)["rows"]:
+    for row in load_result(json_name)["rows"]:
         assert SCHEMA_FIELDS <= set(row) and row["pass"] == "forward" and row["layout"] in ("bhtd", "bthd")
         assert (row["ms"] is None) == (row["tflops"] is None) == ("error" in row)
 
 
-@pytest.mark.parametrize("name", [n for n in ("backward", "backward-models") if tables.measured(n)])
+@pytest.mark.parametrize("name", [n for n in ("backward", "backward-models") if render_tables.measured(n)])
 def test_backward_results_follow_the_bench_schema(name):
-    for row in tables.load(tables.TABLES[name][0])["rows"]:
+    for row in load_result(render_tables.TABLES[name][0])["rows"]:
         assert SCHEMA_FIELDS <= set(row) and row["pass"] == "backward" and row["layout"] in ("bhtd", "bthd")
         assert (row["ms"] is None) == (row["tflops"] is None) == ("error" in row)
 
 
 def test_the_first_forward_table_has_the_seed_shape_first():
-    rows = tables.load("forward.json")["rows"]
+    rows = load_result("forward.json")["rows"]
     seed = (8, 16, 16, 2048, 2048, 64, True, "bhtd", "bf16")
     key = lambda r: (r["B"], r["H"], r["H_kv"], r["Tq"], r["Tk"], r["D"], r["causal"], r["layout"], r["dtype"])
     assert key(rows[0]) == seed
-    assert {r["provider"] for r in rows if key(r) == seed} >= set(tables.ATTENTION_PROVIDERS)
+    assert {r["provider"] for r in rows if key(r) == seed} >= set(render_tables.ATTENTION_PROVIDERS)
 
 
 def test_a_stale_table_is_detected():
     text = "<!-- bench-table: forward -->\n| made up |\n<!-- /bench-table -->\n"
-    (name, body), = tables.blocks(text)
-    assert name == "forward" and body != tables.render("forward")
-    assert tables.blocks(tables.rewrite(text))[0][1] == tables.render("forward")
+    (name, body), = render_tables.blocks(text)
+    assert name == "forward" and body != render_tables.render("forward")
+    assert render_tables.blocks(render_tables.rewrite(text))[0][1] == render_tables.render("forward")
 
 
 def test_a_table_not_yet_measured_says_so_and_names_its_command(monkeypatch, tmp_path):
-    monkeypatch.setattr(tables, "RESULTS", tmp_path)
-    assert not tables.measured("forward-models")
-    assert tables.render("forward-models") == (
+    monkeypatch.setattr(render_tables, "RESULTS", tmp_path)
+    assert not render_tables.measured("forward-models")
+    assert render_tables.render("forward-models") == (
         "*Not yet measured: `python -m flashtile.bench forward --set models` writes "
         "`bench/results/forward-models.json`.*\n"
     )
     (tmp_path / "forward-models.json").write_text(json.dumps({"provenance": PROVENANCE, "rows": [ROW]}))
-    assert tables.measured("forward-models") and "| — | 2 | 16 / 4 | 2048 | 64 | yes | bthd | 300.0 |" in tables.render(
-        "forward-models"
-    )
+    assert render_tables.measured("forward-models")
+    assert "| — | 2 | 16 / 4 | 2048 | 64 | yes | bthd | 300.0 |" in render_tables.render("forward-models")
 
 
 PROVENANCE = dict(gpu="NVIDIA H200", torch="t", triton="tr", cuda="c", date_utc="d", commit="abc", method="m")
@@ -107,7 +109,7 @@ def test_the_sweep_table_puts_t_down_and_head_dim_and_mask_across():
     rows = [row("flashtile", 2048, 128, True, 300.0), row("sdpa_cudnn", 2048, 128, True, 400.0),
             row("sdpa_flash", 2048, 128, True, error="No available kernel: reasons"),
             row("flashtile", 512, 64, False, 100.0)]  # fmt: skip
-    lines = tables.sweep_table({"rows": rows})
+    lines = render_tables.sweep_table({"rows": rows})
     assert lines[0] == "| dtype | T | D = 64, causal | D = 64, full | D = 128, causal | D = 128, full |"
     assert lines[2] == "| bf16 | 512 | — | 100 · — · — | — | — |"  # cuDNN missing: no ratio
     assert lines[3] == "| bf16 | 2048 | — | — | 75% (300 · 400 · fails) | — |"
@@ -118,7 +120,7 @@ def test_the_sweep_table_puts_t_down_and_head_dim_and_mask_across():
 def test_the_sweep_table_leaves_out_a_head_dim_the_file_has_no_cell_of():
     rows = [row("flashtile", 2048, 128, True, 300.0, dtype="fp16"),
             row("sdpa_cudnn", 2048, 128, True, 400.0, dtype="fp16")]
-    lines = tables.sweep_table({"rows": rows})
+    lines = render_tables.sweep_table({"rows": rows})
     assert lines[0] == "| dtype | T | D = 128, causal | D = 128, full |"
     assert lines[2] == "| fp16 | 2048 | 75% (300 · 400 · —) | — |"
 
@@ -129,31 +131,49 @@ def test_every_wide_table_puts_its_ratio_first():
              "backward-models": "flashtile / cuDNN", "decode": "split-K / cuDNN speed",
              "train-step": "SDPA / flashtile"}  # fmt: skip
     for name, column in first.items():
-        header = tables.render(name).splitlines()[0]
+        header = render_tables.render(name).splitlines()[0]
         assert header.startswith(f"| {column} |"), (name, header)
 
 
 def test_the_model_and_scaleup_tables_show_only_providers_present_and_why_one_did_not_run():
     rows = [dict(ROW), dict(ROW, provider="sdpa_cudnn", tflops=400.0), dict(ROW, provider="naive", ms=None,
             tflops=None, error="OOM")]  # fmt: skip
-    lines = tables.models_table({"rows": rows})
+    lines = render_tables.models_table({"rows": rows})
     # The ratio first: on a phone it is the column on screen.
     assert lines[0] == "| flashtile / cuDNN | B | H / H_kv | T | D | causal | layout | flashtile | cuDNN | naive |"
     assert lines[2] == "| 75% | 2 | 16 / 4 | 2048 | 64 | yes | bthd | 300.0 | 400.0 | OOM |"
     assert len(lines) == 3  # an OOM is not a failure to explain
     skipped = dict(ROW, provider="sdpa_math", ms=None, tflops=None, error="skipped: fp32 scores 9 GiB > 8 GiB budget")
-    lines = tables.scaleup_table({"rows": [dict(ROW), skipped]})
+    lines = render_tables.scaleup_table({"rows": [dict(ROW), skipped]})
     assert lines == ["| T | flashtile | math |", "| --- | --- | --- |", "| 2048 | 300.0 | skip |"]
 
 
 def test_the_overhead_table_lists_each_entry_point_in_both_modes():
     rows = [dict(provider="flashtile", mode="fwd", us_per_call=165.8), dict(provider="flashtile", mode="fwd+bwd",
             us_per_call=1162.1), dict(provider="flashtile_launcher", mode="fwd", us_per_call=89.5)]  # fmt: skip
-    assert tables.overhead_table({"rows": rows})[2:] == ["| `flashtile` | 165.8 | 1162.1 |",
+    assert render_tables.overhead_table({"rows": rows})[2:] == ["| `flashtile` | 165.8 | 1162.1 |",
                                                          "| `flashtile_launcher` | 89.5 | — |"]  # fmt: skip
 
 
-def test_the_perf_log_becomes_a_page_body_without_its_title():
-    text = "# Performance log\n\nIntro.\n\n## v1: first\n\n### detail\n\n```\n## code stays\n```\n"
-    assert tables.perf_log_markdown(text) == "Intro.\n\n## v1: first\n\n### detail\n\n```\n## code stays\n```\n"
-    assert tables.perf_log_markdown(tables.PERF_LOG.read_text()).startswith("One entry per version")
+def _rows(provider_ms: dict, pass_="forward", **shape_kw) -> list[dict]:
+    s = shapes.shape(8, 16, 2048, 64, True, **shape_kw)
+    rows = []
+    for provider, ms in provider_ms.items():
+        row = dict({"pass": pass_, "provider": provider}, **s, ms=ms, tflops=None if ms is None else 100.0 / ms)
+        if ms is None:
+            row["error"] = "skipped: the textbook kernel has no GQA"
+        rows.append(row)
+    return rows
+
+
+def test_the_site_tables_show_the_textbook_columns_once_measured():
+    base = {"flashtile": 1.0, "sdpa_cudnn": 1.25, "sdpa_flash": 1.5}
+    without = render_tables.forward_table({"rows": _rows(base)})
+    with_textbook = render_tables.forward_table({"rows": _rows({**base, "flashtile_textbook": 2.0})})
+    assert "textbook" not in without[0] and len(without[2].split("|")) == 14
+    assert with_textbook[0].endswith("| textbook ms | TFLOP/s |") and with_textbook[2].endswith("| 2.000 | 50.0 |")
+    assert with_textbook[2].startswith(without[2][:-1])  # the other columns unchanged
+    back = render_tables.backward_table({"rows": _rows({**base, "flashtile_textbook": 2.0}, "backward")})
+    assert "flashtile, textbook" in back[0] and "textbook / cuDNN" in back[0] and "| 0.62 |" in back[2]
+    models = render_tables.models_table({"rows": _rows({**base, "flashtile_textbook": None}, H_kv=4)})
+    assert "textbook" in models[0] and "skip" in models[2]

@@ -7,11 +7,14 @@ its page between two HTML comments,
     ...the rendered table and its provenance line...
     <!-- /bench-table -->
 
-``python -m flashtile.bench.tables`` rewrites every such block from its JSON after a re-run, and
-``tests/bench/test_tables.py`` fails if a page and its JSON disagree, so a hand-edited number or a
-forgotten update cannot reach the site. A table whose JSON does not exist yet renders as one line
-saying so and naming the command that measures it; the next ``python -m flashtile.bench.tables``
-after that run fills the block in.
+``python hooks/render_tables.py`` (from the repository root) rewrites every such block from its JSON
+after a re-run, and ``tests/hooks/test_render_tables.py`` fails if a page and its JSON disagree, so a
+hand-edited number or a forgotten update cannot reach the site. A table whose JSON does not exist yet
+renders as one line saying so and naming the command that measures it; the next
+``python hooks/render_tables.py`` after that run fills the block in.
+
+This is the site's code, not the package's: the harness ``flashtile.bench`` measures and writes the
+JSON, and this module (imported by ``hooks/render_plots.py`` and the tests) only reads it.
 
 Forward results follow BENCH_SCHEMA.md (``Tq``, ``Tk``, ``H_kv``, ``layout``, ``dtype``). A provider
 that did not run a shape (``ms: null``) shows as ``OOM``, ``skip`` (the math backend above its memory
@@ -20,12 +23,13 @@ budget) or ``fails``, with the reasons for ``fails`` listed under the table.
 
 from __future__ import annotations
 
-import json
 import re
+from pathlib import Path
 
-from .common import RESULTS, ROOT
-from .shapes import STANDARD_D, STANDARD_T, is_standard
+from flashtile.bench.common import RESULTS, load_result
+from flashtile.bench.shapes import STANDARD_D, STANDARD_T, is_standard
 
+DOCS = Path(__file__).resolve().parents[1] / "docs"
 ATTENTION_PROVIDERS = ("flashtile", "sdpa_cudnn", "sdpa_flash")
 # Every forward provider, in table order, with its column name.
 FORWARD_PROVIDERS = {"flashtile": "flashtile", "flashtile_textbook": "textbook",
@@ -33,10 +37,6 @@ FORWARD_PROVIDERS = {"flashtile": "flashtile", "flashtile_textbook": "textbook",
                      "sdpa_flash": "flash",
                      "sdpa_efficient": "efficient", "sdpa_math": "math", "flex": "flex", "naive": "naive"}  # fmt: skip
 BLOCK = re.compile(r"(<!-- bench-table: (?P<name>[a-z0-9-]+) -->\n)(?P<body>.*?)(<!-- /bench-table -->)", re.S)
-
-
-def load(json_name: str) -> dict:
-    return json.loads((RESULTS / json_name).read_text())
 
 
 def _group(rows: list[dict], key) -> dict:
@@ -357,26 +357,8 @@ def render(name: str) -> str:
     json_name, renderer, command = TABLES[name]
     if not measured(name):
         return f"*Not yet measured: `{command}` writes `bench/results/{json_name}`.*\n"
-    result = load(json_name)
+    result = load_result(json_name, RESULTS)
     return "\n".join(renderer(result)) + "\n\n" + provenance_line(result) + "\n"
-
-
-PERF_LOG = ROOT / "bench" / "PERF_LOG.md"
-PERF_LOG_MARKER = "<!-- perf-log -->"
-
-
-def perf_log_markdown(text: str) -> str:
-    """bench/PERF_LOG.md as the body of a page: its title dropped, every other line as it is.
-
-    The build (``hooks/figures.py``) puts this where a page has the line ``<!-- perf-log -->`` (the lab
-    notebook in the site's appendix, whose own title replaces the log's), so the log stays the one source
-    and the page shows it as it is, whoever edited it last. Its entries keep their ``##`` headings and
-    are the page's table of contents.
-    """
-    lines = text.splitlines()
-    if lines and lines[0].startswith("# "):
-        lines = lines[1:]
-    return "\n".join(lines).strip() + "\n"
 
 
 def blocks(text: str) -> list[tuple[str, str]]:
@@ -389,11 +371,11 @@ def rewrite(text: str) -> str:
 
 
 def main() -> None:
-    for page in sorted((ROOT / "docs").rglob("*.md")):
+    for page in sorted(DOCS.rglob("*.md")):
         text = page.read_text()
         if blocks(text):
             page.write_text(rewrite(text))
-            print(f"rewrote {page.relative_to(ROOT)}: {', '.join(name for name, _ in blocks(text))}")
+            print(f"rewrote {page.relative_to(DOCS.parent)}: {', '.join(name for name, _ in blocks(text))}")
 
 
 if __name__ == "__main__":
