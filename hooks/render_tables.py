@@ -8,8 +8,9 @@ its page between two HTML comments,
     <!-- /bench-table -->
 
 ``python hooks/render_tables.py`` (from the repository root) rewrites every such block from its JSON
-after a re-run, and ``tests/hooks/test_render_tables.py`` fails if a page and its JSON disagree, so a
-hand-edited number or a forgotten update cannot reach the site. A table whose JSON does not exist yet
+after a re-run (and the ring chapter's ``<!-- ring-table -->`` block from ``ring.json``), and
+``tests/hooks/test_render_tables.py`` (``test_ring_table.py``) fails if a page and its JSON disagree, so
+a hand-edited number or a forgotten update cannot reach the site. A table whose JSON does not exist yet
 renders as one line saying so and naming the command that measures it; the next
 ``python hooks/render_tables.py`` after that run fills the block in.
 
@@ -361,6 +362,56 @@ def render(name: str) -> str:
     return "\n".join(renderer(result)) + "\n\n" + provenance_line(result) + "\n"
 
 
+# The ring chapter's table (bench/results/ring.json, written by ``python -m flashtile.bench ring``) has a
+# provenance of its own (GPUs, NCCL, the ring's transfer rate), so its block has a marker of its own.
+RING_BLOCK = re.compile(r"(<!-- ring-table -->\n)(?P<body>.*?)(<!-- /ring-table -->)", re.S)
+RING_PAGE = DOCS / "part-c" / "ring-attention.md"
+
+
+def ring_table(result: dict) -> str:
+    """The chapter's table: one line per (T, causal, what was timed), times in ms, then the provenance.
+
+    The speed-up comes first: on a phone only the first few columns are on screen."""
+    rows = result["rows"]
+    world = max(r["world_size"] for r in rows)
+    several_H = len({r["H"] for r in rows}) > 1
+    head = ["speed-up", *(["H"] if several_H else []), "T", "causal", "timed", "1 GPU ms", "ring 1 GPU ms",
+            f"ring {world} GPUs ms", f"TFLOP/s ({world} GPUs)", "rel. error ×10³: o / dq / dk / dv"]  # fmt: skip
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    by_shape: dict = {}
+    for r in rows:
+        by_shape.setdefault((r["H"], r["Tq"], r["causal"], r["measures"]), {})[r["provider"], r["world_size"]] = r
+    for (H, T, causal, measures), by in by_shape.items():
+        wide = by["flashtile_ring", world]
+        names = ("o", "dq", "dk", "dv") if measures == "forward_backward" else ("o",)
+        errors = " / ".join(f"{1000 * wide['rel_err_vs_1gpu'][k]:.1f}" for k in names)
+        T_name = f"{T // 1024}k" if T % 1024 == 0 else str(T)
+        one_gpu, ring_one_gpu = by["flashtile", 1]["ms"], by["flashtile_ring", 1]["ms"]
+        cells = [f"{wide['speedup_vs_1gpu']:.2f}x", *([H] if several_H else []), T_name, "yes" if causal else "no",
+                 measures.replace("_", " + "), f"{one_gpu:.1f}", f"{ring_one_gpu:.1f}", f"{wide['ms']:.1f}",
+                 f"{wide['tflops']:.0f}", errors]  # fmt: skip
+        lines.append("| " + " | ".join(map(str, cells)) + " |")
+    p = {k: v.replace("*", "\\*").replace("_", "\\_") if isinstance(v, str) else v
+         for k, v in result["provenance"].items()}  # plain text in Markdown: * and _ are not emphasis
+    lines += [
+        "",
+        f"Measured on {p['gpus']}x {p['gpu']} (NCCL {p['nccl']}, NVLink multicast off; ring transfer "
+        f"{p['ring_GBps']:.0f} GB/s per direction) with torch {p['torch']}, triton {p['triton']}, CUDA {p['cuda']} "
+        f"at {p['date_utc']} (commit {p['commit']}); B = {rows[0]['B']}, "
+        + ("" if several_H else f"H = {rows[0]['H']}, ") + f"H\\_kv = H, D = {rows[0]['D']}, "
+        f"{rows[0]['dtype']}. Method: {p['method']}.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def rewrite_ring(text: str) -> str:
+    """``text`` with its ring table block, if it has one, rendered again from bench/results/ring.json."""
+    if not RING_BLOCK.search(text):
+        return text
+    result = load_result("ring.json", RESULTS)
+    return RING_BLOCK.sub(lambda m: m.group(1) + ring_table(result) + m.group(3), text)
+
+
 def blocks(text: str) -> list[tuple[str, str]]:
     """(name, body) of every table block on a page."""
     return [(m.group("name"), m.group("body")) for m in BLOCK.finditer(text)]
@@ -373,9 +424,10 @@ def rewrite(text: str) -> str:
 def main() -> None:
     for page in sorted(DOCS.rglob("*.md")):
         text = page.read_text()
-        if blocks(text):
-            page.write_text(rewrite(text))
-            print(f"rewrote {page.relative_to(DOCS.parent)}: {', '.join(name for name, _ in blocks(text))}")
+        names = [name for name, _ in blocks(text)] + (["ring"] if RING_BLOCK.search(text) else [])
+        if names:
+            page.write_text(rewrite_ring(rewrite(text)))
+            print(f"rewrote {page.relative_to(DOCS.parent)}: {', '.join(names)}")
 
 
 if __name__ == "__main__":

@@ -58,9 +58,10 @@ def clean_l2_ms(fn, warmup: int = 50, rep: int = 200) -> float:
     call by *reading* a 256 MB buffer; warm-up and rep in ms, as for ``median_ms``.
 
     ``triton.testing.do_bench`` empties the L2 by writing (zeroing) such a buffer, which leaves the L2
-    full of dirty lines: the timed call then pays for writing them back to HBM, 8-9 µs a call measured on
-    the H200 (bench/PERF_LOG.md, "decode clocks"). Next to a bandwidth-bound call of 20-150 µs that is
-    someone else's traffic counted as the call's own. Reading leaves clean lines, which cost nothing to drop.
+    full of dirty lines: the timed call then pays for writing them back to HBM (what that costs a decode
+    call on the H200, flushing by a write, by a read and not at all: bench/PERF_LOG.md, "Decode clocks").
+    Next to a bandwidth-bound call that is someone else's traffic counted as the call's own. Reading
+    leaves clean lines, which cost nothing to drop.
     """
     device = torch.cuda.current_device()
     if device not in _flush_buffers:

@@ -1,7 +1,9 @@
 """Time ring attention on the GPUs of one host, against single-GPU flashtile.attention.
 
-    python -m flashtile.distributed.bench --out ring.json --commit abc1234 [--T 16384 32768] [--budget-s 200]
-    python -m flashtile.distributed.bench --render    # the chapter's table, from bench/results/ring.json
+    python -m flashtile.bench ring --commit abc1234 [--out ring.json] [--T 16384 32768] [--budget-s 200]
+
+Writes ``bench/results/ring.json`` unless ``--out`` says otherwise; ``python hooks/render_tables.py``
+then renders the chapter's table from it.
 
 Rows follow the shared benchmark schema with ``pass: "ring"``. Providers: ``flashtile`` is
 ``flashtile.attention`` on one GPU with the whole sequence (the baseline); ``flashtile_ring`` is
@@ -22,7 +24,6 @@ import datetime
 import json
 import os
 import platform
-import re
 import statistics
 import time
 from pathlib import Path
@@ -30,9 +31,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from .local import run_local_ring
-from .ring import ring_attention
-from .sharding import shard_sequence, unshard_sequence
+from ..distributed.local import run_local_ring
+from ..distributed.ring import exchange, ring_attention, ring_of, wait
+from ..distributed.sharding import shard_sequence, unshard_sequence
+from .common import RESULTS, attention_flops
 
 
 def sync(device: torch.device) -> None:
@@ -60,9 +62,8 @@ def timed(fn, reps: int, device: torch.device, everyone: bool = True) -> float:
     return statistics.median(times)
 
 
-def attention_flops(B, H, T, D, causal: bool, measures: str) -> float:
-    flops = 4 * B * H * T * T * D * (0.5 if causal else 1.0)
-    return flops * (3.5 if measures == "forward_backward" else 1.0)
+# What a row measures -> the FLOP convention's mode (``common.attention_flops``: x3.5 for forward + backward).
+MODES = {"forward": "fwd", "forward_backward": "fwd+bwd"}
 
 
 def forward_and_backward(fn, q, k, v, do):
@@ -128,6 +129,7 @@ def bench_shape(rank, world_size, device, solo, shape, dtype, torch_cp: bool = F
     if rank != 0:
         return []
     errors = {name: float(f"{rel(g, r):.3g}") for name, g, r in zip(("o", "dq", "dk", "dv"), gathered, reference)}
+    shape_of = dict(B=B, H=H, Tq=T, Tk=T, D=D, causal=causal)
     rows = []
     for (provider, world, measures), ms in times.items():
         baseline = "sdpa" if provider in TORCH_CP_PROVIDERS else "flashtile"
@@ -136,7 +138,7 @@ def bench_shape(rank, world_size, device, solo, shape, dtype, torch_cp: bool = F
             "B": B, "H": H, "H_kv": H_kv, "Tq": T, "Tk": T, "D": D, "causal": causal, "layout": "bhtd",
             "dtype": {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[dtype],
             "ms": None if ms is None else round(ms, 3),
-            "tflops": None if ms is None else round(attention_flops(B, H, T, D, causal, measures) / ms / 1e9, 1),
+            "tflops": None if ms is None else round(attention_flops(shape_of, MODES[measures]) / ms / 1e9, 1),
             "speedup_vs_1gpu": None if ms is None else round(times[baseline, 1, measures] / ms, 3),
         })  # fmt: skip
         if ms is None:
@@ -202,8 +204,6 @@ def torch_context_parallel_times(rank, world_size, device, full, causal: bool, r
 
 def ring_bandwidth(device, n_bytes: int, reps: int = 5) -> float:
     """GB/s one rank sends to the next while receiving from the previous: the ring's transfer rate."""
-    from .ring import exchange, ring_of, wait
-
     ring = ring_of(None)
     send = torch.ones(n_bytes // 2, dtype=torch.bfloat16, device=device)
     recv = torch.empty_like(send)
@@ -246,7 +246,7 @@ def provenance(commit: str) -> dict:
         "commit": commit,
         "env": {k: os.environ.get(k) for k in ("NCCL_NVLS_ENABLE",)},
         "method": (
-            "python -m flashtile.distributed.bench; each timed call between a barrier+device sync and a device "
+            "python -m flashtile.bench ring; each timed call between a barrier+device sync and a device "
             "sync, slowest rank, median of the repeats after one warm-up; bf16; TFLOP/s = 4*B*H*T*T*D "
             "(x0.5 causal, x3.5 forward+backward) / time, summed over GPUs; speedup_vs_1gpu = time of "
             "flashtile.attention on one GPU with the whole sequence / time of the row"
@@ -254,59 +254,9 @@ def provenance(commit: str) -> dict:
     }
 
 
-ROOT = Path(__file__).resolve().parents[3]
-RESULT = ROOT / "bench" / "results" / "ring.json"
-PAGE = ROOT / "docs" / "part-c" / "ring-attention.md"
-TABLE_BLOCK = re.compile(r"(<!-- ring-table -->\n)(?P<body>.*?)(<!-- /ring-table -->)", re.S)
-
-
-def ring_table(result: dict) -> str:
-    """The chapter's table: one line per (T, causal, what was timed), times in ms, then the provenance.
-
-    The speed-up comes first: on a phone only the first few columns are on screen."""
-    rows = result["rows"]
-    world = max(r["world_size"] for r in rows)
-    several_H = len({r["H"] for r in rows}) > 1
-    head = ["speed-up", *(["H"] if several_H else []), "T", "causal", "timed", "1 GPU ms", "ring 1 GPU ms",
-            f"ring {world} GPUs ms", f"TFLOP/s ({world} GPUs)", "rel. error ×10³: o / dq / dk / dv"]  # fmt: skip
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    by_shape: dict = {}
-    for r in rows:
-        by_shape.setdefault((r["H"], r["Tq"], r["causal"], r["measures"]), {})[r["provider"], r["world_size"]] = r
-    for (H, T, causal, measures), by in by_shape.items():
-        wide = by["flashtile_ring", world]
-        names = ("o", "dq", "dk", "dv") if measures == "forward_backward" else ("o",)
-        errors = " / ".join(f"{1000 * wide['rel_err_vs_1gpu'][k]:.1f}" for k in names)
-        T_name = f"{T // 1024}k" if T % 1024 == 0 else str(T)
-        one_gpu, ring_one_gpu = by["flashtile", 1]["ms"], by["flashtile_ring", 1]["ms"]
-        cells = [f"{wide['speedup_vs_1gpu']:.2f}x", *([H] if several_H else []), T_name, "yes" if causal else "no",
-                 measures.replace("_", " + "), f"{one_gpu:.1f}", f"{ring_one_gpu:.1f}", f"{wide['ms']:.1f}",
-                 f"{wide['tflops']:.0f}", errors]  # fmt: skip
-        lines.append("| " + " | ".join(map(str, cells)) + " |")
-    p = {k: v.replace("*", "\\*").replace("_", "\\_") if isinstance(v, str) else v
-         for k, v in result["provenance"].items()}  # plain text in Markdown: * and _ are not emphasis
-    lines += [
-        "",
-        f"Measured on {p['gpus']}x {p['gpu']} (NCCL {p['nccl']}, NVLink multicast off; ring transfer "
-        f"{p['ring_GBps']:.0f} GB/s per direction) with torch {p['torch']}, triton {p['triton']}, CUDA {p['cuda']} "
-        f"at {p['date_utc']} (commit {p['commit']}); B = {rows[0]['B']}, "
-        + ("" if several_H else f"H = {rows[0]['H']}, ") + f"H\\_kv = H, D = {rows[0]['D']}, "
-        f"{rows[0]['dtype']}. Method: {p['method']}.",
-    ]
-    return "\n".join(lines) + "\n"
-
-
-def render_page(page: Path = PAGE, result_path: Path = RESULT) -> None:
-    """Rewrite the table block of the chapter from the committed JSON."""
-    result = json.loads(result_path.read_text())
-    text = page.read_text()
-    page.write_text(TABLE_BLOCK.sub(lambda m: m.group(1) + ring_table(result) + m.group(3), text))
-
-
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", help="where to write the JSON")
-    parser.add_argument("--render", action="store_true", help="rewrite the chapter's table from the committed JSON")
+    parser.add_argument("--out", default=str(RESULTS / "ring.json"), help="where to write the JSON")
     parser.add_argument("--commit", default="unknown")
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--T", type=int, nargs="+", default=[16384, 32768, 65536, 131072])
@@ -316,15 +266,10 @@ def main(argv=None) -> None:
                         help="one more (H, T) after the sweep; repeatable")  # fmt: skip
     parser.add_argument("--budget-s", type=float, default=200.0, help="start no new shape after this long")
     parser.add_argument("--torch-cp", action="store_true",
-                        help="also time PyTorch's context_parallel with SDPA's flash backend (CUDA only; at "
-                             "89ab196 its causal runs did not finish on two H200s)")
+                        help="also time PyTorch's context_parallel with SDPA's flash backend (CUDA only; what "
+                             "its runs gave: bench/PERF_LOG.md, the two-GPU ring sweep, and sweeps/ring-torch-cp.json)")
     parser.add_argument("--cpu-smoke", action="store_true", help="gloo on CPU, fp32, to check the script runs")
     args = parser.parse_args(argv)
-    if args.render:
-        render_page()
-        return
-    if not args.out:
-        parser.error("--out is required unless --render")
     os.environ["NCCL_NVLS_ENABLE"] = "0"  # NVLink multicast off on shared hosts
     reps = lambda T: 10 if T <= 32768 else 5 if T <= 65536 else 3
     shapes = [(1, H, H, T, args.D, causal, reps(T)) for H in args.H for T in args.T for causal in (False, True)]

@@ -1,10 +1,12 @@
 """Take one two-rank ring forward apart: what each of its parts costs on its own.
 
-    python -m flashtile.distributed.parts --out parts.json --commit abc1234 [--H 16 32] [--T 32768]
-    python -m flashtile.distributed.parts --out parts.json --cpu-smoke      # gloo on CPU: the script runs
+    python -m flashtile.bench ring_parts --commit abc1234 [--out parts.json] [--H 16 32] [--T 32768]
+    python -m flashtile.bench ring_parts --out parts.json --cpu-smoke      # gloo on CPU: the script runs
+
+Writes ``bench/results/sweeps/ring-parts.json`` unless ``--out`` says otherwise.
 
 Two ranks (one GPU each, NCCL; or gloo on CPU with ``--cpu-smoke``). For each shape, causal and not,
-every part below is timed as ``bench.timed`` times the ring (after a barrier and a device sync, to a
+every part below is timed as ``ring.timed`` times the ring (after a barrier and a device sync, to a
 device sync; the slowest rank; the median), with no autograd:
 
 - ``1gpu_full``: the local attention on the whole sequence (each rank, its own device): the baseline;
@@ -28,9 +30,8 @@ import json
 import torch
 import torch.distributed as dist
 
-from .bench import provenance, sync, timed
-from .local import run_local_ring
-from .ring import (
+from ..distributed.local import run_local_ring
+from ..distributed.ring import (
     check_shards_agree,
     exchange,
     local_forward,
@@ -40,7 +41,9 @@ from .ring import (
     step_plan,
     wait,
 )
-from .sharding import shard_sequence
+from ..distributed.sharding import shard_sequence
+from .common import RESULTS
+from .ring import provenance, sync, timed
 
 WORLD = 2  # the parts are those of a two-rank ring: one step with the rank's own keys, one with the visitor's
 
@@ -132,7 +135,7 @@ def parts_worker(rank, world_size, shapes, dtype):
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True, help="where to write the JSON")
+    parser.add_argument("--out", default=str(RESULTS / "sweeps" / "ring-parts.json"), help="where to write the JSON")
     parser.add_argument("--commit", default="unknown")
     parser.add_argument("--T", type=int, nargs="+", default=[32768])
     parser.add_argument("--H", type=int, nargs="+", default=[16, 32])
@@ -147,7 +150,7 @@ def main(argv=None) -> None:
     rows = run_local_ring(parts_worker, WORLD, shapes, dtype, backend=backend, timeout_s=600)[0]
     meta = provenance(args.commit) if not args.cpu_smoke else {"cpu_smoke": True}
     meta["method"] = (
-        "python -m flashtile.distributed.parts: two ranks; each part of one ring forward timed alone, no autograd, "
+        "python -m flashtile.bench ring_parts: two ranks; each part of one ring forward timed alone, no autograd, "
         "between a barrier+device sync and a device sync, slowest rank, median of the repeats after one warm-up; "
         "tflops = the part's own attention arithmetic (4*H*rows*keys*D, x0.5 for a causal square block) / time"
     )

@@ -1,11 +1,12 @@
-"""The ring's parts script, run for real on two gloo processes with a tiny sequence: it must write a
-row in the benchmark schema for every part, and the step-1 plan it reports must be rank 0's."""
+"""The ring's parts (``python -m flashtile.bench ring_parts``), run for real on two gloo processes with a tiny
+sequence: it must write a row in the benchmark schema for every part, and the step-1 plan it reports must be
+rank 0's."""
 
 import json
 
 import pytest
 
-from flashtile.distributed import parts
+from flashtile.bench import __main__ as cli
 
 PARTS = {"1gpu_full", "ring", "ring_nocheck", "step0_kernel", "step1_kernel", "merge", "exchange_kv",
          "step0_with_exchange", "check_shards"}  # fmt: skip
@@ -13,9 +14,9 @@ PARTS = {"1gpu_full", "ring", "ring_nocheck", "step0_kernel", "step1_kernel", "m
 
 def test_cpu_smoke_writes_one_schema_row_per_part(tmp_path):
     out = tmp_path / "parts.json"
-    parts.main(["--out", str(out), "--cpu-smoke", "--H", "2", "--T", "16", "--D", "8", "--reps", "1"])
+    cli.main(["ring_parts", "--out", str(out), "--cpu-smoke", "--H", "2", "--T", "16", "--D", "8", "--reps", "1"])
     result = json.loads(out.read_text())
-    assert result["provenance"]["cpu_smoke"] is True and "flashtile.distributed.parts" in result["provenance"]["method"]
+    assert result["provenance"]["cpu_smoke"] is True and "flashtile.bench ring_parts" in result["provenance"]["method"]
     rows = result["rows"]
     for causal in (True, False):
         mine = {r["measures"].removeprefix("forward:"): r for r in rows if r["causal"] is causal}
@@ -34,4 +35,4 @@ def test_cpu_smoke_writes_one_schema_row_per_part(tmp_path):
 
 def test_t_that_zigzag_cannot_split_is_refused(tmp_path):
     with pytest.raises(SystemExit):
-        parts.main(["--out", str(tmp_path / "x.json"), "--cpu-smoke", "--T", "18"])
+        cli.main(["ring_parts", "--out", str(tmp_path / "x.json"), "--cpu-smoke", "--T", "18"])
