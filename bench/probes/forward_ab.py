@@ -5,6 +5,10 @@ one change) loaded as its own module, so that Triton compiles each one separatel
 process, in interleaved rounds with cuDNN, at the same inputs, after a check against cuDNN's output.
 
     python bench/probes/forward_ab.py make DIR [REV]   # DIR/base.py from REV (git show), DIR/nocheck.py
+
+A version from before the kernels' shared helpers were split into ``_host.py`` and ``_jit.py`` imports
+them from ``kernels/_common.py``: ``make`` then also writes REV's ``_common.py`` beside ``base.py``
+(as ``base_common.py``) and points ``base.py`` at it, so any earlier commit loads against its own helpers.
     python bench/probes/forward_ab.py OUT.json name=path.py ... [--cells main|causal|all|2k|d128] [--rounds N]
 
 ``nocheck`` is an ablation, never a candidate: the package's kernel with its check for huge scores
@@ -36,7 +40,7 @@ CHECK = "if tl.max(largest, 0) >= SHIFT_LIMIT:"  # the package's check (since a2
 def absolute_imports(source: str) -> str:
     """The module's relative imports, made absolute, so that a copy outside the package imports the package."""
     return (source.replace("from .._", "from flashtile._").replace("from ..reference", "from flashtile.reference")
-            .replace("from ._common", "from flashtile.kernels._common"))  # fmt: skip
+            .replace("from ._", "from flashtile.kernels._"))  # fmt: skip
 
 
 def make_versions(folder: str, rev: str | None = None) -> None:
@@ -48,10 +52,19 @@ def make_versions(folder: str, rev: str | None = None) -> None:
     if rev:
         old = subprocess.run(["git", "show", f"{rev}:src/flashtile/kernels/forward.py"], check=True,
                              capture_output=True, text=True).stdout  # fmt: skip
+        if "from ._common import" in old:  # before the split: the helpers as they were at REV
+            common = subprocess.run(["git", "show", f"{rev}:src/flashtile/kernels/_common.py"], check=True,
+                                    capture_output=True, text=True).stdout  # fmt: skip
+            (out / "base_common.py").write_text(f"# src/flashtile/kernels/_common.py at {rev}\n"
+                                                + absolute_imports(common))  # fmt: skip
+            old = old.replace("from ._common import", "from base_common import")
         (out / "base.py").write_text(f"# src/flashtile/kernels/forward.py at {rev}\n" + absolute_imports(old))
 
 
 def load(name: str, path: str):
+    folder = str(Path(path).resolve().parent)  # where a version's own helpers (base_common.py) lie
+    if folder not in sys.path:
+        sys.path.append(folder)
     spec = importlib.util.spec_from_file_location(f"forward_{name}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

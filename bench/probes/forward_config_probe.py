@@ -18,7 +18,7 @@ from torch.nn.functional import scaled_dot_product_attention
 
 from flashtile.bench.common import attention_tflops, median_ms, save_result
 from flashtile.bench.providers import make_inputs
-from flashtile.kernels._common import tile_descriptor
+from flashtile.kernels._host import tile_descriptor
 from flashtile.kernels.forward import forward_with_plan, make_forward_plan
 
 # (block_q, block_k, num_warps, num_stages, maxnreg, tma)

@@ -15,7 +15,7 @@ from flashtile.api import attention
 from flashtile.bench.common import save_result
 from flashtile.bench.overhead import SHAPE, interleaved_us_per_call, overhead_row
 from flashtile.bench.providers import make_inputs
-from flashtile.kernels._common import _current_stream, specialization
+from flashtile.kernels._host import _current_stream, specialization
 from flashtile.kernels.forward import flash_attention, forward_with_plan, make_forward_plan
 
 CALLS = 2000

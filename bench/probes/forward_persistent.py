@@ -9,7 +9,7 @@ key tiles are issued while the current tile ends (it compiles only with Q loaded
 with a descriptor load of Q, Triton 3.7's TMA lowering fails on the flattened loop; and compiled for
 sm_90 offline, the flattened 64 x 64 loop spills 4.9 KB, the 128 x 128 one needs 328 KB of shared
 memory). The body is the package's fused online-softmax
-step and epilogue (``_common.fused_softmax_step``, ``forward._write_rows``); the prototype takes full
+step and epilogue (``_jit.fused_softmax_step``, ``forward._write_rows``); the prototype takes full
 tiles only (Tq and Tk multiples of the tiles, no mask) and has no exact rerun for huge scores.
 
 ``PYTHONPATH=src python bench/probes/forward_persistent.py OUT.json`` on an H200 times the prototype;
@@ -28,7 +28,8 @@ from torch.nn.functional import scaled_dot_product_attention
 
 from flashtile.bench.common import attention_tflops, median_ms, save_result
 from flashtile.bench.providers import make_inputs
-from flashtile.kernels._common import delta_of_shift, fused_softmax_step, kernel_scale, tile_descriptor, tma_strides
+from flashtile.kernels._host import kernel_scale, tile_descriptor, tma_strides
+from flashtile.kernels._jit import delta_of_shift, fused_softmax_step
 from flashtile.kernels.forward import _write_rows, flash_attention
 
 

@@ -24,7 +24,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from flashtile.kernels._common import kernel_scale
+from flashtile.kernels._host import kernel_scale
 from flashtile.kernels.forward import flash_attention
 
 sdpa = torch.nn.functional.scaled_dot_product_attention

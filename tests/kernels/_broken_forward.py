@@ -18,7 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
-from flashtile.kernels._common import head_dim_pad, kernel_scale, program_offset
+from flashtile.kernels._host import head_dim_pad, kernel_scale
+from flashtile.kernels._jit import program_offset
 from flashtile.kernels.forward import _forward_kernel
 from flashtile.reference.causal import diagonal_offset
 

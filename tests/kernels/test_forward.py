@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from _truth import attention_truth
-from flashtile.kernels._common import tma_strides
+from flashtile.kernels._host import tma_strides
 from flashtile.kernels.forward import flash_attention, forward_config
 from flashtile.reference.causal import diagonal_offset, last_key_tile
 

@@ -13,7 +13,7 @@ import torch
 
 from _truth import attention_truth
 from flashtile import _plans
-from flashtile.kernels import _common
+from flashtile.kernels import _host
 from flashtile.kernels.decode import flash_decode
 from flashtile.kernels.forward import flash_attention, make_forward_plan
 
@@ -97,13 +97,13 @@ def test_the_fast_launch_repeats_the_full_launch_bit_for_bit_and_specialises_on_
 
 
 def test_a_launch_remembers_a_bounded_number_of_specialisations(monkeypatch):
-    class StandIn(_common.KernelLaunch):  # Triton's full path stood in for: compiles nothing
+    class StandIn(_host.KernelLaunch):  # Triton's full path stood in for: compiles nothing
         __slots__ = ()
 
         def _full_launch(self, tensors):
             return SimpleNamespace(run=None, function=None, packed_metadata=None)
 
-    monkeypatch.setattr(_common, "MAX_COMPILED", 2)
+    monkeypatch.setattr(_host, "MAX_COMPILED", 2)
     kernel_launch = StandIn(SimpleNamespace(arg_names=["x"]), (1,), (), {}, 4, 3)
     for dtype in (torch.float32, torch.float16, torch.int32):  # three specialisations
         kernel_launch._compile_and_launch((torch.empty(8, dtype=dtype),), 0)
@@ -111,7 +111,7 @@ def test_a_launch_remembers_a_bounded_number_of_specialisations(monkeypatch):
 
 
 def test_outputs_allocated_per_call_stay_out_of_the_compiled_kernels_key():
-    class StandIn(_common.KernelLaunch):  # Triton's full path stood in for: compiles nothing
+    class StandIn(_host.KernelLaunch):  # Triton's full path stood in for: compiles nothing
         __slots__ = ()
 
         def _full_launch(self, tensors):
@@ -121,7 +121,7 @@ def test_outputs_allocated_per_call_stay_out_of_the_compiled_kernels_key():
     x = torch.empty(8)
     for out in (torch.empty(8), torch.empty(9)[1:]):  # aligned and not: a fresh output is always aligned
         kernel_launch._compile_and_launch((x, out), 0)
-    assert list(kernel_launch._compiled) == [(0, _common.specialization(x))]
+    assert list(kernel_launch._compiled) == [(0, _host.specialization(x))]
     kernel_launch._compile_and_launch((torch.empty(9)[1:], torch.empty(8)), 0)  # an input's alignment is keyed
     assert len(kernel_launch._compiled) == 2
 

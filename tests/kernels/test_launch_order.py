@@ -1,4 +1,4 @@
-"""The causal launch order: ``_common.program_tile`` renumbers programs, never changes what they compute.
+"""The causal launch order: ``_jit.program_tile`` renumbers programs, never changes what they compute.
 
 The numbering is checked against a plain-Python list of the launch order (the grid's first axis
 fastest); the kernels are checked to give the same bits with the heaviest tiles first or not, and the
@@ -14,13 +14,8 @@ from _truth import attention_truth
 from flashtile import _plans
 from flashtile._env import H200_SM_COUNT
 from flashtile.kernels import backward, forward
-from flashtile.kernels._common import (
-    HEAVIEST_FIRST_BYTES,
-    HEAVIEST_FIRST_WAVES,
-    heaviest_first_chunk,
-    program_tile,
-    resident_programs,
-)
+from flashtile.kernels._host import HEAVIEST_FIRST_BYTES, HEAVIEST_FIRST_WAVES, heaviest_first_chunk, resident_programs
+from flashtile.kernels._jit import program_tile
 from flashtile.kernels.backward import flash_attention_backward
 from flashtile.kernels.forward import flash_attention
 

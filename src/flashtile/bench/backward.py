@@ -179,7 +179,7 @@ def measure(shape: dict, names) -> list[dict]:
 def sweep(shape: dict) -> list[dict]:
     """Time the backward launcher alone for each dK/dV config (dQ at its default) and each dQ config, on
     the pointer path and, where the device has TMA, through descriptors (``tma=True``)."""
-    from ..kernels._common import has_tma
+    from ..kernels._host import has_tma
     from ..kernels.backward import backward_config, flash_attention_backward
     from ..kernels.forward import flash_attention
 

@@ -4,7 +4,7 @@ The GPU keeps ``slots`` programs running at once (SMs times the programs one SM 
 next program of the launch order whenever a slot frees up. Under a causal mask query tile i of a head
 folds about i + 1 key tiles (``causal_key_tiles``), so the programs differ in length, and the order in
 which they start decides how long the last slots run alone at the end. ``makespan`` plays that out
-for a given order; ``launch_order`` writes out the two orders of ``kernels._common.program_tile`` in
+for a given order; ``launch_order`` writes out the two orders of ``kernels._jit.program_tile`` in
 plain Python. The model knows nothing of caches or of programs slowing each other down: it predicts
 the tail's share of the time, not the traffic that an order costs (bench/PERF_LOG.md compares it with
 the H200).

@@ -12,7 +12,7 @@ order (and so whose rounding) changes from run to run. So a second kernel owns q
 key tiles, recomputing S and P, and the backward stays bitwise deterministic.
 
 The hand-off from the forward: P is rebuilt as exp2((u - m) · qk_scale - log2 l) from the forward's own
-final (m, l) and the same raw dots u = (sign · q)·k, in the same units (``_common.KernelScale``). The largest
+final (m, l) and the same raw dots u = (sign · q)·k, in the same units (``_host.KernelScale``). The largest
 score of a row then gives exactly 1 / l at any magnitude of the logits. Given only a natural-log lse (from
 elsewhere: a merge across devices, say), the backward uses m = lse / |τ| and l = 1, which is as exact as
 lse itself: its rounding, relative to |lse|, becomes an error in P of the same relative size times |lse|.
@@ -36,32 +36,26 @@ from .._checks import (
     check_tensor,
     resolve_scale,
 )
-from .._env import sm_count
+from .._env import is_interpreting, sm_count
 from .._layouts import contiguous_strides, empty_like_layout, strides_like
 from .._plans import cached_plan
 from ..reference.causal import diagonal_offset
-from ._common import (
+from ._host import (
     KERNEL_DTYPES,
     KernelLaunch,
-    apply_sign,
     check_kernel_device,
     check_launch,
     check_tile_size,
     dot_precision,
-    first_query_row,
-    full_key_tiles,
     head_batch_grid,
     head_dim_pad,
     heaviest_first_chunk,
-    is_interpreting,
     kernel_scale,
-    last_key_tile,
-    program_tile,
     resident_programs,
-    store_tile,
     tile_descriptor,
     use_tma,
 )
+from ._jit import apply_sign, first_query_row, full_key_tiles, last_key_tile, program_tile, store_tile
 from .backward_preprocess import backward_preprocess, load_stats, preprocess_launch, row_terms, store_row_terms
 
 
@@ -669,7 +663,7 @@ def flash_attention_backward(
             per tile instead of seven), whose summation order, and so whose last bits, vary between runs.
         tma: True loads the streamed tiles (q and do in the dK/dV kernel, k and v in the dQ kernel)
             through TMA descriptors, and raises where the device or a layout cannot have them (see
-            ``_common.use_tma``); False loads through pointers; None (the default) takes
+            ``_host.use_tma``); False loads through pointers; None (the default) takes
             ``backward_config``'s choice: TMA where possible from 1k tokens on, measured faster there
             on the H200. Either way the results are bitwise the same.
 

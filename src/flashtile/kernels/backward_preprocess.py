@@ -16,7 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import KernelLaunch, head_batch_grid, head_dim_pad, load_tile
+from ._host import KernelLaunch, head_batch_grid, head_dim_pad
+from ._jit import load_tile
 
 
 # --8<-- [start:row_terms]

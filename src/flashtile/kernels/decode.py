@@ -8,7 +8,7 @@ rescale identity. With a single slice the split kernel writes o and lse directly
 
 Compared with the reference, the kernel adds only what the GPU forces on it: masks, 64-bit pointer
 arithmetic, base-2 exponentials, raw-dot units (m is the max of the raw dots u = (sign · q)·k, and
-p = exp2((u - m) · qk_scale), see ``flashtile.kernels._common.KernelScale``), and a per-key page
+p = exp2((u - m) · qk_scale), see ``flashtile.kernels._host.KernelScale``), and a per-key page
 lookup instead of ``gather_pages``'s copy. A contiguous cache is the paged case with one page of
 T_max keys per sequence, page = b, so the two share one kernel (the constexpr PAGED only skips the
 block-table read).
@@ -33,25 +33,22 @@ import triton
 import triton.language as tl
 
 from .._checks import DecodeShape, check_decode_inputs, check_num_splits, resolve_scale
-from .._env import sm_count
+from .._env import is_interpreting, sm_count
 from .._layouts import contiguous_strides
 from .._plans import cached_plan
 from ..reference.decode import pick_num_splits
-from ._common import (
+from ._host import (
     KERNEL_DTYPES,
     KernelLaunch,
-    apply_sign,
     check_kernel_device,
     check_launch,
     check_tile_size,
     dot_precision,
     head_batch_grid,
     head_dim_pad,
-    is_interpreting,
     kernel_scale,
-    online_softmax_step,
-    program_offset,
 )
+from ._jit import apply_sign, online_softmax_step, program_offset
 
 LN2 = tl.constexpr(math.log(2.0))
 LOG2E = tl.constexpr(math.log2(math.e))

@@ -13,7 +13,7 @@ Compared with the PyTorch tier, the kernel adds only what the GPU forces on it:
 * raw-dot units: ``m`` is the max of the raw dots u = (sign · q)·k, and the scale is applied to the
   difference, p = exp2((u - m) · qk_scale). The largest score then gives exactly exp2(0) = 1 at any
   magnitude, and the backward, which recomputes u with the same dot, rebuilds the same P from the
-  saved (m, l) (see ``flashtile.kernels._common.KernelScale``);
+  saved (m, l) (see ``flashtile.kernels._host.KernelScale``);
 * one multiply-add per score in the loops: p = exp2(u · qk_scale - shift) with shift = fl(m · qk_scale),
   the shift's rounding taken out of l before it is stored, and an exact rerun of the program in the
   rare case of scores past about 1e7 (``fused_softmax_step``).
@@ -37,29 +37,31 @@ from .._checks import check_alignment, check_attention_inputs, check_causal, che
 from .._layouts import strides_like
 from .._plans import cached_plan
 from ..reference.causal import diagonal_offset
-from ._common import (
+from ._host import (
     KERNEL_DTYPES,
-    SHIFT_LIMIT,
     KernelLaunch,
-    apply_sign,
     check_kernel_device,
     check_launch,
     check_tile_size,
-    delta_of_shift,
     dot_precision,
-    full_key_tiles,
-    fused_softmax_step,
     head_batch_grid,
     head_dim_pad,
     heaviest_first_chunk,
     kernel_scale,
+    resident_programs,
+    tile_descriptor,
+    use_tma,
+)
+from ._jit import (
+    SHIFT_LIMIT,
+    apply_sign,
+    delta_of_shift,
+    full_key_tiles,
+    fused_softmax_step,
     last_key_tile,
     online_softmax_step,
     program_offset,
     program_tile,
-    resident_programs,
-    tile_descriptor,
-    use_tma,
 )
 
 LN2 = tl.constexpr(math.log(2.0))  # a constexpr global, so the jit function may read it

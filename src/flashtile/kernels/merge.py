@@ -21,7 +21,8 @@ import triton
 import triton.language as tl
 
 from .._checks import check_tensor
-from ._common import head_batch_grid, head_dim_pad, program_offset
+from ._host import head_batch_grid, head_dim_pad
+from ._jit import program_offset
 
 LOG2E = tl.constexpr(math.log2(math.e))
 LN2 = tl.constexpr(math.log(2.0))

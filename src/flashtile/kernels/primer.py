@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from .._checks import check_tensor
-from ._common import KERNEL_DTYPES, check_kernel_device
+from ._host import KERNEL_DTYPES, check_kernel_device
 
 
 # --8<-- [start:matmul_kernel]

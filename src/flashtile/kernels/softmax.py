@@ -14,7 +14,8 @@ import triton
 import triton.language as tl
 
 from .._checks import check_tensor
-from ._common import KERNEL_DTYPES, check_kernel_device, check_tile_size, is_interpreting
+from .._env import is_interpreting
+from ._host import KERNEL_DTYPES, check_kernel_device, check_tile_size
 
 MAX_BLOCK = 8192  # widest row held in registers at once (fp32: 32 KiB per program)
 INTERPRETER_MAX_BLOCK = 1024

@@ -49,16 +49,8 @@ from .._checks import (
     resolve_scale,
 )
 from ..reference.causal import diagonal_offset
-from ._common import (
-    KERNEL_DTYPES,
-    check_kernel_device,
-    dot_precision,
-    first_query_row,
-    full_key_tiles,
-    head_batch_grid,
-    head_dim_pad,
-    last_key_tile,
-)
+from ._host import KERNEL_DTYPES, check_kernel_device, dot_precision, head_batch_grid, head_dim_pad
+from ._jit import first_query_row, full_key_tiles, last_key_tile
 
 TEXTBOOK_MAX_HEAD_DIM = 128
 LOG2E = math.log2(math.e)

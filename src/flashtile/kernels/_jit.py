@@ -1,0 +1,215 @@
+"""What runs inside the kernels: the ``@triton.jit`` helpers every Triton kernel in flashtile shares,
+each written once.
+
+The launch order of a program's tile (``program_tile``), the sign of the scale folded into the query
+tile, the online-softmax steps (exact and fused), 64-bit program offsets, tile loads and stores, and
+the integer bookkeeping of the causal tile rules in ``flashtile.reference.causal``, written once so
+that the forward and backward kernels count tiles the same way the reference does. What runs on the
+host (launcher checks, device probes, the scale's split, TMA descriptors, the launch cache) lives in
+``flashtile.kernels._host``.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def program_tile(chunk, HEAVY_TILE_LAST: tl.constexpr, HEAVIEST_FIRST: tl.constexpr):
+    """(tile, plane, batch) of this program in a (tiles, planes, batch) grid, as int32.
+
+    The GPU starts programs about in launch order, the grid's first axis fastest. Under a causal mask
+    the tiles of a head differ in work (the last query tile, or the first key tile, has the most); a long
+    program that starts late keeps a few SMs busy while the rest idle (the tail). HEAVY_TILE_LAST flips
+    the tile axis, so that each head's heaviest tile comes first in that head. HEAVIEST_FIRST goes
+    further: it cuts the (plane, batch) pairs into chunks of ``chunk`` and renumbers the launch so
+    that inside a chunk the tile index varies slowest: every head's heaviest tile starts before any
+    head's second heaviest. Programs that run together then belong to different heads; the launcher
+    sizes the chunk so that what one chunk's heads read still fits in L2 (``heaviest_first_chunk``).
+    """
+    # --8<-- [start:heaviest_first]
+    tile = tl.program_id(0)
+    plane = tl.program_id(1)
+    b = tl.program_id(2)
+    n_tiles = tl.num_programs(0)
+    if HEAVIEST_FIRST:
+        n_planes = tl.num_programs(1)
+        rank = tile + n_tiles * (plane + n_planes * b)  # this program's place in the launch order
+        first = rank // (chunk * n_tiles) * chunk  # the first (plane, batch) pair of its chunk
+        size = tl.minimum(chunk, n_planes * tl.num_programs(2) - first)  # the last chunk may be smaller
+        within = rank - first * n_tiles
+        tile = within // size
+        pair = first + within % size
+        plane = pair % n_planes
+        b = pair // n_planes
+    if HEAVY_TILE_LAST:
+        tile = n_tiles - 1 - tile
+    return tile, plane, b
+    # --8<-- [end:heaviest_first]
+
+
+# --8<-- [start:apply_sign]
+@triton.jit
+def apply_sign(q, SIGN: tl.constexpr):
+    """sign · q for the query tile, exact in every dtype; 0 · q keeps a NaN in q (0 · NaN = NaN)."""
+    if SIGN == -1:
+        q = -q
+    elif SIGN == 0:
+        q = q * 0.0
+    return q
+# --8<-- [end:apply_sign]
+
+
+# --8<-- [start:softmax_step]
+@triton.jit
+def online_softmax_step(acc, l, m, u, v, qk_scale, DOT_PRECISION: tl.constexpr):
+    """Fold one key tile into the running (acc, l, m): the online-softmax update of Part A, in raw-dot units.
+
+    u: (rows, BLOCK_K) fp32 raw dots of the tile, -inf where a key is hidden; v: (BLOCK_K, HEAD_DIM_PAD)
+    value tile in the input dtype. Every kernel that walks key tiles (forward, decode) calls this one
+    function, so the update and its -inf guard are written once.
+    """
+    # --8<-- [start:exact_update]
+    m_new = tl.maximum(m, tl.max(u, 1))
+    # A row that has seen only -inf scores so far (masked keys, or keys scoring -inf) has m_new = -inf;
+    # subtracting it would give exp(-inf - (-inf)) = NaN. Subtracting 0 instead gives p = 0 and
+    # alpha = 0. One select per row, in every tile: an unmasked tile can hold -inf scores too.
+    m_new_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.math.exp2((m - m_new_safe) * qk_scale)  # shrink what we had to the new max
+    p = tl.math.exp2((u - m_new_safe[:, None]) * qk_scale)  # u - m first: exact for the max
+    l = alpha * l + tl.sum(p, 1)
+    acc = acc * alpha[:, None]
+    acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)  # P in the input dtype
+    return acc, l, m_new
+    # --8<-- [end:exact_update]
+# --8<-- [end:softmax_step]
+
+
+# --8<-- [start:fused_step]
+SHIFT_LIMIT = tl.constexpr(2.0**24)  # |shift| below this: the rounding of a shift is at most 1/2 in the exponent
+
+
+@triton.jit
+def multiply_subtract(x, scale, shift, INTERPRETED: tl.constexpr):
+    """x * scale - shift with the product unrounded: one fused multiply-add on the GPU, where Triton
+    lets the compiler contract a multiply and a subtract (in the loop this form ran faster than an
+    explicit tl.fma, sweeps/forward-fused-step-variants.json; tl.fma is kept for the per-row delta; the GPU
+    tests at scores of 4e5 and 4e6 fail if the contraction is ever lost). The interpreter rounds the
+    product first, so there it is taken in float64 (exact for two float32 factors) and the difference
+    rounded once."""
+    if INTERPRETED:
+        return (x.to(tl.float64) * scale - shift).to(tl.float32)
+    return x * scale - shift
+
+
+@triton.jit
+def fused_softmax_step(acc, l, m, shift, largest, u, v, qk_scale, DOT_PRECISION: tl.constexpr,
+                       INTERPRETED: tl.constexpr):  # fmt: skip
+    """``online_softmax_step`` with one multiply-add per score instead of a subtract and a multiply.
+
+    p = exp2(u * qk_scale - shift) where shift = fl(m * qk_scale) is the row max in exponent units,
+    rounded once per row, and u * qk_scale - shift is one fused multiply-add, the product unrounded.
+    (acc, l) are then kept relative to 2^shift rather than 2^(m * qk_scale): the row's largest score
+    gives 2^delta with delta = m * qk_scale - shift, the rounding of the shift, exact, and at most half
+    a unit in its last place. Every tile rescales by the shifts as rounded and used, so delta cancels
+    in o = acc / l, and the caller takes it out of l for lse and the stats (``delta_of_shift``). That
+    holds while 2^delta is harmless: |shift| < SHIFT_LIMIT keeps |delta| <= 1/2, and ``largest``
+    collects each row's largest |shift| so that the caller can check that once, at the end.
+
+    shift carries -inf for a row that has seen only -inf so far, so that alpha = 0 for it, as with m.
+    """
+    # --8<-- [start:fused_update]
+    m_new = tl.maximum(m, tl.max(u, 1))
+    shift_new = m_new * qk_scale  # rounded once: the kernel's only rounding of the row max
+    shift_safe = tl.where(m_new == float("-inf"), 0.0, shift_new)  # the -inf guard of online_softmax_step
+    alpha = tl.math.exp2(shift - shift_safe)  # both shifts as rounded and used: their roundings cancel
+    p = tl.math.exp2(multiply_subtract(u, qk_scale, shift_safe[:, None], INTERPRETED))
+    l = alpha * l + tl.sum(p, 1)
+    acc = acc * alpha[:, None]
+    acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
+    largest = tl.where(tl.abs(shift_safe) > largest, tl.abs(shift_safe), largest)  # a NaN shift is never largest
+    return acc, l, m_new, shift_new, largest
+    # --8<-- [end:fused_update]
+
+
+@triton.jit
+def exact_product_minus(x, scale, shift, INTERPRETED: tl.constexpr):
+    """x * scale - shift through an explicit fused multiply-add (float64 in the interpreter): exact
+    whenever the result is the rounding error of fl(x * scale) = shift, as delta is."""
+    if INTERPRETED:
+        return (x.to(tl.float64) * scale - shift).to(tl.float32)
+    return tl.fma(x, scale, -shift)
+
+
+@triton.jit
+def delta_of_shift(m, shift, l, qk_scale, INTERPRETED: tl.constexpr):
+    """delta = m * qk_scale - shift, exact (0 for a row that saw no key). The fused path's p carry a
+    factor 2^delta, and so does its l: l * exp2(-delta) is l relative to 2^(m * qk_scale), the units
+    of lse, the stats and the backward."""
+    return tl.where(l == 0.0, 0.0, exact_product_minus(m, qk_scale, shift, INTERPRETED))
+# --8<-- [end:fused_step]
+
+
+# --8<-- [start:program_offset]
+@triton.jit
+def program_offset(index, stride):
+    """index * stride in 64 bits. Program ids and tl.arange are int32, and so is a stride below
+    2**31; their product silently wraps once a tensor passes 2**31 elements unless one side is
+    widened first. The cast is assigned, not just called: ``index.to(tl.int64)`` alone does nothing.
+    """
+    index = index.to(tl.int64)
+    return index * stride
+# --8<-- [end:program_offset]
+
+
+# --8<-- [start:tiles]
+@triton.jit
+def load_tile(ptr, stride_t, stride_d, rows, cols, n_rows, head_dim):
+    """Load the (len(rows), len(cols)) tile ptr[rows, cols], zero outside [0, n_rows) x [0, head_dim).
+
+    ``ptr`` already points at the (batch, head) slice. Rows and columns are widened to int64 before
+    they meet a stride: row * stride_t, or col * stride_d when the head dim is an outer axis of the
+    storage, overflows int32 once a tensor passes 2**31 elements.
+    """
+    offsets = rows.to(tl.int64)[:, None] * stride_t + cols.to(tl.int64)[None, :] * stride_d
+    mask = (rows[:, None] < n_rows) & (cols[None, :] < head_dim)
+    return tl.load(ptr + offsets, mask=mask, other=0.0)
+
+
+@triton.jit
+def store_tile(ptr, stride_t, stride_d, rows, cols, n_rows, head_dim, value):
+    """Store ``value`` into ptr[rows, cols] inside [0, n_rows) x [0, head_dim), cast to ptr's dtype."""
+    offsets = rows.to(tl.int64)[:, None] * stride_t + cols.to(tl.int64)[None, :] * stride_d
+    mask = (rows[:, None] < n_rows) & (cols[None, :] < head_dim)
+    tl.store(ptr + offsets, value.to(ptr.dtype.element_ty), mask=mask)
+# --8<-- [end:tiles]
+
+
+# --8<-- [start:tile_counts]
+@triton.jit
+def last_key_tile(q_end, Tk, offset, BLOCK_K: tl.constexpr):
+    """Number of key tiles a query tile ending at q_end needs (reference.causal.last_key_tile).
+
+    The last row q_end - 1 sees keys up to q_end - 1 + offset. Clamping that to -1 makes the count 0
+    for a tile that sees nothing, and keeps every division on non-negative numbers (Triton's // on
+    integers truncates toward zero like C, it does not floor like Python).
+    """
+    last_visible_key = tl.maximum(q_end - 1 + offset, -1)
+    return tl.minimum(tl.cdiv(Tk, BLOCK_K), (last_visible_key + BLOCK_K) // BLOCK_K)
+
+
+@triton.jit
+def full_key_tiles(q_start, Tk, offset, BLOCK_K: tl.constexpr):
+    """Number of leading key tiles that are FULL for every row of a query tile starting at q_start.
+
+    Key tile t is full when its last column (t + 1) * BLOCK_K - 1 is visible from the first row,
+    (t + 1) * BLOCK_K - 1 <= q_start + offset, and lies inside the keys, (t + 1) * BLOCK_K <= Tk.
+    """
+    first_row_sees = tl.maximum(q_start + offset + 1, 0)  # keys visible from row q_start
+    return tl.minimum(first_row_sees // BLOCK_K, Tk // BLOCK_K)
+
+
+@triton.jit
+def first_query_row(k_start, offset):
+    """The first query row that sees key k_start (i >= k_start - offset), clamped at row 0."""
+    return tl.maximum(k_start - offset, 0)
+# --8<-- [end:tile_counts]
