@@ -177,7 +177,7 @@ def test_backward_op_passes_opcheck_with_a_gqa_split(monkeypatch):
     # returned dk and dv as two halves of one buffer failed under torch.compile on the GPU only.
     import flashtile.kernels.backward as backward
 
-    monkeypatch.setattr(backward, "pick_kv_split", lambda kv_split, group, programs, device: group)
+    monkeypatch.setattr(backward, "pick_kv_split", lambda group, programs, device: group)
     q, k, v = make_qkv(1, 4, 2, 21, 19, 16, seed=16)
     o, lse, stats = attention_fwd(q, k, v, True, 0.25, "upper_left", "triton")
     do = torch.randn(o.shape, generator=torch.Generator().manual_seed(17)).to(DEVICE)
