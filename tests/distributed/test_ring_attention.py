@@ -1,4 +1,6 @@
-"""Ring attention in one process: the (o, lse) merge, the simulated ring, world size 1, input errors."""
+"""Ring attention in one process: the in-place (o, lse) merge, the simulated ring, world size 1, input errors.
+
+The merge itself (``reference.merge.merge_partials``) is tested in tests/reference/test_merge.py."""
 
 import os
 
@@ -9,44 +11,21 @@ from _ring_cases import attention_truth, random_qkv
 
 import flashtile
 from flashtile.api import use_backend
-from flashtile.distributed import merge_partial, ring_attention, shard_sequence, simulate_ring, unshard_sequence
+from flashtile.distributed import merge_into, ring_attention, shard_sequence, simulate_ring, unshard_sequence
+from flashtile.reference.merge import merge_partials
 
 
-def partial_attention(q, k, v, scale):
-    """(o, lse) of q over the keys k, v only, from the definition, in float64."""
-    s = scale * q @ k.transpose(-1, -2)
-    return torch.softmax(s, dim=-1) @ v, torch.logsumexp(s, dim=-1)
-
-
-def test_merging_the_results_of_two_key_halves_gives_the_whole_in_either_order():
-    q, k, v, _ = random_qkv(2, 3, 3, 20, 8, seed=0)
-    scale = 0.4
-    whole = partial_attention(q, k, v, scale)
-    a = partial_attention(q, k[..., :7, :], v[..., :7, :], scale)
-    b = partial_attention(q, k[..., 7:, :], v[..., 7:, :], scale)
-    for first, second in ((a, b), (b, a)):
-        o, lse = merge_partial(*first, *second)
-        torch.testing.assert_close(o, whole[0], rtol=0, atol=1e-14)
-        torch.testing.assert_close(lse, whole[1], rtol=0, atol=1e-14)
-
-
-def test_a_part_that_saw_no_key_counts_for_nothing_and_makes_no_nan():
-    o_b, lse_b = torch.randn(4, 5, dtype=torch.float64), torch.randn(4, dtype=torch.float64)
-    empty_o, empty_lse = torch.zeros(4, 5, dtype=torch.float64), torch.full((4,), float("-inf"), dtype=torch.float64)
-    o, lse = merge_partial(empty_o, empty_lse, o_b, lse_b)
-    assert torch.equal(o, o_b) and torch.equal(lse, lse_b)
-    o, lse = merge_partial(empty_o, empty_lse, empty_o, empty_lse)
-    assert torch.equal(o, empty_o) and torch.isneginf(lse).all()
-
-
-def test_merging_without_the_rescale_is_wrong_so_the_test_above_can_fail():
-    """Control for the merge test: averaging the halves (no weights from lse) misses the answer."""
-    q, k, v, _ = random_qkv(1, 2, 2, 12, 8, seed=1)
-    whole = partial_attention(q, k, v, 0.35)
-    a = partial_attention(q, k[..., :5, :], v[..., :5, :], 0.35)
-    b = partial_attention(q, k[..., 5:, :], v[..., 5:, :], 0.35)
-    assert not torch.allclose((a[0] + b[0]) / 2, whole[0], atol=1e-3)
-    assert torch.allclose(merge_partial(*a, *b)[0], whole[0], atol=1e-14)
+def test_the_in_place_merge_of_each_step_gives_the_reference_bits_in_its_rows_only():
+    """merge_into on the CPU: the reference merge, written into a row slice of a larger running result."""
+    generator = torch.Generator().manual_seed(3)
+    o, o_part = (torch.randn(2, 3, 10, 8, dtype=torch.float32, generator=generator) for _ in range(2))
+    lse, lse_part = (4 * torch.randn(2, 3, 10, dtype=torch.float32, generator=generator) for _ in range(2))
+    rows = slice(4, 10)
+    o_want, lse_want = merge_partials(o[..., rows, :], lse[..., rows], o_part[..., rows, :], lse_part[..., rows])
+    untouched = o[..., :4, :].clone(), lse[..., :4].clone()
+    merge_into(o[..., rows, :], lse[..., rows], o_part[..., rows, :], lse_part[..., rows])
+    assert torch.equal(o[..., rows, :], o_want) and torch.equal(lse[..., rows], lse_want)
+    assert torch.equal(o[..., :4, :], untouched[0]) and torch.equal(lse[..., :4], untouched[1])
 
 
 def shards(x, world_size, is_causal):

@@ -35,7 +35,7 @@ from ..distributed.ring import (
     check_shards_agree,
     exchange,
     local_forward,
-    merge_in_place,
+    merge_into,
     ring_attention,
     ring_of,
     step_plan,
@@ -84,7 +84,7 @@ def part_times(q, k, v, full, causal: bool, scale: float, reps: int, device) -> 
         "step0_kernel": lambda: local_forward(q, k, v, own.causal, scale),
         "step1_kernel": lambda: local_forward(q[..., visit.q_rows, :], k[..., visit.k_rows, :],
                                               v[..., visit.k_rows, :], visit.causal, scale),  # fmt: skip
-        "merge": lambda: merge_in_place(o[..., visit.q_rows, :], lse[..., visit.q_rows], o_part, lse_part),
+        "merge": lambda: merge_into(o[..., visit.q_rows, :], lse[..., visit.q_rows], o_part, lse_part),
         "exchange_kv": exchange_kv,
         "step0_with_exchange": step0_with_exchange,
         "check_shards": lambda: check_shards_agree(q, k, causal, scale, ring),

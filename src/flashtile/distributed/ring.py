@@ -3,9 +3,10 @@
 Each of the W ranks holds a shard of the queries, keys and values (see ``sharding``). The key/value
 shards travel around the ring (rank r sends to r + 1 and receives from r - 1), so after W steps every
 rank has seen every key once. Each step produces a partial result (o, lse) over the visiting keys,
-and ``merge_partial`` folds it into the running one with the rescale identity of the online softmax,
-in fp32 (float64 for float64 inputs). The backward sends the keys around once more, and the dK, dV
-accumulated for them travel along and arrive at their owner after the last step.
+and ``merge_into`` folds it into the running one with the rescale identity of the online softmax
+(``reference.merge.merge_partials``), in fp32 (float64 for float64 inputs). The backward sends the
+keys around once more, and the dK, dV accumulated for them travel along and arrive at their owner
+after the last step.
 
 Status and caveats:
 
@@ -32,7 +33,7 @@ import torch
 import torch.distributed as dist
 
 from .._checks import FLOAT_DTYPES, check_attention_inputs, check_causal, resolve_neg_bits, resolve_scale
-from ..reference.decode import merge_partials
+from ..reference.merge import merge_partials
 from .sharding import LAYOUTS, layout_for
 
 REFERENCE_BLOCK = 64  # tile size of the reference tier on CPU: any value gives the same result up to rounding
@@ -41,19 +42,6 @@ REFERENCE_BLOCK = 64  # tile size of the reference tier on CPU: any value gives 
 def stats_dtype(x: torch.Tensor) -> torch.dtype:
     """float64 for float64 inputs, else float32: the dtype of lse, of the merge and of the accumulators."""
     return torch.float64 if x.dtype == torch.float64 else torch.float32
-
-
-# --8<-- [start:merge]
-def merge_partial(o_a, lse_a, o_b, lse_b):
-    """The attention result over two disjoint sets of keys, from the results over each.
-
-    o_a, o_b: (..., T, D), each normalised over its own keys; lse_a, lse_b: (..., T). Computed in
-    lse_a's dtype (fp32, or float64 for float64 inputs), whatever the dtype of the outputs, by the one
-    (o, lse) merge of the reference tier. A part that saw no key (lse = -inf) counts for nothing.
-    """
-    c = lse_a.dtype
-    return merge_partials(o_a.to(c), lse_a, o_b.to(c), lse_b.to(c))
-# --8<-- [end:merge]
 
 
 class StepPlan(NamedTuple):
@@ -113,16 +101,17 @@ def local_backward(q, k, v, o, lse, do, causal: bool, scale: float):
 
 
 # --8<-- [start:steps]
-def merge_in_place(o, lse, o_part, lse_part) -> None:
-    """(o, lse) <- their merge with (o_part, lse_part): one Triton kernel on CUDA (``kernels.merge``, a
-    single pass over o where the PyTorch formula takes a dozen), ``merge_partial`` otherwise. Either way
-    the merge is computed in lse's dtype and rounded once, to o's."""
+def merge_into(o, lse, o_part, lse_part) -> None:
+    """(o, lse) <- their merge with (o_part, lse_part), in place: ``kernels.merge.merge_into`` on CUDA (one
+    Triton kernel, a single pass over o where the PyTorch formula takes a dozen), the reference tier's
+    ``merge_partials`` otherwise. Either way the merge is computed in lse's dtype (fp32, or float64 for
+    float64 inputs) and rounded once, to o's."""
     if o.is_cuda and lse.dtype == torch.float32:
-        from ..kernels.merge import merge_into
+        from ..kernels import merge as kernel_merge
 
-        merge_into(o, lse, o_part, lse_part)
+        kernel_merge.merge_into(o, lse, o_part, lse_part)
     else:
-        o_new, lse_new = merge_partial(o, lse, o_part, lse_part)
+        o_new, lse_new = merge_partials(o, lse, o_part, lse_part)
         o.copy_(o_new)
         lse.copy_(lse_new)
 
@@ -138,7 +127,7 @@ def forward_step(q, k, v, o, lse, plan: StepPlan, scale: float) -> None:
     """Attend q[plan.q_rows] to the visiting k, v[plan.k_rows] and merge the result into (o, lse) in place."""
     rows, keys = plan.q_rows, plan.k_rows
     o_part, lse_part = local_forward(q[..., rows, :], k[..., keys, :], v[..., keys, :], plan.causal, scale)
-    merge_in_place(o[..., rows, :], lse[..., rows], o_part, lse_part)
+    merge_into(o[..., rows, :], lse[..., rows], o_part, lse_part)
 
 
 def backward_step(q, k, v, o, lse, do, plan: StepPlan, scale: float, dq, dk, dv) -> None:

@@ -1,4 +1,4 @@
-"""Merging two partial attention results in place, as one Triton kernel: ``reference.decode.merge_partials``
+"""Merging two partial attention results in place, as one Triton kernel: ``reference.merge.merge_partials``
 on the GPU.
 
 Ring attention (``flashtile.distributed``) folds each visiting key shard's (o_part, lse_part) into its

@@ -1,7 +1,8 @@
 """Part A: plain PyTorch, exact in float64, one concept per module.
 
 naive           standard attention through the full T x T matrices (the ground truth)
-online_softmax  streaming (m, l) statistics and merging two partial states
+online_softmax  streaming (m, l) statistics and merging two (m, l) states
+merge           merging two partial results (o, lse) over disjoint keys (decode, ring)
 forward         the tiled FlashAttention forward with its (m, l, acc) state
 causal          causal alignments and the full / diagonal / skip tile classification
 backward        the tiled backward with D = rowsum(dO * O) and recomputed P
@@ -31,6 +32,7 @@ from .io_model import (
     standard_attention_traffic,
     theorem2_bound,
 )
+from .merge import merge_partials
 from .naive import attention_flops, naive_attention, naive_hbm_bytes, score_matrix_bytes, visible_pairs
 from .online_softmax import lse_from_stats, merge, online_softmax_stats, online_softmax_update
 
@@ -51,6 +53,7 @@ __all__ = [
     "last_key_tile",
     "lse_from_stats",
     "merge",
+    "merge_partials",
     "naive_attention",
     "naive_hbm_bytes",
     "online_softmax_stats",

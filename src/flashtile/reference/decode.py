@@ -1,9 +1,10 @@
 """Split-K decoding (FlashDecoding) in plain PyTorch: a few new tokens against a long KV cache.
 
 One sequence's keys are cut into ``num_splits`` slices. Each slice is attended to on its own, giving
-a partial output and its log-sum-exp, (o_s, lse_s); the partials are then combined with the same
-rescale identity that ``online_softmax.merge`` applies to two (m, l) states. A normalised partial
-(o_s, lse_s) is the state m = lse_s, l = 1, acc = o_s, because lse_s = m_s + log l_s, so
+a partial output and its log-sum-exp, (o_s, lse_s); the partials are then combined by
+``merge.merge_partials``, the same rescale identity that ``online_softmax.merge`` applies to two (m, l)
+states. A normalised partial (o_s, lse_s) is the state m = lse_s, l = 1, acc = o_s, because
+lse_s = m_s + log l_s, so
 
     lse = log sum_s exp(lse_s)            and            o = sum_s exp(lse_s - lse) * o_s.
 
@@ -21,8 +22,9 @@ import torch
 
 from .._checks import MAX_SPLITS, check_block, check_decode_inputs, check_num_splits, resolve_scale, stats_dtype
 from .._env import H200_SM_COUNT, sm_count
+from .merge import merge_partials
 from .naive import expand_kv_heads
-from .online_softmax import lse_from_stats, merge, safe_exp_diff
+from .online_softmax import lse_from_stats, safe_exp_diff
 
 REFERENCE_BLOCK_K = 64  # the key tile the splits are counted in; any value gives the same answer
 MIN_KEYS_PER_SPLIT = 256  # a split reads at least this many keys, so the merge stays a small fraction
@@ -111,22 +113,6 @@ def attend_split(q, k, v, k_start: int, k_end: int, length: int, scale: float):
     o_s = torch.where(empty, 0.0, acc / torch.where(empty, 1.0, l[..., None]))
     return o_s, lse_from_stats(m, l)
 # --8<-- [end:partial]
-
-
-# --8<-- [start:merge_partials]
-def merge_partials(o_a, lse_a, o_b, lse_b):
-    """Combine the normalised partials of two disjoint key slices into the partial of their union.
-
-    (o, lse) is the state m = lse, l = 1, acc = o, so ``merge`` gives the combined (m, l) and the
-    outputs follow with the same two weights. Associative and commutative, like the sums it adds.
-    """
-    ones = torch.ones_like(lse_a)
-    m, l = merge(lse_a, ones, lse_b, ones)  # m = max(lse_a, lse_b), l = e^(lse_a - m) + e^(lse_b - m)
-    acc = safe_exp_diff(lse_a, m)[..., None] * o_a + safe_exp_diff(lse_b, m)[..., None] * o_b
-    empty = (l == 0)[..., None]  # both slices saw nothing (a NaN l is not 0: NaN stays NaN)
-    o = torch.where(empty, 0.0, acc / torch.where(empty, 1.0, l[..., None]))
-    return o, lse_from_stats(m, l)
-# --8<-- [end:merge_partials]
 
 
 def sequence_keys(key_cache, value_cache, b: int, length: int, block_table, H: int, dtype):
