@@ -1,8 +1,9 @@
 """`pytest --codeblocks docs/` must see every claim: count what it collects against the sources.
 
-The claims themselves run in their own CI step (`pytest --codeblocks docs/`); this test guards the
-collection. A fence that pytest-codeblocks silently ignores (a typo in the info string, an unclosed
-fence swallowing the next block) would otherwise shrink the count without failing anything.
+The claims themselves run in the unit invocation (`make test-unit`: one pytest start with
+`--codeblocks tests docs`, beside the unit tests); this test guards the collection. A fence that
+pytest-codeblocks silently ignores (a typo in the info string, an unclosed fence swallowing the next
+block) would otherwise shrink the count without failing anything.
 """
 
 from __future__ import annotations
