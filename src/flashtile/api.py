@@ -123,7 +123,7 @@ def backward_impl(do, q, k, v, o, lse, stats, causal, scale, alignment, backend)
     if check_backend(backend) == "triton":  # the launcher's gradients are new tensors, laid out like q, k, v
         from .kernels.backward import flash_attention_backward
 
-        return flash_attention_backward(q, k, v, o, lse, do, causal, scale, alignment, stats=stats)
+        return flash_attention_backward(q, k, v, o, lse, do, causal, scale, alignment=alignment, stats=stats)
     from .reference.backward import flash_attention_backward
 
     grads = flash_attention_backward(q, k, v, o, lse, do, causal, scale, REFERENCE_BLOCK, REFERENCE_BLOCK, alignment)

@@ -185,7 +185,7 @@ def test_backward_from_an_external_lse_alone():
     # A natural-log lse from elsewhere (here the float64 truth, rounded to float32), no (m, l) statistics.
     q, k, v, do = make_inputs(1, 4, 2, 37, 29, 16, F32, seed=12)
     (o, lse), expected = reference_gradients(q, k, v, do, True, "lower_right", scale=-0.4)
-    actual = flash_attention_backward(q, k, v, o.float(), lse.float(), do, True, -0.4, "lower_right")
+    actual = flash_attention_backward(q, k, v, o.float(), lse.float(), do, True, -0.4, alignment="lower_right")
     assert_gradients_close(actual, expected, F32)
 
 

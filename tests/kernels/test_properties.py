@@ -76,7 +76,7 @@ def test_forward_and_backward_match_float64_for_any_input(
 
     o, lse, stats = flash_attention(q, k, v, causal, scale, alignment, block_q, block_k, return_stats=True)
     dq, dk, dv = flash_attention_backward(
-        q, k, v, o, lse, do, causal, scale, alignment, block_q, block_k, stats=stats
+        q, k, v, o, lse, do, causal, scale, block_q, block_k, alignment, stats=stats
     )
     o_ref, lse_ref, (dq_ref, dk_ref, dv_ref) = truth_with_grads(q, k, v, do, causal, scale, alignment)
 

@@ -186,8 +186,9 @@ def store_tile(ptr, stride_t, stride_d, rows, cols, n_rows, head_dim, value):
 
 # --8<-- [start:tile_counts]
 @triton.jit
-def last_key_tile(q_end, Tk, offset, BLOCK_K: tl.constexpr):
-    """Number of key tiles a query tile ending at q_end needs (reference.causal.last_key_tile).
+def last_key_tile(q_end, Tk, BLOCK_K: tl.constexpr, offset):
+    """Number of key tiles a query tile ending at q_end needs: ``reference.causal.last_key_tile``, with
+    the same arguments in the same order.
 
     The last row q_end - 1 sees keys up to q_end - 1 + offset. Clamping that to -1 makes the count 0
     for a tile that sees nothing, and keeps every division on non-negative numbers (Triton's // on
@@ -198,7 +199,7 @@ def last_key_tile(q_end, Tk, offset, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
-def full_key_tiles(q_start, Tk, offset, BLOCK_K: tl.constexpr):
+def full_key_tiles(q_start, Tk, BLOCK_K: tl.constexpr, offset):
     """Number of leading key tiles that are FULL for every row of a query tile starting at q_start.
 
     Key tile t is full when its last column (t + 1) * BLOCK_K - 1 is visible from the first row,

@@ -89,16 +89,17 @@ def visible(rows, keys, Tq, Tk, offset, CAUSAL: tl.constexpr):
     return ok
 
 
-# --8<-- [start:recompute_p]
+# --8<-- [start:p_from_raw_dots]
 @triton.jit
-def recompute_p(u, m, log2_l, qk_scale):
-    """P for one tile from the raw dots u and the forward's (m, log2 l), shaped to broadcast against u.
+def p_from_raw_dots(u, m, log2_l, qk_scale):
+    """P for one tile from the raw dots u and the forward's (m, log2 l), shaped to broadcast against u:
+    the kernels' form of ``reference.backward.recompute_p`` (which takes S and lse), in raw-dot units.
 
     The caller masks P itself, not u, and only on tiles that need it: a row whose statistics are NaN
     must still give 0, not NaN, for the keys it never saw.
     """
     return tl.math.exp2((u - m) * qk_scale - log2_l)
-# --8<-- [end:recompute_p]
+# --8<-- [end:p_from_raw_dots]
 # --8<-- [end:row_stats]
 
 
@@ -175,7 +176,7 @@ def dkdv_query_tiles(
         uT = tl.dot(lhs, rhs, input_precision=DOT_PRECISION)
         if INTERPRETED:
             uT = tl.trans(uT)
-        pT = recompute_p(uT, m[None, :], log2_l[None, :], qk_scale)  # never stored
+        pT = p_from_raw_dots(uT, m[None, :], log2_l[None, :], qk_scale)  # never stored
         if MASKED:
             keep = visible(rows[None, :], keys[:, None], Tq, Tk, offset, CAUSAL)
             pT = tl.where(keep, pT, 0.0)
@@ -307,7 +308,7 @@ def dq_key_tiles(
             vT = load_masked(V + k_start.to(tl.int64) * stride_vt + vT_offsets, keys[None, :] < Tk,
                              cols[:, None] < HEAD_DIM, MASKED, HEAD_DIM != HEAD_DIM_PAD)  # fmt: skip
         u = tl.dot(q, kT, input_precision=DOT_PRECISION)
-        p = recompute_p(u, m[:, None], log2_l[:, None], qk_scale)
+        p = p_from_raw_dots(u, m[:, None], log2_l[:, None], qk_scale)
         if MASKED:
             keep = visible(rows[:, None], keys[None, :], Tq, Tk, offset, CAUSAL)
             p = tl.where(keep, p, 0.0)
@@ -366,8 +367,8 @@ def backward_dq_kernel(
     # --8<-- [end:dq_row_terms]
     dq = tl.zeros((BLOCK_Q, HEAD_DIM_PAD), dtype=tl.float32)
     if CAUSAL:  # key tiles [0, n_full) are visible from every row, [n_full, n) cross the diagonal (step 9)
-        n_full = full_key_tiles(q_start, Tk, offset, BLOCK_K)
-        n = last_key_tile(tl.minimum(q_start + BLOCK_Q, Tq), Tk, offset, BLOCK_K)
+        n_full = full_key_tiles(q_start, Tk, BLOCK_K, offset)
+        n = last_key_tile(tl.minimum(q_start + BLOCK_Q, Tq), Tk, BLOCK_K, offset)
     else:  # every key tile but a ragged last one
         n_full = Tk // BLOCK_K
         n = tl.cdiv(Tk, BLOCK_K)
@@ -644,7 +645,7 @@ def make_backward_plan(q, k, v, o, lse, do, stats, causal, scale, alignment, blo
 
 # --8<-- [start:launcher]
 def flash_attention_backward(
-    q, k, v, o, lse, do, causal=False, scale=None, alignment="upper_left", block_q=None, block_k=None, *,
+    q, k, v, o, lse, do, causal=False, scale=None, block_q=None, block_k=None, alignment="upper_left", *,
     stats=None, config=None, deterministic=True, tma=None,
 ):
     """Gradients of attention from the forward's o and lse, with two Triton launches.
@@ -652,8 +653,10 @@ def flash_attention_backward(
     Args:
         q: (B, H, Tq, D); k, v: (B, H_kv, Tk, D), H a multiple of H_kv; fp16, bf16 or fp32, any strides.
         o, do: like q (do may be non-contiguous). lse: (B, H, Tq) float32 from the forward.
-        causal, scale, alignment: as in the forward (the positional order of ``flash_attention``).
-        block_q, block_k: override both kernels' tile sizes (powers of two >= 16); None picks per kernel.
+        causal, scale, block_q, block_k, alignment: in the positional order of
+            ``reference.backward.flash_attention_backward``, the same name's PyTorch tier; causal, scale and
+            alignment as in the forward. block_q, block_k override both kernels' tile sizes (powers of
+            two >= 16); None picks per kernel.
         stats: the forward's (2, B, H, Tq) final (m, l), from ``flash_attention(..., return_stats=True)``:
             the exact hand-off. Without it, (m, l) are derived from lse (``stats_from_lse``).
         config: replaces ``backward_config``'s choice, {"dkdv": (bq, bk, warps, stages), "dq": (...)};

@@ -176,8 +176,8 @@ def _forward_kernel(
 
     # --8<-- [start:loops]
     if CAUSAL:
-        n_full_tiles = full_key_tiles(q_start, Tk, offset, BLOCK_K)
-        n_key_tiles = last_key_tile(q_end, Tk, offset, BLOCK_K)  # tiles past it are never loaded
+        n_full_tiles = full_key_tiles(q_start, Tk, BLOCK_K, offset)
+        n_key_tiles = last_key_tile(q_end, Tk, BLOCK_K, offset)  # tiles past it are never loaded
     else:
         n_full_tiles = Tk // BLOCK_K  # every tile but a ragged last one
         n_key_tiles = tl.cdiv(Tk, BLOCK_K)

@@ -66,7 +66,7 @@ def key_tile_counts(q_start, Tq, Tk, offset, CAUSAL: tl.constexpr, BLOCK_Q: tl.c
     SKIP (Part A's tile classes, ``reference.causal.classify_tile``)."""
     if CAUSAL:
         q_end = tl.minimum(q_start + BLOCK_Q, Tq)
-        return full_key_tiles(q_start, Tk, offset, BLOCK_K), last_key_tile(q_end, Tk, offset, BLOCK_K)
+        return full_key_tiles(q_start, Tk, BLOCK_K, offset), last_key_tile(q_end, Tk, BLOCK_K, offset)
     return Tk // BLOCK_K, tl.cdiv(Tk, BLOCK_K)
 
 
