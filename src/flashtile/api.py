@@ -25,7 +25,8 @@ The forward and the backward are two custom ops, ``flashtile::attention_fwd`` an
 ``flashtile::attention_bwd``. To ``torch.compile`` each is one opaque node: it never traces into
 Triton launches or Python tile loops, and it learns output shapes from the fake implementations below.
 Eager calls on plain CPU or CUDA tensors run the same implementations without the op's dispatcher
-(``run_forward``), which measured 0.27 ms of host time per call on the H200's host against 0.10 ms.
+(``run_forward``), which costs a fraction of the op's host time per call (bench/PERF_LOG.md, v5;
+``bench/results/overhead.json``).
 Reverse-mode autograd is supported once (no double backward); forward-mode AD and ``torch.func``
 transforms raise ``NotImplementedError`` rather than return a wrong tangent. Under ``torch.autocast``
 the inputs are cast to the autocast dtype first, as ``scaled_dot_product_attention`` does.
@@ -204,8 +205,8 @@ attention_fwd.register_autograd(_backward, setup_context=_setup_context)
 class _EagerAttention(torch.autograd.Function):
     """The same forward and backward as the two custom ops, for eager calls.
 
-    Each call through a custom op pays for the dispatcher's generic checks (about 0.2 ms per call on
-    the H200's host, measured; more than the whole kernel at small shapes). Outside ``torch.compile``
+    Each call through a custom op pays for the dispatcher's generic checks, measured on the H200's host
+    as more than the whole kernel at small shapes (bench/PERF_LOG.md, v5). Outside ``torch.compile``
     nothing needs the op's graph node, so eager calls run the implementations through this plain
     autograd function; under ``torch.compile`` the op is traced as one node, as before. Both save the
     same tensors and give the same numbers. With ``create_graph=True`` the backward goes through the

@@ -15,8 +15,8 @@ block-table read).
 
 Status: supports fp16, bf16 and fp32 (fp32 dots in full fp32), 1 <= D <= 256, Tq 1 to 16, any GQA
 ratio, ragged lengths, paged caches of any page size, any strides. Tested on the CPU through Triton's
-interpreter and on an H200 (``tests/decode/test_decode_gpu.py``); measured there at 0.95-1.02x cuDNN's
-time from a CUDA graph (``bench/results/decode.json``). The launcher checks shapes, not values: a length
+interpreter and on an H200 (``tests/decode/test_decode_gpu.py``); its times there against cuDNN's are
+in ``bench/results/decode.json`` (the decode chapter's table). The launcher checks shapes, not values: a length
 above the capacity or a block-table entry outside the pool reads out of bounds, so users call
 ``flashtile.decode_attention``, which checks them. As in the forward kernel and in the float64
 truth, a NaN in the value of a key that the causal rule hides from an earlier new token (a later new
@@ -246,8 +246,7 @@ def _decode_merge_kernel(
 # --8<-- [start:config]
 def decode_config(head_dim: int, dtype: torch.dtype, rows: int) -> dict:
     """Tile sizes and launch settings for the H200: 64-key tiles, 4 warps, 3 stages. 128-key tiles with
-    8 warps ran 11% slower at B = 1, H_kv = 8, 32k (graph replay), 26% with pages of 16
-    (bench/results/sweeps/decode-splits.json).
+    8 warps ran slower, contiguous and paged (bench/results/sweeps/decode-splits.json).
 
     BLOCK_M holds the packed rows of one KV group (g * Tq), at least 16 for tl.dot and at most 64,
     beyond which the rows take more programs. Decoding is bound by reading K and V, so BLOCK_K is
