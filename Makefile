@@ -51,7 +51,7 @@ test-long: export FLASHTILE_TEST_LONG := 1
 test-long: test
 
 lint: install
-	$(VENV)/bin/ruff check src tests bench conftest.py
+	$(VENV)/bin/ruff check src tests bench hooks conftest.py
 
 test-unit: install
 	$(PY) -m pytest -n 2 -m "not site" --codeblocks tests docs
