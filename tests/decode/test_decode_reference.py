@@ -13,9 +13,9 @@ from flashtile.reference.decode import (
     attend_split,
     decode_attention_reference,
     gather_pages,
-    merge_partials,
     split_bounds,
 )
+from flashtile.reference.merge import merge_partials
 
 F64 = dict(rtol=1e-12, atol=1e-12)
 
