@@ -5,8 +5,10 @@ instructions ``tl.dot`` becomes, atomics, shared memory, a type mismatch in a lo
 checked on its output. ``compile_in_fresh_process(body)`` runs ``body`` in a new Python process without
 TRITON_INTERPRET, after a prelude that defines ``sm90(fn, types, constexprs, **options)``, which compiles
 ``fn`` for ``GPUTarget("cuda", 90, 32)`` and returns the compiled kernel (``.asm["ptx"]``,
-``.metadata.shared``). Parameters not named in ``types`` or ``constexprs`` are int32. The body prints
-one JSON object on its last line; that object is returned. Skipped where Triton has no NVIDIA backend.
+``.metadata.shared``), and ``sm90_like_a_launch(fn, types, constexprs, **options)``, the same with the
+divisibility hints a launch on contiguous tensors adds. Parameters not named in ``types`` or
+``constexprs`` are int32. The body prints one JSON object on its last line; that object is returned.
+Skipped where Triton has no NVIDIA backend.
 """
 
 from __future__ import annotations
@@ -30,6 +32,18 @@ PRELUDE = textwrap.dedent(
         signature = {name: "constexpr" if name in constexprs else types.get(name, "i32")
                      for name in inspect.signature(fn.fn).parameters}
         source = ASTSource(fn=fn, signature=signature, constexprs=constexprs)
+        return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+
+    def sm90_like_a_launch(fn, types, constexprs, **options):
+        # What a launch's specialisation adds for contiguous tensors at long T: head-dim strides of 1, and
+        # 16-divisible pointers, strides and lengths (the hints that let loads be vectorised).
+        names = list(inspect.signature(fn.fn).parameters)
+        constexprs = dict(constexprs, **{n: 1 for n in names if n.startswith("stride_") and n.endswith("d")})
+        signature = {n: "constexpr" if n in constexprs else types.get(n, "i32") for n in names}
+        aligned = [n for n in names if n not in constexprs
+                   and (types.get(n, "").startswith("*") or n.startswith("stride_") or n in ("Tq", "Tk"))]
+        attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
+        source = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
         return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
     """
 )

@@ -35,17 +35,7 @@ POINTERS = dict(Q="*bf16", K="*bf16", V="*bf16", DO="*bf16", O="*bf16", STATS="*
 
 
 def like_a_launch(fn, constexprs, num_warps, num_stages):
-    # What the launcher's specialisation adds for contiguous tensors at T = 8192: head-dim strides of 1,
-    # and 16-divisible pointers, strides and lengths (the hints that let loads be vectorised).
-    names = list(inspect.signature(fn.fn).parameters)
-    constexprs = dict(constexprs, **{n: 1 for n in names if n.startswith("stride_") and n.endswith("d")})
-    signature = {n: "constexpr" if n in constexprs else POINTERS.get(n, "i32") for n in names}
-    aligned = [n for n in names if n not in constexprs
-               and (POINTERS.get(n, "").startswith("*") or n.startswith("stride_") or n in ("Tq", "Tk"))]
-    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
-    source = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32),
-                          options=dict(num_warps=num_warps, num_stages=num_stages))
+    return sm90_like_a_launch(fn, POINTERS, constexprs, num_warps=num_warps, num_stages=num_stages)
 
 
 def spills(kernel):

@@ -278,23 +278,14 @@ import torch
 from flashtile.kernels import textbook as tb
 
 def like_a_launch(fn, dtype, D, causal, backward):
-    # Contiguous tensors: head-dim strides of 1 and 16-divisible pointers, strides and lengths, as a launch
-    # specialises them.
-    names = list(inspect.signature(fn.fn).parameters)
+    # Compiled as a launch on contiguous tensors specialises it (_sm90's sm90_like_a_launch).
     bq, bk = tb.textbook_blocks(D, dtype, backward)
     constexprs = dict(HEAD_DIM=D, HEAD_DIM_PAD=tb.head_dim_pad(D), BLOCK_Q=bq, BLOCK_K=bk, CAUSAL=causal,
                       DOT_PRECISION=tb.dot_precision(dtype))
-    constexprs.update({n: 1 for n in names if n.startswith("stride_") and n.endswith("d")})
     ptr = "*" + {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[dtype]
     types = {n: ptr for n in ("Q", "K", "V", "O", "DO", "DK", "DV", "DQ")}
     types.update(LSE="*fp32", DELTA="*fp32", scale="fp32", qk_scale="fp32")
-    signature = {n: "constexpr" if n in constexprs else types.get(n, "i32") for n in names}
-    aligned = [n for n in names if n not in constexprs
-               and (types.get(n, "").startswith("*") or n.startswith("stride_") or n in ("Tq", "Tk"))]
-    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
-    source = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32),
-                          options=dict(num_warps=tb.NUM_WARPS, num_stages=tb.NUM_STAGES))
+    return sm90_like_a_launch(fn, types, constexprs, num_warps=tb.NUM_WARPS, num_stages=tb.NUM_STAGES)
 
 def spill_bytes(kernel):
     with tempfile.TemporaryDirectory() as tmp:
