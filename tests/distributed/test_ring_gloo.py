@@ -1,8 +1,8 @@
 """Ring attention for real: 2 and 3 gloo processes on this machine (loopback only), each run bounded
 in time, float64 outputs and every gradient against a single-process float64 truth.
 
-Each process group is started once per world size and runs every case, since starting processes
-costs more than the cases themselves.
+Each process group is started once per world size and runs every case, the strided views and the error
+cases, since starting processes costs more than the cases themselves.
 """
 
 import time
@@ -33,9 +33,15 @@ CASES = [
 ]
 
 
-def run_cases(rank, world_size, cases):
-    """Worker: every case, in order, on this rank; a list of (o, dq, dk, dv) shards."""
-    return [ring_attention_on_shards(rank, world_size, *case) for case in cases]
+def group_worker(rank, world_size, cases, strided_inputs):
+    """Worker: every case in order, then the strided views, then the error cases last (so that a broken
+    error path cannot touch the cases before it); this rank's results by kind."""
+    return {
+        "cases": [ring_attention_on_shards(rank, world_size, *case) for case in cases],
+        "strided": strided_shards(rank, world_size, *strided_inputs, True),
+        "mismatched": mismatched_shards(rank, world_size),
+        "disagreeing": disagreeing_ranks(rank, world_size),
+    }
 
 
 def inputs(case, world_size):
@@ -45,17 +51,19 @@ def inputs(case, world_size):
 
 @pytest.fixture(scope="module", params=[2, 3], ids=["world2", "world3"])
 def ring_results(request):
+    """One process group per world size runs every scenario of this file that needs a healthy group."""
     world_size = request.param
     cases = [inputs(case, world_size) for case in CASES]
-    per_rank = run_local_ring(run_cases, world_size, cases, timeout_s=TIMEOUT_S)
-    return world_size, cases, per_rank
+    strided_inputs = random_qkv(1, 4, 2, 4 * world_size, 8, seed=world_size)  # T: 2 chunks per rank
+    per_rank = run_local_ring(group_worker, world_size, cases, strided_inputs, timeout_s=TIMEOUT_S)
+    return world_size, cases, strided_inputs, per_rank
 
 
 @pytest.mark.parametrize("index", range(len(CASES)), ids=[c[0] for c in CASES])
 def test_ring_matches_float64_truth_output_and_every_gradient(ring_results, index):
-    world_size, cases, per_rank = ring_results
+    world_size, cases, _, per_rank = ring_results
     q, k, v, do, is_causal, scale = cases[index]
-    got = [unshard_sequence([r[index][i] for r in per_rank], is_causal) for i in range(4)]
+    got = [unshard_sequence([r["cases"][index][i] for r in per_rank], is_causal) for i in range(4)]
     truth = attention_truth(q, k, v, do, is_causal, scale)
     for name, g, want in zip(("o", "dq", "dk", "dv"), got, truth):
         assert g.dtype == torch.float64 and g.shape == want.shape, name
@@ -77,9 +85,9 @@ def mismatched_shards(rank, world_size):
     return errors
 
 
-def test_mismatched_shards_raise_value_error_on_every_rank():
-    per_rank = run_local_ring(mismatched_shards, 2, timeout_s=TIMEOUT_S)
-    assert per_rank[0] == per_rank[1]  # one message, word for word, on every rank
+def test_mismatched_shards_raise_value_error_on_every_rank(ring_results):
+    per_rank = [r["mismatched"] for r in ring_results[-1]]
+    assert all(errors == per_rank[0] for errors in per_rank)  # one message, word for word, on every rank
     shape_error, causal_error = per_rank[0]
     assert "rank 0: query (1, 2, 4, 4)" in shape_error and "rank 1: query (1, 2, 8, 4)" in shape_error
     assert "equal shard" in shape_error
@@ -105,9 +113,9 @@ def disagreeing_ranks(rank, world_size):
     return errors
 
 
-def test_ranks_with_different_dtypes_or_scales_raise_the_same_value_error():
-    per_rank = run_local_ring(disagreeing_ranks, 2, timeout_s=TIMEOUT_S)
-    assert per_rank[0] == per_rank[1]  # one message, word for word, on every rank
+def test_ranks_with_different_dtypes_or_scales_raise_the_same_value_error(ring_results):
+    per_rank = [r["disagreeing"] for r in ring_results[-1]]
+    assert all(errors == per_rank[0] for errors in per_rank)  # one message, word for word, on every rank
     dtype_error, scale_error = per_rank[0]
     assert dtype_error is not None and "different dtype on different ranks" in dtype_error
     assert "rank 0: query (1, 2, 4, 4)" in dtype_error and "float64 on cpu" in dtype_error
@@ -135,14 +143,21 @@ def strided_shards(rank, world_size, q, k, v, do, is_causal):
     return o.detach(), q.grad, k.grad, v.grad
 
 
-@pytest.mark.parametrize("world_size", [1, 2])
-def test_strided_and_negative_view_shards_are_read_as_their_values_at_every_world_size(world_size):
-    # before: world size 1 passed and world size 2 failed inside dist.isend ("Tensors must be contiguous")
-    q, k, v, do = random_qkv(1, 4, 2, 8, 8, seed=world_size)
-    per_rank = run_local_ring(strided_shards, world_size, q, k, v, do, True, timeout_s=TIMEOUT_S)
+def assert_strided_results(per_rank, q, k, v, do):
     got = [unshard_sequence([r[i] for r in per_rank], True) for i in range(4)]
     for name, g, want in zip(("o", "dq", "dk", "dv"), got, attention_truth(q, k, v, do, True)):
         torch.testing.assert_close(g, want, rtol=0, atol=1e-12, msg=lambda m, name=name: f"{name}: {m}")
+
+
+def test_strided_and_negative_view_shards_are_read_as_their_values_at_world_size_1():
+    q, k, v, do = random_qkv(1, 4, 2, 8, 8, seed=1)
+    assert_strided_results(run_local_ring(strided_shards, 1, q, k, v, do, True, timeout_s=TIMEOUT_S), q, k, v, do)
+
+
+def test_strided_and_negative_view_shards_are_read_as_their_values_in_a_ring(ring_results):
+    # before: world size 1 passed and world size 2 failed inside dist.isend ("Tensors must be contiguous")
+    _, _, (q, k, v, do), per_rank = ring_results
+    assert_strided_results([r["strided"] for r in per_rank], q, k, v, do)
 
 
 def sleeps(rank, world_size):
