@@ -66,12 +66,30 @@ def test_check_on_the_untouched_skeleton_fails_every_step_with_help(tmp_path):
 
 
 def test_check_passes_when_the_packages_functions_are_copied_in(tmp_path):
+    # one run, two checks: the reader's folder of right code passes, and without CUDA the checker turns the
+    # Triton interpreter on by itself (TRITON_INTERPRET unset) and shows none of the interpreter's warnings
     for step in STEPS:
         (tmp_path / f"{step.file}.py").write_text(f"from {step.package_module} import *  # noqa: F403\n",
                                                   encoding="utf-8")
-    proc = practice("check", tmp_path, "--fast")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = practice("check", tmp_path, "--fast", env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "6 of 6 steps pass" in proc.stdout
+    if not torch.cuda.is_available():  # the interpreter is chosen only without CUDA
+        assert "Triton interpreter on the CPU" in proc.stdout
+        assert "Warning" not in proc.stderr, proc.stderr  # numpy's "invalid value" from the interpreter
+
+
+def test_check_package_checks_the_packages_own_functions(monkeypatch):
+    # the flag's plumbing only; that the package passes every case is test_battery's
+    # test_package_passes_every_case_of_every_step, and a full run of the checker is the test above
+    import flashtile.practice.cli as cli
+
+    calls = []
+    monkeypatch.setattr(cli, "check", lambda *args: calls.append(args) or 0)
+    assert main(["check", "--package", "--step", "forward_kernel", "--fast"]) == 0
+    assert main(["check", "--package", "some/folder/that/is/ignored"]) == 0
+    assert [c[:3] for c in calls] == [(None, ["forward_kernel"], True), (None, None, False)]
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered")
@@ -86,15 +104,6 @@ def test_check_names_the_failing_case_of_a_planted_bug_and_exits_nonzero(tmp_pat
     assert "(and 1 more; -v shows them)" in proc.stdout  # D = 24 pads keys too
     assert "padded keys (columns j >= Tk of the last tile) must score -inf, not 0" in proc.stdout
     assert "0 of 1 steps pass" in proc.stdout
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter is chosen only without CUDA")
-def test_check_turns_the_interpreter_on_by_itself_and_prints_no_interpreter_warning():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = practice("check", "--package", "--step", "forward_kernel", "--fast", env=env)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "Triton interpreter on the CPU" in proc.stdout and "1 of 1 steps pass" in proc.stdout
-    assert "Warning" not in proc.stderr, proc.stderr  # numpy's "invalid value" from the interpreter is not shown
 
 
 def test_check_without_a_directory_is_a_usage_error(capsys):
