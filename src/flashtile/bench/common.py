@@ -153,3 +153,16 @@ def load_result(json_name: str, folder: Path | None = None) -> dict:
     """``bench/results/<json_name>`` (or ``folder/<json_name>``) as ``save_result`` wrote it: the pages'
     claims and the site's tables and plots read their numbers through this."""
     return json.loads(((folder or RESULTS) / json_name).read_text())
+
+
+def select_rows(json_name: str, **where) -> list[dict]:
+    """The rows of ``bench/results/<json_name>`` whose fields equal every ``where`` item (``pass`` goes in as
+    ``**{"pass": ...}``, a keyword Python reserves)."""
+    return [row for row in load_result(json_name)["rows"] if all(row.get(k, object()) == v for k, v in where.items())]
+
+
+def speedup(json_name: str, old: dict, new: dict, key: str = "ms", **where) -> float:
+    """How many times faster the one row matching ``old`` and ``where`` is made by the one matching ``new``
+    and ``where``, both from one run: old time / new time for ``key="ms"``, new rate / old rate otherwise."""
+    (before,), (after,) = ([row[key] for row in select_rows(json_name, **{**where, **fields})] for fields in (old, new))
+    return before / after if key == "ms" else after / before
