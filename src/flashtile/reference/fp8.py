@@ -1,0 +1,137 @@
+"""FP8 (E4M3) attention, emulated in float64: exactly the rounding the FP8 kernel does, and nothing more.
+
+The FP8 forward multiplies E4M3 codes on the tensor cores and accumulates in float32. Three things are
+rounded to E4M3 on the way, and this module rounds exactly those three, doing every other operation in
+float64, so that its answer is "exact attention of the quantised inputs":
+
+* q, k and v, by ``flashtile.fp8.quantize``, before the call: each row r of a (B, H, T, D) tensor is
+  stored as codes ``x8[r]`` with a float32 factor ``descale[r]``, its value being ``x8[r] * descale[r]``;
+* P, the tile of probabilities, before the PV product. ``p = exp(s - m)`` lies in [0, 1] because m is
+  the running row max, so P is scaled by the fixed 448 (E4M3's largest value) and its factor is the
+  fixed 1/448, as FlashAttention-3 does: no max over P is needed, and P's small entries keep
+  E4M3's 2^-4 relative precision down to p = 2^-6 / 448;
+* V's per-row factors cannot leave the sum over keys the way q's and k's leave a dot product, so each
+  column of P is multiplied by ``descale_v[j] / v_scale`` (at most 1) before P is rounded, where
+  ``v_scale`` is the largest V factor of the head, multiplied back after the sum. With one factor per
+  tensor or per head that ratio is exactly 1 and P is rounded as it stands.
+
+l sums the unrounded p (the kernel keeps it in float32 registers): the normaliser is the exact one,
+and only the PV product sees rounded probabilities. P is rounded tile by tile against the running max
+of that moment, so the answer depends on ``block_k``; the kernel must use the same ``block_k`` for the
+two to agree to float32 rounding. ``torch``'s cast to float8_e4m3fn goes through float32, as the
+kernel's float32 P does, and saturates at 448.
+
+The checks of the FP8 contract (E4M3 tensors and their factors) live here, below the kernel and
+``flashtile.fp8``, which both check with them.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .._checks import (
+    _dtype_name,
+    check_alignment,
+    check_attention_inputs,
+    check_block,
+    check_causal,
+    check_tensor,
+    check_values_in_memory,
+    resolve_neg_bits,
+    resolve_scale,
+)
+from .causal import diagonal_offset
+from .naive import expand_kv_heads
+from .online_softmax import lse_from_stats, safe_exp_diff
+
+FP8_DTYPES = (torch.float8_e4m3fn,)
+E4M3_MAX = 448.0  # the largest finite E4M3 value: 1.75 * 2^8 (e4m3fn has no infinity)
+P_SCALE = E4M3_MAX  # P in [0, 1] is stored as P * 448; its factor is the fixed 1 / 448
+DEFAULT_BLOCK_K = 64  # the FP8 kernel's key tile; P is rounded tile by tile, so the two must agree
+
+
+def to_e4m3(x: torch.Tensor) -> torch.Tensor:
+    """x rounded to the nearest E4M3 value (ties to even), saturating: |x| > 448 becomes +-448, not NaN."""
+    return x.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+
+
+def check_descale(name: str, descale, x: torch.Tensor, x_name: str) -> torch.Tensor:
+    """descale holds x's per-row factors: float32, shape x.shape[:-1] = (B, H, T), on x's device, every
+    factor positive and finite (a factor of 0, inf or NaN would turn every value of its row into garbage)."""
+    check_tensor(name, descale, rank=3, dtypes=(torch.float32,))
+    check_values_in_memory(name, descale)
+    if tuple(descale.shape) != tuple(x.shape[:-1]):
+        raise ValueError(
+            f"{name} must have shape (B, H, T) = {tuple(x.shape[:-1])}, one factor per row of {x_name} (as "
+            f"flashtile.fp8.quantize returns it), got {tuple(descale.shape)}"
+        )
+    if descale.device != x.device:
+        raise ValueError(f"{name} is on {descale.device} but {x_name} is on {x.device}; they must match")
+    if not bool(((descale > 0) & torch.isfinite(descale)).all()):
+        raise ValueError(f"{name} must hold positive finite factors; it has a zero, negative, inf or NaN entry")
+    return descale
+
+
+def check_fp8_inputs(q8, k8, v8, descale_q, descale_k, descale_v):
+    """Validate E4M3 q, k, v (the attention contract, with dtype float8_e4m3fn) and their factors."""
+    try:
+        shape = check_attention_inputs(q8, k8, v8, dtypes=FP8_DTYPES)
+    except TypeError as error:  # say how to get there from a float tensor
+        dtypes = [_dtype_name(t.dtype) for t in (q8, k8, v8) if isinstance(t, torch.Tensor)]
+        raise TypeError(f"{error}; quantise float tensors with flashtile.fp8.quantize (got {dtypes})") from None
+    for name, descale, x, x_name in (("descale_q", descale_q, q8, "q"), ("descale_k", descale_k, k8, "k"),
+                                     ("descale_v", descale_v, v8, "v")):  # fmt: skip
+        check_descale(name, descale, x, x_name)
+    return shape
+
+
+# --8<-- [start:fp8-emulation]
+def fp8_attention_forward(q8, k8, v8, descale_q, descale_k, descale_v, causal=False, scale=None,
+                          block_k=DEFAULT_BLOCK_K, alignment="upper_left"):  # fmt: skip
+    """Attention of E4M3 inputs as the FP8 kernel computes it, every step but the roundings in float64.
+
+    Args:
+        q8: (B, H, Tq, D), k8 and v8: (B, H_kv, Tk, D), float8_e4m3fn, H a multiple of H_kv.
+        descale_q: (B, H, Tq), descale_k and descale_v: (B, H_kv, Tk), float32, positive: row r of x
+            stands for ``x8[r] * descale[r]`` (what ``flashtile.fp8.quantize`` returns).
+        causal, alignment, scale: as ``flashtile.attention``; scale τ defaults to 1/sqrt(D).
+        block_k: the key tile; P is rounded tile by tile against the running max, as in the kernel.
+
+    Returns:
+        o (B, H, Tq, D) and lse (B, H, Tq), float64. A row that sees no key gets o = 0, lse = -inf.
+    """
+    q8, k8, v8, descale_q, descale_k, descale_v = resolve_neg_bits(q8, k8, v8, descale_q, descale_k, descale_v)
+    shape = check_fp8_inputs(q8, k8, v8, descale_q, descale_k, descale_v)
+    check_causal(causal)
+    check_alignment(alignment)
+    block_k = check_block("block_k", block_k)
+    scale = resolve_scale(scale, shape.D, torch.float32)  # the kernel's statistics are float32
+    q = q8.double() * descale_q.double()[..., None]  # (B, H, Tq, D): the values the codes stand for
+    k = expand_kv_heads(k8.double() * descale_k.double()[..., None], shape.H)  # (B, H, Tk, D)
+    v = expand_kv_heads(v8.double(), shape.H)  # V stays in codes: its factors ride on P
+    v_scale = descale_v.double().amax(dim=-1, keepdim=True)  # (B, H_kv, 1), the head's largest V factor
+    v_ratio = expand_kv_heads((descale_v.double() / v_scale)[..., None], shape.H)[..., 0]  # (B, H, Tk), in (0, 1]
+    offset = diagonal_offset(shape.Tq, shape.Tk, alignment)
+    i = torch.arange(shape.Tq, device=q.device)[:, None]
+
+    m = torch.full(q.shape[:-1], float("-inf"), dtype=torch.float64, device=q.device)
+    l = torch.zeros_like(m)
+    acc = torch.zeros_like(q)
+    for k_start in range(0, shape.Tk, block_k):
+        k_end = min(k_start + block_k, shape.Tk)
+        s = scale * (q @ k[..., k_start:k_end, :].transpose(-1, -2))  # (B, H, Tq, block_k)
+        if causal:
+            j = torch.arange(k_start, k_end, device=q.device)[None, :]
+            s = s.masked_fill(j > i + offset, float("-inf"))
+        m_new = torch.maximum(m, s.amax(dim=-1))
+        alpha = safe_exp_diff(m, m_new)
+        p = safe_exp_diff(s, m_new[..., None])  # in [0, 1]: m_new is at least every score of the row
+        l = alpha * l + p.sum(dim=-1)  # the normaliser sums the unrounded p
+        p8 = to_e4m3(p * v_ratio[..., None, k_start:k_end] * P_SCALE)  # P rounded to E4M3, V's factors on it
+        acc = alpha[..., None] * acc + p8.double() @ v[..., k_start:k_end, :]
+        m = m_new
+    o_scale = expand_kv_heads(v_scale[..., None], shape.H)[..., 0] / P_SCALE  # (B, H, 1): P's and V's factors
+    empty = (l == 0)[..., None]  # a row that saw no key: o = 0, not 0 / 0
+    o = torch.where(empty, 0.0, acc * o_scale[..., None] / torch.where(empty, 1.0, l[..., None]))
+    return o, lse_from_stats(m, l)
+# --8<-- [end:fp8-emulation]
