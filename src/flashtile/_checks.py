@@ -349,3 +349,108 @@ def check_num_splits(num_splits) -> int | None:
     if num_splits > MAX_SPLITS:
         raise ValueError(f"num_splits must be at most {MAX_SPLITS}, got {num_splits}")
     return num_splits
+
+
+# --- masks beyond causal: sliding windows, soft-capping and packed documents ----------------------------
+
+UNBOUNDED = -1  # a window side of -1 leaves that side unbounded (FlashAttention's window_size convention)
+
+
+def check_window(window) -> tuple[int, int] | None:
+    """None, or a pair (left, right) of ints, each -1 (unbounded) or >= 0: query i sees keys
+    i - left .. i + right (shifted by the alignment's offset when Tq != Tk)."""
+    if window is None:
+        return None
+    if not isinstance(window, (tuple, list)) or len(window) != 2:
+        raise TypeError(f"window must be None or a pair (left, right) of ints, got {type(window).__name__} {window!r}")
+    sides = []
+    for name, side in zip(("window[0] (left)", "window[1] (right)"), window):
+        if isinstance(side, (bool, np.bool_)) or not isinstance(side, numbers.Integral):
+            raise TypeError(f"{name} must be an int, got {type(side).__name__} {side!r}")
+        if int(side) < UNBOUNDED:
+            raise ValueError(f"{name} must be -1 (unbounded) or an int >= 0, got {side}")
+        sides.append(int(side))
+    return sides[0], sides[1]
+
+
+def check_softcap(softcap, dtype: torch.dtype | None = None) -> float | None:
+    """None (no soft-capping), or the cap s > 0 of s * tanh(x / s), a finite real number.
+
+    With ``dtype`` given, a cap that float32 arithmetic would round to 0 or to inf is refused for every
+    dtype but float64 (the scores of 16-bit and float32 inputs are float32)."""
+    if softcap is None:
+        return None
+    if isinstance(softcap, (bool, np.bool_)) or not isinstance(softcap, numbers.Real):
+        raise TypeError(f"softcap must be a positive real number or None, got {type(softcap).__name__} {softcap!r}")
+    value = float(softcap)
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"softcap must be a positive finite number (the cap s of s * tanh(x / s)) or None, got "
+                         f"{value}")
+    tiny = torch.finfo(torch.float32).tiny
+    if dtype is not None and dtype != torch.float64 and not tiny <= value <= FLOAT32_MAX:
+        raise ValueError(f"softcap must lie in [{tiny:.3e}, {FLOAT32_MAX:.3e}] for {_dtype_name(dtype)} inputs (the "
+                         f"scores are float32), got {value:.3e}; use float64 inputs for such a cap")
+    return value
+
+
+def check_cumulative_lengths(name: str, values) -> list[int]:
+    """Cumulative lengths as a sequence of ints: [0, n_1, n_1 + n_2, ...], at least 2 entries,
+    non-decreasing (an empty document is allowed)."""
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__len__"):
+        raise TypeError(f"{name} must be a sequence of ints, got {type(values).__name__}")
+    values = [check_int(f"{name}[{d}]", x, minimum=0) for d, x in enumerate(values)]
+    if len(values) < 2:
+        raise ValueError(f"{name} must hold at least 2 entries (0 and the total), got {values}")
+    if values[0] != 0:
+        raise ValueError(f"{name}[0] must be 0 (the first document starts at token 0), got {values[0]}")
+    for d in range(len(values) - 1):
+        if values[d + 1] < values[d]:
+            raise ValueError(f"{name} must be non-decreasing, but {name}[{d + 1}] = {values[d + 1]} < "
+                             f"{name}[{d}] = {values[d]}")
+    return values
+
+
+def check_cu_seqlens(name: str, cu_seqlens, total: int, device) -> list[int]:
+    """Cumulative lengths of packed documents: a 1-D int32 tensor [0, n_1, n_1 + n_2, ..., total],
+    non-decreasing (an empty document is allowed), on ``device``. Returns it as a list of ints, read
+    through its strides."""
+    check_tensor(name, cu_seqlens, rank=1, dtypes=(torch.int32,))
+    check_values_in_memory(name, cu_seqlens)
+    if cu_seqlens.device != device:
+        raise ValueError(f"{name} is on {cu_seqlens.device} but the tokens are on {device}; they must match")
+    values = check_cumulative_lengths(name, cu_seqlens.tolist())
+    if values[-1] != total:
+        raise ValueError(f"{name}[-1] = {values[-1]} must equal the number of packed tokens, {total}")
+    return values
+
+
+def check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, *, names=("q", "k", "v")):
+    """Packed documents: q (total_q, H, D), k and v (total_k, H_kv, D), and their cumulative lengths
+    (one entry more than there are documents, the same number for queries and keys). Returns
+    (H, H_kv, D, documents) with documents a list of ((q_start, q_end), (k_start, k_end))."""
+    nq, nk, nv = names
+    for name, t in ((nq, q), (nk, k), (nv, v)):
+        check_tensor(name, t, rank=3)
+        check_values_in_memory(name, t)
+        if t.numel() == 0:
+            raise ValueError(f"{name} is empty (shape {tuple(t.shape)}); every dimension must be at least 1")
+    check_same(nk, k, nq, q)
+    check_same(nv, v, nq, q)
+    total_q, H, D = q.shape
+    total_k, H_kv, Dk = k.shape
+    if tuple(v.shape) != tuple(k.shape):
+        raise ValueError(f"{nv} must have the same shape as {nk} {tuple(k.shape)}, got {tuple(v.shape)}")
+    if Dk != D:
+        raise ValueError(f"{nk} has head dim {Dk} but {nq} has {D}; the head dim (dim 2) must match")
+    if D > MAX_HEAD_DIM:
+        raise ValueError(f"{nq} has head dim {D}; flashtile supports head dims 1 to {MAX_HEAD_DIM} on every tier")
+    if H % H_kv != 0:
+        raise ValueError(f"{nq} has {H} heads but {nk} and {nv} have {H_kv}; the number of query heads must be a "
+                         "multiple of the number of key/value heads (GQA/MQA)")
+    cu_q = check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, total_q, q.device)
+    cu_k = check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, total_k, q.device)
+    if len(cu_q) != len(cu_k):
+        raise ValueError(f"cu_seqlens_q describes {len(cu_q) - 1} documents but cu_seqlens_k {len(cu_k) - 1}; "
+                         "every document has its queries and its keys")
+    documents = [((cu_q[d], cu_q[d + 1]), (cu_k[d], cu_k[d + 1])) for d in range(len(cu_q) - 1)]
+    return H, H_kv, D, documents

@@ -5,6 +5,8 @@ online_softmax  streaming (m, l) statistics and merging two (m, l) states
 merge           merging two partial results (o, lse) over disjoint keys (decode, ring)
 forward         the tiled FlashAttention forward with its (m, l, acc) state
 causal          causal alignments and the full / diagonal / skip tile classification
+masks           sliding windows and packed documents: the band of kept diagonals, by tile
+varlen          attention within each packed document, on (total_tokens, H, D) tensors
 backward        the tiled backward with D = rowsum(dO * O) and recomputed P
 autograd        a torch.autograd.Function that saves only q, k, v, o and lse
 io_model        HBM traffic of standard attention against FlashAttention (Theorem 2)
@@ -32,20 +34,41 @@ from .io_model import (
     standard_attention_traffic,
     theorem2_bound,
 )
+from .masks import (
+    Band,
+    classify_band_tile,
+    count_visited_document_tiles,
+    count_visited_window_tiles,
+    document_mask,
+    document_visible_pairs,
+    first_key_tile,
+    window_band,
+    window_mask,
+    window_tile_map,
+    window_visible_pairs,
+)
 from .merge import merge_partials
 from .naive import attention_flops, naive_attention, naive_hbm_bytes, score_matrix_bytes, visible_pairs
 from .online_softmax import lse_from_stats, merge, online_softmax_stats, online_softmax_update
+from .varlen import varlen_attention_backward, varlen_attention_forward
 
 __all__ = [
+    "Band",
     "FlashAttentionFunction",
     "TileKind",
     "Traffic",
     "attention_flops",
     "backward_delta",
     "causal_mask",
+    "classify_band_tile",
     "classify_tile",
+    "count_visited_document_tiles",
     "count_visited_tiles",
+    "count_visited_window_tiles",
     "diagonal_offset",
+    "document_mask",
+    "document_visible_pairs",
+    "first_key_tile",
     "flash_attention_backward",
     "flash_attention_forward",
     "flash_attention_traffic",
@@ -66,5 +89,11 @@ __all__ = [
     "standard_attention_traffic",
     "theorem2_bound",
     "tile_map",
+    "varlen_attention_backward",
+    "varlen_attention_forward",
     "visible_pairs",
+    "window_band",
+    "window_mask",
+    "window_tile_map",
+    "window_visible_pairs",
 ]

@@ -29,10 +29,14 @@ from .._checks import (
     check_causal,
     check_like,
     check_lse,
+    check_softcap,
+    check_window,
     resolve_scale,
     stats_dtype,
 )
-from .causal import TileKind, classify_tile, diagonal_offset, tile_ranges
+from .causal import TileKind, tile_ranges
+from .forward import softcap_scores
+from .masks import band_keeps, classify_band_tile, window_band
 from .naive import expand_kv_heads
 
 
@@ -58,6 +62,20 @@ def recompute_p(s: torch.Tensor, lse_tile: torch.Tensor, visible: torch.Tensor |
 # --8<-- [end:recompute_p]
 
 
+# --8<-- [start:softcap_backward]
+def softcap_backward(ds: torch.Tensor, x: torch.Tensor, softcap: float | None) -> torch.Tensor:
+    """The gradient with respect to the uncapped score x, given ds with respect to s = softcap * tanh(x / softcap).
+
+    ds/dx = softcap * (1 - tanh^2(x / softcap)) / softcap = 1 - tanh^2(x / softcap): 1 for small scores,
+    near 0 where the cap saturates. Without a cap, ds is the answer.
+    """
+    if softcap is None:
+        return ds
+    t = torch.tanh(x / softcap)
+    return ds * (1 - t * t)
+# --8<-- [end:softcap_backward]
+
+
 def flash_attention_backward(
     q,
     k,
@@ -70,12 +88,15 @@ def flash_attention_backward(
     block_q: int = 16,
     block_k: int = 16,
     alignment: str = "upper_left",
+    *,
+    window=None,
+    softcap: float | None = None,
 ):
     """Gradients of attention from the saved (q, k, v, o, lse) and the incoming dO.
 
     Args:
         q: (B, H, Tq, D); k, v: (B, H_kv, Tk, D); o, do: like q; lse: (B, H, Tq) from the forward.
-        causal, scale, alignment: as in the forward; the mask must be the same.
+        causal, scale, alignment, window, softcap: as in the forward; the mask and the cap must be the same.
         block_q, block_k: tile sizes, any positive ints.
 
     Returns:
@@ -88,11 +109,12 @@ def flash_attention_backward(
     check_lse(lse, shape, q)
     check_causal(causal)
     check_alignment(alignment)
+    window, softcap = check_window(window), check_softcap(softcap, q.dtype)
     check_block("block_q", block_q)
     check_block("block_k", block_k)
     scale = resolve_scale(scale, shape.D, q.dtype)
     B, H, H_kv, Tq, Tk, D = shape
-    offset = diagonal_offset(Tq, Tk, alignment)
+    band = window_band(Tq, Tk, window, causal, alignment)
     dtype, c = q.dtype, stats_dtype(q.dtype)  # compute in float32 for 16-bit inputs, like the kernels
     q, o, do = q.to(c), o.to(c), do.to(c)
     k_rep, v_rep = expand_kv_heads(k.to(c), H), expand_kv_heads(v.to(c), H)
@@ -107,20 +129,22 @@ def flash_attention_backward(
         dk = torch.zeros_like(k_tile)
         dv = torch.zeros_like(v_tile)
         for q_start, q_end in tile_ranges(Tq, block_q):  # inner: every query tile that sees it
-            kind = classify_tile(q_start, q_end, k_start, k_end, offset) if causal else TileKind.FULL
+            kind = classify_band_tile(q_start, q_end, k_start, k_end, band)
             if kind is TileKind.SKIP:
                 continue
             visible = None
             if kind is TileKind.DIAGONAL:
                 i = torch.arange(q_start, q_end, device=q.device)[:, None]
                 j = torch.arange(k_start, k_end, device=q.device)[None, :]
-                visible = j <= i + offset
+                visible = band_keeps(i, j, band)
             q_tile, do_tile = q[..., q_start:q_end, :], do[..., q_start:q_end, :]
-            s = scale * (q_tile @ k_tile.transpose(-1, -2))
+            x = scale * (q_tile @ k_tile.transpose(-1, -2))  # the scaled scores, before any cap
+            s = softcap_scores(x, softcap)
             p = recompute_p(s, lse[..., q_start:q_end], visible)
             dv += p.transpose(-1, -2) @ do_tile  # dV = P^T dO
             dp = do_tile @ v_tile.transpose(-1, -2)  # dP = dO V^T
             ds = p * (dp - delta[..., q_start:q_end, None])  # dS = P * (dP - D)
+            ds = softcap_backward(ds, x, softcap)  # through the cap: dX = dS * (1 - tanh^2(x / softcap))
             if visible is not None:  # a hidden pair has dS = 0, even when its row's D is NaN
                 ds = torch.where(visible, ds, 0.0)
             dq[..., q_start:q_end, :] += scale * (ds @ k_tile)  # dQ = scale * dS K

@@ -23,10 +23,13 @@ from .._checks import (
     check_attention_inputs,
     check_block,
     check_causal,
+    check_softcap,
+    check_window,
     resolve_scale,
     stats_dtype,
 )
-from .causal import TileKind, classify_tile, diagonal_offset, last_key_tile, tile_ranges
+from .causal import TileKind, tile_ranges
+from .masks import Band, band_keeps, classify_band_tile, key_tile_range, window_band
 from .naive import expand_kv_heads
 from .online_softmax import lse_from_stats, safe_exp_diff
 
@@ -34,28 +37,43 @@ from .online_softmax import lse_from_stats, safe_exp_diff
 TileCallback = Callable[[int, int, TileKind], None]
 
 
+# --8<-- [start:softcap]
+def softcap_scores(s: torch.Tensor, softcap: float | None) -> torch.Tensor:
+    """Soft-capping (Gemma-2): each scaled score x becomes softcap * tanh(x / softcap), in (-softcap, softcap).
+
+    Applied before the mask, so a hidden pair's -inf is set after it and stays -inf.
+    """
+    return s if softcap is None else softcap * torch.tanh(s / softcap)
+# --8<-- [end:softcap]
+
+
 # --8<-- [start:tile_loop]
-def forward_query_tile(q_tile, k, v, q_start, q_end, scale, block_k, causal, offset, on_tile=None, q_index=0):
-    """Run one query tile [q_start, q_end) over the key tiles it needs; return its (m, l, acc)."""
+def forward_query_tile(q_tile, k, v, q_start, q_end, scale, block_k, band: Band, on_tile=None, q_index=0,
+                       softcap=None):  # fmt: skip
+    """Run one query tile [q_start, q_end) over the key tiles it needs; return its (m, l, acc).
+
+    ``band`` is the mask as the diagonals it keeps, lo <= j - i <= hi (``reference.masks``): causal is
+    (-Tq, offset), no mask (-Tq, Tk), where every tile is FULL.
+    """
     Tk = k.shape[-2]
     # --8<-- [start:state]
     m = torch.full(q_tile.shape[:-1], float("-inf"), dtype=q_tile.dtype, device=q_tile.device)
     l = torch.zeros_like(m)
     acc = torch.zeros_like(q_tile)
     # --8<-- [end:state]
-    # Causal: key tiles past the diagonal are SKIP, so the loop simply stops before them.
-    n_key_tiles = last_key_tile(q_end, Tk, block_k, offset) if causal else -(-Tk // block_k)
-    for k_index in range(n_key_tiles):
+    # Key tiles outside the band are SKIP: the loop runs from first_key_tile and stops at last_key_tile.
+    for k_index in key_tile_range(q_start, q_end, Tk, block_k, band):
         k_start, k_end = k_index * block_k, min((k_index + 1) * block_k, Tk)
-        kind = classify_tile(q_start, q_end, k_start, k_end, offset) if causal else TileKind.FULL
+        kind = classify_band_tile(q_start, q_end, k_start, k_end, band)
         if on_tile is not None:
             on_tile(q_index, k_index, kind)
         s = scale * (q_tile @ k[..., k_start:k_end, :].transpose(-1, -2))  # (..., block_q, block_k)
+        s = softcap_scores(s, softcap)  # s unchanged without a cap
         # --8<-- [start:mask]
-        if kind is TileKind.DIAGONAL:  # only tiles crossing the diagonal pay for a mask
+        if kind is TileKind.DIAGONAL:  # only tiles crossing an edge of the band pay for a mask
             i = torch.arange(q_start, q_end, device=s.device)[:, None]
             j = torch.arange(k_start, k_end, device=s.device)[None, :]
-            s = s.masked_fill(j > i + offset, float("-inf"))
+            s = s.masked_fill(~band_keeps(i, j, band), float("-inf"))
         # --8<-- [end:mask]
         # --8<-- [start:rescale]
         m_new = torch.maximum(m, s.amax(dim=-1))
@@ -79,12 +97,18 @@ def flash_attention_forward(
     block_k: int = 16,
     alignment: str = "upper_left",
     on_tile: TileCallback | None = None,
+    *,
+    window=None,
+    softcap: float | None = None,
 ):
     """Tiled attention forward; returns (o, lse) exactly as ``naive_attention`` does.
 
     Args:
         q: (B, H, Tq, D). k, v: (B, H_kv, Tk, D), H a multiple of H_kv.
         causal, alignment: the causal mask (see ``flashtile.reference.causal``).
+        window: None or (left, right): query i sees keys i + offset - left .. i + offset + right, -1
+            unbounded, the right side capped at 0 when causal (see ``flashtile.reference.masks``).
+        softcap: None or s > 0: each scaled score x becomes s * tanh(x / s) before the softmax.
         scale: τ, multiplies Q K^T; defaults to 1/sqrt(D). Zero and negative values are allowed.
         block_q, block_k: tile sizes, any positive ints (they need not divide Tq or Tk).
         on_tile: optional callback ``on_tile(q_index, k_index, kind)`` for every tile computed; the
@@ -98,18 +122,19 @@ def flash_attention_forward(
     shape = check_attention_inputs(q, k, v)
     check_causal(causal)
     check_alignment(alignment)
+    window, softcap = check_window(window), check_softcap(softcap, q.dtype)
     block_q, block_k = check_block("block_q", block_q), check_block("block_k", block_k)
     scale = resolve_scale(scale, shape.D, q.dtype)
     c = stats_dtype(q.dtype)
     k, v = expand_kv_heads(k.to(c), shape.H), expand_kv_heads(v.to(c), shape.H)
-    offset = diagonal_offset(shape.Tq, shape.Tk, alignment)
+    band = window_band(shape.Tq, shape.Tk, window, causal, alignment)
 
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(q.shape[:-1], dtype=c, device=q.device)
     # --8<-- [start:epilogue]
     for q_index, (q_start, q_end) in enumerate(tile_ranges(shape.Tq, block_q)):
         q_tile = q[..., q_start:q_end, :].to(c)
-        m, l, acc = forward_query_tile(q_tile, k, v, q_start, q_end, scale, block_k, causal, offset, on_tile, q_index)
+        m, l, acc = forward_query_tile(q_tile, k, v, q_start, q_end, scale, block_k, band, on_tile, q_index, softcap)
         empty = (l == 0)[..., None]  # a row that saw no key keeps acc = 0: o = 0, not 0 / 0 (a NaN l stays NaN)
         o[..., q_start:q_end, :] = torch.where(empty, 0.0, acc / torch.where(empty, 1.0, l[..., None])).to(q.dtype)
         lse[..., q_start:q_end] = lse_from_stats(m, l)
