@@ -377,3 +377,19 @@ def test_varlen_shapes_are_checked_by_name():
     o, lse = varlen_attention_forward(x, x, x, cu, cu)
     with pytest.raises(ValueError, match=r"lse must have shape \(H, total_q\)"):
         varlen_attention_backward(x, x, x, o, lse[:, :3], x, cu, cu)
+
+
+def test_varlen_reads_views_through_their_strides(rand):
+    # cu_seqlens as a strided view, q as a transposed view: the same answer as contiguous copies.
+    cu = torch.tensor([0, 99, 5, -1, 12, 7, 20], dtype=torch.int32)[::2]  # [0, 5, 12, 20]
+    q = rand(4, 20, 8).transpose(0, 1)  # (20, 4, 8), not contiguous
+    k, v = rand(20, 2, 8), rand(20, 2, 8)
+    viewed = varlen_attention_forward(q, k, v, cu, cu, True, None, 4, 3, window=(3, 0), softcap=2.0)
+    contiguous_cu = torch.tensor([0, 5, 12, 20], dtype=torch.int32)
+    copied = varlen_attention_forward(q.contiguous(), k, v, contiguous_cu, contiguous_cu, True, None, 4, 3,
+                                      window=(3, 0), softcap=2.0)  # fmt: skip
+    assert torch.equal(viewed[0], copied[0]) and torch.equal(viewed[1], copied[1])
+    negated_view = torch.complex(k, k).conj().imag  # the values -k, held as k's memory with the negative bit
+    assert negated_view.is_neg()
+    with pytest.raises(ValueError, match="k is a view with the negative bit set"):
+        varlen_attention_forward(q, negated_view, v, cu, cu)
