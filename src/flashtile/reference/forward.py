@@ -29,7 +29,7 @@ from .._checks import (
     stats_dtype,
 )
 from .causal import TileKind, tile_ranges
-from .masks import Band, band_keeps, classify_band_tile, key_tile_range, window_band
+from .masks import band_keeps, classify_band_tile, key_tile_range, window_band
 from .naive import expand_kv_heads
 from .online_softmax import lse_from_stats, safe_exp_diff
 
@@ -48,8 +48,7 @@ def softcap_scores(s: torch.Tensor, softcap: float | None) -> torch.Tensor:
 
 
 # --8<-- [start:tile_loop]
-def forward_query_tile(q_tile, k, v, q_start, q_end, scale, block_k, band: Band, on_tile=None, q_index=0,
-                       softcap=None):  # fmt: skip
+def forward_query_tile(q_tile, k, v, q_start, q_end, scale, block_k, band, on_tile=None, q_index=0, softcap=None):
     """Run one query tile [q_start, q_end) over the key tiles it needs; return its (m, l, acc).
 
     ``band`` is the mask as the diagonals it keeps, lo <= j - i <= hi (``reference.masks``): causal is
