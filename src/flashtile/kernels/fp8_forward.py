@@ -1,0 +1,166 @@
+"""The FP8 (E4M3) attention forward: the textbook forward with E4M3 operands and their factors.
+
+It computes what ``flashtile.reference.fp8.fp8_attention_forward`` emulates in float64, with the same
+names in the same order; what changes from ``kernels/textbook.py`` is only what FP8 forces:
+
+* q, k and v are float8_e4m3fn codes; the two ``tl.dot`` take E4M3 operands and accumulate in float32;
+* each row's factor leaves the QKᵀ dot exactly, so the raw dot is multiplied by descale_q (per query
+  row) and descale_k (per key column) before the softmax;
+* P is rounded to E4M3 before the PV dot, as 448 · r_j · p with r_j = descale_v[j] / v_scale (at most 1:
+  V's factors ride on P) and p = exp2(s - m) in [0, 1]; the factor v_scale / 448 is applied once in the
+  epilogue. l sums the unrounded p, in float32.
+
+What it supports: q (B, H, Tq, D), k and v (B, H_kv, Tk, D) with H a multiple of H_kv (GQA reads the
+shared head, no copy), any strides, any Tq and Tk, 1 <= D <= 256, causal with both alignments, any
+finite τ; o in ``out_dtype`` (bf16 by default; float32 too, which the interpreter tests use, since the
+interpreter computes bf16 wrongly), lse (B, H, Tq) float32, natural log.
+
+What it does not do (yet): it is forward only (inference and prefill), has no TMA, no launch order,
+no autotuning and no overlap of softmax and matmuls; it is not wired into ``flashtile.attention``.
+Its speed against the bf16 kernels has not been measured. P is rounded tile by tile against the
+running max, so ``block_k`` must equal the emulation's for the two to agree. Under the Triton
+interpreter the float32 -> E4M3 cast does not round ties to even and mishandles subnormals, so there
+the kernel and the emulation differ by more than float32 rounding (tests/kernels/test_fp8_forward.py
+says how much).
+
+Launch settings, one plain choice: 4 warps, 2 stages, 64 x 64 tiles (E4M3 tensor-core dots need
+operand widths of at least 32 along the reduced dimension, so the head dim is padded to at least 32).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from .._checks import check_alignment, check_block, check_causal, resolve_neg_bits, resolve_scale
+from ..reference.causal import diagonal_offset
+from ..reference.fp8 import DEFAULT_BLOCK_K, P_SCALE, check_fp8_inputs
+from ._host import check_kernel_device, head_batch_grid
+from ._jit import full_key_tiles, last_key_tile
+
+LOG2E = math.log2(math.e)
+LN2 = tl.constexpr(math.log(2.0))
+P_SCALE_JIT = tl.constexpr(P_SCALE)
+OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+MIN_FP8_DOT = 32  # an E4M3 tensor-core dot reduces over at least 32 elements
+NUM_WARPS, NUM_STAGES = 4, 2
+BLOCK_Q = 64
+
+
+# --8<-- [start:fp8-forward]
+@triton.jit
+def fold_fp8_key_tile(acc, l, m, q, dq, K, V, DK, VR, stride_kt, stride_kd, stride_vt, stride_vd, i, d, k_start,
+                      Tk, offset, qk_scale, HEAD_DIM: tl.constexpr, BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr,
+                      MASKED: tl.constexpr):  # fmt: skip
+    """One step of the online softmax over keys k_start .. k_start + BLOCK_K - 1, with E4M3 operands."""
+    j = k_start + tl.arange(0, BLOCK_K).to(tl.int64)
+    kv_mask = (j[:, None] < Tk) & (d[None, :] < HEAD_DIM)
+    k = tl.load(K + j[:, None] * stride_kt + d[None, :] * stride_kd, mask=kv_mask, other=0.0)  # (BLOCK_K, D_PAD) e4m3
+    v = tl.load(V + j[:, None] * stride_vt + d[None, :] * stride_vd, mask=kv_mask, other=0.0)  # (BLOCK_K, D_PAD) e4m3
+    dk = tl.load(DK + j, mask=j < Tk, other=0.0)  # (BLOCK_K,) k's row factors
+    v_ratio = tl.load(VR + j, mask=j < Tk, other=0.0)  # (BLOCK_K,) descale_v / v_scale, in (0, 1]
+    s = tl.dot(q, tl.trans(k)) * (dq[:, None] * dk[None, :]) * qk_scale  # (BLOCK_Q, BLOCK_K), float32, log2 units
+    if MASKED:  # a padded key, or one past the diagonal, scores -inf (p = 0)
+        visible = j[None, :] < Tk
+        if CAUSAL:
+            visible = visible & (j[None, :] <= i[:, None] + offset)
+        s = tl.where(visible, s, float("-inf"))
+    m_new = tl.maximum(m, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no key yet: alpha = p = 0, not NaN
+    alpha = tl.math.exp2(m - m_safe)
+    p = tl.math.exp2(s - m_safe[:, None])  # in [0, 1]
+    l = alpha * l + tl.sum(p, 1)  # the normaliser sums the unrounded p
+    p8 = (p * (v_ratio[None, :] * P_SCALE_JIT)).to(tl.float8e4nv)  # P rounded to E4M3, V's factors on it
+    acc = tl.dot(p8, v, acc * alpha[:, None])  # (BLOCK_Q, D_PAD), E4M3 x E4M3 into float32
+    return acc, l, m_new
+
+
+@triton.jit
+def fp8_forward_kernel(
+    Q, K, V, DQ, DK, VR, VS, O, LSE,
+    stride_qb, stride_qh, stride_qt, stride_qd, stride_kb, stride_kh, stride_kt, stride_kd,
+    stride_vb, stride_vh, stride_vt, stride_vd, stride_ob, stride_oh, stride_ot, stride_od,
+    H, H_kv, Tq, Tk, offset, qk_scale,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
+    CAUSAL: tl.constexpr,
+):  # fmt: skip
+    """One program: query tile q_index of head h of batch b; grid (cdiv(Tq, BLOCK_Q), H, B). DQ (B, H, Tq),
+    DK and VR (B, H_kv, Tk) and VS (B, H_kv) are contiguous float32."""
+    q_index, h, b = tl.program_id(0), tl.program_id(1).to(tl.int64), tl.program_id(2).to(tl.int64)
+    h_kv = h // (H // H_kv)  # GQA: the key/value head this query head reads
+    q_start = q_index * BLOCK_Q
+    i = q_start + tl.arange(0, BLOCK_Q).to(tl.int64)
+    d = tl.arange(0, HEAD_DIM_PAD).to(tl.int64)
+    Q += b * stride_qb + h * stride_qh
+    K += b * stride_kb + h_kv * stride_kh
+    V += b * stride_vb + h_kv * stride_vh
+    O += b * stride_ob + h * stride_oh
+    DK += (b * H_kv + h_kv) * Tk
+    VR += (b * H_kv + h_kv) * Tk
+    q_mask = (i[:, None] < Tq) & (d[None, :] < HEAD_DIM)
+    q = tl.load(Q + i[:, None] * stride_qt + d[None, :] * stride_qd, mask=q_mask, other=0.0)  # (BLOCK_Q, D_PAD) e4m3
+    dq = tl.load(DQ + (b * H + h) * Tq + i, mask=i < Tq, other=0.0)  # (BLOCK_Q,) q's row factors
+
+    m = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)
+    l = tl.zeros([BLOCK_Q], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_Q, HEAD_DIM_PAD], dtype=tl.float32)  # sum of E4M3(448 r p) v8, float32
+    if CAUSAL:
+        q_end = tl.minimum(q_start + BLOCK_Q, Tq)
+        n_full, n_visit = full_key_tiles(q_start, Tk, BLOCK_K, offset), last_key_tile(q_end, Tk, BLOCK_K, offset)
+    else:
+        n_full, n_visit = Tk // BLOCK_K, tl.cdiv(Tk, BLOCK_K)
+    for k_index in range(0, n_full):  # FULL tiles: no mask
+        acc, l, m = fold_fp8_key_tile(acc, l, m, q, dq, K, V, DK, VR, stride_kt, stride_kd, stride_vt, stride_vd,
+                                      i, d, k_index * BLOCK_K, Tk, offset, qk_scale, HEAD_DIM, BLOCK_K, CAUSAL,
+                                      False)  # fmt: skip
+    for k_index in range(n_full, n_visit):  # DIAGONAL tiles and a ragged last tile
+        acc, l, m = fold_fp8_key_tile(acc, l, m, q, dq, K, V, DK, VR, stride_kt, stride_kd, stride_vt, stride_vd,
+                                      i, d, k_index * BLOCK_K, Tk, offset, qk_scale, HEAD_DIM, BLOCK_K, CAUSAL,
+                                      True)  # fmt: skip
+
+    o_scale = tl.load(VS + b * H_kv + h_kv) / P_SCALE_JIT  # P's factor 1/448 and V's largest factor
+    empty = l == 0.0
+    l_safe = tl.where(empty, 1.0, l)
+    o = acc * (o_scale / l_safe)[:, None]
+    lse = tl.where(empty, float("-inf"), (m + tl.math.log2(l_safe)) * LN2)
+    tl.store(O + i[:, None] * stride_ot + d[None, :] * stride_od, o.to(O.dtype.element_ty), mask=q_mask)
+    tl.store(LSE + (b * H + h) * Tq + i, lse, mask=i < Tq)
+# --8<-- [end:fp8-forward]
+
+
+def fp8_forward(q8, k8, v8, descale_q, descale_k, descale_v, causal=False, scale=None, *, alignment="upper_left",
+                out_dtype=torch.bfloat16, block_k=DEFAULT_BLOCK_K):  # fmt: skip
+    """(o, lse) of E4M3 q8, k8, v8 with their per-row float32 factors (as ``flashtile.fp8.quantize`` returns
+    them): o (B, H, Tq, D) in ``out_dtype``, contiguous; lse (B, H, Tq) float32, natural log.
+
+    ``block_k`` (a power of two, at least 32) is the key tile, the emulation's ``block_k``."""
+    q8, k8, v8, descale_q, descale_k, descale_v = resolve_neg_bits(q8, k8, v8, descale_q, descale_k, descale_v)
+    B, H, H_kv, Tq, Tk, D = check_fp8_inputs(q8, k8, v8, descale_q, descale_k, descale_v)
+    check_causal(causal)
+    check_alignment(alignment)
+    block_k = check_block("block_k", block_k)
+    if block_k < MIN_FP8_DOT or block_k & (block_k - 1):
+        raise ValueError(f"block_k must be a power of two of at least {MIN_FP8_DOT} for E4M3 dots, got {block_k}")
+    if out_dtype not in OUT_DTYPES:
+        raise TypeError(f"out_dtype must be one of {OUT_DTYPES}, got {out_dtype!r}")
+    scale = resolve_scale(scale, D, torch.float32)  # the statistics are float32
+    for name, x in (("q8", q8), ("k8", k8), ("v8", v8)):
+        check_kernel_device(name, x)
+    if out_dtype == torch.bfloat16 and q8.device.type == "cpu":
+        raise TypeError("out_dtype=torch.bfloat16 on the CPU: the Triton interpreter computes bfloat16 wrongly (Triton "
+                        "issue 11584); pass out_dtype=torch.float32 there")  # fmt: skip
+    v_scale = descale_v.amax(dim=-1).contiguous()  # (B, H_kv): each head's largest V factor
+    v_ratio = (descale_v / v_scale[..., None]).contiguous()  # (B, H_kv, Tk), in (0, 1]
+    descale_q, descale_k = descale_q.contiguous(), descale_k.contiguous()
+    o = torch.empty((B, H, Tq, D), dtype=out_dtype, device=q8.device)
+    lse = torch.empty((B, H, Tq), dtype=torch.float32, device=q8.device)
+    fp8_forward_kernel[head_batch_grid(triton.cdiv(Tq, BLOCK_Q), H, B)](
+        q8, k8, v8, descale_q, descale_k, v_ratio, v_scale, o, lse, *q8.stride(), *k8.stride(), *v8.stride(),
+        *o.stride(), H, H_kv, Tq, Tk, diagonal_offset(Tq, Tk, alignment), scale * LOG2E,
+        HEAD_DIM=D, HEAD_DIM_PAD=max(MIN_FP8_DOT, 1 << (D - 1).bit_length()), BLOCK_Q=BLOCK_Q, BLOCK_K=block_k,
+        CAUSAL=causal, num_warps=NUM_WARPS, num_stages=NUM_STAGES,
+    )  # fmt: skip
+    return o, lse
