@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,8 +16,19 @@ HERE = Path(__file__).resolve().parent
 
 
 def practice(*args, env=None) -> subprocess.CompletedProcess:
+    """``python -m flashtile.practice ARGS`` as its own process: the entry point a reader types."""
     return subprocess.run([sys.executable, "-m", "flashtile.practice", *map(str, args)], capture_output=True,
                           text=True, env=env, timeout=300)
+
+
+def practice_here(capfd, *args) -> subprocess.CompletedProcess:
+    """``main(ARGS)`` in this process, the checker's output and its workers' standard error read from the file
+    descriptors (capfd): the same checker, its worker processes and their time limits, one Python start fewer
+    than ``practice`` (which test_check_on_the_untouched_skeleton_fails_every_step_with_help keeps)."""
+    capfd.readouterr()  # nothing from before this run
+    code = main([str(a) for a in args])
+    out, err = capfd.readouterr()
+    return subprocess.CompletedProcess(["main", *map(str, args)], code, out, err)
 
 
 def test_help_lists_the_commands_and_the_steps(capsys):
@@ -65,14 +75,14 @@ def test_check_on_the_untouched_skeleton_fails_every_step_with_help(tmp_path):
     assert "NotImplementedError: TODO" in out and "hint:  write flash_attention_forward in forward.py" in out
 
 
-def test_check_passes_when_the_packages_functions_are_copied_in(tmp_path):
+def test_check_passes_when_the_packages_functions_are_copied_in(tmp_path, capfd, monkeypatch):
     # one run, two checks: the reader's folder of right code passes, and without CUDA the checker turns the
     # Triton interpreter on by itself (TRITON_INTERPRET unset) and shows none of the interpreter's warnings
     for step in STEPS:
         (tmp_path / f"{step.file}.py").write_text(f"from {step.package_module} import *  # noqa: F403\n",
                                                   encoding="utf-8")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = practice("check", tmp_path, "--fast", env=env)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # the workers get the checker's environment
+    proc = practice_here(capfd, "check", tmp_path, "--fast")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "6 of 6 steps pass" in proc.stdout
     if not torch.cuda.is_available():  # the interpreter is chosen only without CUDA
@@ -93,12 +103,12 @@ def test_check_package_checks_the_packages_own_functions(monkeypatch):
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered")
-def test_check_names_the_failing_case_of_a_planted_bug_and_exits_nonzero(tmp_path):
+def test_check_names_the_failing_case_of_a_planted_bug_and_exits_nonzero(tmp_path, capfd):
     (tmp_path / "forward_kernel.py").write_text(
         f"import sys\nsys.path.insert(0, {str(HERE.parent)!r})\n"
         "from practice._reader_kernels import make_forward\n"
         "flash_attention = make_forward(padded_keys_neg_inf=False).flash_attention\n", encoding="utf-8")
-    proc = practice("check", tmp_path, "--step", "forward_kernel")
+    proc = practice_here(capfd, "check", tmp_path, "--step", "forward_kernel")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "FAILED forward_kernel: B=1 H=2 Tq=20 Tk=37 D=16, block_q=16 block_k=16, no mask" in proc.stdout
     assert "(and 1 more; -v shows them)" in proc.stdout  # D = 24 pads keys too
@@ -185,12 +195,12 @@ def flash_attention_backward(*args, **kwargs):
 }
 
 
-def test_the_readers_code_cannot_stop_or_hang_the_checker(tmp_path):
+def test_the_readers_code_cannot_stop_or_hang_the_checker(tmp_path, capfd):
     for name, text in HOSTILE.items():
         (tmp_path / name).write_text(text, encoding="utf-8")
     steps = [a for s in ("online_softmax", "forward", "backward", "fused_softmax", "forward_kernel")
              for a in ("--step", s)]
-    proc = practice("check", tmp_path, *steps, "--fast", "-v", "--time-limit", "5")
+    proc = practice_here(capfd, "check", tmp_path, *steps, "--fast", "-v", "--time-limit", "5")
     out = proc.stdout
     assert proc.returncode == 1, out + proc.stderr
     assert "FAILED online_softmax: update from a state of 8 columns" in out
