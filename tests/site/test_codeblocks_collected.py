@@ -28,8 +28,11 @@ def test_codeblocks_collects_every_bare_python_block():
             previous = next((lines[i].strip() for i in range(block.line - 2, -1, -1) if lines[i].strip()), "")
             expected += previous != "<!--pytest-codeblocks:cont-->"
     assert expected > 0, "no executable claim in docs/"
+    # --noconftest: the root conftest (TRITON_INTERPRET, hypothesis profiles) has no part in what is collected,
+    # and skipping it skips its torch import, most of this process's start
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "--codeblocks", "--collect-only", "-q", "-p", "no:cacheprovider", str(DOCS)],
+        [sys.executable, "-m", "pytest", "--codeblocks", "--collect-only", "-q", "-p", "no:cacheprovider",
+         "--noconftest", str(DOCS)],
         cwd=REPO,
         capture_output=True,
         text=True,
