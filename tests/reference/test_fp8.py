@@ -64,7 +64,7 @@ def quantised(B, H, T, D, seed, granularity="block", outliers=True):
 
 def test_e4m3_cast_rounds_to_nearest_even_and_saturates():
     binades = torch.exp2(torch.arange(-12, 9, dtype=torch.float64))[:, None]
-    grid = binades * torch.linspace(1, 2, 257, dtype=torch.float64)  # 256 steps a binade, 32 per E4M3 step: midpoints included
+    grid = binades * torch.linspace(1, 2, 257, dtype=torch.float64)  # 32 steps per E4M3 step: midpoints too
     x = torch.cat([grid.flatten(), -grid.flatten(), torch.tensor([0.0, 447.9, 448.0, 460.0, 1e30, -1e30])])
     x = x.float().double()  # ties included: the grid holds every midpoint between E4M3 values
     torch.testing.assert_close(to_e4m3(x).double(), e4m3_round(x), rtol=0, atol=0)
