@@ -152,6 +152,15 @@ def fp8_forward(q8, k8, v8, descale_q, descale_k, descale_v, causal=False, scale
     if out_dtype == torch.bfloat16 and q8.device.type == "cpu":
         raise TypeError("out_dtype=torch.bfloat16 on the CPU: the Triton interpreter computes bfloat16 wrongly (Triton "
                         "issue 11584); pass out_dtype=torch.float32 there")  # fmt: skip
+    return launch_fp8_forward(q8, k8, v8, descale_q, descale_k, descale_v, causal, scale,
+                              diagonal_offset(Tq, Tk, alignment), out_dtype, block_k)
+
+
+def launch_fp8_forward(q8, k8, v8, descale_q, descale_k, descale_v, causal, scale, offset, out_dtype, block_k):
+    """The launch alone, on arguments ``fp8_forward`` has checked (its value checks read the factors on the
+    host, a synchronisation a timing of the kernel itself leaves out)."""
+    B, H, Tq, D = q8.shape
+    H_kv, Tk = k8.shape[1], k8.shape[2]
     v_scale = descale_v.amax(dim=-1).contiguous()  # (B, H_kv): each head's largest V factor
     v_ratio = (descale_v / v_scale[..., None]).contiguous()  # (B, H_kv, Tk), in (0, 1]
     descale_q, descale_k = descale_q.contiguous(), descale_k.contiguous()
@@ -159,7 +168,7 @@ def fp8_forward(q8, k8, v8, descale_q, descale_k, descale_v, causal=False, scale
     lse = torch.empty((B, H, Tq), dtype=torch.float32, device=q8.device)
     fp8_forward_kernel[head_batch_grid(triton.cdiv(Tq, BLOCK_Q), H, B)](
         q8, k8, v8, descale_q, descale_k, v_ratio, v_scale, o, lse, *q8.stride(), *k8.stride(), *v8.stride(),
-        *o.stride(), H, H_kv, Tq, Tk, diagonal_offset(Tq, Tk, alignment), scale * LOG2E,
+        *o.stride(), H, H_kv, Tq, Tk, offset, scale * LOG2E,
         HEAD_DIM=D, HEAD_DIM_PAD=max(MIN_FP8_DOT, 1 << (D - 1).bit_length()), BLOCK_Q=BLOCK_Q, BLOCK_K=block_k,
         CAUSAL=causal, num_warps=NUM_WARPS, num_stages=NUM_STAGES,
     )  # fmt: skip
