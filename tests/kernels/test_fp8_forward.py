@@ -9,8 +9,8 @@ carries into the next binade (124.9 becomes 64, not 128) and in the subnormals, 
 inputs on which nothing needs rounding: integer codes, power-of-two factors and τ = ln 2, so that every
 score is an integer in log2 units, every p a power of two and every 448 r p a normal E4M3 value. There
 the kernel must equal the emulation to float32 accumulation; masks, GQA, strides, the factors and the
-online update are all exercised. (The cast bug itself is checked too, so the day it is fixed this
-docstring is told.)
+online update are all exercised. A test pins the cast bug itself: it fails the day the interpreter is
+fixed, and then these cases can take random inputs.
 """
 
 from __future__ import annotations
