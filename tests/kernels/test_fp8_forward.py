@@ -24,7 +24,7 @@ from _grids import LONG
 from _sm90 import compile_in_fresh_process
 from _truth import attention_truth
 from flashtile.fp8 import GRANULARITIES, quantize
-from flashtile.kernels.fp8_forward import fp8_forward
+from flashtile.kernels.fp8_forward import fp8_forward, keys_contiguous
 from flashtile.reference.fp8 import fp8_attention_forward
 
 ON_GPU = torch.cuda.is_available()
@@ -116,35 +116,65 @@ def test_float_inputs_are_refused_with_the_way_to_quantise():
 
 SM90_BODY = """
 import re, subprocess, tempfile, triton
+from triton.compiler import ASTSource
 from flashtile.kernels import fp8_forward as f8
+fn = f8.fp8_forward_kernel
+names = list(inspect.signature(fn.fn).parameters)
+E4M3_TILE = r"tensor<\\d+x\\d+x!tt\\.ptr<f8E4M3FN>"  # a 2-D tile of E4M3 pointers
 out = []
-for D, causal in ((128, True), (64, False)):
-    constexprs = dict(HEAD_DIM=D, HEAD_DIM_PAD=D, BLOCK_Q=f8.BLOCK_Q, BLOCK_K=64, CAUSAL=causal)
+for D, causal, v_unit_stride in ((128, True, "stride_vt"), (64, False, "stride_vt"), (128, False, "stride_vd")):
+    # a launch's specialisation: unit strides (V's along the keys, as keys_contiguous lays it out, or, the
+    # control, along D as a row-major V has it), 16-divisible pointers, other strides and lengths
+    constexprs = dict(HEAD_DIM=D, HEAD_DIM_PAD=D, BLOCK_Q=f8.BLOCK_Q, BLOCK_K=64, CAUSAL=causal, stride_qd=1,
+                      stride_kd=1, stride_od=1, **{v_unit_stride: 1})
     types = {n: "*fp8e4nv" for n in ("Q", "K", "V")}
     types.update(DQ="*fp32", DK="*fp32", VR="*fp32", VS="*fp32", O="*bf16", LSE="*fp32", qk_scale="fp32")
-    kernel = sm90_like_a_launch(f8.fp8_forward_kernel, types, constexprs, num_warps=f8.NUM_WARPS,
-                                num_stages=f8.NUM_STAGES)
-    ptx = kernel.asm["ptx"]
+    signature = {n: "constexpr" if n in constexprs else types.get(n, "i32") for n in names}
+    aligned = [n for n in names if n not in constexprs
+               and (types.get(n, "").startswith("*") or n.startswith("stride_") or n in ("Tq", "Tk"))]
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
+    kernel = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
+                            target=GPUTarget("cuda", 90, 32),
+                            options=dict(num_warps=f8.NUM_WARPS, num_stages=f8.NUM_STAGES))
+    ptx, ttgir = kernel.asm["ptx"], kernel.asm["ttgir"]
     with tempfile.TemporaryDirectory() as tmp:
         with open(f"{tmp}/k.ptx", "w") as f:
             f.write(ptx)
         log = subprocess.run([triton.knobs.nvidia.ptxas.path, "-v", "--gpu-name=sm_90a", f"{tmp}/k.ptx", "-o",
                               f"{tmp}/k.o"], capture_output=True, text=True, check=True).stderr
     spills = int(re.search(r"(\\d+) bytes spill stores", log).group(1))
-    out.append(dict(D=D, shared=kernel.metadata.shared, spills=spills,
+    out.append(dict(D=D, v_unit_stride=v_unit_stride, shared=kernel.metadata.shared, spills=spills,
                     mma=sorted(set(re.findall(r"wgmma\\.mma_async[.a-z0-9]*", ptx))),
-                    casts=len(re.findall(r"cvt\\.rn\\.satfinite\\.e4m3x2\\.f32", ptx))))
+                    casts=len(re.findall(r"cvt\\.rn\\.satfinite\\.e4m3x2\\.f32", ptx)),
+                    tile_loads=len(re.findall(r"tt\\.load [^\\n]*" + E4M3_TILE, ttgir)),
+                    tile_copies=len(re.findall(r"async_copy_global_to_local [^\\n]*" + E4M3_TILE, ttgir))))
 print(json.dumps({"kernels": out}))
 """
 
 
-@pytest.mark.skipif(not LONG, reason="compiling for sm_90 takes about 25 s of CPU: make test-long runs it")
+@pytest.mark.skipif(not LONG, reason="compiling for sm_90 takes about a minute of CPU: make test-long runs it")
 def test_both_dots_compile_to_e4m3_tensor_core_instructions_for_sm90():
     """Compiled for the H200 without a GPU (tests/_sm90.py): QKᵀ and PV are E4M3 x E4M3 warpgroup MMAs with
-    float32 accumulators, P's cast rounds to nearest and saturates, no register spills."""
-    for kernel in compile_in_fresh_process(SM90_BODY)["kernels"]:
+    float32 accumulators, P's cast rounds to nearest and saturates, no register spills. With V's keys
+    contiguous (what keys_contiguous gives the kernel) the only E4M3 tile loaded through registers is q's:
+    the k and v tiles are copied to shared memory ahead. The control: a row-major V is loaded into registers
+    in every key step (the first version, which ran at a quarter of the bf16 forward's speed)."""
+    kernels = compile_in_fresh_process(SM90_BODY)["kernels"]
+    for kernel in kernels:
         assert kernel["mma"] and all(m.endswith(".f32.e4m3.e4m3") for m in kernel["mma"]), kernel
         assert kernel["casts"] > 0 and kernel["spills"] == 0 and kernel["shared"] <= 227 * 1024, kernel
+    keys, _, rows = kernels
+    assert keys["tile_loads"] == 1 and keys["tile_copies"] >= 4, keys  # q; k and v, before and in the loop
+    assert rows["tile_loads"] > 1, rows
+
+
+def test_v_is_given_to_the_kernel_with_its_keys_contiguous():
+    v = torch.randn(2, 3, 40, 16).to(torch.float8_e4m3fn)  # row-major: stride 1 along D
+    laid_out = keys_contiguous(v)
+    assert laid_out.stride(2) == 1 and torch.equal(laid_out.view(torch.uint8), v.view(torch.uint8))
+    assert keys_contiguous(laid_out) is laid_out  # no second copy
+    one_key = v[:, :, :1]
+    assert keys_contiguous(one_key) is one_key
 
 
 # ---- on the GPU -------------------------------------------------------------------------------------------
@@ -180,14 +210,19 @@ def test_kernel_tracks_the_emulation_on_outlier_inputs(name, granularity):
     (q8, dq), (k8, dk) = (quantize(x, granularity, rotate=rotate) for x in (q, k))
     v8, dv = quantize(v, "head" if granularity == "block" else granularity)
     o_e, lse_e = fp8_attention_forward(q8, k8, v8, dq, dk, dv, causal, None, 64, alignment)
-    o_truth, _ = attention_truth(q, k, v, causal, None, alignment)
+    o_truth, lse_truth = attention_truth(q, k, v, causal, None, alignment)
     for out_dtype in (torch.float32, torch.bfloat16):
         o, lse = fp8_forward(*(x.cuda() for x in (q8, k8, v8, dq, dk, dv)), causal, alignment=alignment,
                              out_dtype=out_dtype)  # fmt: skip
         assert o.dtype == out_dtype and torch.isfinite(o).all()
         seen = torch.isfinite(lse_e)
         assert torch.equal(torch.isneginf(lse.cpu()), torch.isneginf(lse_e))
-        torch.testing.assert_close(lse.cpu().double()[seen], lse_e[seen], rtol=1e-5, atol=1e-5)
+        # On sm_90 the raw dot is summed in the E4M3 dot's accumulator, with fewer bits than float32: lse is
+        # held to the same bar as o, against the error the rounding of q and k already gives it
+        lse_k, lse_emulated, lse_true = lse.cpu().double()[seen], lse_e[seen], lse_truth[seen]
+        lse_error = (lse_emulated - lse_true).abs()
+        assert (lse_k - lse_emulated).abs().max() < 0.25 * lse_error.max()
+        assert rmse(lse_k, lse_emulated) < 0.25 * rmse(lse_emulated, lse_true)
         error_kernel, error_emulation = rmse(o, o_truth), rmse(o_e, o_truth)
-        assert error_kernel <= 2 * error_emulation  # issue 34's bar
+        assert error_kernel <= 2 * error_emulation  # the targets' bar
         assert rmse(o, o_e) < (0.1 if out_dtype == torch.float32 else 0.3) * error_emulation

@@ -3,7 +3,12 @@
 It computes what ``flashtile.reference.fp8.fp8_attention_forward`` emulates in float64, with the same
 names in the same order; what changes from ``kernels/textbook.py`` is only what FP8 forces:
 
-* q, k and v are float8_e4m3fn codes; the two ``tl.dot`` take E4M3 operands and accumulate in float32;
+* q, k and v are float8_e4m3fn codes, and both ``tl.dot`` take E4M3 operands. On sm_90 an E4M3 dot sums
+  in the tensor core's own accumulator, which keeps fewer bits than float32 (Triton's default there lets
+  every add of a dot run imprecise): the raw dot of QKᵀ is summed that way, the PV product of each tile
+  too, but the running acc is added to in float32, once a tile (``max_num_imprecise_acc``);
+* V is read with its keys contiguous, the layout an E4M3 dot needs for its second operand (the reduced
+  dimension contiguous); the launcher copies a V that is not laid out so, once a call;
 * each row's factor leaves the QKᵀ dot exactly, so the raw dot is multiplied by descale_q (per query
   row) and descale_k (per key column) before the softmax;
 * P is rounded to E4M3 before the PV dot, as 448 · r_j · p with r_j = descale_v[j] / v_scale (at most 1:
@@ -17,11 +22,12 @@ interpreter computes bf16 wrongly), lse (B, H, Tq) float32, natural log.
 
 What it does not do (yet): it is forward only (inference and prefill), has no TMA, no launch order,
 no autotuning and no overlap of softmax and matmuls; it is not wired into ``flashtile.attention``.
-Its speed against the bf16 kernels has not been measured. P is rounded tile by tile against the
+Its first version, which loaded row-major V and transposed it in every step, ran at 0.22 to 0.39 times
+the bf16 forward (bench/PERF_LOG.md, sweeps/fp8-forward-speed-first-kernel.json); this one, with V's keys
+contiguous and copied ahead like k, has not been timed yet. P is rounded tile by tile against the
 running max, so ``block_k`` must equal the emulation's for the two to agree. Under the Triton
-interpreter the float32 -> E4M3 cast does not round ties to even and mishandles subnormals, so there
-the kernel and the emulation differ by more than float32 rounding (tests/kernels/test_fp8_forward.py
-says how much).
+interpreter the float32 -> E4M3 cast loses the carry when rounding reaches a power of two, so the CPU
+tests (tests/kernels/test_fp8_forward.py) feed it inputs on which nothing rounds.
 
 Launch settings, one plain choice: 4 warps, 2 stages, 64 x 64 tiles (E4M3 tensor-core dots need
 operand widths of at least 32 along the reduced dimension, so the head dim is padded to at least 32).
@@ -59,10 +65,15 @@ def fold_fp8_key_tile(acc, l, m, q, dq, K, V, DK, VR, stride_kt, stride_kd, stri
     j = k_start + tl.arange(0, BLOCK_K).to(tl.int64)
     kv_mask = (j[:, None] < Tk) & (d[None, :] < HEAD_DIM)
     k = tl.load(K + j[:, None] * stride_kt + d[None, :] * stride_kd, mask=kv_mask, other=0.0)  # (BLOCK_K, D_PAD) e4m3
-    v = tl.load(V + j[:, None] * stride_vt + d[None, :] * stride_vd, mask=kv_mask, other=0.0)  # (BLOCK_K, D_PAD) e4m3
+    # V is read as its transpose (D_PAD, BLOCK_K), keys contiguous: an E4M3 tensor-core dot takes its second
+    # operand with the reduced dimension (here the keys) contiguous, and a tile stored that way is copied
+    # to shared memory ahead of use like k; row-major V would be loaded, then transposed, every step
+    v_t_mask = (d[:, None] < HEAD_DIM) & (j[None, :] < Tk)
+    v_t = tl.load(V + d[:, None] * stride_vd + j[None, :] * stride_vt, mask=v_t_mask, other=0.0)  # (D_PAD, BLOCK_K)
     dk = tl.load(DK + j, mask=j < Tk, other=0.0)  # (BLOCK_K,) k's row factors
     v_ratio = tl.load(VR + j, mask=j < Tk, other=0.0)  # (BLOCK_K,) descale_v / v_scale, in (0, 1]
-    s = tl.dot(q, tl.trans(k)) * (dq[:, None] * dk[None, :]) * qk_scale  # (BLOCK_Q, BLOCK_K), float32, log2 units
+    # the raw dot is summed in the E4M3 dot's accumulator (fewer bits than float32 on sm_90), then scaled
+    s = tl.dot(q, tl.trans(k)) * (dq[:, None] * dk[None, :]) * qk_scale  # (BLOCK_Q, BLOCK_K), log2 units
     if MASKED:  # a padded key, or one past the diagonal, scores -inf (p = 0)
         visible = j[None, :] < Tk
         if CAUSAL:
@@ -74,7 +85,9 @@ def fold_fp8_key_tile(acc, l, m, q, dq, K, V, DK, VR, stride_kt, stride_kd, stri
     p = tl.math.exp2(s - m_safe[:, None])  # in [0, 1]
     l = alpha * l + tl.sum(p, 1)  # the normaliser sums the unrounded p
     p8 = (p * (v_ratio[None, :] * P_SCALE_JIT)).to(tl.float8e4nv)  # P rounded to E4M3, V's factors on it
-    acc = tl.dot(p8, v, acc * alpha[:, None])  # (BLOCK_Q, D_PAD), E4M3 x E4M3 into float32
+    # max_num_imprecise_acc: the tile's product is summed in the E4M3 dot's own accumulator, then added to acc
+    # in float32 (on sm_90 that accumulator keeps fewer bits than float32; acc runs over every key tile)
+    acc = tl.dot(p8, tl.trans(v_t), acc * alpha[:, None], max_num_imprecise_acc=BLOCK_K)  # (BLOCK_Q, D_PAD)
     return acc, l, m_new
 
 
@@ -164,6 +177,7 @@ def launch_fp8_forward(q8, k8, v8, descale_q, descale_k, descale_v, causal, scal
     v_scale = descale_v.amax(dim=-1).contiguous()  # (B, H_kv): each head's largest V factor
     v_ratio = (descale_v / v_scale[..., None]).contiguous()  # (B, H_kv, Tk), in (0, 1]
     descale_q, descale_k = descale_q.contiguous(), descale_k.contiguous()
+    v8 = keys_contiguous(v8)
     o = torch.empty((B, H, Tq, D), dtype=out_dtype, device=q8.device)
     lse = torch.empty((B, H, Tq), dtype=torch.float32, device=q8.device)
     fp8_forward_kernel[head_batch_grid(triton.cdiv(Tq, BLOCK_Q), H, B)](
@@ -173,3 +187,13 @@ def launch_fp8_forward(q8, k8, v8, descale_q, descale_k, descale_v, causal, scal
         CAUSAL=causal, num_warps=NUM_WARPS, num_stages=NUM_STAGES,
     )  # fmt: skip
     return o, lse
+
+
+def keys_contiguous(v8: torch.Tensor) -> torch.Tensor:
+    """v8 (B, H_kv, Tk, D) with stride 1 along the keys, the layout the PV dot copies to shared memory ahead of
+    use: v8 itself when it has it, else one copy. A row-major V (stride 1 along D) makes the compiled kernel
+    load each V tile into registers and transpose it in every key step (tests/kernels/test_fp8_forward.py
+    compiles both)."""
+    if v8.stride(2) == 1 or v8.shape[2] == 1:
+        return v8
+    return v8.transpose(2, 3).contiguous().transpose(2, 3)  # strides (Tk D H_kv, Tk D, 1, Tk)
