@@ -59,7 +59,7 @@ BLOCK_Q = 64
 # --8<-- [start:fp8-forward]
 @triton.jit
 def fold_fp8_key_tile(acc, l, m, q, dq, K, V, DK, VR, stride_kt, stride_kd, stride_vt, stride_vd, i, d, k_start,
-                      Tk, offset, qk_scale, HEAD_DIM: tl.constexpr, BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr,
+                      Tk, offset, HEAD_DIM: tl.constexpr, BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr,
                       MASKED: tl.constexpr):  # fmt: skip
     """One step of the online softmax over keys k_start .. k_start + BLOCK_K - 1, with E4M3 operands."""
     j = k_start + tl.arange(0, BLOCK_K).to(tl.int64)
@@ -73,7 +73,7 @@ def fold_fp8_key_tile(acc, l, m, q, dq, K, V, DK, VR, stride_kt, stride_kd, stri
     dk = tl.load(DK + j, mask=j < Tk, other=0.0)  # (BLOCK_K,) k's row factors
     v_ratio = tl.load(VR + j, mask=j < Tk, other=0.0)  # (BLOCK_K,) descale_v / v_scale, in (0, 1]
     # the raw dot is summed in the E4M3 dot's accumulator (fewer bits than float32 on sm_90), then scaled
-    s = tl.dot(q, tl.trans(k)) * (dq[:, None] * dk[None, :]) * qk_scale  # (BLOCK_Q, BLOCK_K), log2 units
+    s = tl.dot(q, tl.trans(k)) * (dq[:, None] * dk[None, :])  # (BLOCK_Q, BLOCK_K), log2 units (τ log2 e is in dq)
     if MASKED:  # a padded key, or one past the diagonal, scores -inf (p = 0)
         visible = j[None, :] < Tk
         if CAUSAL:
@@ -115,7 +115,7 @@ def fp8_forward_kernel(
     VR += (b * H_kv + h_kv) * Tk
     q_mask = (i[:, None] < Tq) & (d[None, :] < HEAD_DIM)
     q = tl.load(Q + i[:, None] * stride_qt + d[None, :] * stride_qd, mask=q_mask, other=0.0)  # (BLOCK_Q, D_PAD) e4m3
-    dq = tl.load(DQ + (b * H + h) * Tq + i, mask=i < Tq, other=0.0)  # (BLOCK_Q,) q's row factors
+    dq = tl.load(DQ + (b * H + h) * Tq + i, mask=i < Tq, other=0.0) * qk_scale  # (BLOCK_Q,) q's factors times τ log2 e
 
     m = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)
     l = tl.zeros([BLOCK_Q], dtype=tl.float32)
@@ -127,11 +127,11 @@ def fp8_forward_kernel(
         n_full, n_visit = Tk // BLOCK_K, tl.cdiv(Tk, BLOCK_K)
     for k_index in range(0, n_full):  # FULL tiles: no mask
         acc, l, m = fold_fp8_key_tile(acc, l, m, q, dq, K, V, DK, VR, stride_kt, stride_kd, stride_vt, stride_vd,
-                                      i, d, k_index * BLOCK_K, Tk, offset, qk_scale, HEAD_DIM, BLOCK_K, CAUSAL,
+                                      i, d, k_index * BLOCK_K, Tk, offset, HEAD_DIM, BLOCK_K, CAUSAL,
                                       False)  # fmt: skip
     for k_index in range(n_full, n_visit):  # DIAGONAL tiles and a ragged last tile
         acc, l, m = fold_fp8_key_tile(acc, l, m, q, dq, K, V, DK, VR, stride_kt, stride_kd, stride_vt, stride_vd,
-                                      i, d, k_index * BLOCK_K, Tk, offset, qk_scale, HEAD_DIM, BLOCK_K, CAUSAL,
+                                      i, d, k_index * BLOCK_K, Tk, offset, HEAD_DIM, BLOCK_K, CAUSAL,
                                       True)  # fmt: skip
 
     o_scale = tl.load(VS + b * H_kv + h_kv) / P_SCALE_JIT  # P's factor 1/448 and V's largest factor
