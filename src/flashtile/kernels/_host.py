@@ -18,6 +18,8 @@ import triton
 
 from .._checks import check_block, check_int
 from .._env import is_interpreting, sm_count
+from ..reference.causal import diagonal_offset
+from ..reference.masks import window_band
 
 KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MIN_DOT_BLOCK = 16  # tl.dot needs every dimension of its operands to be at least 16
@@ -111,6 +113,28 @@ def heaviest_first_chunk(causal: bool, plane_bytes: int, pairs: int, programs: i
     fit = HEAVIEST_FIRST_BYTES // max(plane_bytes, 1) // share * share
     return min(max(fit, share), pairs)
 # --8<-- [end:launch_order]
+
+
+# --8<-- [start:kernel_mask]
+class KernelMask(NamedTuple):
+    """Which mask body a kernel compiles, and its band: the causal one (CAUSAL), the window's (BAND), or none."""
+
+    causal: bool  # j <= i + offset: the causal path, as without a window
+    banded: bool  # lo <= j - i <= hi with both edges: the window path
+    band: tuple[int, int]  # (lo, hi) for the window path; (0, 0), unused, otherwise
+
+
+def kernel_mask(Tq: int, Tk: int, causal, alignment: str, window) -> KernelMask:
+    """The kernels' mask for a call: its band (``reference.masks.window_band``, which checks window and
+    causal), run as no mask or as the causal mask where the band is one of those (a window without a
+    left edge), so that such a call compiles and runs exactly as a call without a window does."""
+    lo, hi = window_band(Tq, Tk, window, causal, alignment)
+    if lo == -Tq and hi == Tk:  # every pair: no mask
+        return KernelMask(False, False, (0, 0))
+    if lo == -Tq and hi == diagonal_offset(Tq, Tk, alignment):  # j <= i + offset: causal
+        return KernelMask(True, False, (0, 0))
+    return KernelMask(False, True, (lo, hi))
+# --8<-- [end:kernel_mask]
 
 
 # --8<-- [start:kernel_scale]

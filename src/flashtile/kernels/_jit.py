@@ -214,3 +214,96 @@ def first_query_row(k_start, offset):
     """The first query row that sees key k_start (i >= k_start - offset), clamped at row 0."""
     return tl.maximum(k_start - offset, 0)
 # --8<-- [end:tile_counts]
+
+
+# --8<-- [start:band_tiles]
+@triton.jit
+def first_key_tile(q_start, Tk, BLOCK_K: tl.constexpr, lo):
+    """Index of the first key tile a query tile starting at q_start needs under the band lo <= j - i <= hi:
+    ``reference.masks.first_key_tile``, with the same arguments in the same order. Its first row sees keys
+    from q_start + lo on (key 0 when that is negative); past the last key, the number of key tiles, so
+    that the run first_key_tile .. last_key_tile is empty."""
+    first_visible_key = tl.maximum(q_start + lo, 0)  # clamped first: // on a negative int truncates
+    return tl.where(first_visible_key > Tk - 1, tl.cdiv(Tk, BLOCK_K), first_visible_key // BLOCK_K)
+
+
+@triton.jit
+def band_full_key_tiles(q_start, q_end, Tk, BLOCK_K: tl.constexpr, lo, hi, first, end):
+    """(full_first, full_end): the key tiles of the run first .. end - 1 that are FULL for every row of the
+    query tile [q_start, q_end), as ``reference.masks.classify_band_tile`` says, clamped into the run.
+
+    Key tile t is FULL when its lowest diagonal, t * BLOCK_K - (q_end - 1), is >= lo (t >= full_first), its
+    highest, (t + 1) * BLOCK_K - 1 - q_start, is <= hi, and it ends inside the keys (t < full_end). The
+    FULL tiles are one contiguous run inside the visited one; the tiles on either side of it are DIAGONAL.
+    """
+    full_first = tl.cdiv(tl.maximum(q_end - 1 + lo, 0), BLOCK_K)
+    full_end = tl.minimum(tl.maximum(q_start + hi + 1, 0) // BLOCK_K, Tk // BLOCK_K)
+    full_first = tl.minimum(tl.maximum(full_first, first), end)
+    full_end = tl.minimum(tl.maximum(full_end, full_first), end)  # no FULL tile: an empty run at full_first
+    return full_first, full_end
+
+
+@triton.jit
+def band_query_tiles(k_start, Tq, Tk, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, lo, hi):
+    """(first, full_first, full_end, end) in query tiles, for the key tile starting at k_start: the query
+    tiles first .. end - 1 see some key of it (the others are SKIP), full_first .. full_end - 1 see all
+    of it (FULL), and the rest of the run is DIAGONAL. The transpose of ``first_key_tile`` and
+    ``band_full_key_tiles``, for the dK/dV kernel, which owns a key tile and walks query tiles.
+
+    Row i sees a key of [k_start, k_last] when k_start - hi <= i <= k_last - lo; it sees every one when
+    k_last - hi <= i and i <= k_start - lo. A ragged last key tile (keys past Tk) is never FULL.
+    """
+    n = tl.cdiv(Tq, BLOCK_Q)
+    k_last = tl.minimum(k_start + BLOCK_K, Tk) - 1  # the tile's last real key
+    first = tl.minimum(tl.maximum(k_start - hi, 0) // BLOCK_Q, n)
+    end = tl.minimum(tl.cdiv(tl.maximum(k_last - lo + 1, 0), BLOCK_Q), n)
+    end = tl.maximum(end, first)
+    full_first = tl.cdiv(tl.maximum(k_start + BLOCK_K - 1 - hi, 0), BLOCK_Q)
+    full_end = tl.minimum(tl.maximum(k_start - lo + 1, 0) // BLOCK_Q, Tq // BLOCK_Q)
+    full_end = tl.where(k_start + BLOCK_K > Tk, 0, full_end)  # padding keys: masked on every query tile
+    full_first = tl.minimum(tl.maximum(full_first, first), end)
+    full_end = tl.minimum(tl.maximum(full_end, full_first), end)
+    return first, full_first, full_end, end
+
+
+@triton.jit
+def in_band(rows, keys, lo, hi):
+    """Which (row, key) pairs the band keeps, lo <= j - i <= hi: ``reference.masks.band_keeps`` on index
+    tiles already shaped to broadcast (a column of rows against a row of keys, or the transpose)."""
+    return (keys - rows >= lo) & (keys - rows <= hi)
+# --8<-- [end:band_tiles]
+
+
+# --8<-- [start:soft_cap]
+TANH_SERIES_BELOW = tl.constexpr(0.3)  # |y| under this: the odd series, which keeps tanh's relative accuracy
+
+
+@triton.jit
+def tanh(y):
+    """tanh in float32, within a few units in the last place, on the GPU and in the interpreter alike
+    (Triton has no tanh of its own, and the interpreter runs no libdevice).
+
+    For |y| >= 0.3, tanh |y| = (1 - e) / (1 + e) with e = exp(-2 |y|): e lies in (0, 0.55], so 1 - e
+    loses at most a bit or two, and e -> 0 gives 1 at any |y|, infinite included. Below 0.3 that
+    subtraction would cancel (1 - e ~ 2 |y|), so the Taylor series to y^11 takes over: its next
+    term is under 2e-9 of tanh there. NaN stays NaN (it fails the comparison and reaches exp2).
+    """
+    a = tl.abs(y)
+    e = tl.math.exp2(a * -2.8853900817779268)  # exp(-2|y|) = 2^(-2 log2(e) |y|)
+    far = (1.0 - e) / (1.0 + e)
+    a2 = a * a
+    series = -17.0 / 315 + a2 * (62.0 / 2835 + a2 * (-1382.0 / 155925))  # y - y^3/3 + 2y^5/15 - ..., Horner
+    series = a * (1.0 + a2 * (-1.0 / 3 + a2 * (2.0 / 15 + a2 * series)))
+    t = tl.where(a < TANH_SERIES_BELOW, series, far)
+    return tl.where(y < 0, -t, t)
+
+
+@triton.jit
+def soft_cap(u, unit, softcap):
+    """(s, t) for raw dots u: s = softcap * tanh(x / softcap) of the scaled scores x = unit * u (natural
+    units: ``reference.forward.softcap_scores``), and t = tanh(x / softcap), whose 1 - t^2 the backward
+    multiplies dS by. The kernels then run the softmax on s with qk_scale = log2(e): m and l are in
+    natural units, and the cap is applied in the units the reference applies it in."""
+    t = tanh(u * unit / softcap)
+    return softcap * t, t
+# --8<-- [end:soft_cap]

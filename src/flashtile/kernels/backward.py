@@ -33,15 +33,19 @@ from .._checks import (
     check_flag,
     check_like,
     check_lse,
+    check_softcap,
     check_tensor,
+    check_window,
     resolve_scale,
 )
 from .._env import is_interpreting, sm_count
 from .._layouts import contiguous_strides, empty_like_layout, strides_like
 from .._plans import cached_plan
 from ..reference.causal import diagonal_offset
+from ..reference.masks import window_visible_pairs
 from ._host import (
     KERNEL_DTYPES,
+    LOG2E,
     KernelLaunch,
     check_kernel_device,
     check_launch,
@@ -50,12 +54,25 @@ from ._host import (
     head_batch_grid,
     head_dim_pad,
     heaviest_first_chunk,
+    kernel_mask,
     kernel_scale,
     resident_programs,
     tile_descriptor,
     use_tma,
 )
-from ._jit import apply_sign, first_query_row, full_key_tiles, last_key_tile, program_tile, store_tile
+from ._jit import (
+    apply_sign,
+    band_full_key_tiles,
+    band_query_tiles,
+    first_key_tile,
+    first_query_row,
+    full_key_tiles,
+    in_band,
+    last_key_tile,
+    program_tile,
+    soft_cap,
+    store_tile,
+)
 from .backward_preprocess import backward_preprocess, load_stats, preprocess_launch, row_terms, store_row_terms
 
 
@@ -77,14 +94,16 @@ def load_row_terms(M, LOG2_L, DELTA, rows, Tq, MASKED: tl.constexpr):
 
 
 @triton.jit
-def visible(rows, keys, Tq, Tk, offset, CAUSAL: tl.constexpr):
+def visible(rows, keys, Tq, Tk, offset, band_lo, band_hi, CAUSAL: tl.constexpr, BAND: tl.constexpr):
     """Which (row, key) pairs contribute: rows inside [0, Tq), keys inside [0, Tk) and, if causal,
-    j <= i + offset. ``rows`` and ``keys`` come already shaped for the tile: (1, BLOCK_Q) against
-    (BLOCK_K, 1) in the dK/dV kernel, which works on transposed tiles, (BLOCK_Q, 1) against
-    (1, BLOCK_K) in the dQ kernel. Padding rows load q = 0, and 0 * inf is NaN: they must give P = 0
-    explicitly."""
+    j <= i + offset; with BAND (a window), band_lo <= j - i <= band_hi instead. ``rows`` and ``keys``
+    come already shaped for the tile: (1, BLOCK_Q) against (BLOCK_K, 1) in the dK/dV kernel, which works
+    on transposed tiles, (BLOCK_Q, 1) against (1, BLOCK_K) in the dQ kernel. Padding rows load q = 0,
+    and 0 * inf is NaN: they must give P = 0 explicitly."""
     ok = (rows < Tq) & (keys < Tk)
-    if CAUSAL:
+    if BAND:
+        ok = ok & in_band(rows, keys, band_lo, band_hi)
+    elif CAUSAL:
         ok = ok & (keys <= rows + offset)
     return ok
 
@@ -137,9 +156,10 @@ def load_masked(ptrs, row_ok, col_ok, MASK_ROWS: tl.constexpr, MASK_COLS: tl.con
 def dkdv_query_tiles(
     dk, dv, k, v, Q, DO, M, L, DELTA, DQ_ACC, q_offsets, do_offsets, acc_offsets, rows0, cols, keys,
     stride_qt, stride_dot, first, end, jump_at, jump_by, Tq, Tk, offset, scale, qk_scale, b, h,
+    band_lo, band_hi, unit, softcap,
     BLOCK_Q: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, MASKED: tl.constexpr,
     CAUSAL: tl.constexpr, SIGN: tl.constexpr, DOT_PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr,
-    INTERPRETED: tl.constexpr, USE_TMA: tl.constexpr,
+    INTERPRETED: tl.constexpr, USE_TMA: tl.constexpr, BAND: tl.constexpr = False, SOFTCAP: tl.constexpr = False,
 ):  # fmt: skip
     """Fold query tiles t = first .. end - 1 of one head into (dk, dv), on transposed tiles; a t from
     jump_at on stands for tile t + jump_by, so one loop can walk two separate runs of tiles.
@@ -153,6 +173,9 @@ def dkdv_query_tiles(
     With USE_TMA, Q and DO are tensor descriptors of the whole (B, H, Tq, D) tensors and the copy engine
     fetches each (BLOCK_Q, HEAD_DIM_PAD) tile by its coordinates (b, h, q_start, 0), with zeros past Tq
     and HEAD_DIM: no tile of pointers is computed or kept in registers, and no load needs a mask.
+
+    BAND masks with the window's band instead of the causal bound (``visible``); SOFTCAP rebuilds P from
+    the capped scores, as the forward did, and multiplies dS by the cap's derivative 1 - tanh^2.
     """
     for t in range(first, end):
         q_index = tl.where(t < jump_at, t, t + jump_by)
@@ -176,13 +199,17 @@ def dkdv_query_tiles(
         uT = tl.dot(lhs, rhs, input_precision=DOT_PRECISION)
         if INTERPRETED:
             uT = tl.trans(uT)
+        if SOFTCAP:  # the forward's capped scores, natural units (qk_scale = log2 e)
+            uT, tT = soft_cap(uT, unit, softcap)
         pT = p_from_raw_dots(uT, m[None, :], log2_l[None, :], qk_scale)  # never stored
         if MASKED:
-            keep = visible(rows[None, :], keys[:, None], Tq, Tk, offset, CAUSAL)
+            keep = visible(rows[None, :], keys[:, None], Tq, Tk, offset, band_lo, band_hi, CAUSAL, BAND)
             pT = tl.where(keep, pT, 0.0)
         dv += tl.dot(pT.to(do.dtype), do, input_precision=DOT_PRECISION)
         dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)  # trans of a loaded tile: a view
         dsT = pT * (dpT - delta[None, :])
+        if SOFTCAP:  # through the cap: d s / d x = 1 - tanh^2(x / softcap)
+            dsT = dsT * (1.0 - tT * tT)
         if MASKED:
             dsT = tl.where(keep, dsT, 0.0)  # a hidden pair: 0, even if its row is NaN
         dk += tl.dot(dsT.to(qT.dtype), tl.trans(qT), input_precision=DOT_PRECISION)
@@ -205,11 +232,11 @@ def backward_dkdv_kernel(
     stride_dob, stride_doh, stride_dot, stride_dod,
     stride_dkb, stride_dkh, stride_dkt, stride_dkd,
     stride_dvb, stride_dvh, stride_dvt, stride_dvd,
-    H, H_kv, Tq, Tk, n_rows, unit, scale, qk_scale, offset, chunk,
+    H, H_kv, Tq, Tk, n_rows, unit, scale, qk_scale, offset, chunk, band_lo, band_hi, softcap,
     CAUSAL: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr, SIGN: tl.constexpr, DOT_PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr,
     WIDE: tl.constexpr, INTERPRETED: tl.constexpr, USE_TMA: tl.constexpr,
-    SPLIT: tl.constexpr, HEAVIEST_FIRST: tl.constexpr,
+    SPLIT: tl.constexpr, HEAVIEST_FIRST: tl.constexpr, BAND: tl.constexpr, SOFTCAP: tl.constexpr,
 ):  # fmt: skip
     """One program per (key tile, kv head, batch): dk, dv for that tile, summed over the group's heads.
     ROWS is (3, B, H, Tq) float32, planes n_rows = B * H * Tq apart: delta, m, log2 l of every query row,
@@ -251,11 +278,14 @@ def backward_dkdv_kernel(
     n = tl.cdiv(Tq, BLOCK_Q)
     lo = 0
     mid = 0
-    if CAUSAL:  # from the tile of the first query that sees key k_start (step 8) to the first that sees them all
-        lo = tl.minimum(first_query_row(k_start, offset) // BLOCK_Q, n)
-        mid = tl.minimum(tl.cdiv(first_query_row(k_start + BLOCK_K - 1, offset), BLOCK_Q), n)
-    mid = tl.where(k_start + BLOCK_K > Tk, n, mid)  # a ragged key tile masks its padding keys everywhere
-    hi = tl.maximum(mid, Tq // BLOCK_Q)
+    if BAND:  # a window: [lo, n) are the query tiles its band reaches, [mid, hi) the FULL ones among them
+        lo, mid, hi, n = band_query_tiles(k_start, Tq, Tk, BLOCK_Q, BLOCK_K, band_lo, band_hi)
+    else:
+        if CAUSAL:  # from the tile of the first query that sees key k_start (step 8) to the first that sees them all
+            lo = tl.minimum(first_query_row(k_start, offset) // BLOCK_Q, n)
+            mid = tl.minimum(tl.cdiv(first_query_row(k_start + BLOCK_K - 1, offset), BLOCK_Q), n)
+        mid = tl.where(k_start + BLOCK_K > Tk, n, mid)  # a ragged key tile masks its padding keys everywhere
+        hi = tl.maximum(mid, Tq // BLOCK_Q)
     for r in range(first_head, first_head + group // SPLIT):  # in a fixed order: no atomics
         h = h_kv * group + r
         if USE_TMA:  # descriptors: tiles are addressed by coordinates inside dkdv_query_tiles
@@ -269,14 +299,14 @@ def backward_dkdv_kernel(
         dk, dv = dkdv_query_tiles(  # the interior, unmasked
             dk, dv, k_tile, v_tile, q_ptr, do_ptr, m_ptr, l_ptr, delta_ptr, acc_ptr, q_offsets, do_offsets,
             acc_offsets, rows0, cols, keys, stride_qt, stride_dot, mid, hi, hi, 0, Tq, Tk, offset,
-            scale, qk_scale, b.to(tl.int32), h.to(tl.int32), BLOCK_Q, HEAD_DIM, HEAD_DIM_PAD,
-            False, CAUSAL, SIGN, DOT_PRECISION, ATOMIC_DQ, INTERPRETED, USE_TMA,
+            scale, qk_scale, b.to(tl.int32), h.to(tl.int32), band_lo, band_hi, unit, softcap, BLOCK_Q, HEAD_DIM,
+            HEAD_DIM_PAD, False, CAUSAL, SIGN, DOT_PRECISION, ATOMIC_DQ, INTERPRETED, USE_TMA, BAND, SOFTCAP,
         )  # fmt: skip
         dk, dv = dkdv_query_tiles(  # one masked loop: the band [lo, mid), then the tail [hi, n)
             dk, dv, k_tile, v_tile, q_ptr, do_ptr, m_ptr, l_ptr, delta_ptr, acc_ptr, q_offsets, do_offsets,
             acc_offsets, rows0, cols, keys, stride_qt, stride_dot, lo, mid + n - hi, mid, hi - mid, Tq, Tk, offset,
-            scale, qk_scale, b.to(tl.int32), h.to(tl.int32), BLOCK_Q, HEAD_DIM, HEAD_DIM_PAD, True, CAUSAL,
-            SIGN, DOT_PRECISION, ATOMIC_DQ, INTERPRETED, USE_TMA,
+            scale, qk_scale, b.to(tl.int32), h.to(tl.int32), band_lo, band_hi, unit, softcap, BLOCK_Q, HEAD_DIM,
+            HEAD_DIM_PAD, True, CAUSAL, SIGN, DOT_PRECISION, ATOMIC_DQ, INTERPRETED, USE_TMA, BAND, SOFTCAP,
         )  # fmt: skip
     dk = dk * unit  # S = τ Q K^T = unit (sign Q) K^T, so dK = unit * dS^T (sign Q)
     store_tile(DK + b * stride_dkb + plane * stride_dkh, stride_dkt, stride_dkd, keys, cols, Tk, HEAD_DIM, dk)
@@ -288,9 +318,10 @@ def backward_dkdv_kernel(
 @triton.jit
 def dq_key_tiles(
     dq, q, do, m, log2_l, delta, K, V, kT_offsets, vT_offsets, rows, keys0, cols,
-    stride_kt, stride_vt, first, end, Tq, Tk, offset, qk_scale, b, h_kv,
+    stride_kt, stride_vt, first, end, Tq, Tk, offset, qk_scale, b, h_kv, band_lo, band_hi, unit, softcap,
     BLOCK_K: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, MASKED: tl.constexpr,
-    CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
+    CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr, BAND: tl.constexpr = False,
+    SOFTCAP: tl.constexpr = False,
 ):  # fmt: skip
     """Fold key tiles first .. end - 1 into dq. K and V arrive as kT, vT, (HEAD_DIM_PAD, BLOCK_K) loads
     through transposed pointers, so S = Q K^T and dP = dO V^T are plain products; dQ = dS K reads kT as a
@@ -308,12 +339,16 @@ def dq_key_tiles(
             vT = load_masked(V + k_start.to(tl.int64) * stride_vt + vT_offsets, keys[None, :] < Tk,
                              cols[:, None] < HEAD_DIM, MASKED, HEAD_DIM != HEAD_DIM_PAD)  # fmt: skip
         u = tl.dot(q, kT, input_precision=DOT_PRECISION)
+        if SOFTCAP:
+            u, t = soft_cap(u, unit, softcap)
         p = p_from_raw_dots(u, m[:, None], log2_l[:, None], qk_scale)
         if MASKED:
-            keep = visible(rows[:, None], keys[None, :], Tq, Tk, offset, CAUSAL)
+            keep = visible(rows[:, None], keys[None, :], Tq, Tk, offset, band_lo, band_hi, CAUSAL, BAND)
             p = tl.where(keep, p, 0.0)
         dp = tl.dot(do, vT, input_precision=DOT_PRECISION)
         ds = p * (dp - delta[:, None])
+        if SOFTCAP:
+            ds = ds * (1.0 - t * t)
         if MASKED:
             ds = tl.where(keep, ds, 0.0)
         dq += tl.dot(ds.to(kT.dtype), tl.trans(kT), input_precision=DOT_PRECISION)
@@ -329,10 +364,10 @@ def backward_dq_kernel(
     stride_dob, stride_doh, stride_dot, stride_dod,
     stride_ob, stride_oh, stride_ot, stride_od,
     stride_dqb, stride_dqh, stride_dqt, stride_dqd,
-    H, H_kv, Tq, Tk, n_rows, scale, qk_scale, offset, chunk,
+    H, H_kv, Tq, Tk, n_rows, scale, qk_scale, offset, chunk, band_lo, band_hi, unit, softcap,
     CAUSAL: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr, SIGN: tl.constexpr, DOT_PRECISION: tl.constexpr, WIDE: tl.constexpr,
-    USE_TMA: tl.constexpr, HEAVIEST_FIRST: tl.constexpr,
+    USE_TMA: tl.constexpr, HEAVIEST_FIRST: tl.constexpr, BAND: tl.constexpr, SOFTCAP: tl.constexpr,
 ):  # fmt: skip
     """One program per (query tile, head, batch): dq for that tile, a sum over its key tiles.
 
@@ -366,12 +401,18 @@ def backward_dq_kernel(
     store_row_terms(ROWS, row_base, rows, Tq, n_rows, delta, m, log2_l)  # for the dK/dV kernel, which runs next
     # --8<-- [end:dq_row_terms]
     dq = tl.zeros((BLOCK_Q, HEAD_DIM_PAD), dtype=tl.float32)
-    if CAUSAL:  # key tiles [0, n_full) are visible from every row, [n_full, n) cross the diagonal (step 9)
-        n_full = full_key_tiles(q_start, Tk, BLOCK_K, offset)
-        n = last_key_tile(tl.minimum(q_start + BLOCK_Q, Tq), Tk, BLOCK_K, offset)
-    else:  # every key tile but a ragged last one
-        n_full = Tk // BLOCK_K
-        n = tl.cdiv(Tk, BLOCK_K)
+    if BAND:  # a window: the run of key tiles its band reaches, the FULL ones in its middle without a mask
+        q_end = tl.minimum(q_start + BLOCK_Q, Tq)
+        first = first_key_tile(q_start, Tk, BLOCK_K, band_lo)
+        n = tl.maximum(last_key_tile(q_end, Tk, BLOCK_K, band_hi), first)
+        full_first, full_end = band_full_key_tiles(q_start, q_end, Tk, BLOCK_K, band_lo, band_hi, first, n)
+    else:
+        if CAUSAL:  # key tiles [0, n_full) are visible from every row, [n_full, n) cross the diagonal (step 9)
+            n_full = full_key_tiles(q_start, Tk, BLOCK_K, offset)
+            n = last_key_tile(tl.minimum(q_start + BLOCK_Q, Tq), Tk, BLOCK_K, offset)
+        else:  # every key tile but a ragged last one
+            n_full = Tk // BLOCK_K
+            n = tl.cdiv(Tk, BLOCK_K)
     if USE_TMA:  # descriptors: tiles are addressed by coordinates inside dq_key_tiles
         k_ptr, v_ptr = K, V
     else:
@@ -379,16 +420,38 @@ def backward_dq_kernel(
         v_ptr = V + b * stride_vb + h_kv * stride_vh
     kT_offsets = tile_offsets(keys0[None, :], cols[:, None], stride_kt, stride_kd, WIDE)  # (HEAD_DIM_PAD, BLOCK_K)
     vT_offsets = tile_offsets(keys0[None, :], cols[:, None], stride_vt, stride_vd, WIDE)
-    dq = dq_key_tiles(  # the full tiles first, then the diagonal band and a ragged last tile, masked
-        dq, q_tile, do_tile, m, log2_l, delta, k_ptr, v_ptr, kT_offsets, vT_offsets, rows, keys0, cols,
-        stride_kt, stride_vt, 0, n_full, Tq, Tk, offset, qk_scale, b.to(tl.int32), h_kv.to(tl.int32),
-        BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, False, CAUSAL, DOT_PRECISION, USE_TMA,
-    )  # fmt: skip
-    dq = dq_key_tiles(
-        dq, q_tile, do_tile, m, log2_l, delta, k_ptr, v_ptr, kT_offsets, vT_offsets, rows, keys0, cols,
-        stride_kt, stride_vt, n_full, n, Tq, Tk, offset, qk_scale, b.to(tl.int32), h_kv.to(tl.int32),
-        BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, True, CAUSAL, DOT_PRECISION, USE_TMA,
-    )  # fmt: skip
+    if BAND:
+        dq = dq_key_tiles(  # the band's left edge
+            dq, q_tile, do_tile, m, log2_l, delta, k_ptr, v_ptr, kT_offsets, vT_offsets, rows, keys0, cols,
+            stride_kt, stride_vt, first, full_first, Tq, Tk, offset, qk_scale, b.to(tl.int32), h_kv.to(tl.int32),
+            band_lo, band_hi, unit, softcap, BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, True, False, DOT_PRECISION, USE_TMA,
+            True, SOFTCAP,
+        )  # fmt: skip
+        dq = dq_key_tiles(  # FULL
+            dq, q_tile, do_tile, m, log2_l, delta, k_ptr, v_ptr, kT_offsets, vT_offsets, rows, keys0, cols,
+            stride_kt, stride_vt, full_first, full_end, Tq, Tk, offset, qk_scale, b.to(tl.int32), h_kv.to(tl.int32),
+            band_lo, band_hi, unit, softcap, BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, False, False, DOT_PRECISION, USE_TMA,
+            True, SOFTCAP,
+        )  # fmt: skip
+        dq = dq_key_tiles(  # the right edge, and a ragged last key tile
+            dq, q_tile, do_tile, m, log2_l, delta, k_ptr, v_ptr, kT_offsets, vT_offsets, rows, keys0, cols,
+            stride_kt, stride_vt, full_end, n, Tq, Tk, offset, qk_scale, b.to(tl.int32), h_kv.to(tl.int32),
+            band_lo, band_hi, unit, softcap, BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, True, False, DOT_PRECISION, USE_TMA,
+            True, SOFTCAP,
+        )  # fmt: skip
+    else:
+        dq = dq_key_tiles(  # the full tiles first, then the diagonal band and a ragged last tile, masked
+            dq, q_tile, do_tile, m, log2_l, delta, k_ptr, v_ptr, kT_offsets, vT_offsets, rows, keys0, cols,
+            stride_kt, stride_vt, 0, n_full, Tq, Tk, offset, qk_scale, b.to(tl.int32), h_kv.to(tl.int32),
+            band_lo, band_hi, unit, softcap, BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, False, CAUSAL, DOT_PRECISION, USE_TMA,
+            False, SOFTCAP,
+        )  # fmt: skip
+        dq = dq_key_tiles(
+            dq, q_tile, do_tile, m, log2_l, delta, k_ptr, v_ptr, kT_offsets, vT_offsets, rows, keys0, cols,
+            stride_kt, stride_vt, n_full, n, Tq, Tk, offset, qk_scale, b.to(tl.int32), h_kv.to(tl.int32),
+            band_lo, band_hi, unit, softcap, BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, True, CAUSAL, DOT_PRECISION, USE_TMA,
+            False, SOFTCAP,
+        )  # fmt: skip
     dq = dq * scale  # dQ = τ dS K, with the signed τ
     store_tile(DQ + b * stride_dqb + h * stride_dqh, stride_dqt, stride_dqd, rows, cols, Tq, HEAD_DIM, dq)
 # --8<-- [end:dq]
@@ -521,12 +584,13 @@ def check_config(config) -> dict:
     return checked
 
 
-def stats_from_lse(lse: torch.Tensor, scale: float) -> torch.Tensor:
-    """(m, l) for the kernels from a natural-log lse alone: m = lse / |τ| in raw-dot units, l = 1.
+def stats_from_lse(lse: torch.Tensor, scale: float, softcap: float | None = None) -> torch.Tensor:
+    """(m, l) for the kernels from a natural-log lse alone: m = lse / |τ| in raw-dot units, l = 1; with a
+    softcap, whose scores the kernels keep in natural units (``_jit.soft_cap``), m = lse.
 
     exp2((u - m) * qk_scale) is then exp(S - lse). A row with lse = -inf becomes (m, l) = (-inf, 0).
     """
-    m = lse.float() / kernel_scale(scale).unit
+    m = lse.float() if softcap is not None else lse.float() / kernel_scale(scale).unit
     l = torch.where(torch.isneginf(lse), 0.0, 1.0).to(torch.float32)
     return torch.stack([m, l])
 
@@ -543,6 +607,7 @@ class BackwardPlan(NamedTuple):
     """The launches of one backward call, worked out once per layout (see ``_plans.cached_plan``)."""
 
     scale: float
+    softcap: float | None  # with a cap, the kernels' scores, and so m, are in natural units
     pad: int
     deterministic: bool
     preprocess: KernelLaunch | None  # the atomic mode's row terms (the deterministic mode's dQ kernel stores them)
@@ -556,7 +621,7 @@ class BackwardPlan(NamedTuple):
 
 
 def make_backward_plan(q, k, v, o, lse, do, stats, causal, scale, alignment, block_q, block_k, config,
-                       deterministic, tma=None) -> BackwardPlan:  # fmt: skip
+                       deterministic, tma=None, window=None, softcap=None) -> BackwardPlan:  # fmt: skip
     """Check one backward call's arguments and derive its launches; raises on anything the kernels cannot take."""
     shape = check_attention_inputs(q, k, v, dtypes=KERNEL_DTYPES)
     check_like("o", o, "q", q)
@@ -564,6 +629,9 @@ def make_backward_plan(q, k, v, o, lse, do, stats, causal, scale, alignment, blo
     check_lse(lse, shape, q)
     check_causal(causal)
     offset = diagonal_offset(shape.Tq, shape.Tk, check_alignment(alignment))
+    mask = kernel_mask(shape.Tq, shape.Tk, causal, alignment, window)
+    softcap = check_softcap(softcap, q.dtype)
+    causal = mask.causal  # a window that is plain causal (or no mask) runs as such
     scale = resolve_scale(scale, shape.D, q.dtype)
     check_kernel_device("q", q)
     block_q = None if block_q is None else check_tile_size("block_q", block_q)
@@ -571,6 +639,8 @@ def make_backward_plan(q, k, v, o, lse, do, stats, causal, scale, alignment, blo
     deterministic = check_flag("deterministic", deterministic)
     if config is None:
         work = shape.B * shape.H * shape.Tq * shape.Tk * shape.D * (0.5 if causal else 1.0)
+        if mask.banded:  # the pairs the window keeps
+            work = shape.B * shape.H * shape.D * window_visible_pairs(shape.Tq, shape.Tk, window, False, alignment)
         config = backward_config(shape.D, q.dtype, max(shape.Tq, shape.Tk), atomic_dq=not deterministic, work=work)
     else:  # a caller's config loads through pointers unless tma says otherwise
         config = dict(check_config(config), tma=False)
@@ -581,10 +651,13 @@ def make_backward_plan(q, k, v, o, lse, do, stats, causal, scale, alignment, blo
             raise ValueError(f"stats must be (2, B, H, Tq) = {(2, *lse.shape)} on {q.device}, got "
                              f"{tuple(stats.shape)}")  # fmt: skip
     units = kernel_scale(scale)
+    qk_scale = units.qk_scale if softcap is None else LOG2E  # capped scores are in natural units (soft_cap)
+    cap = (*mask.band, 1.0 if softcap is None else softcap)  # band_lo, band_hi, softcap
     pad = head_dim_pad(shape.D)
     tiles = config["dkdv"][:2] + config["dq"][:2] + (block_q or 0, block_k or 0)
     common = dict(CAUSAL=causal, HEAD_DIM=shape.D, HEAD_DIM_PAD=pad, SIGN=units.sign,
                   DOT_PRECISION=dot_precision(q.dtype), WIDE=wide_offsets(max(tiles), pad, q, k, v, do, o))
+    masks = dict(BAND=mask.banded, SOFTCAP=softcap is not None)
     dkdv_q, dkdv_k, dkdv_warps, dkdv_stages = config["dkdv"]
     dkdv_q, dkdv_k = block_q or dkdv_q, block_k or dkdv_k
     n_key_tiles = -(-shape.Tk // dkdv_k)
@@ -611,6 +684,7 @@ def make_backward_plan(q, k, v, o, lse, do, stats, causal, scale, alignment, blo
                                     shape.group)  # fmt: skip
     return BackwardPlan(
         scale=scale,
+        softcap=softcap,
         pad=pad,
         deterministic=deterministic,
         preprocess=None if deterministic else preprocess_launch(o, do, block_q or config["dq"][0]),
@@ -618,10 +692,10 @@ def make_backward_plan(q, k, v, o, lse, do, stats, causal, scale, alignment, blo
             backward_dkdv_kernel,
             grid=head_batch_grid(n_key_tiles, shape.H_kv * kv_split, shape.B),
             scalars=(*q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk_dv_strides, *sizes, n_rows,
-                     units.unit, scale, units.qk_scale, offset, max(dkdv_chunk, 1)),  # fmt: skip
+                     units.unit, scale, qk_scale, offset, max(dkdv_chunk, 1), *cap),  # fmt: skip
             constexprs=dict(BLOCK_Q=dkdv_q, BLOCK_K=dkdv_k, **common, ATOMIC_DQ=not deterministic, SPLIT=kv_split,
                             INTERPRETED=q.device.type == "cpu", USE_TMA=tma_dkdv is not None,
-                            HEAVIEST_FIRST=dkdv_chunk > 0),  # fmt: skip
+                            HEAVIEST_FIRST=dkdv_chunk > 0, **masks),  # fmt: skip
             num_warps=dkdv_warps,
             num_stages=dkdv_stages,
         ),
@@ -629,9 +703,9 @@ def make_backward_plan(q, k, v, o, lse, do, stats, causal, scale, alignment, blo
             backward_dq_kernel,
             grid=head_batch_grid(n_query_tiles, shape.H, shape.B),
             scalars=(*q.stride(), *k.stride(), *v.stride(), *do.stride(), *o.stride(), *grad_strides[0], *sizes,
-                     n_rows, scale, units.qk_scale, offset, max(dq_chunk, 1)),  # fmt: skip
+                     n_rows, scale, qk_scale, offset, max(dq_chunk, 1), *mask.band, units.unit, cap[2]),  # fmt: skip
             constexprs=dict(BLOCK_Q=dq_q, BLOCK_K=dq_k, **common, USE_TMA=tma_dq is not None,
-                            HEAVIEST_FIRST=dq_chunk > 0),
+                            HEAVIEST_FIRST=dq_chunk > 0, **masks),
             num_warps=dq_warps,
             num_stages=dq_stages,
         ),
@@ -646,7 +720,7 @@ def make_backward_plan(q, k, v, o, lse, do, stats, causal, scale, alignment, blo
 # --8<-- [start:launcher]
 def flash_attention_backward(
     q, k, v, o, lse, do, causal=False, scale=None, block_q=None, block_k=None, alignment="upper_left", *,
-    stats=None, config=None, deterministic=True, tma=None,
+    stats=None, config=None, deterministic=True, tma=None, window=None, softcap=None,
 ):
     """Gradients of attention from the forward's o and lse, with two Triton launches.
 
@@ -669,6 +743,9 @@ def flash_attention_backward(
             ``_host.use_tma``); False loads through pointers; None (the default) takes
             ``backward_config``'s choice: TMA where possible from 1k tokens on, measured faster there
             on the H200. Either way the results are bitwise the same.
+        window, softcap: as in the forward, and the same values: the dK/dV programs visit only the query
+            tiles whose band reaches their key tile, the dQ programs only the key tiles in range, and dS
+            is multiplied by the cap's derivative 1 - tanh^2.
 
     Returns:
         dq like q; dk like k, dv like v: each laid out like its input in memory where that input is dense
@@ -676,9 +753,11 @@ def flash_attention_backward(
         of the same layout, which autograd then keeps without a copy), contiguous otherwise; accumulated
         in float32 and cast to the input dtype.
     """
+    if window is not None:  # checked before it keys the plans: (True, 0) and (1, 0) hash alike
+        window = check_window(window)
     plan = cached_plan(make_backward_plan, (q, k, v, o, lse, do, stats), causal, scale, alignment, block_q, block_k,
-                       config, deterministic, tma)  # fmt: skip
-    stats = stats_from_lse(lse, plan.scale) if stats is None else stats
+                       config, deterministic, tma, window, softcap)  # fmt: skip
+    stats = stats_from_lse(lse, plan.scale, plan.softcap) if stats is None else stats
     if not stats.is_contiguous():  # contiguous() is a dispatched call even when it returns stats itself
         stats = stats.contiguous()
     if plan.deterministic:  # dQ first: its kernel also stores every row's (delta, m, log2 l) for the dK/dV kernel

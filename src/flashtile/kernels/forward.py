@@ -33,12 +33,21 @@ import torch
 import triton
 import triton.language as tl
 
-from .._checks import check_alignment, check_attention_inputs, check_causal, check_flag, resolve_scale
+from .._checks import (
+    check_alignment,
+    check_attention_inputs,
+    check_causal,
+    check_flag,
+    check_softcap,
+    check_window,
+    resolve_scale,
+)
 from .._layouts import strides_like
 from .._plans import cached_plan
 from ..reference.causal import diagonal_offset
 from ._host import (
     KERNEL_DTYPES,
+    LOG2E,
     KernelLaunch,
     check_kernel_device,
     check_launch,
@@ -47,6 +56,7 @@ from ._host import (
     head_batch_grid,
     head_dim_pad,
     heaviest_first_chunk,
+    kernel_mask,
     kernel_scale,
     resident_programs,
     tile_descriptor,
@@ -55,13 +65,17 @@ from ._host import (
 from ._jit import (
     SHIFT_LIMIT,
     apply_sign,
+    band_full_key_tiles,
     delta_of_shift,
+    first_key_tile,
     full_key_tiles,
     fused_softmax_step,
+    in_band,
     last_key_tile,
     online_softmax_step,
     program_offset,
     program_tile,
+    soft_cap,
 )
 
 LN2 = tl.constexpr(math.log(2.0))  # a constexpr global, so the jit function may read it
@@ -72,10 +86,10 @@ LN2 = tl.constexpr(math.log(2.0))  # a constexpr global, so the jit function may
 def _attend_key_tiles(
     acc, l, m, shift, largest, q,
     K, V, b, h_kv, stride_kt, stride_kd, stride_vt, stride_vd,
-    i, d, first_k_index, end_k_index, Tk, offset, qk_scale,
+    i, d, first_k_index, end_k_index, Tk, offset, qk_scale, band_lo, band_hi, unit, softcap,
     BLOCK_K: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    FUSED: tl.constexpr, INTERPRETED: tl.constexpr,
+    FUSED: tl.constexpr, INTERPRETED: tl.constexpr, BAND: tl.constexpr = False, SOFTCAP: tl.constexpr = False,
 ):
     """Fold key tiles first_k_index .. end_k_index - 1 into (acc, l, m); i holds the query rows.
 
@@ -87,6 +101,10 @@ def _attend_key_tiles(
     tensor descriptors and the copy engine fetches each tile (zeros past Tk and D, no address
     arithmetic in the loop); otherwise they point at this (batch, KV head) and the tile's addresses
     are one 64-bit add away from offsets computed once, before the loop.
+
+    BAND masks with the window's band band_lo <= j - i <= band_hi (``reference.masks``) instead of the
+    causal bound; SOFTCAP replaces the raw dots by the capped scores in natural units (``soft_cap``),
+    before the mask, and the caller passes qk_scale = log2(e). Both are compiled out when off.
     """
     j0 = tl.arange(0, BLOCK_K)
     k_offsets = d[:, None].to(tl.int64) * stride_kd + j0[None, :].to(tl.int64) * stride_kt  # K^T tile
@@ -108,8 +126,13 @@ def _attend_key_tiles(
             k = tl.load(K + k_start.to(tl.int64) * stride_kt + k_offsets)  # (HEAD_DIM_PAD, BLOCK_K)
             v = tl.load(V + k_start.to(tl.int64) * stride_vt + v_offsets)  # (BLOCK_K, HEAD_DIM_PAD)
         u = tl.dot(q, k, input_precision=DOT_PRECISION)  # (BLOCK_Q, BLOCK_K) fp32 raw dots; S = unit * u
+        if SOFTCAP:  # the cap acts on the scaled score, before the mask: u becomes s = c tanh(unit u / c)
+            u, _t = soft_cap(u, unit, softcap)
         # --8<-- [start:row_bound]
-        if MASKED:  # padded keys, and keys past the diagonal, must score -inf, not 0
+        if MASKED and BAND:  # both edges of the band, and the end of the keys, one pair at a time
+            keep = in_band(i[:, None], j[None, :], band_lo, band_hi) & (j[None, :] < Tk)
+            u = tl.where(keep, u, float("-inf"))
+        elif MASKED:  # padded keys, and keys past the diagonal, must score -inf, not 0
             # Key j is visible from row i when j < Tk and (causal) j <= i + offset: one bound per row on the
             # tile's own column 0..BLOCK_K-1, so that each score costs one compare against a row value
             last = Tk - 1 - k_start  # the last column inside the keys
@@ -135,11 +158,11 @@ def _forward_kernel(
     stride_kb, stride_kh, stride_kt, stride_kd,
     stride_vb, stride_vh, stride_vt, stride_vd,
     stride_ob, stride_oh, stride_ot, stride_od,
-    H, group, Tq, Tk, offset, qk_scale, n_rows, chunk,
+    H, group, Tq, Tk, offset, qk_scale, n_rows, chunk, band_lo, band_hi, unit, softcap,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr, SIGN: tl.constexpr,
     USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr, INTERPRETED: tl.constexpr,
-    HEAVIEST_FIRST: tl.constexpr, MASKED_TILES: tl.constexpr,
+    HEAVIEST_FIRST: tl.constexpr, MASKED_TILES: tl.constexpr, BAND: tl.constexpr, SOFTCAP: tl.constexpr,
 ):
     # --8<-- [start:program]
     # under causal, the longest query tiles (most key tiles) launch first, so the short ones fill the tail
@@ -175,25 +198,50 @@ def _forward_kernel(
     # --8<-- [end:state]
 
     # --8<-- [start:loops]
-    if CAUSAL:
-        n_full_tiles = full_key_tiles(q_start, Tk, BLOCK_K, offset)
-        n_key_tiles = last_key_tile(q_end, Tk, BLOCK_K, offset)  # tiles past it are never loaded
+    first_k_index = 0
+    if BAND:  # a window: the run first .. last of key tiles; the FULL ones in its middle, unmasked
+        first_k_index = first_key_tile(q_start, Tk, BLOCK_K, band_lo)  # tiles before it are never loaded
+        n_key_tiles = tl.maximum(last_key_tile(q_end, Tk, BLOCK_K, band_hi), first_k_index)  # nor after it
+        full_first, full_end = band_full_key_tiles(q_start, q_end, Tk, BLOCK_K, band_lo, band_hi, first_k_index,
+                                                   n_key_tiles)  # fmt: skip
+        acc, l, m, shift, largest = _attend_key_tiles(  # the band's left edge crosses these
+            acc, l, m, shift, largest, q, k_base, v_base, b, h_kv, stride_kt, stride_kd, stride_vt, stride_vd,
+            i, d, first_k_index, full_first, Tk, offset, qk_scale, band_lo, band_hi, unit, softcap,
+            BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, MASKED=True, CAUSAL=False, USE_TMA=USE_TMA, DOT_PRECISION=DOT_PRECISION,
+            FUSED=True, INTERPRETED=INTERPRETED, BAND=True, SOFTCAP=SOFTCAP,
+        )
+        acc, l, m, shift, largest = _attend_key_tiles(  # FULL: no mask
+            acc, l, m, shift, largest, q, k_base, v_base, b, h_kv, stride_kt, stride_kd, stride_vt, stride_vd,
+            i, d, full_first, full_end, Tk, offset, qk_scale, band_lo, band_hi, unit, softcap,
+            BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, MASKED=False, CAUSAL=False, USE_TMA=USE_TMA,
+            DOT_PRECISION=DOT_PRECISION, FUSED=True, INTERPRETED=INTERPRETED, BAND=True, SOFTCAP=SOFTCAP,
+        )
+        acc, l, m, shift, largest = _attend_key_tiles(  # the right edge, and a ragged last key tile
+            acc, l, m, shift, largest, q, k_base, v_base, b, h_kv, stride_kt, stride_kd, stride_vt, stride_vd,
+            i, d, full_end, n_key_tiles, Tk, offset, qk_scale, band_lo, band_hi, unit, softcap,
+            BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, MASKED=True, CAUSAL=False, USE_TMA=USE_TMA, DOT_PRECISION=DOT_PRECISION,
+            FUSED=True, INTERPRETED=INTERPRETED, BAND=True, SOFTCAP=SOFTCAP,
+        )
     else:
-        n_full_tiles = Tk // BLOCK_K  # every tile but a ragged last one
-        n_key_tiles = tl.cdiv(Tk, BLOCK_K)
-    acc, l, m, shift, largest = _attend_key_tiles(
-        acc, l, m, shift, largest, q, k_base, v_base, b, h_kv, stride_kt, stride_kd, stride_vt, stride_vd,
-        i, d, 0, n_full_tiles, Tk, offset, qk_scale,
-        BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, MASKED=False, CAUSAL=CAUSAL, USE_TMA=USE_TMA, DOT_PRECISION=DOT_PRECISION,
-        FUSED=True, INTERPRETED=INTERPRETED,
-    )
-    if MASKED_TILES:  # causal, or Tk not a multiple of BLOCK_K; otherwise not compiled (an empty loop costs time)
+        if CAUSAL:
+            n_full_tiles = full_key_tiles(q_start, Tk, BLOCK_K, offset)
+            n_key_tiles = last_key_tile(q_end, Tk, BLOCK_K, offset)  # tiles past it are never loaded
+        else:
+            n_full_tiles = Tk // BLOCK_K  # every tile but a ragged last one
+            n_key_tiles = tl.cdiv(Tk, BLOCK_K)
         acc, l, m, shift, largest = _attend_key_tiles(
             acc, l, m, shift, largest, q, k_base, v_base, b, h_kv, stride_kt, stride_kd, stride_vt, stride_vd,
-            i, d, n_full_tiles, n_key_tiles, Tk, offset, qk_scale,
-            BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, MASKED=True, CAUSAL=CAUSAL, USE_TMA=USE_TMA,
-            DOT_PRECISION=DOT_PRECISION, FUSED=True, INTERPRETED=INTERPRETED,
+            i, d, 0, n_full_tiles, Tk, offset, qk_scale, band_lo, band_hi, unit, softcap,
+            BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, MASKED=False, CAUSAL=CAUSAL, USE_TMA=USE_TMA,
+            DOT_PRECISION=DOT_PRECISION, FUSED=True, INTERPRETED=INTERPRETED, SOFTCAP=SOFTCAP,
         )
+        if MASKED_TILES:  # causal, or Tk not a multiple of BLOCK_K; otherwise not compiled (an empty loop costs time)
+            acc, l, m, shift, largest = _attend_key_tiles(
+                acc, l, m, shift, largest, q, k_base, v_base, b, h_kv, stride_kt, stride_kd, stride_vt, stride_vd,
+                i, d, n_full_tiles, n_key_tiles, Tk, offset, qk_scale, band_lo, band_hi, unit, softcap,
+                BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, MASKED=True, CAUSAL=CAUSAL, USE_TMA=USE_TMA,
+                DOT_PRECISION=DOT_PRECISION, FUSED=True, INTERPRETED=INTERPRETED, SOFTCAP=SOFTCAP,
+            )
     delta = delta_of_shift(m, shift, l, qk_scale, INTERPRETED)  # the shift's rounding, which (acc, l) carry
     # --8<-- [end:loops]
 
@@ -214,9 +262,9 @@ def _forward_kernel(
         acc = tl.zeros([BLOCK_Q, HEAD_DIM_PAD], dtype=tl.float32)
         acc, l, m, shift, largest = _attend_key_tiles(
             acc, l, m, shift, largest, q, k_base, v_base, b, h_kv, stride_kt, stride_kd, stride_vt, stride_vd,
-            i, d, 0, n_key_tiles, Tk, offset, qk_scale,
+            i, d, first_k_index, n_key_tiles, Tk, offset, qk_scale, band_lo, band_hi, unit, softcap,
             BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, MASKED=True, CAUSAL=CAUSAL, USE_TMA=USE_TMA,
-            DOT_PRECISION=DOT_PRECISION, FUSED=False, INTERPRETED=INTERPRETED,
+            DOT_PRECISION=DOT_PRECISION, FUSED=False, INTERPRETED=INTERPRETED, BAND=BAND, SOFTCAP=SOFTCAP,
         )
         _write_rows(acc, l, m, tl.zeros([BLOCK_Q], dtype=tl.float32), qk_scale, out, rows, n_rows, q_mask, i < Tq)
     # --8<-- [end:exact_rerun]
@@ -303,11 +351,14 @@ class ForwardPlan(NamedTuple):
 
 
 def make_forward_plan(q, k, v, causal, scale, alignment, block_q, block_k, num_warps, num_stages, tma,
-                      return_stats) -> ForwardPlan:  # fmt: skip
+                      return_stats, window=None, softcap=None) -> ForwardPlan:  # fmt: skip
     """Validate one call's arguments and derive its launch; raises on anything the kernel cannot take."""
     shape = check_attention_inputs(q, k, v, dtypes=KERNEL_DTYPES)
     check_causal(causal)
     check_alignment(alignment)
+    mask = kernel_mask(shape.Tq, shape.Tk, causal, alignment, window)
+    softcap = check_softcap(softcap, q.dtype)
+    causal = mask.causal  # a window that is plain causal (or no mask) runs as such
     return_stats = check_flag("return_stats", return_stats)
     tma = None if tma is None else check_flag("tma", tma)
     scale = resolve_scale(scale, shape.D, q.dtype)
@@ -327,6 +378,7 @@ def make_forward_plan(q, k, v, causal, scale, alignment, block_q, block_k, num_w
     B, H, H_kv, Tq, Tk, D = shape
     units = kernel_scale(scale)
     offset = diagonal_offset(Tq, Tk, alignment)
+    qk_scale = units.qk_scale if softcap is None else LOG2E  # capped scores are in natural units (soft_cap)
     # the programs of one query head stream its kv head's K and V, which the group's heads share
     n_tiles = -(-Tq // block_q)  # cdiv in plain Python: triton.cdiv is a jit function
     maxnreg = config.get("maxnreg") if own_settings else None  # a cap measured with these settings only
@@ -341,12 +393,14 @@ def make_forward_plan(q, k, v, causal, scale, alignment, block_q, block_k, num_w
             _forward_kernel,
             grid=head_batch_grid(n_tiles, H, B),
             scalars=(*q.stride(), *k.stride(), *v.stride(), *o_strides, H, shape.group, Tq,
-                     Tk, offset, units.qk_scale, B * H * Tq, max(chunk, 1)),  # fmt: skip
+                     Tk, offset, qk_scale, B * H * Tq, max(chunk, 1), *mask.band, units.unit,
+                     1.0 if softcap is None else softcap),  # fmt: skip
             constexprs=dict(HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D), BLOCK_Q=block_q, BLOCK_K=block_k,
                             CAUSAL=causal, SIGN=units.sign, USE_TMA=strides is not None,
                             DOT_PRECISION=dot_precision(q.dtype), INTERPRETED=q.device.type == "cpu",
                             HEAVIEST_FIRST=chunk > 0,
-                            MASKED_TILES=causal or Tk % block_k != 0),  # fmt: skip
+                            MASKED_TILES=causal or Tk % block_k != 0, BAND=mask.banded,
+                            SOFTCAP=softcap is not None),  # fmt: skip
             num_warps=num_warps,
             num_stages=num_stages,
             maxnreg=maxnreg,
@@ -359,7 +413,7 @@ def make_forward_plan(q, k, v, causal, scale, alignment, block_q, block_k, num_w
 
 def flash_attention(
     q, k, v, causal=False, scale=None, alignment="upper_left", block_q=None, block_k=None, *,
-    num_warps=None, num_stages=None, return_stats=False, tma=None,
+    num_warps=None, num_stages=None, return_stats=False, tma=None, window=None, softcap=None,
 ):
     """Attention forward on the GPU, without materialising the Tq x Tk score matrix.
 
@@ -374,16 +428,22 @@ def flash_attention(
             ``flash_attention_backward(..., stats=...)``.
         tma: load tiles through TMA descriptors (True), through pointers (False), or let the launcher
             choose (None: ``forward_config``'s choice, where the strides and the device allow it).
+        window: None or (left, right), the sliding window of ``flashtile.reference.masks``: query i sees
+            keys i + offset - left .. i + offset + right, -1 unbounded, the right side capped at 0 when
+            causal. Key tiles outside the band are never loaded, FULL ones run without a mask.
+        softcap: None or s > 0: each scaled score x becomes s * tanh(x / s) before the mask and the softmax.
 
     Returns:
         o: (B, H, Tq, D) in q's dtype, laid out as q is where q is dense (for q a (B, H, T, D) view of a
         (B, T, H, D) tensor, o is one too, so o.transpose(1, 2) needs no copy), contiguous otherwise.
         lse: (B, H, Tq) fp32, natural log; a row that sees no key gets o = 0 and lse = -inf. With
         return_stats, also stats: (2, B, H, Tq) fp32, stats[0] = m (the row max of the raw dots
-        sign(τ)·q·k) and stats[1] = l.
+        sign(τ)·q·k; with a softcap, the capped score in natural units) and stats[1] = l.
     """
+    if window is not None:  # checked before it keys the plans: (True, 0) and (1, 0) hash alike
+        window = check_window(window)
     plan = cached_plan(make_forward_plan, (q, k, v), causal, scale, alignment, block_q, block_k, num_warps,
-                       num_stages, tma, return_stats)  # fmt: skip
+                       num_stages, tma, return_stats, window, softcap)  # fmt: skip
     o, row_stats = forward_with_plan(plan, q, k, v)
     return (o, row_stats[0], row_stats[1:]) if plan.return_stats else (o, row_stats[0])
 
