@@ -5,9 +5,11 @@ not, layout bhtd), one process times ``flashtile.kernels.fp8_forward.fp8_forward
 (quantised per head before timing; the rotation and the quantisation are not timed), flashtile's bf16
 forward, the textbook bf16 forward (the FP8 kernel's own shape, without FP8) and SDPA's cuDNN backend
 in bf16. Before timing, each FP8 output is checked against the float64 emulation of its own rounding
-(RMSE below a tenth of the emulation's own error against float64 attention, at a reduced batch).
+(RMSE below a tenth of the emulation's own error against float64 attention, at a reduced batch). The
+kernel's launch alone is also timed at a few tile settings (``CONFIGS``, provider ``flashtile_fp8_launch``),
+to choose the package's.
 
-Run from the repository root on one H200 (about two minutes):
+Run from the repository root on one H200 (about three minutes):
 
     OUT=/some/folder PYTHONPATH=src python bench/probes/fp8_forward_speed.py
 
@@ -22,11 +24,12 @@ import os
 from pathlib import Path
 
 import torch
+import triton
 
 from flashtile.bench.common import attention_tflops, median_ms, save_result
 from flashtile.bench.providers import build
 from flashtile.fp8 import quantize
-from flashtile.kernels.fp8_forward import fp8_forward, keys_contiguous, launch_fp8_forward
+from flashtile.kernels.fp8_forward import LOG2E, MIN_FP8_DOT, fp8_forward, fp8_forward_kernel, keys_contiguous
 from flashtile.reference.fp8 import fp8_attention_forward
 from flashtile.reference.naive import naive_attention
 
@@ -37,7 +40,8 @@ METHOD = (
     "flashtile.bench.common.median_ms (triton.testing.do_bench median, warmup 50 ms, rep 200 ms); FLOPs "
     "4·B·H·Tq·Tk·D (x0.5 causal); flashtile_fp8: fp8_forward on E4M3 inputs quantised per head (not timed), "
     "bf16 output, V given row-major (ms: the whole call, with its checks, which read the factors on the host, and "
-    "its copy of V to keys-contiguous; launch_only_ms: the launch alone, V already keys-contiguous); "
+    "its copy of V to keys-contiguous); flashtile_fp8_launch: the kernel's launch alone at the row's block_q, "
+    "block_k, num_warps, num_stages, V already keys-contiguous; "
     "the others bf16 inputs and outputs, N(0, 1)"
 )
 
@@ -53,6 +57,28 @@ def check_against_emulation(D: int, causal: bool) -> float:
     ratio = ((o.cpu().double() - o_e).pow(2).mean() / (o_e - o_truth).pow(2).mean()).sqrt().item()
     assert ratio < 0.1, f"D={D} causal={causal}: the kernel is {ratio:.2f} of the emulation's error away from it"
     return ratio
+
+
+# (BLOCK_Q, BLOCK_K, num_warps, num_stages) tried for the kernel's launch alone; the first is the package's.
+# Compiled for sm_90 at D = 128 all four fit without spills (245 registers); (128, 128, 8) spills at D = 128.
+CONFIGS = {64: ((64, 64, 4, 2), (128, 64, 8, 2), (128, 64, 8, 3), (128, 128, 8, 2)),
+           128: ((64, 64, 4, 2), (128, 64, 8, 2), (128, 64, 8, 3))}
+
+
+def launch(q8, k8, v8_keys, dq, dk, dv, causal, block_q, block_k, num_warps, num_stages):
+    """The kernel's launch at one setting, on checked inputs with V already keys-contiguous (the launcher's
+    own host work, a few small tensors, included)."""
+    B, H, T, D = q8.shape
+    v_scale = dv.amax(dim=-1).contiguous()
+    v_ratio = (dv / v_scale[..., None]).contiguous()
+    o = torch.empty((B, H, T, D), dtype=torch.bfloat16, device=q8.device)
+    lse = torch.empty((B, H, T), dtype=torch.float32, device=q8.device)
+    fp8_forward_kernel[(triton.cdiv(T, block_q), H, B)](
+        q8, k8, v8_keys, dq, dk, v_ratio, v_scale, o, lse, *q8.stride(), *k8.stride(), *v8_keys.stride(), *o.stride(),
+        H, k8.shape[1], T, T, 0, D**-0.5 * LOG2E, HEAD_DIM=D, HEAD_DIM_PAD=max(MIN_FP8_DOT, D), BLOCK_Q=block_q,
+        BLOCK_K=block_k, CAUSAL=causal, num_warps=num_warps, num_stages=num_stages,
+    )  # fmt: skip
+    return o
 
 
 def main(out: Path) -> None:
@@ -77,13 +103,19 @@ def main(out: Path) -> None:
                                      "tflops": None, "error": why})  # fmt: skip
                 (q8, dq), (k8, dk), (v8, dv) = (quantize(x, "head") for x in (q, k, v))
                 ms = median_ms(functools.partial(fp8_forward, q8, k8, v8, dq, dk, dv, causal))
-                launch_ms = median_ms(functools.partial(launch_fp8_forward, q8, k8, keys_contiguous(v8), dq, dk, dv,
-                                                        causal, D**-0.5, 0, torch.bfloat16, 64))  # fmt: skip
                 rows.append({"pass": "forward", "provider": "flashtile_fp8", **shape, "dtype": "fp8_e4m3",
                              "ms": round(ms, 4), "tflops": round(attention_tflops(shape, ms), 1),
-                             "launch_only_ms": round(launch_ms, 4), "rmse_vs_emulation_ratio": round(agreement, 4)})
-                print(*(f"{r['provider']} {r['ms']}" for r in rows[-4:]), f"launch only {launch_ms:.4f}", sep=" | ",
-                      flush=True)  # fmt: skip
+                             "rmse_vs_emulation_ratio": round(agreement, 4)})
+                v8_keys = keys_contiguous(v8)
+                for block_q, block_k, num_warps, num_stages in CONFIGS[D]:
+                    ms = median_ms(functools.partial(launch, q8, k8, v8_keys, dq, dk, dv, causal, block_q, block_k,
+                                                     num_warps, num_stages))  # fmt: skip
+                    rows.append({"pass": "forward", "provider": "flashtile_fp8_launch", **shape, "dtype": "fp8_e4m3",
+                                 "ms": round(ms, 4), "tflops": round(attention_tflops(shape, ms), 1),
+                                 "block_q": block_q, "block_k": block_k, "num_warps": num_warps,
+                                 "num_stages": num_stages})  # fmt: skip
+                print(T, D, causal, *(f"{r['provider']} {r.get('block_q', '')} {r['ms']}" for r in rows[-8:]),
+                      sep=" | ", flush=True)  # fmt: skip
     save_result(out / "fp8-forward-speed.json", rows, METHOD)
 
 
