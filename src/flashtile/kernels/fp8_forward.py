@@ -29,8 +29,9 @@ running max, so ``block_k`` must equal the emulation's for the two to agree. Und
 interpreter the float32 -> E4M3 cast loses the carry when rounding reaches a power of two, so the CPU
 tests (tests/kernels/test_fp8_forward.py) feed it inputs on which nothing rounds.
 
-Launch settings, one plain choice: 4 warps, 2 stages, 64 x 64 tiles (E4M3 tensor-core dots need
-operand widths of at least 32 along the reduced dimension, so the head dim is padded to at least 32).
+Launch settings, one plain choice: 64 x 64 tiles, 2 stages, 4 warps (8 above D = 128, where 4 spill);
+E4M3 tensor-core dots need operand widths of at least 32 along the reduced dimension, so the head dim
+is padded to at least 32. bench/probes/fp8_forward_speed.py times other tiles beside these.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ P_SCALE_JIT = tl.constexpr(P_SCALE)
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 MIN_FP8_DOT = 32  # an E4M3 tensor-core dot reduces over at least 32 elements
 NUM_WARPS, NUM_STAGES = 4, 2
+WIDE_HEAD_NUM_WARPS = 8  # D > 128: 4 warps spill 720 bytes at D = 256 (compiled for sm_90), 8 warps 80
 BLOCK_Q = 64
 
 
@@ -184,7 +186,7 @@ def launch_fp8_forward(q8, k8, v8, descale_q, descale_k, descale_v, causal, scal
         q8, k8, v8, descale_q, descale_k, v_ratio, v_scale, o, lse, *q8.stride(), *k8.stride(), *v8.stride(),
         *o.stride(), H, H_kv, Tq, Tk, offset, scale * LOG2E,
         HEAD_DIM=D, HEAD_DIM_PAD=max(MIN_FP8_DOT, 1 << (D - 1).bit_length()), BLOCK_Q=BLOCK_Q, BLOCK_K=block_k,
-        CAUSAL=causal, num_warps=NUM_WARPS, num_stages=NUM_STAGES,
+        CAUSAL=causal, num_warps=NUM_WARPS if D <= 128 else WIDE_HEAD_NUM_WARPS, num_stages=NUM_STAGES,
     )  # fmt: skip
     return o, lse
 
