@@ -46,6 +46,8 @@ from ._checks import (
     check_attention_inputs,
     check_causal,
     check_flag,
+    check_softcap,
+    check_window,
     resolve_neg_bits,
     resolve_scale,
     stats_dtype,
@@ -105,29 +107,42 @@ REFERENCE_BLOCK = 64  # the reference tier's tile size: any value gives the same
 
 
 # --8<-- [start:impl]
-def forward_impl(q, k, v, causal, scale, alignment, backend):
+def op_window(window_left: int, window_right: int):
+    """The ops carry a window as two ints (a schema has no optional pair): (-1, -1), unbounded on both
+    sides, is no window."""
+    return None if window_left == window_right == -1 else (window_left, window_right)
+
+
+def forward_impl(q, k, v, causal, scale, alignment, backend, window_left=-1, window_right=-1, softcap=None):
     """What the forward op computes, callable without the op: (o, lse, stats), see ``attention_fwd``."""
+    window = op_window(window_left, window_right)
     if check_backend(backend) == "triton":
         from .kernels.forward import flash_attention
 
-        return flash_attention(q, k, v, causal=causal, scale=scale, alignment=alignment, return_stats=True)
+        return flash_attention(q, k, v, causal=causal, scale=scale, alignment=alignment, return_stats=True,
+                               window=window, softcap=softcap)  # fmt: skip
     from .reference.forward import flash_attention_forward
 
-    o, lse = flash_attention_forward(q, k, v, causal, scale, REFERENCE_BLOCK, REFERENCE_BLOCK, alignment)
+    o, lse = flash_attention_forward(q, k, v, causal, scale, REFERENCE_BLOCK, REFERENCE_BLOCK, alignment,
+                                     window=window, softcap=softcap)  # fmt: skip
     # o laid out as q is, as the kernels give it (and as the fake says, whichever tier runs)
     return empty_like_layout(o, strides_like(q)).copy_(o), lse.contiguous(), lse.new_empty((0,))
 
 
-def backward_impl(do, q, k, v, o, lse, stats, causal, scale, alignment, backend):
+def backward_impl(do, q, k, v, o, lse, stats, causal, scale, alignment, backend, window_left=-1, window_right=-1,
+                  softcap=None):  # fmt: skip
     """What the backward op computes, callable without the op: (dq, dk, dv), see ``attention_bwd``."""
     (do,) = resolve_neg_bits(do)  # an upstream gradient may be a negative view: the kernels read memory
+    window = op_window(window_left, window_right)
     if check_backend(backend) == "triton":  # the launcher's gradients are new tensors, laid out like q, k, v
         from .kernels.backward import flash_attention_backward
 
-        return flash_attention_backward(q, k, v, o, lse, do, causal, scale, alignment=alignment, stats=stats)
+        return flash_attention_backward(q, k, v, o, lse, do, causal, scale, alignment=alignment, stats=stats,
+                                        window=window, softcap=softcap)  # fmt: skip
     from .reference.backward import flash_attention_backward
 
-    grads = flash_attention_backward(q, k, v, o, lse, do, causal, scale, REFERENCE_BLOCK, REFERENCE_BLOCK, alignment)
+    grads = flash_attention_backward(q, k, v, o, lse, do, causal, scale, REFERENCE_BLOCK, REFERENCE_BLOCK, alignment,
+                                     window=window, softcap=softcap)  # fmt: skip
     return tuple(empty_like_layout(x, strides_like(x)).copy_(g) for x, g in zip((q, k, v), grads))
 # --8<-- [end:impl]
 
@@ -135,18 +150,20 @@ def backward_impl(do, q, k, v, o, lse, stats, causal, scale, alignment, backend)
 # --8<-- [start:forward_op]
 @torch.library.custom_op("flashtile::attention_fwd", mutates_args=())
 def attention_fwd(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float, alignment: str, backend: str
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float, alignment: str, backend: str,
+    window_left: int = -1, window_right: int = -1, softcap: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(o, lse, stats): o (B, H, Tq, D) in q's dtype, laid out like q where q is dense (``_layouts.strides_like``),
     contiguous otherwise; lse (B, H, Tq) float32 (float64 for float64);
-    stats, what the backward needs besides lse: the kernels' final (m, l), (2, B, H, Tq), or empty."""
-    o, lse, stats = forward_impl(q, k, v, causal, scale, alignment, backend)
+    stats, what the backward needs besides lse: the kernels' final (m, l), (2, B, H, Tq), or empty.
+    The window travels as its two sides, (-1, -1) for none (``op_window``)."""
+    o, lse, stats = forward_impl(q, k, v, causal, scale, alignment, backend, window_left, window_right, softcap)
     # The kernels write lse and (m, l) into one buffer, and an op's outputs may not share memory.
     return o, lse, (stats.clone() if stats.numel() else stats)
 
 
 @attention_fwd.register_fake
-def _(q, k, v, causal, scale, alignment, backend):
+def _(q, k, v, causal, scale, alignment, backend, window_left=-1, window_right=-1, softcap=None):
     # Only shapes, dtypes and devices: what torch.compile needs to trace past the op without running it.
     B, H, Tq, D = q.shape
     c = stats_dtype(q.dtype)
@@ -169,32 +186,35 @@ def attention_bwd(
     scale: float,
     alignment: str,
     backend: str,
+    window_left: int = -1,
+    window_right: int = -1,
+    softcap: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) in the inputs' dtype, each laid out like its input where that is dense
     (``_layouts.strides_like``), contiguous otherwise; dk and dv summed over each GQA group."""
-    return backward_impl(do, q, k, v, o, lse, stats, causal, scale, alignment, backend)
+    return backward_impl(do, q, k, v, o, lse, stats, causal, scale, alignment, backend, window_left, window_right,
+                         softcap)  # fmt: skip
 
 
 @attention_bwd.register_fake
-def _(do, q, k, v, o, lse, stats, causal, scale, alignment, backend):
+def _(do, q, k, v, o, lse, stats, causal, scale, alignment, backend, window_left=-1, window_right=-1, softcap=None):
     return tuple(empty_like_layout(x, strides_like(x)) for x in (q, k, v))
 # --8<-- [end:backward_op]
 
 
 # --8<-- [start:autograd]
 def _setup_context(ctx, inputs, output):
-    q, k, v, causal, scale, alignment, backend = inputs
+    q, k, v, *config = inputs  # causal, scale, alignment, backend, and the window and cap where given
     o, lse, stats = output
     ctx.save_for_backward(q, k, v, o, lse, stats)  # O(T) extra memory: o, lse and (m, l), never P
-    ctx.config = (causal, scale, alignment, backend)
+    ctx.config = tuple(config)
     ctx.mark_non_differentiable(lse, stats)
 
 
 def _backward(ctx, do, _dlse, _dstats):
     q, k, v, o, lse, stats = ctx.saved_tensors
-    causal, scale, alignment, backend = ctx.config
-    dq, dk, dv = attention_bwd(do, q, k, v, o, lse, stats, causal, scale, alignment, backend)
-    return dq, dk, dv, None, None, None, None
+    dq, dk, dv = attention_bwd(do, q, k, v, o, lse, stats, *ctx.config)
+    return dq, dk, dv, *(None,) * len(ctx.config)
 
 
 attention_fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -214,14 +234,16 @@ class _EagerAttention(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale, alignment, backend, call=None):
+    def forward(ctx, q, k, v, causal, scale, alignment, backend, window_left=-1, window_right=-1, softcap=None,
+                call=None):  # fmt: skip
         if call is not None:  # a flashtile.attention call with its kept kernel plan: no second plan lookup
             o, row_stats = forward_kernel(q, k, v, call, alignment)
             lse, stats = row_stats[0], row_stats[1:]
         else:
-            o, lse, stats = forward_impl(q, k, v, causal, scale, alignment, backend)
+            o, lse, stats = forward_impl(q, k, v, causal, scale, alignment, backend, window_left, window_right,
+                                         softcap)  # fmt: skip
         ctx.save_for_backward(q, k, v, o, lse, stats)
-        ctx.config = (causal, scale, alignment, backend)
+        ctx.config = (causal, scale, alignment, backend, window_left, window_right, softcap)
         ctx.mark_non_differentiable(lse, stats)
         # lse and stats never carry a gradient, and by default the engine would still fill a zero
         # tensor for each before every backward (two allocations and two fill kernels per call).
@@ -236,21 +258,22 @@ class _EagerAttention(torch.autograd.Function):
         # Grad mode is on inside a backward only under create_graph=True: then take the op, whose
         # registered backward raises at the second derivative instead of returning a wrong one.
         dq, dk, dv = attention_bwd(*args) if torch.is_grad_enabled() else backward_impl(*args)
-        return dq, dk, dv, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None, None, None
 
 
 PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 
 
-def run_forward(q, k, v, causal, scale, alignment, backend):
+def run_forward(q, k, v, causal, scale, alignment, backend, window_left=-1, window_right=-1, softcap=None):
     """(o, lse, stats) through the custom op when compiling or for anything but plain CPU or CUDA
     tensors (meta tensors, fake tensors, subclasses: the op's fake implementation serves them);
     through ``_EagerAttention`` otherwise, and straight to the implementation when no gradient can flow."""
+    masks = (window_left, window_right, softcap)
     if torch.compiler.is_compiling() or not plain_inputs(q, k, v):
-        return attention_fwd(q, k, v, causal, scale, alignment, backend)
+        return attention_fwd(q, k, v, causal, scale, alignment, backend, *masks)
     if records_gradient(q, k, v):
-        return _EagerAttention.apply(q, k, v, causal, scale, alignment, backend)
-    return forward_impl(q, k, v, causal, scale, alignment, backend)
+        return _EagerAttention.apply(q, k, v, causal, scale, alignment, backend, *masks)
+    return forward_impl(q, k, v, causal, scale, alignment, backend, *masks)
 # --8<-- [end:eager]
 
 
@@ -273,21 +296,26 @@ class AttentionCall(NamedTuple):
     scale: float  # τ resolved: float64 or not is all it reads of the dtype, and autocast never changes that
     return_lse: bool
     kernel_plan: list  # [the Triton forward's plan], filled by the first eager call that runs the kernels
+    window: tuple[int, int]  # (left, right) checked; (-1, -1), unbounded, without a window
+    softcap: float | None
 
 
-def check_attention_call(query, key, value, is_causal, scale, enable_gqa, alignment, return_lse) -> AttentionCall:
+def check_attention_call(query, key, value, is_causal, scale, enable_gqa, alignment, return_lse, window=None,
+                         softcap=None) -> AttentionCall:  # fmt: skip
     """Every check of ``flashtile.attention`` that reads only layouts and flags; raises on bad input."""
     shape = check_attention_inputs(query, key, value, names=("query", "key", "value"))
     is_causal = check_causal(is_causal, "is_causal")
     enable_gqa = check_flag("enable_gqa", enable_gqa)
     return_lse = check_flag("return_lse", return_lse)
     check_alignment(alignment)
+    window = check_window(window) or (-1, -1)
+    softcap = check_softcap(softcap, query.dtype)
     if shape.H != shape.H_kv and not enable_gqa:
         raise ValueError(
             f"query has {shape.H} heads but key and value have {shape.H_kv}; pass enable_gqa=True for "
             "grouped-query attention (as with scaled_dot_product_attention)"
         )
-    return AttentionCall(is_causal, resolve_scale(scale, shape.D, query.dtype), return_lse, [None])
+    return AttentionCall(is_causal, resolve_scale(scale, shape.D, query.dtype), return_lse, [None], window, softcap)
 
 
 # --8<-- [start:attention]
@@ -303,6 +331,8 @@ def attention(
     *,
     alignment="upper_left",
     return_lse=False,
+    window=None,
+    softcap=None,
 ):
     """Softmax attention with SDPA's argument names, differentiable, torch.compile-clean.
 
@@ -316,6 +346,12 @@ def attention(
         alignment: "upper_left" (SDPA's is_causal) or "lower_right" (the last query sees every key).
         return_lse: also return lse (B, H, Tq), natural log, float32 (float64 for float64 inputs);
             it carries no gradient.
+        window: None or (left, right), ints: query i sees key j when i - left <= j <= i + right
+            (for Tq != Tk shifted by the alignment's offset, 0 or Tk - Tq: i + offset - left <= j <=
+            i + offset + right); -1 leaves that side unbounded; with is_causal the right side is
+            capped at 0. A sliding window W back is (W - 1, 0), or (W - 1, -1) with is_causal.
+        softcap: None or s > 0: each scaled score x becomes s * tanh(x / s) before the mask and the
+            softmax (Gemma-2's logit soft-capping), in the forward and the backward.
 
     Returns:
         o (B, H, Tq, D) in query's dtype (the autocast dtype under autocast), laid out as query is where
@@ -329,7 +365,9 @@ def attention(
         raise ValueError("attn_mask is not supported by flashtile.attention; pass is_causal=True for a causal mask")
     if dropout_p.__class__ is not float or dropout_p != 0.0:  # the default, 0.0, passes on this one comparison
         check_no_dropout(dropout_p)
-    flags = (is_causal, scale, enable_gqa, alignment, return_lse)
+    if window is not None:  # checked before it keys the plans: (True, 0) and (1, 0) hash alike
+        window = check_window(window)
+    flags = (is_causal, scale, enable_gqa, alignment, return_lse, window, softcap)
     compiling = torch.compiler.is_compiling()
     if compiling:  # traced once: no table of plans inside the graph
         call = check_attention_call(query, key, value, *flags)
@@ -354,11 +392,12 @@ def dispatch(query, key, value, call: AttentionCall, alignment: str, kept: bool)
     if kept and plain_kernel_call(query, key, value, backend):
         if records_gradient(query, key, value):
             o, lse, _stats = _EagerAttention.apply(query, key, value, call.is_causal, call.scale, alignment, backend,
-                                                   call)  # fmt: skip
+                                                   *call.window, call.softcap, call)  # fmt: skip
             return (o, lse) if call.return_lse else o
         o, row_stats = forward_kernel(query, key, value, call, alignment)
         return (o, row_stats[0]) if call.return_lse else o
-    o, lse, _stats = run_forward(query, key, value, call.is_causal, call.scale, alignment, backend)
+    o, lse, _stats = run_forward(query, key, value, call.is_causal, call.scale, alignment, backend, *call.window,
+                                 call.softcap)  # fmt: skip
     return (o, lse) if call.return_lse else o
 # --8<-- [end:dispatch_call]
 
@@ -396,7 +435,8 @@ def forward_kernel(q, k, v, call: AttentionCall, alignment: str):
         from .kernels.forward import make_forward_plan
 
         plan = call.kernel_plan[0] = make_forward_plan(q, k, v, call.is_causal, call.scale, alignment, None, None,
-                                                       None, None, None, True)  # fmt: skip
+                                                       None, None, None, True, op_window(*call.window),
+                                                       call.softcap)  # fmt: skip
     return plan.run(q, k, v)  # a method of the plan: no import on every call
 
 

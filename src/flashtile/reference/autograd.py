@@ -47,15 +47,18 @@ class FlashAttentionFunction(torch.autograd.Function):
     # forward and setup_context are separate so that torch.func.grad works; forward-mode AD (no jvp) and
     # vmap (the forward writes tiles in place) raise torch's own clear errors instead of a wrong tangent.
     @staticmethod
-    def forward(q, k, v, causal, scale, block_q, block_k, alignment):
-        return flash_attention_forward(q, k, v, causal, scale, block_q, block_k, alignment)
+    def forward(q, k, v, causal, scale, block_q, block_k, alignment, window=None, softcap=None):
+        return flash_attention_forward(q, k, v, causal, scale, block_q, block_k, alignment, window=window,
+                                       softcap=softcap)  # fmt: skip
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        q, k, v, causal, scale, block_q, block_k, alignment = inputs
+        q, k, v, causal, scale, block_q, block_k, alignment, *masks = inputs  # apply() may leave the last two out
+        window, softcap = (*masks, None, None)[:2]
         o, lse = output
         ctx.save_for_backward(q, k, v, o, lse)  # lse is (B, H, Tq): O(T), not O(T^2)
         ctx.config = (causal, scale, block_q, block_k, alignment)
+        ctx.masks = dict(window=window, softcap=softcap)  # the same window and cap in both directions
         ctx.mark_non_differentiable(lse)
 
     @staticmethod
@@ -64,18 +67,19 @@ class FlashAttentionFunction(torch.autograd.Function):
         causal, scale, block_q, block_k, alignment = ctx.config
         with torch.no_grad():  # the tiled backward is not differentiable: record nothing of it
             dq, dk, dv = flash_attention_backward(
-                q, k, v, o, lse, do.contiguous(), causal, scale, block_q, block_k, alignment
+                q, k, v, o, lse, do.contiguous(), causal, scale, block_q, block_k, alignment, **ctx.masks
             )
         if torch.is_grad_enabled():  # create_graph=True: a second backward through dq, dk, dv raises, never lies
             dq, dk, dv = NoSecondDerivative.apply(q, k, v, do, dq, dk, dv)
-        return dq, dk, dv, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None, None
 # --8<-- [end:function]
 
 
 def reference_attention(
     q, k, v, causal: bool = False, scale: float | None = None, block_q: int = 16, block_k: int = 16,
-    alignment: str = "upper_left",
+    alignment: str = "upper_left", *, window=None, softcap: float | None = None,
 ):
-    """Differentiable reference attention: returns o; gradients flow to q, k and v."""
-    o, _lse = FlashAttentionFunction.apply(q, k, v, causal, scale, block_q, block_k, alignment)
+    """Differentiable reference attention: returns o; gradients flow to q, k and v. window and softcap as in
+    ``flash_attention_forward``."""
+    o, _lse = FlashAttentionFunction.apply(q, k, v, causal, scale, block_q, block_k, alignment, window, softcap)
     return o
