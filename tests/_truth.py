@@ -89,3 +89,46 @@ def assert_close_to_truth(actual, expected, name, **tol) -> None:
         actual.detach().double().cpu()[finite], expected.detach().double().cpu()[finite], **tol,
         msg=lambda m: f"{name}: {m}",
     )
+
+
+# --- sliding windows and soft-capping (flashtile.reference.masks), from the definitions -------------
+
+
+def definition_mask(Tq, Tk, window, causal, alignment):
+    """(Tq, Tk) bool: query i keeps key j iff i + offset - left <= j <= i + offset + right, each side only
+    where it is not -1 (unbounded); causal caps the right side at 0. Every (i, j) is tested, as broadcast
+    index grids, so that the GPU tests' thousands of rows cost no Python loop."""
+    left, right = window if window is not None else (-1, -1)
+    if causal:
+        right = 0
+    offset = 0 if alignment == "upper_left" else Tk - Tq
+    i, j = torch.arange(Tq)[:, None], torch.arange(Tk)[None, :]
+    keep = torch.ones(Tq, Tk, dtype=torch.bool)
+    if left != -1:
+        keep &= j >= i + offset - left
+    if right != -1:
+        keep &= j <= i + offset + right
+    return keep
+
+
+def masked_truth(q, k, v, keep, scale=None, softcap=None):
+    """(o, lse) in float64 of attention through a (Tq, Tk) boolean mask; differentiable by autograd.
+    q: (B, H, Tq, D); k, v: (B, H_kv, Tk, D). A row that keeps no key gets o = 0, lse = -inf."""
+    tau = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    s = tau * torch.einsum("bhid,bhjd->bhij", q, k)
+    if softcap is not None:
+        s = softcap * torch.tanh(s / softcap)
+    s = s.masked_fill(~keep, float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    empty = torch.isneginf(lse)[..., None]
+    p = torch.where(empty, 0.0, torch.softmax(torch.where(empty, 0.0, s), dim=-1))
+    return torch.einsum("bhij,bhjd->bhid", p, v), lse
+
+
+def truth_gradients(q, k, v, do, keep, scale=None, softcap=None):
+    """(dq, dk, dv) of ``masked_truth`` by torch.autograd, for float64 inputs and upstream dO."""
+    q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    o, _ = masked_truth(q, k, v, keep, scale, softcap)
+    return torch.autograd.grad(o, (q, k, v), do)

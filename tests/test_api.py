@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import flashtile
-from _truth import attention_truth, truth_with_grads
+from _truth import attention_truth, definition_mask, masked_truth, truth_gradients, truth_with_grads
 from flashtile.api import attention, attention_bwd, attention_fwd, pick_backend, use_backend
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -363,3 +363,84 @@ def test_an_eager_backward_fills_no_zero_gradients_for_lse_and_stats():
     for g, g_truth in zip(grads, grads_truth):
         torch.testing.assert_close(g.double(), g_truth, **TOL[q.dtype])
 
+
+
+# --- window= and softcap= (issue 36): the same answer and the same refusals on every tier ------------------
+
+
+def windowed_truth(q, k, v, do, window, causal, alignment, softcap):
+    """o and (dq, dk, dv) in float64 through the mask built from the window's definition (``_truth``)."""
+    keep = definition_mask(q.shape[2], k.shape[2], window, causal, alignment).to(q.device)
+    q64, k64, v64, do64 = (t.detach().double() for t in (q, k, v, do))
+    o, _lse = masked_truth(q64, k64, v64, keep, None, softcap)
+    return o, truth_gradients(q64, k64, v64, do64, keep, None, softcap)
+
+
+@pytest.mark.parametrize("backend", ["triton", "reference"])
+@pytest.mark.parametrize(("window", "causal", "alignment", "softcap"),
+                         [((6, 2), False, "lower_right", 2.0), ((9, -1), True, "upper_left", None)])  # fmt: skip
+def test_window_and_softcap_match_float64_through_autograd_on_every_tier(backend, window, causal, alignment, softcap):
+    q, k, v = make_qkv(1, 4, 2, 37, 29, 16, seed=41)
+    do = torch.randn(q.shape, generator=torch.Generator().manual_seed(42)).to(DEVICE)
+    with use_backend(backend):
+        fn = lambda q, k, v: attention(q, k, v, is_causal=causal, enable_gqa=True, alignment=alignment,
+                                       window=window, softcap=softcap)  # fmt: skip
+        o, grads = run_attention(fn, q, k, v, do)
+    o_ref, grads_ref = windowed_truth(q, k, v, do, window, causal, alignment, softcap)
+    torch.testing.assert_close(o.double(), o_ref, **TOL[F32])
+    for name, g, g_ref in zip(("dq", "dk", "dv"), grads, grads_ref):
+        torch.testing.assert_close(g.double(), g_ref, **TOL[F32], msg=lambda m, name=name: f"{name}: {m}")
+
+
+def test_torch_compile_carries_window_and_softcap_into_the_ops():
+    graphs = []
+
+    def capture(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    q, k, v = make_qkv(1, 2, 2, 21, 21, 16, seed=43)
+    do = torch.randn(q.shape, generator=torch.Generator().manual_seed(44)).to(DEVICE)
+    fn = lambda q, k, v: attention(q, k, v, is_causal=True, window=(4, -1), softcap=1.5)
+    eager = run_attention(fn, q, k, v, do)
+    compiled = run_attention(torch.compile(fn, fullgraph=True, backend="aot_eager"), q, k, v, do)
+    torch.testing.assert_close(compiled[0], eager[0])
+    for a, b in zip(compiled[1], eager[1]):
+        torch.testing.assert_close(a, b)
+    torch.compile(fn, fullgraph=True, backend=capture)(q, k, v)
+    (call,) = [n for n in graphs[0].graph.nodes if str(n.target) == "flashtile.attention_fwd.default"]
+    assert tuple(call.args[7:]) == (4, -1, 1.5), call.args  # the window's sides and the cap, in the op's schema
+    o_ref, _ = windowed_truth(q, k, v, do, (4, -1), True, "upper_left", 1.5)
+    torch.testing.assert_close(compiled[0].double(), o_ref, **TOL[F32])
+
+
+@pytest.mark.parametrize("backend", ["triton", "reference"])
+def test_custom_ops_with_a_window_and_a_cap_pass_opcheck(backend):
+    q, k, v = make_qkv(1, 2, 1, 20, 24, 16, seed=45)
+    args = (q, k, v, False, 0.25, "lower_right", backend, 5, 1, 3.0)
+    torch.library.opcheck(attention_fwd, args)
+    o, lse, stats = attention_fwd(*args)
+    do = torch.randn(o.shape, generator=torch.Generator().manual_seed(46)).to(DEVICE)
+    inputs = (t.detach() for t in (do, q, k, v, o, lse, stats))
+    torch.library.opcheck(attention_bwd, (*inputs, *args[3:]))
+
+
+@pytest.mark.parametrize("backend", ["triton", "reference"])
+@pytest.mark.parametrize(
+    "kwargs,error,match",
+    [
+        (dict(window=[3]), TypeError, r"window must be None or a pair"),
+        (dict(window=(3, -5)), ValueError, r"window\[1\] \(right\) must be -1"),
+        (dict(window=(True, 0)), TypeError, r"window\[0\] \(left\) must be an int"),
+        (dict(window=(2.0, 0)), TypeError, r"window\[0\] \(left\) must be an int"),
+        (dict(softcap=-1.0), ValueError, "softcap must be a positive finite number"),
+        (dict(softcap=float("nan")), ValueError, "softcap must be a positive finite number"),
+        (dict(softcap=False), TypeError, "softcap must be a positive real number"),
+    ],
+)
+def test_attention_refuses_bad_windows_and_caps_by_name_on_every_tier(backend, kwargs, error, match):
+    q, k, v = (t.detach() for t in make_qkv(1, 2, 2, 16, 16, 16, seed=47))
+    with use_backend(backend):
+        attention(q, k, v, window=(1, 0), softcap=2.0)  # kept checks and plan of a valid call let nothing through
+        with pytest.raises(error, match=match):
+            attention(q, k, v, **kwargs)

@@ -6,14 +6,13 @@ float64 formula softmax(softcap * tanh(τ Q Kᵀ / softcap)) V through it, and t
 formula for the gradients. Tile classes and counts are checked against a per-element brute force.
 """
 
-import math
 import re
 
 import pytest
 import torch
 
 from _grids import covering
-from _truth import assert_close_to_truth, assert_same_nonfinite
+from _truth import assert_close_to_truth, assert_same_nonfinite, definition_mask, masked_truth, truth_gradients
 from flashtile.reference.backward import flash_attention_backward
 from flashtile.reference.causal import TileKind, tile_ranges
 from flashtile.reference.forward import flash_attention_forward
@@ -37,20 +36,6 @@ ALIGNMENTS = ["upper_left", "lower_right"]
 # --- the truth, from the definitions ---------------------------------------------------------------
 
 
-def definition_mask(Tq, Tk, window, causal, alignment):
-    """(Tq, Tk) bool, pair by pair: i + offset - left <= j <= i + offset + right; -1 unbounded; causal caps
-    the right side at 0."""
-    left, right = window if window is not None else (-1, -1)
-    if causal:
-        right = 0
-    offset = 0 if alignment == "upper_left" else Tk - Tq
-    keep = torch.zeros(Tq, Tk, dtype=torch.bool)
-    for i in range(Tq):
-        for j in range(Tk):
-            keep[i, j] = (left == -1 or j >= i + offset - left) and (right == -1 or j <= i + offset + right)
-    return keep
-
-
 def definition_document_mask(cu_q, cu_k, window, causal, alignment):
     """Block-diagonal: a pair is kept only inside one document, under that document's own window."""
     keep = torch.zeros(cu_q[-1], cu_k[-1], dtype=torch.bool)
@@ -58,28 +43,6 @@ def definition_document_mask(cu_q, cu_k, window, causal, alignment):
         Lq, Lk = cu_q[d + 1] - cu_q[d], cu_k[d + 1] - cu_k[d]
         keep[cu_q[d] : cu_q[d + 1], cu_k[d] : cu_k[d + 1]] = definition_mask(Lq, Lk, window, causal, alignment)
     return keep
-
-
-def masked_truth(q, k, v, keep, scale=None, softcap=None):
-    """(o, lse) in float64 of attention through a (Tq, Tk) boolean mask; differentiable by autograd.
-    q: (B, H, Tq, D); k, v: (B, H_kv, Tk, D). A row that keeps no key gets o = 0, lse = -inf."""
-    tau = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    group = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-    s = tau * torch.einsum("bhid,bhjd->bhij", q, k)
-    if softcap is not None:
-        s = softcap * torch.tanh(s / softcap)
-    s = s.masked_fill(~keep, float("-inf"))
-    lse = torch.logsumexp(s, dim=-1)
-    empty = torch.isneginf(lse)[..., None]
-    p = torch.where(empty, 0.0, torch.softmax(torch.where(empty, 0.0, s), dim=-1))
-    return torch.einsum("bhij,bhjd->bhid", p, v), lse
-
-
-def truth_gradients(q, k, v, do, keep, scale=None, softcap=None):
-    q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
-    o, _ = masked_truth(q, k, v, keep, scale, softcap)
-    return torch.autograd.grad(o, (q, k, v), do)
 
 
 def brute_force_kinds(keep, block_q, block_k):
