@@ -1,11 +1,11 @@
-"""``python -m flashtile.bench [forward|overhead|backward|softmax|decode|train_step|ring|ring_parts] [options]``;
+"""``python -m flashtile.bench [forward|overhead|backward|softmax|decode|train_step|masks|ring|ring_parts] [options]``;
 no name: every one-GPU table."""
 
 from __future__ import annotations
 
 import sys
 
-from . import backward, decode, forward, overhead, ring, ring_parts, softmax, train_step
+from . import backward, decode, forward, masks, overhead, ring, ring_parts, softmax, train_step
 
 TABLES = {
     "forward": forward,
@@ -14,6 +14,7 @@ TABLES = {
     "softmax": softmax,
     "decode": decode,
     "train_step": train_step,
+    "masks": masks,
 }
 # Two GPUs of one host (or two gloo processes with --cpu-smoke): run by name only, never by the no-name run.
 RING = {"ring": ring, "ring_parts": ring_parts}
