@@ -129,10 +129,7 @@ def _attend_key_tiles(
         if SOFTCAP:  # the cap acts on the scaled score, before the mask: u becomes s = c tanh(unit u / c)
             u, _t = soft_cap(u, unit, softcap)
         # --8<-- [start:row_bound]
-        if MASKED and BAND:  # both edges of the band, and the end of the keys, one pair at a time
-            keep = in_band(i[:, None], j[None, :], band_lo, band_hi) & (j[None, :] < Tk)
-            u = tl.where(keep, u, float("-inf"))
-        elif MASKED:  # padded keys, and keys past the diagonal, must score -inf, not 0
+        if MASKED:  # padded keys, and keys past the diagonal, must score -inf, not 0
             # Key j is visible from row i when j < Tk and (causal) j <= i + offset: one bound per row on the
             # tile's own column 0..BLOCK_K-1, so that each score costs one compare against a row value
             last = Tk - 1 - k_start  # the last column inside the keys
@@ -142,6 +139,8 @@ def _attend_key_tiles(
             else:
                 u = tl.where(j0[None, :] <= last, u, float("-inf"))
         # --8<-- [end:row_bound]
+        if MASKED and BAND:  # a window (CAUSAL is off, so only the end of the keys is masked above): both edges
+            u = tl.where(in_band(i[:, None], j[None, :], band_lo, band_hi), u, float("-inf"))
         if FUSED:
             acc, l, m, shift, largest = fused_softmax_step(acc, l, m, shift, largest, u, v, qk_scale, DOT_PRECISION,
                                                            INTERPRETED)
@@ -197,7 +196,6 @@ def _forward_kernel(
     largest = tl.zeros([BLOCK_Q], dtype=tl.float32)  # max |shift| a row has used, for the check below
     # --8<-- [end:state]
 
-    # --8<-- [start:loops]
     first_k_index = 0
     if BAND:  # a window: the run first .. last of key tiles; the FULL ones in its middle, unmasked
         first_k_index = first_key_tile(q_start, Tk, BLOCK_K, band_lo)  # tiles before it are never loaded
@@ -222,7 +220,9 @@ def _forward_kernel(
             BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, MASKED=True, CAUSAL=False, USE_TMA=USE_TMA, DOT_PRECISION=DOT_PRECISION,
             FUSED=True, INTERPRETED=INTERPRETED, BAND=True, SOFTCAP=SOFTCAP,
         )
+        delta = delta_of_shift(m, shift, l, qk_scale, INTERPRETED)  # the shift's rounding, which (acc, l) carry
     else:
+        # --8<-- [start:loops]
         if CAUSAL:
             n_full_tiles = full_key_tiles(q_start, Tk, BLOCK_K, offset)
             n_key_tiles = last_key_tile(q_end, Tk, BLOCK_K, offset)  # tiles past it are never loaded
@@ -242,8 +242,8 @@ def _forward_kernel(
                 BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, MASKED=True, CAUSAL=CAUSAL, USE_TMA=USE_TMA,
                 DOT_PRECISION=DOT_PRECISION, FUSED=True, INTERPRETED=INTERPRETED, SOFTCAP=SOFTCAP,
             )
-    delta = delta_of_shift(m, shift, l, qk_scale, INTERPRETED)  # the shift's rounding, which (acc, l) carry
-    # --8<-- [end:loops]
+        delta = delta_of_shift(m, shift, l, qk_scale, INTERPRETED)  # the shift's rounding, which (acc, l) carry
+        # --8<-- [end:loops]
 
     # --8<-- [start:exact_rerun]
     out = (O + program_offset(b, stride_ob) + program_offset(h, stride_oh)
