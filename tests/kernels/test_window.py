@@ -41,10 +41,11 @@ SHAPES = {  # (Tq, Tk, alignment): ragged in both, Tq != Tk both ways under each
 }
 
 
-def make_inputs(B, H, H_kv, Tq, Tk, D, dtype, seed):
+def make_inputs(B, H, H_kv, Tq, Tk, D, dtype, seed, spread=1.5):
+    """q and k scaled by ``spread`` (1.5: scores of a few units, where a cap of 2.5 bends them), v and do N(0, 1)."""
     gen = torch.Generator().manual_seed(seed)
-    q = randn(B, H, Tq, D, dtype=dtype, generator=gen) * 1.5  # scores of a few units: the cap bites
-    k = randn(B, H_kv, Tk, D, dtype=dtype, generator=gen) * 1.5
+    q = randn(B, H, Tq, D, dtype=dtype, generator=gen) * spread
+    k = randn(B, H_kv, Tk, D, dtype=dtype, generator=gen) * spread
     v = randn(B, H_kv, Tk, D, dtype=dtype, generator=gen)
     do = randn(B, H, Tq, D, dtype=dtype, generator=gen)
     return q, k, v, do
@@ -244,10 +245,10 @@ def test_launchers_refuse_bad_windows_and_caps_by_name(kwargs, error, match):
 
 # --- on the GPU: bf16 at realistic sizes -------------------------------------------------------------
 
-GPU_CASES = [  # (B, H, H_kv, T, D, window, causal, softcap)
+GPU_CASES = [  # (B, H, H_kv, T, D, window, causal, softcap); N(0, 1) inputs: scores of about one unit
     (1, 8, 2, 2048, 128, (511, 0), False, None),  # Mistral-like, GQA, through TMA
-    (2, 4, 4, 1536, 64, (255, -1), True, 30.0),  # Gemma-2-like: causal window and a soft cap
-    (1, 4, 4, 1000, 128, (100, 37), False, 50.0),  # ragged T, both edges
+    (2, 4, 4, 1536, 64, (255, -1), True, 2.0),  # Gemma-2-like: a causal window and a cap that bends the scores
+    (1, 4, 4, 1000, 128, (100, 37), False, 5.0),  # ragged T, both edges
 ]
 
 
@@ -257,7 +258,7 @@ GPU_CASES = [  # (B, H, H_kv, T, D, window, causal, softcap)
 @pytest.mark.skipif(not ON_GPU, reason="needs a CUDA device")
 def test_window_on_the_gpu_in_bf16_against_float64(case, deterministic):
     B, H, H_kv, T, D, window, causal, softcap = case
-    q, k, v, do = make_inputs(B, H, H_kv, T, T, D, BF16, seed=T + D)
+    q, k, v, do = make_inputs(B, H, H_kv, T, T, D, BF16, seed=T + D, spread=1.0)
     o, lse = flash_attention(q, k, v, causal, None, "upper_left", window=window, softcap=softcap)
     grads = flash_attention_backward(q, k, v, o, lse, do, causal, window=window, softcap=softcap,
                                      deterministic=deterministic)  # fmt: skip
@@ -266,3 +267,32 @@ def test_window_on_the_gpu_in_bf16_against_float64(case, deterministic):
     assert_close_to_truth(lse, lse_ref, "lse", **LSE_TOL[BF16])
     for name, g, g_ref in zip(("dq", "dk", "dv"), grads, grads_ref):
         assert_close_to_truth(g, g_ref, name, **GRAD_TOL[BF16])
+
+
+@pytest.mark.parametrize("one_too_many", [False, True], ids=["skip_tiles", "control"])
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA device")
+def test_skip_tiles_are_never_read_by_the_compiled_kernels(one_too_many):
+    """The poison test at the H200's tile sizes, through TMA where the launcher picks it: T = 1024, window
+    (100, 0), bf16. Forward in 128 x 128 tiles: query tile [512, 640) sees keys 412..639, key tiles 3..4
+    (keys 384..639); backward in 64 x 64 tiles: dQ of rows 512..575 reads keys 384..575, and the dK/dV
+    program of keys [512, 576) reads rows 512..703 (those that see them: 512..675). The control poisons
+    key 384 and row 700 too: loaded (their tiles are visited), masked, and still NaN through 0 * NaN."""
+    q, k, v, do = make_inputs(1, 2, 2, 1024, 1024, 128, BF16, seed=12, spread=1.0)
+    o, lse = flash_attention(q, k, v, False, None, "upper_left", 128, 128, window=(100, 0))
+    keys, rows = torch.ones(1024, dtype=torch.bool), torch.ones(1024, dtype=torch.bool)
+    keys[384:640], rows[512:704] = False, False
+    if one_too_many:
+        keys[384], rows[700] = True, True
+    k, v, q_poisoned, do_poisoned = k.clone(), v.clone(), q.clone(), do.clone()
+    k[:, :, keys], v[:, :, keys] = float("nan"), float("nan")
+    q_poisoned[:, :, rows], do_poisoned[:, :, rows] = float("nan"), float("nan")
+    o_poisoned, _ = flash_attention(q, k, v, False, None, "upper_left", 128, 128, window=(100, 0))
+    dq, _, _ = flash_attention_backward(q, k, v, o, lse, do, False, None, 64, 64, window=(100, 0))
+    _, dk, dv = flash_attention_backward(q_poisoned, k.nan_to_num(), v.nan_to_num(), o, lse, do_poisoned, False,
+                                         None, 64, 64, window=(100, 0))  # fmt: skip
+    seen = [o_poisoned[:, :, 512:640], dq[:, :, 512:576], dk[:, :, 512:576], dv[:, :, 512:576]]
+    if one_too_many:
+        assert all(torch.isnan(x).any() for x in (seen[0], seen[1], seen[3]))
+    else:
+        assert all(torch.isfinite(x).all() for x in seen)
