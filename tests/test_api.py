@@ -444,3 +444,16 @@ def test_attention_refuses_bad_windows_and_caps_by_name_on_every_tier(backend, k
         attention(q, k, v, window=(1, 0), softcap=2.0)  # kept checks and plan of a valid call let nothing through
         with pytest.raises(error, match=match):
             attention(q, k, v, **kwargs)
+
+
+def test_reference_attention_takes_the_window_and_the_cap_in_both_directions():
+    from flashtile.reference.autograd import reference_attention
+
+    q, k, v = make_qkv(1, 2, 2, 30, 26, 16, seed=48)
+    do = torch.randn(q.shape, generator=torch.Generator().manual_seed(49)).to(DEVICE)
+    fn = lambda q, k, v: reference_attention(q, k, v, False, None, 8, 8, "lower_right", window=(5, 2), softcap=1.5)
+    o, grads = run_attention(fn, q, k, v, do)
+    o_ref, grads_ref = windowed_truth(q, k, v, do, (5, 2), False, "lower_right", 1.5)
+    torch.testing.assert_close(o.double(), o_ref, **TOL[F32])
+    for name, g, g_ref in zip(("dq", "dk", "dv"), grads, grads_ref):
+        torch.testing.assert_close(g.double(), g_ref, **TOL[F32], msg=lambda m, name=name: f"{name}: {m}")
