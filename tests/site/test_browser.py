@@ -194,16 +194,25 @@ def check_listings(page, src: Path) -> None:
         page.evaluate(CLOSE_DETAILS_JS)
 
 
+# Every titled code block in page order, as the reader sees it (innerText): its title and its code, read in
+# one call (a locator per block and field cost a round trip to the browser each, half a second a page).
+TITLED_BLOCKS_JS = """() => [...document.querySelectorAll(".highlight")]
+  .filter((block) => block.querySelector(":scope > .filename"))
+  .map((block) => {
+    const code = block.querySelectorAll("pre > code");
+    return [block.querySelector(":scope > .filename").innerText, code.length === 1 ? code[0].innerText : null];
+  })"""
+
+
 def _check_listings(page, src: Path) -> None:
     expected = listings(src)
-    blocks = page.locator(".highlight:has(> .filename)")
-    assert blocks.count() == len(expected), (
-        f"{src.name}: {blocks.count()} titled code blocks on the page, {len(expected)} listings in the source"
+    blocks = page.evaluate(TITLED_BLOCKS_JS)
+    assert len(blocks) == len(expected), (
+        f"{src.name}: {len(blocks)} titled code blocks on the page, {len(expected)} listings in the source"
     )
-    for i, lst in enumerate(expected):
-        block = blocks.nth(i)
-        assert block.locator(".filename").inner_text().strip() == lst.path
-        shown = block.locator("pre > code").inner_text()
+    for (title, shown), lst in zip(blocks, expected):
+        assert title.strip() == lst.path
+        assert shown is not None, f"{src.name}: listing {lst.path}:{lst.section} is not one pre > code block"
         want = section_text(lst.path, lst.section)
         assert shown.strip(), f"{src.name}: listing {lst.path}:{lst.section} is empty"
         assert [line.rstrip() for line in shown.strip("\n").splitlines()] == [
