@@ -269,8 +269,10 @@ def band_query_tiles(k_start, Tq, Tk, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constex
 @triton.jit
 def in_band(rows, keys, lo, hi):
     """Which (row, key) pairs the band keeps, lo <= j - i <= hi: ``reference.masks.band_keeps`` on index
-    tiles already shaped to broadcast (a column of rows against a row of keys, or the transpose)."""
-    return (keys - rows >= lo) & (keys - rows <= hi)
+    tiles already shaped to broadcast (a column of rows against a row of keys, or the transpose). Written
+    as two bounds per row, i + lo <= j <= i + hi, so that only the compares are tiles: j - i would be a
+    whole tile of ints, registers the kernels do not have to spare."""
+    return (keys >= rows + lo) & (keys <= rows + hi)
 # --8<-- [end:band_tiles]
 
 
