@@ -206,10 +206,10 @@ def dkdv_query_tiles(
             keep = visible(rows[None, :], keys[:, None], Tq, Tk, offset, band_lo, band_hi, CAUSAL, BAND)
             pT = tl.where(keep, pT, 0.0)
         dv += tl.dot(pT.to(do.dtype), do, input_precision=DOT_PRECISION)
+        if SOFTCAP:  # through the cap, d s / d x = 1 - tanh^2(x / softcap), folded into P now that dV has it:
+            pT = pT * (1.0 - tT * tT)  # tT dies here, one tile fewer held across the next matmul
         dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)  # trans of a loaded tile: a view
         dsT = pT * (dpT - delta[None, :])
-        if SOFTCAP:  # through the cap: d s / d x = 1 - tanh^2(x / softcap)
-            dsT = dsT * (1.0 - tT * tT)
         if MASKED:
             dsT = tl.where(keep, dsT, 0.0)  # a hidden pair: 0, even if its row is NaN
         dk += tl.dot(dsT.to(qT.dtype), tl.trans(qT), input_precision=DOT_PRECISION)
@@ -345,10 +345,10 @@ def dq_key_tiles(
         if MASKED:
             keep = visible(rows[:, None], keys[None, :], Tq, Tk, offset, band_lo, band_hi, CAUSAL, BAND)
             p = tl.where(keep, p, 0.0)
+        if SOFTCAP:  # the cap's derivative 1 - tanh^2 folded into P first: t dies before the next matmul
+            p = p * (1.0 - t * t)
         dp = tl.dot(do, vT, input_precision=DOT_PRECISION)
         ds = p * (dp - delta[:, None])
-        if SOFTCAP:
-            ds = ds * (1.0 - t * t)
         if MASKED:
             ds = tl.where(keep, ds, 0.0)
         dq += tl.dot(ds.to(kT.dtype), tl.trans(kT), input_precision=DOT_PRECISION)
