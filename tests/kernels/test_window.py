@@ -108,6 +108,25 @@ def test_window_with_query_and_key_tiles_of_different_sizes(block_q, block_k):
         assert_close_to_truth(g, g_ref, name, **GRAD_TOL[F32])
 
 
+@pytest.mark.parametrize("deterministic", [True, False], ids=["deterministic", "atomic_dq"])
+def test_window_with_the_gqa_group_split_over_programs(deterministic, monkeypatch):
+    """On the GPU a small GQA grid shares each (key tile, kv head) over several dK/dV programs (``pick_kv_split``);
+    forced here, each part must walk the same band of query tiles and add up to the whole group's gradient."""
+    from flashtile import _plans
+    from flashtile.kernels import backward
+
+    monkeypatch.setattr(_plans, "_plans", {})  # no plan made before the patch is reused
+    monkeypatch.setattr(backward, "pick_kv_split", lambda group, programs, device: group)
+    q, k, v, do = make_inputs(1, 4, 1, 40, 40, 16, F32, seed=13)
+    o, lse = flash_attention(q, k, v, True, None, "upper_left", 16, 16, window=(9, -1), softcap=2.0)
+    grads = flash_attention_backward(q, k, v, o, lse, do, True, None, 16, 16, window=(9, -1), softcap=2.0,
+                                     deterministic=deterministic)  # fmt: skip
+    assert any(getattr(plan, "kv_split", None) == 4 for plan in _plans._plans.values())  # the split did run
+    _, grads_ref = truth(q, k, v, do, (9, -1), True, "upper_left", 2.0)
+    for name, g, g_ref in zip(("dq", "dk", "dv"), grads, grads_ref):
+        assert_close_to_truth(g, g_ref, name, **GRAD_TOL[F32])
+
+
 def test_softcap_stays_exact_where_it_barely_bends_and_where_it_saturates():
     """A cap of 1e4 over scores of a few units (tanh(x / c) ~ x / c: the kernel's tanh must keep its relative
     accuracy near 0, where 1 - exp(-2y) cancels) and a cap of 0.05 (tanh saturated, derivative ~ 0)."""
