@@ -318,6 +318,24 @@ def train_step_table(result: dict) -> list[str]:
     return lines
 
 
+def masks_table(result: dict) -> list[str]:
+    """Sliding windows: flashtile and compiled FlexAttention on the same mask, cuDNN's full causal beside them."""
+    lines = [
+        _line(["flashtile / flex", "pass", "mask", "B", "H", "T", "D", "flashtile ms", "TFLOP/s", "flex ms",
+               "TFLOP/s", "cuDNN full causal ms"]),  # fmt: skip
+        _line(["---"] * 12),
+    ]
+    key = lambda r: (r["pass"], r["B"], r["H"], r["Tq"], r["D"])
+    for (pass_, B, H, T, D), by in _group(result["rows"], key).items():
+        ours, flex, full = by.get("flashtile"), by.get("flex"), by.get("sdpa_cudnn")
+        window = ours["mask"].removeprefix("window:") if ours else "—"
+        lines.append(_line([_ratio(ours, flex), pass_, f"window {window}", B, H, T, D,
+                            f"{ours['ms']:.3f}" if _ok(ours) else short_reason(ours), _tflops(ours),
+                            f"{flex['ms']:.3f}" if _ok(flex) else short_reason(flex), _tflops(flex),
+                            f"{full['ms']:.3f}" if _ok(full) else short_reason(full)]))  # fmt: skip
+    return lines
+
+
 # name in the page marker -> (JSON file, renderer, the command that measures it)
 TABLES = {
     "forward": ("forward.json", forward_table, "python -m flashtile.bench forward --set main"),
@@ -332,6 +350,7 @@ TABLES = {
     "softmax": ("softmax.json", softmax_table, "python -m flashtile.bench softmax"),
     "decode": ("decode.json", decode_table, "python -m flashtile.bench decode"),
     "train-step": ("train_step.json", train_step_table, "python -m flashtile.bench.train_step"),
+    "masks": ("masks.json", masks_table, "python -m flashtile.bench masks"),
 }
 
 
