@@ -51,7 +51,8 @@ def spills(kernel):
 out = {"ptx": {}, "stats": []}
 for D in (64, 128):
     config = backward.backward_config(D, torch.bfloat16, 8192)  # the settings from 1k tokens on
-    common = dict(CAUSAL=True, HEAD_DIM=D, HEAD_DIM_PAD=D, SIGN=1, DOT_PRECISION="tf32", WIDE=False, USE_TMA=False)
+    common = dict(CAUSAL=True, HEAD_DIM=D, HEAD_DIM_PAD=D, SIGN=1, DOT_PRECISION="tf32", WIDE=False, USE_TMA=False,
+                  BAND=False, SOFTCAP=False)  # no window, no cap: the switches compile out
     for atomic in (False, True):
         dkdv = backward.backward_config(D, torch.bfloat16, 8192, atomic_dq=atomic)["dkdv"]
         bq, bk, warps, stages = dkdv
