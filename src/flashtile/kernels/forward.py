@@ -70,7 +70,6 @@ from ._jit import (
     first_key_tile,
     full_key_tiles,
     fused_softmax_step,
-    in_band,
     last_key_tile,
     online_softmax_step,
     program_offset,
@@ -102,8 +101,10 @@ def _attend_key_tiles(
     arithmetic in the loop); otherwise they point at this (batch, KV head) and the tile's addresses
     are one 64-bit add away from offsets computed once, before the loop.
 
-    BAND masks with the window's band band_lo <= j - i <= band_hi (``reference.masks``) instead of the
-    causal bound; SOFTCAP replaces the raw dots by the capped scores in natural units (``soft_cap``),
+    BAND is the window's own masked body: tiles an edge of the band band_lo <= j - i <= band_hi
+    (``reference.masks``) crosses are masked on both edges and at the end of the keys, two bounds per
+    row on the tile's own column, in place of MASKED's (which the window's calls leave off; the exact
+    rerun sets both). SOFTCAP replaces the raw dots by the capped scores in natural units (``soft_cap``),
     before the mask, and the caller passes qk_scale = log2(e). Both are compiled out when off.
     """
     j0 = tl.arange(0, BLOCK_K)
@@ -117,7 +118,7 @@ def _attend_key_tiles(
             k = tl.trans(K.load([b, h_kv, k_start, 0]).reshape(BLOCK_K, HEAD_DIM_PAD))  # K^T tile
             v = V.load([b, h_kv, k_start, 0]).reshape(BLOCK_K, HEAD_DIM_PAD)
         # --8<-- [end:tma_load]
-        elif MASKED or HEAD_DIM != HEAD_DIM_PAD:
+        elif MASKED or BAND or HEAD_DIM != HEAD_DIM_PAD:
             k_mask = (d[:, None] < HEAD_DIM) & (j[None, :] < Tk)  # zeros past the keys and the head dim
             v_mask = (j[:, None] < Tk) & (d[None, :] < HEAD_DIM)
             k = tl.load(K + k_start.to(tl.int64) * stride_kt + k_offsets, mask=k_mask, other=0.0)
@@ -139,8 +140,10 @@ def _attend_key_tiles(
             else:
                 u = tl.where(j0[None, :] <= last, u, float("-inf"))
         # --8<-- [end:row_bound]
-        if MASKED and BAND:  # a window (CAUSAL is off, so only the end of the keys is masked above): both edges
-            u = tl.where(in_band(i[:, None], j[None, :], band_lo, band_hi), u, float("-inf"))
+        if BAND:  # a tile the window's band crosses: both its edges, and the end of the keys, as bounds per row
+            first = i + (band_lo - k_start)  # on the tile's own column, like the causal bound above
+            last = tl.minimum(i + (band_hi - k_start), Tk - 1 - k_start)
+            u = tl.where((j0[None, :] >= first[:, None]) & (j0[None, :] <= last[:, None]), u, float("-inf"))
         if FUSED:
             acc, l, m, shift, largest = fused_softmax_step(acc, l, m, shift, largest, u, v, qk_scale, DOT_PRECISION,
                                                            INTERPRETED)
@@ -205,19 +208,19 @@ def _forward_kernel(
         acc, l, m, shift, largest = _attend_key_tiles(  # the band's left edge crosses these
             acc, l, m, shift, largest, q, k_base, v_base, b, h_kv, stride_kt, stride_kd, stride_vt, stride_vd,
             i, d, first_k_index, full_first, Tk, offset, qk_scale, band_lo, band_hi, unit, softcap,
-            BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, MASKED=True, CAUSAL=False, USE_TMA=USE_TMA, DOT_PRECISION=DOT_PRECISION,
+            BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, MASKED=False, CAUSAL=False, USE_TMA=USE_TMA, DOT_PRECISION=DOT_PRECISION,
             FUSED=True, INTERPRETED=INTERPRETED, BAND=True, SOFTCAP=SOFTCAP,
         )
         acc, l, m, shift, largest = _attend_key_tiles(  # FULL: no mask
             acc, l, m, shift, largest, q, k_base, v_base, b, h_kv, stride_kt, stride_kd, stride_vt, stride_vd,
             i, d, full_first, full_end, Tk, offset, qk_scale, band_lo, band_hi, unit, softcap,
             BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, MASKED=False, CAUSAL=False, USE_TMA=USE_TMA,
-            DOT_PRECISION=DOT_PRECISION, FUSED=True, INTERPRETED=INTERPRETED, BAND=True, SOFTCAP=SOFTCAP,
+            DOT_PRECISION=DOT_PRECISION, FUSED=True, INTERPRETED=INTERPRETED, SOFTCAP=SOFTCAP,
         )
         acc, l, m, shift, largest = _attend_key_tiles(  # the right edge, and a ragged last key tile
             acc, l, m, shift, largest, q, k_base, v_base, b, h_kv, stride_kt, stride_kd, stride_vt, stride_vd,
             i, d, full_end, n_key_tiles, Tk, offset, qk_scale, band_lo, band_hi, unit, softcap,
-            BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, MASKED=True, CAUSAL=False, USE_TMA=USE_TMA, DOT_PRECISION=DOT_PRECISION,
+            BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, MASKED=False, CAUSAL=False, USE_TMA=USE_TMA, DOT_PRECISION=DOT_PRECISION,
             FUSED=True, INTERPRETED=INTERPRETED, BAND=True, SOFTCAP=SOFTCAP,
         )
         delta = delta_of_shift(m, shift, l, qk_scale, INTERPRETED)  # the shift's rounding, which (acc, l) carry
