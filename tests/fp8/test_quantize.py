@@ -150,3 +150,13 @@ def test_bad_arguments_are_refused_by_name(kwargs, error, message):
 def test_rotation_needs_a_power_of_two(D):
     with pytest.raises(ValueError, match="D must be a power of two"):
         hadamard_rotation(D)
+
+
+def test_keys_contiguous_lays_the_same_codes_out_along_t():
+    x = torch.randn(2, 3, 40, 16, dtype=torch.float64)
+    x8, descale = quantize(x, "block")
+    laid_out, descale_again = quantize(x, "block", keys_contiguous=True)
+    assert laid_out.stride() == (3 * 16 * 40, 16 * 40, 1, 40)
+    assert torch.equal(laid_out.view(torch.uint8), x8.view(torch.uint8)) and torch.equal(descale_again, descale)
+    with pytest.raises(TypeError, match="keys_contiguous must be a bool"):
+        quantize(x, keys_contiguous="yes")

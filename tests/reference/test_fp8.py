@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from _truth import attention_truth, visible_pairs_mask
-from flashtile.fp8 import quantize
-from flashtile.reference.fp8 import fp8_attention_forward, to_e4m3
+from flashtile.fp8 import GRANULARITIES, quantize
+from flashtile.reference.fp8 import check_fp8_inputs, fp8_attention_forward, to_e4m3
 
 F64 = dict(rtol=1e-12, atol=1e-12)
 
@@ -162,3 +162,55 @@ def test_bad_inputs_are_refused_by_name(which, value, error, message):
 def test_bad_options_are_refused_by_name(kwargs, error, message):
     with pytest.raises(error, match=message):
         fp8_attention_forward(**_bad("q8", lambda x: x), **kwargs)
+
+
+class _NoHostReads:
+    """Within this block, reading a tensor's value on the host (bool, item, a Python number) raises: on a GPU
+    each would wait for the device."""
+
+    def __enter__(self):
+        self.saved = {name: getattr(torch.Tensor, name) for name in ("__bool__", "item", "__float__", "__int__")}
+
+        def refuse(*_):
+            raise AssertionError("a tensor's value was read on the host")
+
+        for name in self.saved:
+            setattr(torch.Tensor, name, refuse)
+
+    def __exit__(self, *_):
+        for name, method in self.saved.items():
+            setattr(torch.Tensor, name, method)
+
+
+def test_factors_from_quantize_are_not_read_again():
+    gen = torch.Generator().manual_seed(9)
+    (q8, dq), (k8, dk), (v8, dv) = (quantize(torch.randn(1, 2, 20, 8, generator=gen), g) for g in GRANULARITIES)
+    with _NoHostReads():
+        check_fp8_inputs(q8, k8, v8, dq, dk, dv)
+    with pytest.raises(AssertionError, match="read on the host"), _NoHostReads():  # the control: a copy is read
+        check_fp8_inputs(q8, k8, v8, dq.clone(), dk, dv)
+
+
+def test_factors_checked_once_are_not_read_again_until_written_to():
+    args = _bad("q8", lambda x: x)
+    args.update({name: args[name].clone() for name in ("descale_q", "descale_k", "descale_v")})  # user-made
+    fp8_attention_forward(**args)  # reads and vouches for the three
+    with _NoHostReads():
+        check_fp8_inputs(*(args[name] for name in ("q8", "k8", "v8", "descale_q", "descale_k", "descale_v")))
+    args["descale_k"][0, 0, 1] = 0.0  # an in-place write, through the tensor itself
+    with pytest.raises(ValueError, match="descale_k must hold positive finite factors"):
+        fp8_attention_forward(**args)
+    _, descale = quantize(torch.ones(1, 1, 4, 8))
+    descale[..., 2:].fill_(float("nan"))  # a write through a view advances the shared version count
+    with pytest.raises(ValueError, match="descale_q must hold positive finite factors"):
+        check_fp8_inputs(*(torch.ones(1, 1, 4, 8).to(torch.float8_e4m3fn) for _ in range(3)), descale,
+                         torch.ones(1, 1, 4), torch.ones(1, 1, 4))  # fmt: skip
+
+
+def test_factors_made_in_inference_mode_are_read_every_call():
+    with torch.inference_mode():
+        (q8, dq), (k8, dk), (v8, dv) = (quantize(torch.randn(1, 1, 4, 8)) for _ in range(3))
+        check_fp8_inputs(q8, k8, v8, dq, dk, dv)
+        dq.zero_()  # inference tensors keep no version count: only reading them again sees this
+        with pytest.raises(ValueError, match="descale_q must hold positive finite factors"):
+            check_fp8_inputs(q8, k8, v8, dq, dk, dv)

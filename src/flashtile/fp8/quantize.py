@@ -25,7 +25,7 @@ import math
 import torch
 
 from .._checks import FLOAT_DTYPES, check_block, check_flag, check_tensor, resolve_neg_bits
-from ..reference.fp8 import E4M3_MAX, to_e4m3
+from ..reference.fp8 import E4M3_MAX, to_e4m3, vouch_for_factors
 
 GRANULARITIES = ("tensor", "head", "block")
 DEFAULT_BLOCK = 64  # rows per group with granularity="block"
@@ -71,7 +71,7 @@ def row_amax(x: torch.Tensor, granularity: str, block: int) -> torch.Tensor:
     return padded.view(B, H, n_blocks, block).amax(dim=-1).repeat_interleave(block, dim=-1)[..., :T]
 
 
-def quantize(x, granularity="tensor", rotate=False, block=None):
+def quantize(x, granularity="tensor", rotate=False, block=None, *, keys_contiguous=False):
     """E4M3 codes and float32 factors of x (B, H, T, D): x ≈ x8 * descale[..., None].
 
     Args:
@@ -79,15 +79,19 @@ def quantize(x, granularity="tensor", rotate=False, block=None):
         granularity: "tensor", "head" (one factor per (B, H)) or "block" (per ``block`` rows along T).
         rotate: multiply the head dimension by ``hadamard_rotation(D)`` first (D a power of two).
         block: rows per group for granularity="block" (default 64); only with that granularity.
+        keys_contiguous: lay x8 out with stride 1 along T (a (B, H, D, T) tensor, transposed), the layout
+            the FP8 kernel reads V in; for v, so that no call copies it.
 
     Returns:
-        x8 (B, H, T, D) float8_e4m3fn, contiguous, and descale (B, H, T) float32, one factor per row.
+        x8 (B, H, T, D) float8_e4m3fn, contiguous (or keys-contiguous), and descale (B, H, T) float32, one
+        positive finite factor per row, which the FP8 forward takes without reading it again.
         |x8 * descale - x| <= max(2^-4 |x|, 2^-10 descale) for every entry (x rotated, if asked).
     """
     (x,) = resolve_neg_bits(x)
     check_tensor("x", x, rank=4, dtypes=FLOAT_DTYPES)
     check_granularity(granularity)
     rotate = check_flag("rotate", rotate)
+    keys_contiguous = check_flag("keys_contiguous", keys_contiguous)
     if block is not None and granularity != "block":
         raise ValueError(f"block applies only to granularity='block', got block={block!r} with {granularity!r}")
     block = check_block("block", DEFAULT_BLOCK if block is None else block)
@@ -106,5 +110,8 @@ def quantize(x, granularity="tensor", rotate=False, block=None):
         raise ValueError("x has values too large for a float32 factor (|x| / 448 overflows float32)")
     descale = descale.clamp(min=FLOAT32_TINY)  # an all-zero group (or one below 448 * 2^-126) gets a usable factor
     x8 = to_e4m3(x / descale[..., None].to(c))  # saturating: rounding x / descale up past 448 stays at 448
+    vouch_for_factors(descale)  # positive and finite by construction: the kernel need not read them again
+    if keys_contiguous:
+        return x8.transpose(-1, -2).contiguous().transpose(-1, -2), descale  # strides (H D T, D T, 1, T)
     return x8.contiguous(), descale
 # --8<-- [end:quantize]

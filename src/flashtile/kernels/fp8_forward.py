@@ -45,24 +45,21 @@ import triton.language as tl
 from .._checks import check_alignment, check_block, check_causal, resolve_neg_bits, resolve_scale
 from ..reference.causal import diagonal_offset
 from ..reference.fp8 import DEFAULT_BLOCK_K, P_SCALE, check_fp8_inputs
-from ._host import check_kernel_device, head_batch_grid
-from ._jit import full_key_tiles, last_key_tile
+from ._host import check_kernel_device, head_batch_grid, heaviest_first_chunk, kernel_scale, resident_programs
+from ._jit import full_key_tiles, last_key_tile, multiply_subtract, program_tile
 
 LOG2E = math.log2(math.e)
 LN2 = tl.constexpr(math.log(2.0))
 P_SCALE_JIT = tl.constexpr(P_SCALE)
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 MIN_FP8_DOT = 32  # an E4M3 tensor-core dot reduces over at least 32 elements
-NUM_WARPS, NUM_STAGES = 4, 2
-WIDE_HEAD_NUM_WARPS = 8  # D > 128: 4 warps spill 720 bytes at D = 256 (compiled for sm_90), 8 warps 80
-BLOCK_Q = 64
 
 
 # --8<-- [start:fp8-forward]
 @triton.jit
 def fold_fp8_key_tile(acc, l, m, q, dq, K, V, DK, VR, stride_kt, stride_kd, stride_vt, stride_vd, i, d, k_start,
                       Tk, offset, HEAD_DIM: tl.constexpr, BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr,
-                      MASKED: tl.constexpr):  # fmt: skip
+                      MASKED: tl.constexpr, INTERPRETED: tl.constexpr):  # fmt: skip
     """One step of the online softmax over keys k_start .. k_start + BLOCK_K - 1, with E4M3 operands."""
     j = k_start + tl.arange(0, BLOCK_K).to(tl.int64)
     kv_mask = (j[:, None] < Tk) & (d[None, :] < HEAD_DIM)
@@ -74,17 +71,18 @@ def fold_fp8_key_tile(acc, l, m, q, dq, K, V, DK, VR, stride_kt, stride_kd, stri
     v_t = tl.load(V + d[:, None] * stride_vd + j[None, :] * stride_vt, mask=v_t_mask, other=0.0)  # (D_PAD, BLOCK_K)
     dk = tl.load(DK + j, mask=j < Tk, other=0.0)  # (BLOCK_K,) k's row factors
     v_ratio = tl.load(VR + j, mask=j < Tk, other=0.0)  # (BLOCK_K,) descale_v / v_scale, in (0, 1]
-    # the raw dot is summed in the E4M3 dot's accumulator (fewer bits than float32 on sm_90), then scaled
-    s = tl.dot(q, tl.trans(k)) * (dq[:, None] * dk[None, :])  # (BLOCK_Q, BLOCK_K), log2 units (τ log2 e is in dq)
+    # the raw dot is summed in the E4M3 dot's accumulator (fewer bits than float32 on sm_90); s = t dq with
+    # t = raw dk: dq > 0, so the row max of s is dq times the row max of t, and s - m is one fused multiply-add
+    t = tl.dot(q, tl.trans(k)) * dk[None, :]  # (BLOCK_Q, BLOCK_K), log2 units once times dq (τ log2 e is in dq)
     if MASKED:  # a padded key, or one past the diagonal, scores -inf (p = 0)
         visible = j[None, :] < Tk
         if CAUSAL:
             visible = visible & (j[None, :] <= i[:, None] + offset)
-        s = tl.where(visible, s, float("-inf"))
-    m_new = tl.maximum(m, tl.max(s, 1))
+        t = tl.where(visible, t, float("-inf"))
+    m_new = tl.maximum(m, tl.max(t, 1) * dq)
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no key yet: alpha = p = 0, not NaN
     alpha = tl.math.exp2(m - m_safe)
-    p = tl.math.exp2(s - m_safe[:, None])  # in [0, 1]
+    p = tl.math.exp2(multiply_subtract(t, dq[:, None], m_safe[:, None], INTERPRETED))  # exp2(s - m), in [0, 1]
     l = alpha * l + tl.sum(p, 1)  # the normaliser sums the unrounded p
     p8 = (p * (v_ratio[None, :] * P_SCALE_JIT)).to(tl.float8e4nv)  # P rounded to E4M3, V's factors on it
     # max_num_imprecise_acc: the tile's product is summed in the E4M3 dot's own accumulator, then added to acc
@@ -98,13 +96,15 @@ def fp8_forward_kernel(
     Q, K, V, DQ, DK, VR, VS, O, LSE,
     stride_qb, stride_qh, stride_qt, stride_qd, stride_kb, stride_kh, stride_kt, stride_kd,
     stride_vb, stride_vh, stride_vt, stride_vd, stride_ob, stride_oh, stride_ot, stride_od,
-    H, H_kv, Tq, Tk, offset, qk_scale,
+    H, H_kv, Tq, Tk, offset, qk_scale, chunk,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
-    CAUSAL: tl.constexpr,
+    CAUSAL: tl.constexpr, SIGN: tl.constexpr, HEAVIEST_FIRST: tl.constexpr, INTERPRETED: tl.constexpr,
 ):  # fmt: skip
-    """One program: query tile q_index of head h of batch b; grid (cdiv(Tq, BLOCK_Q), H, B). DQ (B, H, Tq),
-    DK and VR (B, H_kv, Tk) and VS (B, H_kv) are contiguous float32."""
-    q_index, h, b = tl.program_id(0), tl.program_id(1).to(tl.int64), tl.program_id(2).to(tl.int64)
+    """One program: query tile q_index of head h of batch b; grid (cdiv(Tq, BLOCK_Q), H, B), each head's
+    heaviest tile first under a causal mask (``program_tile``). DQ (B, H, Tq), DK and VR (B, H_kv, Tk) and
+    VS (B, H_kv) are contiguous float32; τ's sign is SIGN (folded into q), qk_scale = |τ| log2 e."""
+    q_index, h, b = program_tile(chunk, HEAVY_TILE_LAST=CAUSAL, HEAVIEST_FIRST=HEAVIEST_FIRST)
+    h, b = h.to(tl.int64), b.to(tl.int64)
     h_kv = h // (H // H_kv)  # GQA: the key/value head this query head reads
     q_start = q_index * BLOCK_Q
     i = q_start + tl.arange(0, BLOCK_Q).to(tl.int64)
@@ -117,7 +117,10 @@ def fp8_forward_kernel(
     VR += (b * H_kv + h_kv) * Tk
     q_mask = (i[:, None] < Tq) & (d[None, :] < HEAD_DIM)
     q = tl.load(Q + i[:, None] * stride_qt + d[None, :] * stride_qd, mask=q_mask, other=0.0)  # (BLOCK_Q, D_PAD) e4m3
-    dq = tl.load(DQ + (b * H + h) * Tq + i, mask=i < Tq, other=0.0) * qk_scale  # (BLOCK_Q,) q's factors times τ log2 e
+    if SIGN != 1:  # τ < 0 (or 0) on q's codes, exactly, so that dq > 0 and a row's max of s is dq times t's
+        q = (q.to(tl.float32) * SIGN).to(tl.float8e4nv)
+    # (BLOCK_Q,) q's factors times |τ| log2 e; a padded row gets 1, not 0, so that its -inf scores stay -inf
+    dq = tl.load(DQ + (b * H + h) * Tq + i, mask=i < Tq, other=1.0) * qk_scale
 
     m = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)
     l = tl.zeros([BLOCK_Q], dtype=tl.float32)
@@ -130,11 +133,11 @@ def fp8_forward_kernel(
     for k_index in range(0, n_full):  # FULL tiles: no mask
         acc, l, m = fold_fp8_key_tile(acc, l, m, q, dq, K, V, DK, VR, stride_kt, stride_kd, stride_vt, stride_vd,
                                       i, d, k_index * BLOCK_K, Tk, offset, HEAD_DIM, BLOCK_K, CAUSAL,
-                                      False)  # fmt: skip
+                                      False, INTERPRETED)  # fmt: skip
     for k_index in range(n_full, n_visit):  # DIAGONAL tiles and a ragged last tile
         acc, l, m = fold_fp8_key_tile(acc, l, m, q, dq, K, V, DK, VR, stride_kt, stride_kd, stride_vt, stride_vd,
                                       i, d, k_index * BLOCK_K, Tk, offset, HEAD_DIM, BLOCK_K, CAUSAL,
-                                      True)  # fmt: skip
+                                      True, INTERPRETED)  # fmt: skip
 
     o_scale = tl.load(VS + b * H_kv + h_kv) / P_SCALE_JIT  # P's factor 1/448 and V's largest factor
     empty = l == 0.0
@@ -146,12 +149,24 @@ def fp8_forward_kernel(
 # --8<-- [end:fp8-forward]
 
 
+def fp8_config(head_dim: int) -> dict:
+    """Launch settings by head dim, one plain choice from the measured tiles (sweeps/fp8-forward-speed-v-keys-
+    contiguous.json): 128 x 64 tiles, 8 warps, 3 stages to D = 128; 64 x 64 with 8 warps above (wider q tiles
+    spill there). block_k stays 64, the emulation's: P is rounded tile by tile."""
+    if head_dim <= 128:
+        return dict(block_q=128, num_warps=8, num_stages=3)
+    return dict(block_q=64, num_warps=8, num_stages=2)
+
+
 def fp8_forward(q8, k8, v8, descale_q, descale_k, descale_v, causal=False, scale=None, *, alignment="upper_left",
                 out_dtype=torch.bfloat16, block_k=DEFAULT_BLOCK_K):  # fmt: skip
     """(o, lse) of E4M3 q8, k8, v8 with their per-row float32 factors (as ``flashtile.fp8.quantize`` returns
     them): o (B, H, Tq, D) in ``out_dtype``, contiguous; lse (B, H, Tq) float32, natural log.
 
-    ``block_k`` (a power of two, at least 32) is the key tile, the emulation's ``block_k``."""
+    ``block_k`` (a power of two, at least 32) is the key tile, the emulation's ``block_k``. Factors that
+    ``quantize`` made, or that an earlier call checked and that were not written to since, are not read
+    again: the call then waits on nothing the GPU computes (``check_fp8_inputs``). V with its keys
+    contiguous (``quantize(v, ..., keys_contiguous=True)``) is read as it is; another layout is copied."""
     q8, k8, v8, descale_q, descale_k, descale_v = resolve_neg_bits(q8, k8, v8, descale_q, descale_k, descale_v)
     B, H, H_kv, Tq, Tk, D = check_fp8_inputs(q8, k8, v8, descale_q, descale_k, descale_v)
     check_causal(causal)
@@ -167,13 +182,14 @@ def fp8_forward(q8, k8, v8, descale_q, descale_k, descale_v, causal=False, scale
     if out_dtype == torch.bfloat16 and q8.device.type == "cpu":
         raise TypeError("out_dtype=torch.bfloat16 on the CPU: the Triton interpreter computes bfloat16 wrongly (Triton "
                         "issue 11584); pass out_dtype=torch.float32 there")  # fmt: skip
+    config = fp8_config(D)
     return launch_fp8_forward(q8, k8, v8, descale_q, descale_k, descale_v, causal, scale,
-                              diagonal_offset(Tq, Tk, alignment), out_dtype, block_k)
+                              diagonal_offset(Tq, Tk, alignment), out_dtype, block_k, **config)  # fmt: skip
 
 
-def launch_fp8_forward(q8, k8, v8, descale_q, descale_k, descale_v, causal, scale, offset, out_dtype, block_k):
-    """The launch alone, on arguments ``fp8_forward`` has checked (its value checks read the factors on the
-    host, a synchronisation a timing of the kernel itself leaves out)."""
+def launch_fp8_forward(q8, k8, v8, descale_q, descale_k, descale_v, causal, scale, offset, out_dtype, block_k,
+                       block_q, num_warps, num_stages):  # fmt: skip
+    """The launch alone, on arguments ``fp8_forward`` has checked, at the given tiles, warps and stages."""
     B, H, Tq, D = q8.shape
     H_kv, Tk = k8.shape[1], k8.shape[2]
     v_scale = descale_v.amax(dim=-1).contiguous()  # (B, H_kv): each head's largest V factor
@@ -182,11 +198,17 @@ def launch_fp8_forward(q8, k8, v8, descale_q, descale_k, descale_v, causal, scal
     v8 = keys_contiguous(v8)
     o = torch.empty((B, H, Tq, D), dtype=out_dtype, device=q8.device)
     lse = torch.empty((B, H, Tq), dtype=torch.float32, device=q8.device)
-    fp8_forward_kernel[head_batch_grid(triton.cdiv(Tq, BLOCK_Q), H, B)](
+    units = kernel_scale(scale)
+    n_tiles, group = triton.cdiv(Tq, block_q), H // H_kv
+    # the programs of one query head stream its kv head's K and V (one byte an entry), which the group shares
+    chunk = heaviest_first_chunk(causal, 2 * Tk * D // group, B * H, B * H * n_tiles,
+                                 resident_programs(num_warps, None), q8.device, group)  # fmt: skip
+    fp8_forward_kernel[head_batch_grid(n_tiles, H, B)](
         q8, k8, v8, descale_q, descale_k, v_ratio, v_scale, o, lse, *q8.stride(), *k8.stride(), *v8.stride(),
-        *o.stride(), H, H_kv, Tq, Tk, offset, scale * LOG2E,
-        HEAD_DIM=D, HEAD_DIM_PAD=max(MIN_FP8_DOT, 1 << (D - 1).bit_length()), BLOCK_Q=BLOCK_Q, BLOCK_K=block_k,
-        CAUSAL=causal, num_warps=NUM_WARPS if D <= 128 else WIDE_HEAD_NUM_WARPS, num_stages=NUM_STAGES,
+        *o.stride(), H, H_kv, Tq, Tk, offset, units.unit * LOG2E, max(chunk, 1),
+        HEAD_DIM=D, HEAD_DIM_PAD=max(MIN_FP8_DOT, 1 << (D - 1).bit_length()), BLOCK_Q=block_q, BLOCK_K=block_k,
+        CAUSAL=causal, SIGN=units.sign, HEAVIEST_FIRST=chunk > 0, INTERPRETED=q8.device.type == "cpu",
+        num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     return o, lse
 

@@ -27,6 +27,8 @@ The checks of the FP8 contract (E4M3 tensors and their factors) live here, below
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from .._checks import (
@@ -55,9 +57,40 @@ def to_e4m3(x: torch.Tensor) -> torch.Tensor:
     return x.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
 
 
+_CHECKED_FACTORS: dict[int, tuple[weakref.ref, int]] = {}  # id -> (the tensor, its version when its values passed)
+
+
+def vouch_for_factors(descale: torch.Tensor) -> None:
+    """Record that descale's values are positive and finite as they stand (its maker knows, or a check just
+    read them), so that ``check_descale`` need not read them again until they are written to through
+    PyTorch (writes that bypass its version count, through ``.data``, a NumPy view or a kernel of one's own,
+    are not seen). Tensors made under ``torch.inference_mode`` keep no version count and are not recorded:
+    they are read on every call."""
+    if descale.is_inference():
+        return
+    key = id(descale)
+
+    def forget(ref, key=key):  # the tensor is gone; its id may be given to another one
+        if _CHECKED_FACTORS.get(key, (None,))[0] is ref:
+            del _CHECKED_FACTORS[key]
+
+    _CHECKED_FACTORS[key] = (weakref.ref(descale, forget), descale._version)
+
+
+def vouched_for(descale: torch.Tensor) -> bool:
+    """descale is the very tensor recorded by ``vouch_for_factors`` and has not been written to since (an
+    in-place write, through any view of its memory, advances the version count they share)."""
+    entry = _CHECKED_FACTORS.get(id(descale))
+    return entry is not None and entry[0]() is descale and not descale.is_inference() and (
+        descale._version == entry[1])  # fmt: skip
+
+
 def check_descale(name: str, descale, x: torch.Tensor, x_name: str) -> torch.Tensor:
     """descale holds x's per-row factors: float32, shape x.shape[:-1] = (B, H, T), on x's device, every
-    factor positive and finite (a factor of 0, inf or NaN would turn every value of its row into garbage)."""
+    factor positive and finite (a factor of 0, inf or NaN would turn every value of its row into garbage).
+
+    Reading the values waits for the device (a host synchronisation); it is done once per tensor and write:
+    factors from ``flashtile.fp8.quantize``, or checked by an earlier call and unchanged, are not read."""
     check_tensor(name, descale, rank=3, dtypes=(torch.float32,))
     check_values_in_memory(name, descale)
     if tuple(descale.shape) != tuple(x.shape[:-1]):
@@ -67,8 +100,11 @@ def check_descale(name: str, descale, x: torch.Tensor, x_name: str) -> torch.Ten
         )
     if descale.device != x.device:
         raise ValueError(f"{name} is on {descale.device} but {x_name} is on {x.device}; they must match")
+    if vouched_for(descale):
+        return descale
     if not bool(((descale > 0) & torch.isfinite(descale)).all()):
         raise ValueError(f"{name} must hold positive finite factors; it has a zero, negative, inf or NaN entry")
+    vouch_for_factors(descale)
     return descale
 
 
