@@ -12,8 +12,9 @@ forward after its second H200 run; this probe times each one switched off, all e
 
 Two more rows time the whole call: ``flashtile_fp8`` with V from ``quantize(..., keys_contiguous=True)``
 and factors from ``quantize`` (no host read, no copy: what a caller should do), and
-``flashtile_fp8_copy_sync``, with row-major V and factors made under ``torch.inference_mode`` (read on
-the host every call, V copied every call: what the second run's call did). The bf16 forward
+``flashtile_fp8_copy`` with row-major V (copied to keys-contiguous every call), and
+``flashtile_fp8_copy_sync``, row-major V and factors made under ``torch.inference_mode`` (read on the host
+every call, V copied every call: what the second run's call did). The bf16 forward
 (``flashtile``) and the textbook bf16 kernel are timed beside them. Before timing, the probe's own copy of
 the kernel with every step on must give the package kernel's output bit for bit, and the package's
 output is checked against the float64 emulation.
@@ -53,8 +54,9 @@ METHOD = (
     "4·B·H·Tq·Tk·D (x0.5 causal); flashtile_fp8_launch: the kernel's launch alone (factors and V ready), "
     "step_off names the step switched off (tiles: 64x64/4 warps/2 stages; fma: s = raw (dq dk) then s - m; "
     "order: plain launch order), none = as shipped; flashtile_fp8: the whole call, V keys-contiguous and "
-    "factors from quantize; flashtile_fp8_copy_sync: the whole call with row-major V (copied each call) and "
-    "factors made under inference_mode (read on the host each call); bf16 rows: N(0, 1) inputs"
+    "factors from quantize; flashtile_fp8_copy: the same with row-major V (copied each call); "
+    "flashtile_fp8_copy_sync: row-major V and factors made under inference_mode (read on the host each call); "
+    "bf16 rows: N(0, 1) inputs"
 )
 
 
@@ -205,11 +207,14 @@ def main(out: Path) -> None:
                             block_k=64, num_warps=settings["num_warps"], num_stages=settings["num_stages"]))
         rows.append(row("flashtile_fp8", shape, median_ms(functools.partial(fp8_forward, q8, k8, v8, dq, dk, dv,
                                                                              causal)), rel_rmse_vs_emulation=agreement))
+        v8_rows = v8.contiguous()  # row-major: the call copies it to keys-contiguous, every call
+        rows.append(row("flashtile_fp8_copy", shape, median_ms(functools.partial(fp8_forward, q8, k8, v8_rows, dq,
+                                                                                  dk, dv, causal))))  # fmt: skip
         with torch.inference_mode():  # factors without a version count: read on the host by every call
             (q8_i, dq_i), (k8_i, dk_i), (v8_i, dv_i) = (quantize(x, "head") for x in (q, k, v))
             ms = median_ms(functools.partial(fp8_forward, q8_i, k8_i, v8_i, dq_i, dk_i, dv_i, causal))
         rows.append(row("flashtile_fp8_copy_sync", shape, ms))
-        print(*(f"{r['provider']}:{r.get('step_off', '')} {r['ms']}" for r in rows[-(len(variants) + 4):]),
+        print(*(f"{r['provider']}:{r.get('step_off', '')} {r['ms']}" for r in rows[-(len(variants) + 5):]),
               sep=" | ", flush=True)  # fmt: skip
     save_result(out / "fp8-forward-steps.json", rows, METHOD)
 
