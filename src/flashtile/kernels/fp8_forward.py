@@ -8,9 +8,11 @@ names in the same order; what changes from ``kernels/textbook.py`` is only what 
   every add of a dot run imprecise): the raw dot of QKᵀ is summed that way, the PV product of each tile
   too, but the running acc is added to in float32, once a tile (``max_num_imprecise_acc``);
 * V is read with its keys contiguous, the layout an E4M3 dot needs for its second operand (the reduced
-  dimension contiguous); the launcher copies a V that is not laid out so, once a call;
-* each row's factor leaves the QKᵀ dot exactly, so the raw dot is multiplied by descale_q (per query
-  row) and descale_k (per key column) before the softmax;
+  dimension contiguous): ``quantize(v, ..., keys_contiguous=True)`` returns it so; the launcher copies a
+  V that is not laid out so, on every call;
+* each row's factor leaves the QKᵀ dot exactly: the raw dot is multiplied by descale_k (per key column),
+  the row max of that by descale_q (positive: τ's sign is folded into q's codes), and s - m is one
+  multiply-add per score;
 * P is rounded to E4M3 before the PV dot, as 448 · r_j · p with r_j = descale_v[j] / v_scale (at most 1:
   V's factors ride on P) and p = exp2(s - m) in [0, 1]; the factor v_scale / 448 is applied once in the
   epilogue. l sums the unrounded p, in float32.
@@ -20,18 +22,17 @@ shared head, no copy), any strides, any Tq and Tk, 1 <= D <= 256, causal with bo
 finite τ; o in ``out_dtype`` (bf16 by default; float32 too, which the interpreter tests use, since the
 interpreter computes bf16 wrongly), lse (B, H, Tq) float32, natural log.
 
-What it does not do (yet): it is forward only (inference and prefill), has no TMA, no launch order,
-no autotuning and no overlap of softmax and matmuls; it is not wired into ``flashtile.attention``.
-Its first version, which loaded row-major V and transposed it in every step, ran at 0.22 to 0.39 times
-the bf16 forward (bench/PERF_LOG.md, sweeps/fp8-forward-speed-first-kernel.json); this one, with V's keys
-contiguous and copied ahead like k, has not been timed yet. P is rounded tile by tile against the
-running max, so ``block_k`` must equal the emulation's for the two to agree. Under the Triton
+What it does not do (yet): it is forward only (inference and prefill), has no TMA descriptors, no
+autotuning and no overlap of softmax and matmuls; it is not wired into ``flashtile.attention``. Measured
+speeds are in bench/PERF_LOG.md and sweeps/fp8-forward-speed-*.json. P is rounded tile by tile against
+the running max, so ``block_k`` must equal the emulation's for the two to agree. Under the Triton
 interpreter the float32 -> E4M3 cast loses the carry when rounding reaches a power of two, so the CPU
 tests (tests/kernels/test_fp8_forward.py) feed it inputs on which nothing rounds.
 
-Launch settings, one plain choice: 64 x 64 tiles, 2 stages, 4 warps (8 above D = 128, where 4 spill);
+Launch settings (``fp8_config``): 128 x 64 tiles, 8 warps, 3 stages to D = 128, 64 x 64 above, each
+head's heaviest query tile first under a causal mask (``program_tile``, shared with the bf16 forward);
 E4M3 tensor-core dots need operand widths of at least 32 along the reduced dimension, so the head dim
-is padded to at least 32. bench/probes/fp8_forward_speed.py times other tiles beside these.
+is padded to at least 32. bench/probes/fp8_forward_steps.py times each step against the kernel without it.
 """
 
 from __future__ import annotations
