@@ -344,7 +344,9 @@ def test_kernel_equals_the_emulation_where_scores_are_exact(causal):
     o_e, lse_e = fp8_attention_forward(*inputs, causal)
     o, lse = fp8_forward(*inputs, causal, out_dtype=torch.float32)
     torch.testing.assert_close(lse.double(), lse_e, rtol=0, atol=2e-5)
-    model_distance = rmse(short_accumulator_model(*inputs, causal, "upper_left", MODEL_BITS), o_e)
+    # here o's distance is the PV sums' alone; their rounding direction is not known (toward zero would bias
+    # them), so the model keeps one bit fewer: P not rounded still lands about 40x past the bar, a key too many 600x
+    model_distance = rmse(short_accumulator_model(*inputs, causal, "upper_left", MODEL_BITS - 1), o_e)
     assert rmse(o, o_e) < 1.5 * model_distance + 1e-6, (rmse(o, o_e), model_distance)
     assert o_e.abs().max() > 0.1
 
