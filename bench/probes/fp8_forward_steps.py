@@ -190,12 +190,14 @@ def main(out: Path) -> None:
         o_steps = launch(steps_kernel, *ready, **shipped, FMA=True, ORDER=True)
         copy_is_exact = torch.equal(o_package, o_steps)  # the probe's copy with every step on: the same bits?
         torch.testing.assert_close(o_steps, o_package, rtol=1e-2, atol=1e-3)  # at the least the same answer
-        small = (slice(0, 1), slice(0, 2), slice(0, 1024))  # checked against the float64 emulation there
+        # a sanity check against the float64 emulation on a slice (relative RMSE: the emulation is about 5e-2 off
+        # float64 attention of the unquantised inputs, the kernel about a tenth of that off the emulation)
+        small = (slice(0, 1), slice(0, 2), slice(0, 1024))
         o_e, _ = fp8_attention_forward(*(x[small].cpu() for x in (q8, k8, v8, dq, dk, dv)), causal)
         o_small, _ = fp8_forward(*(x[small].contiguous() for x in (q8, k8, v8, dq, dk, dv)), causal,
                                  out_dtype=torch.float32)  # fmt: skip
         agreement = ((o_small.cpu().double() - o_e).pow(2).mean().sqrt() / o_e.pow(2).mean().sqrt()).item()
-        assert agreement < 1e-2, f"the kernel is {agreement:.2e} (relative RMSE) from the emulation at {shape}"
+        assert agreement < 2e-2, f"the kernel is {agreement:.2e} (relative RMSE) from the emulation at {shape}"
         variants = {"none": (fp8_forward_kernel, shipped, {}),
                     "tiles": (fp8_forward_kernel, FIRST_TILES, {}),
                     "fma": (steps_kernel, shipped, dict(FMA=False, ORDER=True))}  # fmt: skip
