@@ -124,16 +124,22 @@ def test_torch_compile_fullgraph_traces_the_default_dispatch():
         torch.testing.assert_close(a, b)
 
 
-def test_torch_compile_graph_holds_the_custom_ops_as_single_nodes():
+def compiled_graphs(fn, *inputs) -> list:
+    """The FX graphs torch.compile(fn, fullgraph=True) hands its backend for these inputs."""
     graphs = []
 
     def capture(gm, example_inputs):
         graphs.append(gm)
         return gm.forward
 
+    torch.compile(fn, fullgraph=True, backend=capture)(*inputs)
+    return graphs
+
+
+def test_torch_compile_graph_holds_the_custom_ops_as_single_nodes():
     q, k, v = make_qkv(1, 2, 2, 16, 16, 16, seed=11)
     with use_backend("reference"):
-        torch.compile(lambda q, k, v: attention(q, k, v, is_causal=True), fullgraph=True, backend=capture)(q, k, v)
+        graphs = compiled_graphs(lambda q, k, v: attention(q, k, v, is_causal=True), q, k, v)
     (graph,) = graphs  # fullgraph: exactly one graph, no break
     targets = [str(node.target) for node in graph.graph.nodes if node.op == "call_function"]
     assert "flashtile.attention_fwd.default" in targets
@@ -393,12 +399,6 @@ def test_window_and_softcap_match_float64_through_autograd_on_every_tier(backend
 
 
 def test_torch_compile_carries_window_and_softcap_into_the_ops():
-    graphs = []
-
-    def capture(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-
     q, k, v = make_qkv(1, 2, 2, 21, 21, 16, seed=43)
     do = torch.randn(q.shape, generator=torch.Generator().manual_seed(44)).to(DEVICE)
     fn = lambda q, k, v: attention(q, k, v, is_causal=True, window=(4, -1), softcap=1.5)
@@ -407,7 +407,7 @@ def test_torch_compile_carries_window_and_softcap_into_the_ops():
     torch.testing.assert_close(compiled[0], eager[0])
     for a, b in zip(compiled[1], eager[1]):
         torch.testing.assert_close(a, b)
-    torch.compile(fn, fullgraph=True, backend=capture)(q, k, v)
+    graphs = compiled_graphs(fn, q, k, v)
     (call,) = [n for n in graphs[0].graph.nodes if str(n.target) == "flashtile.attention_fwd.default"]
     assert tuple(call.args[7:]) == (4, -1, 1.5), call.args  # the window's sides and the cap, in the op's schema
     o_ref, _ = windowed_truth(q, k, v, do, (4, -1), True, "upper_left", 1.5)
