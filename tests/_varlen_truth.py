@@ -1,0 +1,43 @@
+"""The float64 truth for packed documents, from dense masked attention: no flashtile import.
+
+The packed (total_q, total_k) mask keeps query i and key j when both belong to the same document d and,
+inside it, (i - q_start_d, j - k_start_d) passes the single-sequence rule (``_truth.definition_mask``).
+Attention over the whole packed row through that mask is then the same as attention per document.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from _truth import definition_mask, masked_truth, truth_gradients
+
+
+def packed_keep(cu_q, cu_k, window=None, causal=False, alignment="upper_left") -> torch.Tensor:
+    """(total_q, total_k) bool: the block-diagonal mask of the documents, each block its own window rule."""
+    cu_q, cu_k = [int(x) for x in cu_q], [int(x) for x in cu_k]
+    keep = torch.zeros(cu_q[-1], cu_k[-1], dtype=torch.bool)
+    for d in range(len(cu_q) - 1):
+        (qs, qe), (ks, ke) = (cu_q[d], cu_q[d + 1]), (cu_k[d], cu_k[d + 1])
+        if qe > qs and ke > ks:
+            keep[qs:qe, ks:ke] = definition_mask(qe - qs, ke - ks, window, causal, alignment)
+    return keep
+
+
+def as_dense(x: torch.Tensor) -> torch.Tensor:
+    """(total, H, D) -> (1, H, total, D) float64."""
+    return x.detach().double().transpose(0, 1).unsqueeze(0)
+
+
+def varlen_truth(q, k, v, cu_q, cu_k, window=None, causal=False, alignment="upper_left", scale=None, softcap=None):
+    """(o (total_q, H, D), lse (H, total_q)) in float64."""
+    keep = packed_keep(cu_q, cu_k, window, causal, alignment)
+    o, lse = masked_truth(as_dense(q), as_dense(k), as_dense(v), keep, scale, softcap)
+    return o[0].transpose(0, 1), lse[0]
+
+
+def varlen_truth_grads(q, k, v, do, cu_q, cu_k, window=None, causal=False, alignment="upper_left", scale=None,
+                       softcap=None):  # fmt: skip
+    """(dq, dk, dv) in float64, packed like q, k, v."""
+    keep = packed_keep(cu_q, cu_k, window, causal, alignment)
+    grads = truth_gradients(as_dense(q), as_dense(k), as_dense(v), as_dense(do), keep, scale, softcap)
+    return tuple(g[0].transpose(0, 1) for g in grads)
