@@ -526,7 +526,8 @@ def backward_config(head_dim: int, dtype: torch.dtype, seq_len: int = 0, atomic_
     autograd, where the backward runs on autograd's device thread and every host call is slower
     (bench/PERF_LOG.md; bench/results/backward-models.json, sweeps/backward-descriptor-host-cost.json).
     The atomic-dQ kernel also holds a dQ tile: with 64-row query tiles at D = 128 it spills 764 bytes,
-    so it keeps 32.
+    so it keeps 32. At D = 256 a search (sweeps/backward-d256-configs.json) found 64 x 64 dK/dV tiles
+    on 8 warps and 128 x 64 dQ tiles in one stage 2.2-2.4x faster than the 16 x 32 tiles kept before.
     fp32 inputs multiply on the CUDA cores, not the tensor cores, and need far smaller tiles.
     The interpreter runs programs one after another: fewer, larger tiles are faster there.
     """
@@ -542,7 +543,9 @@ def backward_config(head_dim: int, dtype: torch.dtype, seq_len: int = 0, atomic_
         return dict(dkdv=(32, 128, 4, 3), dq=(64, 64, 4, 3), tma=tma)
     if pad == 128:
         return dict(dkdv=(64, 64, 4, 2) if long and not atomic_dq else (32, 64, 4, 3), dq=(128, 64, 8, 3), tma=tma)
-    return dict(dkdv=(16, 32, 4, 2), dq=(64, 32, 8, 2), tma=False)  # D = 256
+    if atomic_dq:  # D = 256: the atomic-dQ kernel's extra dQ tile leaves room for small tiles only
+        return dict(dkdv=(16, 32, 4, 2), dq=(64, 32, 8, 2), tma=False)
+    return dict(dkdv=(64, 64, 8, 2), dq=(128, 64, 8, 1), tma=tma)  # D = 256 (sweeps/backward-d256-configs.json)
     # --8<-- [end:bwd_settings]
 
 
