@@ -13,7 +13,7 @@ flashtile; ``o.backward(do, retain_graph=True)`` for SDPA. Forward: ``flash_atte
 
     OUT=/some/folder PYTHONPATH=src python bench/probes/d256_configs.py
 
-Writes ``$OUT/d256-configs.json``. A settings row that fails to compile (shared memory) records the error.
+``D256_ROUND=2`` searches around round 1's best (TMA on). Writes ``$OUT/d256-configs-round<N>.json``. A settings row that fails to compile (shared memory) records the error.
 """
 
 from __future__ import annotations
@@ -32,13 +32,30 @@ from flashtile.kernels.forward import flash_attention
 
 D = 256
 SEARCH = shape(4, 8, 4096, D, False)
-DKDV = [(16, 32, 4, 2), (16, 32, 8, 2), (32, 32, 4, 2), (32, 32, 8, 2), (16, 64, 4, 2), (16, 64, 8, 2),
-        (32, 64, 8, 2), (32, 64, 8, 1), (64, 64, 8, 2), (64, 32, 8, 2)]  # fmt: skip
-DQ = [(64, 32, 8, 2), (64, 64, 8, 2), (128, 32, 8, 2), (64, 32, 4, 2), (32, 64, 4, 2), (128, 64, 8, 1),
-      (64, 32, 8, 3), (32, 32, 4, 2)]  # fmt: skip
-FWD = [(128, 64, 8, 2, False), (128, 64, 8, 2, True), (128, 64, 8, 3, False), (128, 32, 8, 2, False),
-       (128, 32, 8, 3, True), (64, 64, 4, 2, False), (64, 64, 4, 3, True), (128, 128, 8, 1, True),
-       (64, 128, 8, 2, True), (64, 64, 8, 2, True)]  # fmt: skip
+ROUNDS = {  # round 1: around the settings kept before (pointers); round 2: around round 1's best (TMA)
+    1: dict(
+        dkdv=[(16, 32, 4, 2), (16, 32, 8, 2), (32, 32, 4, 2), (32, 32, 8, 2), (16, 64, 4, 2), (16, 64, 8, 2),
+              (32, 64, 8, 2), (32, 64, 8, 1), (64, 64, 8, 2), (64, 32, 8, 2)],
+        dq=[(64, 32, 8, 2), (64, 64, 8, 2), (128, 32, 8, 2), (64, 32, 4, 2), (32, 64, 4, 2), (128, 64, 8, 1),
+            (64, 32, 8, 3), (32, 32, 4, 2)],
+        fwd=[(128, 64, 8, 2, False), (128, 64, 8, 2, True), (128, 64, 8, 3, False), (128, 32, 8, 2, False),
+             (128, 32, 8, 3, True), (64, 64, 4, 2, False), (64, 64, 4, 3, True), (128, 128, 8, 1, True),
+             (64, 128, 8, 2, True), (64, 64, 8, 2, True)],
+        tma=False,
+    ),
+    2: dict(
+        dkdv=[(64, 64, 8, 2), (64, 64, 8, 1), (64, 64, 8, 3), (128, 64, 8, 2), (64, 128, 8, 2), (128, 32, 8, 2),
+              (32, 128, 8, 2), (64, 64, 4, 2), (128, 64, 8, 1)],
+        dq=[(128, 64, 8, 1), (128, 64, 8, 2), (128, 128, 8, 1), (256, 64, 8, 1), (128, 32, 8, 1), (256, 32, 8, 1),
+            (64, 128, 8, 1), (128, 64, 4, 1)],
+        fwd=[(128, 64, 8, 2, False), (128, 32, 8, 3, True), (128, 32, 8, 4, True), (64, 64, 4, 4, True),
+             (64, 32, 4, 4, True), (128, 64, 8, 1, True), (64, 128, 4, 2, True), (128, 64, 4, 2, True),
+             (64, 64, 8, 3, True)],
+        tma=True,
+    ),
+}
+ROUND = int(os.environ.get("D256_ROUND", "1"))
+DKDV, DQ, FWD, SEARCH_TMA = (ROUNDS[ROUND][key] for key in ("dkdv", "dq", "fwd", "tma"))
 SHAPES = [shape(B, 8, T, D, causal) for B, T in ((8, 2048), (4, 4096), (2, 8192)) for causal in (False, True)]
 BUDGET_S = float(os.environ.get("D256_BUDGET_S", "330"))
 METHOD = ("triton.testing.do_bench median (warmup 50 ms, rep 200 ms); backward: flashtile's launcher called "
@@ -106,13 +123,13 @@ def main(out: Path) -> None:
     for setting in DKDV:
         if time.time() - start > BUDGET_S * 0.45:
             break
-        dkdv.append(bwd_row(SEARCH, dict(dkdv=setting, dq=default["dq"]), False, "search-dkdv", truth_bwd))
+        dkdv.append(bwd_row(SEARCH, dict(dkdv=setting, dq=default["dq"]), SEARCH_TMA, "search-dkdv", truth_bwd))
     best_dkdv = max((r for r in dkdv if "ms" in r), key=lambda r: r["tflops"])["dkdv"]
     dq = []
     for setting in DQ:
         if time.time() - start > BUDGET_S * 0.7:
             break
-        dq.append(bwd_row(SEARCH, dict(dkdv=best_dkdv, dq=setting), False, "search-dq", truth_bwd))
+        dq.append(bwd_row(SEARCH, dict(dkdv=best_dkdv, dq=setting), SEARCH_TMA, "search-dq", truth_bwd))
     best_dq = max((r for r in dq if "ms" in r), key=lambda r: r["tflops"])["dq"]
     best = dict(dkdv=best_dkdv, dq=best_dq)
     bwd_row(SEARCH, best, True, "search-tma", truth_bwd)
@@ -140,7 +157,8 @@ def main(out: Path) -> None:
         fwd_row(s, (128, 64, 8, 2, False), "shapes-package")
         for launch in top_fwd:
             fwd_row(s, launch, "shapes-best")
-    save_result(out / "d256-configs.json", rows, METHOD, search_shape=SEARCH, best_backward=best, top_forward=top_fwd)
+    save_result(out / f"d256-configs-round{ROUND}.json", rows, METHOD, search_shape=SEARCH, round=ROUND,
+                best_backward=best, top_forward=top_fwd)
 
 
 def default_at(s):

@@ -12,6 +12,9 @@ every µs is host work. This probe splits it, all entry points timed in turns (`
 * ``id_fn_cuda`` / ``id_fn_cpu``: a trivial ``torch.autograd.Function`` (forward ``x * 1``, backward
   returns the gradient) through ``torch.autograd.grad``: the engine's own cost per call, on CUDA tensors
   (backward on autograd's CUDA device thread) and on CPU tensors (on the calling thread);
+* ``alloc16_bwd_cuda`` / ``alloc0_bwd_cuda``: the same with 16 (0) ``torch.empty_like`` calls inside the
+  backward, on autograd's device thread, and ``alloc16_main_cuda`` the 16 calls on the main thread: what one
+  PyTorch call costs on each thread;
 * ``sdpa_grad_only`` and ``ft_grad_only``: ``torch.autograd.grad`` of a kept graph (retain_graph), the
   backward alone through the engine.
 
@@ -44,6 +47,21 @@ from flashtile.kernels.backward import flash_attention_backward
 from flashtile.kernels.forward import flash_attention
 
 B, H, T, D = 1, 1, 128, 64
+
+
+class Allocating(torch.autograd.Function):
+    """Forward x * 1; the backward makes ``ctx.n`` empty tensors of x's size before returning the gradient."""
+
+    @staticmethod
+    def forward(ctx, x, n):
+        ctx.n = n
+        return x * 1
+
+    @staticmethod
+    def backward(ctx, g):
+        for _ in range(ctx.n):
+            torch.empty_like(g)
+        return g, None
 
 
 class Identity(torch.autograd.Function):
@@ -107,6 +125,9 @@ def main(out: Path) -> None:
         "ft_fwd_then_impl": (ft_fwd_then_impl, 250), "ft_bwd_launcher": (ft_bwd_launcher, 250),
         "sdpa_grad_only": (sdpa_grad_only, 250), "ft_grad_only": (ft_grad_only, 250),
         "id_fn_cuda": (id_fn(xc), 500), "id_fn_cpu": (id_fn(xh), 500),
+        "alloc16_bwd_cuda": (lambda: torch.autograd.grad(Allocating.apply(xc, 16), xc, torch.ones_like(xc)), 500),
+        "alloc0_bwd_cuda": (lambda: torch.autograd.grad(Allocating.apply(xc, 0), xc, torch.ones_like(xc)), 500),
+        "alloc16_main_cuda": (lambda: [torch.empty_like(xc) for _ in range(16)], 500),
     }  # fmt: skip
     us = interleaved_us_per_call(tasks)
     rows = [dict(provider=name, B=B, H=H, Tq=T, Tk=T, D=D, causal=True, dtype="bf16", us_per_call=round(t, 1),
