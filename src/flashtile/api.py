@@ -333,6 +333,10 @@ def attention(
     return_lse=False,
     window=None,
     softcap=None,
+    descale_q=None,
+    descale_k=None,
+    descale_v=None,
+    out_dtype=None,
 ):
     """Softmax attention with SDPA's argument names, differentiable, torch.compile-clean.
 
@@ -352,12 +356,23 @@ def attention(
             capped at 0. A sliding window W back is (W - 1, 0), or (W - 1, -1) with is_causal.
         softcap: None or s > 0: each scaled score x becomes s * tanh(x / s) before the mask and the
             softmax (Gemma-2's logit soft-capping), in the forward and the backward.
+        descale_q, descale_k, descale_v, out_dtype: for float8_e4m3fn query, key and value (forward only),
+            their float32 factors as ``flashtile.fp8.quantize`` returns them, and o's dtype (bf16 by
+            default); see ``flashtile.fp8.attention.fp8_attention``.
 
     Returns:
         o (B, H, Tq, D) in query's dtype (the autocast dtype under autocast), laid out as query is where
         query is dense (a model's (B, H, T, D) view of (B, T, H, D) gives o that view too), contiguous
         otherwise; or (o, lse) if return_lse.
     """
+    if descale_q is not None or descale_k is not None or descale_v is not None or out_dtype is not None or getattr(
+            query, "dtype", None) is torch.float8_e4m3fn:  # FP8 inputs: forward only, their own checks and tiers
+        from .fp8.attention import fp8_attention
+
+        return fp8_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, alignment=alignment,
+                             return_lse=return_lse, window=window, softcap=softcap, descale_q=descale_q,
+                             descale_k=descale_k, descale_v=descale_v, out_dtype=out_dtype,
+                             backend=forced_backend())  # fmt: skip
     # A view's negative bit (z.conj().imag) is a flag the kernels cannot see: resolve it before the checks,
     # so that every tier, and the kept plans, only ever meet tensors that hold their own values.
     query, key, value = resolve_neg_bits(query, key, value)
