@@ -42,6 +42,7 @@ from typing import NamedTuple
 import torch
 
 from ._checks import (
+    MAX_NEW_TOKENS,
     check_alignment,
     check_attention_inputs,
     check_causal,
@@ -55,6 +56,7 @@ from ._checks import (
 from ._env import is_interpreting
 from ._layouts import empty_like_layout, strides_like
 from ._plans import cached_plan
+from .reference.decode import decode_band
 
 BACKENDS = ("triton", "reference")
 _forced_backend: contextvars.ContextVar[str | None] = contextvars.ContextVar("flashtile_backend", default=None)
@@ -295,9 +297,10 @@ class AttentionCall(NamedTuple):
     is_causal: bool
     scale: float  # τ resolved: float64 or not is all it reads of the dtype, and autocast never changes that
     return_lse: bool
-    kernel_plan: list  # [the Triton forward's plan], filled by the first eager call that runs the kernels
+    kernel_plan: list  # [the Triton forward's plan, the decode kernels' plan], each filled by its first eager call
     window: tuple[int, int]  # (left, right) checked; (-1, -1), unbounded, without a window
     softcap: float | None
+    decode_band: tuple[int, int] | None  # Tq <= 16: the mask as the decode kernels take it (``decode_route``)
 
 
 def check_attention_call(query, key, value, is_causal, scale, enable_gqa, alignment, return_lse, window=None,
@@ -315,7 +318,10 @@ def check_attention_call(query, key, value, is_causal, scale, enable_gqa, alignm
             f"query has {shape.H} heads but key and value have {shape.H_kv}; pass enable_gqa=True for "
             "grouped-query attention (as with scaled_dot_product_attention)"
         )
-    return AttentionCall(is_causal, resolve_scale(scale, shape.D, query.dtype), return_lse, [None], window, softcap)
+    # a short call (a decode step, a speculative or chunked one) may run on the decode kernels: its mask as a band
+    band = decode_band(shape.Tq, shape.Tk, op_window(*window), is_causal, alignment) if shape.Tq <= MAX_NEW_TOKENS else None
+    return AttentionCall(is_causal, resolve_scale(scale, shape.D, query.dtype), return_lse, [None, None], window,
+                         softcap, band)  # fmt: skip
 
 
 # --8<-- [start:attention]
@@ -401,9 +407,13 @@ def attention(
 
 # --8<-- [start:dispatch_call]
 def dispatch(query, key, value, call: AttentionCall, alignment: str, kept: bool):
-    """Run one checked call on its tier: from the call's kept kernel plan where it fits (``kept``: eager,
-    and the inputs are the call's own, not autocast copies), through ``run_forward`` otherwise."""
+    """Run one checked call on its tier: on the decode kernels where ``decode_route`` says so; else from the
+    call's kept kernel plan where it fits (``kept``: eager, and the inputs are the call's own, not autocast
+    copies), through ``run_forward`` otherwise."""
     backend = pick_backend(query)
+    if decode_route(query, key, value, call, backend):
+        o, lse = decode_forward(query, key, value, call, kept)
+        return (o, lse) if call.return_lse else o
     if kept and plain_kernel_call(query, key, value, backend):
         if records_gradient(query, key, value):
             o, lse, _stats = _EagerAttention.apply(query, key, value, call.is_causal, call.scale, alignment, backend,
@@ -414,6 +424,59 @@ def dispatch(query, key, value, call: AttentionCall, alignment: str, kept: bool)
     o, lse, _stats = run_forward(query, key, value, call.is_causal, call.scale, alignment, backend, *call.window,
                                  call.softcap)  # fmt: skip
     return (o, lse) if call.return_lse else o
+# --8<-- [end:dispatch_call]
+
+
+# --8<-- [start:decode_route]
+def decode_route(q, k, v, call: AttentionCall, backend: str) -> bool:
+    """Whether a call runs on the split-K decode kernels (``kernels.decode``) instead of the forward kernel.
+
+    Every call with Tq <= 16 query rows on the Triton tier that autograd does not record: the forward
+    kernel gives such a call one program per (batch, head) and leaves most of the GPU idle, while the
+    decode kernels split the keys across it. They take every mask ``attention`` has, as a band around
+    the lower-right diagonal (``reference.decode.decode_band``: causal in either alignment, windows, no
+    mask), GQA, any scale and the soft-cap, so the route needs no other condition. A call that needs a
+    gradient keeps the forward kernel, whose (m, l) the backward reads; the reference tier is unchanged.
+    Plain Python on the call's flags, so torch.compile traces it into the graph like the rest of the dispatch.
+    """
+    return call.decode_band is not None and backend == "triton" and not records_gradient(q, k, v)
+
+
+def decode_forward(q, k, v, call: AttentionCall, kept: bool):
+    """(o, lse) of a routed call (lse None unless the call returns it): from the call's kept decode plan
+    eagerly, through the ``attention_decode`` op under torch.compile and for fake or meta tensors."""
+    if torch.compiler.is_compiling() or not plain_inputs(q, k, v):
+        return attention_decode(q, k, v, call.scale, *call.decode_band, call.softcap)
+    plan = call.kernel_plan[1] if kept else None
+    if plan is None:
+        from .kernels.decode import make_attention_decode_plan
+
+        if not kept:  # autocast copies: not the call's own inputs, so the plan is kept by layout instead
+            plan = cached_plan(make_attention_decode_plan, (q, k, v), call.scale, call.decode_band, call.softcap,
+                               call.return_lse)  # fmt: skip
+        else:
+            plan = call.kernel_plan[1] = make_attention_decode_plan(q, k, v, call.scale, call.decode_band,
+                                                                    call.softcap, call.return_lse)  # fmt: skip
+    return plan.run(q, k, v)
+
+
+@torch.library.custom_op("flashtile::attention_decode", mutates_args=())
+def attention_decode(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, band_lo: int, band_hi: int,
+    softcap: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(o, lse) of ``attention`` on the decode kernels: o laid out like q where q is dense
+    (``_layouts.strides_like``), lse (B, H, Tq) float32. The band is ``decode_route``'s."""
+    from .kernels.decode import make_attention_decode_plan
+
+    plan = cached_plan(make_attention_decode_plan, (q, k, v), scale, (band_lo, band_hi), softcap, True)
+    return plan.run(q, k, v)
+
+
+@attention_decode.register_fake
+def _(q, k, v, scale, band_lo, band_hi, softcap=None):
+    return empty_like_layout(q, strides_like(q)), q.new_empty(q.shape[:3], dtype=torch.float32)
+# --8<-- [end:decode_route]
 # --8<-- [end:dispatch_call]
 
 

@@ -22,6 +22,17 @@ Decisions of the contract (the same for every tier):
   and CUDA graphs call it directly.
 * A view with the negative bit set (``x.is_neg()``) counts as its values on every tier; complex
   tensors are refused (TypeError naming the argument).
+* Windows and soft-caps: ``window=(left, right)`` keeps, for the new token at position
+  p = cache_seqlens[b] - Tq + t of its sequence, the keys p - left .. p (right is capped at 0: the new
+  tokens are causal; -1 is unbounded), exactly ``flashtile.attention(..., is_causal=True,
+  alignment="lower_right", window=(left, right))`` on that sequence's keys; ``softcap`` s replaces each
+  scaled score x by s * tanh(x / s) before the mask. Only the key tiles some new token sees are cut
+  into slices: the cache before a window is never read, and the split count is picked for the window.
+* Host work per call: the shape and flag checks run once per layout of the tensors and flag values
+  (``DecodeCall``, kept by ``_plans.cached_plan``) and so does the kernels' plan (``DecodePlan``); a
+  later call with the same layout checks the values (where there are any), allocates o (and lse, and
+  one workspace where the keys are split) and launches. Without ``cache_seqlens`` and ``block_table``
+  nothing is read back to the host.
 * Decoding is inference: the output carries no gradient, on every tier. It computes in the inputs'
   dtype and ignores ``torch.autocast`` (cast the inputs first if you want autocast's dtype). Meta
   tensors give outputs of the right shapes without computing (and without the value checks).
@@ -33,6 +44,8 @@ run them through Triton's interpreter when ``TRITON_INTERPRET`` is on and the dt
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from ._checks import (
@@ -43,11 +56,14 @@ from ._checks import (
     check_decode_values,
     check_flag,
     check_num_splits,
+    check_softcap,
+    check_window,
     resolve_neg_bits,
     resolve_scale,
     stats_dtype,
 )
 from ._env import H200_SM_COUNT
+from ._plans import cached_plan
 from .api import no_autocast, pick_backend
 from .reference.decode import MIN_KEYS_PER_SPLIT, pick_num_splits
 
@@ -56,7 +72,9 @@ __all__ = [  # the checks live in _checks and the split heuristic in reference.d
     "MAX_NEW_TOKENS",
     "MAX_SPLITS",
     "MIN_KEYS_PER_SPLIT",
+    "DecodeCall",
     "DecodeShape",
+    "check_decode_call",
     "check_decode_inputs",
     "check_decode_values",
     "check_num_splits",
@@ -65,10 +83,34 @@ __all__ = [  # the checks live in _checks and the split heuristic in reference.d
 ]
 
 
+class DecodeCall(NamedTuple):
+    """A ``decode_attention`` call's checked shapes and flags, worked out once per layout of its tensors and
+    flag values (``_plans.cached_plan``): what the hot path would otherwise recompute on every token."""
+
+    shape: DecodeShape
+    scale: float  # τ resolved
+    num_splits: int | None
+    return_lse: bool
+    window: tuple[int, int] | None
+    softcap: float | None
+    kernel_plan: list  # [the kernels' DecodePlan], filled by the first call that runs the kernels
+
+
+def check_decode_call(query, key_cache, value_cache, cache_seqlens, block_table, scale, num_splits, return_lse,
+                      window, softcap) -> DecodeCall:  # fmt: skip
+    """Every check of ``decode_attention`` that reads only layouts and flags; raises on bad input."""
+    shape = check_decode_inputs(query, key_cache, value_cache, cache_seqlens, block_table, check_values=False)
+    scale = resolve_scale(scale, shape.D, query.dtype)
+    num_splits = check_num_splits(num_splits)
+    return_lse = check_flag("return_lse", return_lse)
+    softcap = check_softcap(softcap, query.dtype)
+    return DecodeCall(shape, scale, num_splits, return_lse, check_window(window), softcap, [None])
+
+
 # --8<-- [start:decode_attention]
 def decode_attention(
     query, key_cache, value_cache, cache_seqlens=None, *, scale=None, num_splits=None, block_table=None,
-    return_lse=False,
+    return_lse=False, window=None, softcap=None,
 ):
     """Attention of Tq new tokens against each sequence's KV cache, split along the keys.
 
@@ -79,10 +121,18 @@ def decode_attention(
         cache_seqlens: (B,) int32, keys held by each sequence, the new tokens' included; each 0 or in
             [Tq, capacity]. None: every sequence holds ``capacity`` keys.
         scale: τ, multiplies q·k; defaults to 1/sqrt(D). Zero and negative values are allowed.
-        num_splits: slices of each sequence's keys, 1 to 128; None picks from the capacity, B * H_kv
-            and the SM count (``pick_num_splits``). Any value gives the same answer up to rounding.
+        num_splits: slices of each sequence's keys, 1 to 128; None picks from the keys a new token can
+            see, B * H_kv and the SM count (``pick_num_splits``). Any value gives the same answer up to rounding.
         block_table: (B, max_pages) int32, or None for a contiguous cache.
         return_lse: also return lse (B, H, Tq), natural log, float32 (float64 for float64 inputs).
+        window: None or (left, right), ints, each -1 (unbounded) or >= 0: the new token at position p of
+            its sequence (p = length - Tq + t) sees keys p - left .. p; right is capped at 0 (the new
+            tokens are causal). A sliding window of W keys is (W - 1, 0). The tiles before the window
+            are never read.
+        softcap: None or s > 0: each scaled score x becomes s * tanh(x / s) before the mask and the softmax.
+
+    The same as ``flashtile.attention(q_b, k_b, v_b, is_causal=True, alignment="lower_right",
+    window=window, softcap=softcap)`` on each sequence b's first cache_seqlens[b] keys.
 
     Returns:
         o (B, H, Tq, D) in query's dtype, or (o, lse). Rows of an empty sequence: o = 0, lse = -inf.
@@ -91,24 +141,32 @@ def decode_attention(
     query, key_cache, value_cache, cache_seqlens, block_table = resolve_neg_bits(
         query, key_cache, value_cache, cache_seqlens, block_table
     )
-    meta = isinstance(query, torch.Tensor) and query.device.type == "meta"  # shapes only, nothing computed
-    shape = check_decode_inputs(query, key_cache, value_cache, cache_seqlens, block_table, check_values=not meta)
-    scale = resolve_scale(scale, shape.D, query.dtype)
-    num_splits = check_num_splits(num_splits)
-    return_lse = check_flag("return_lse", return_lse)
-    if meta:
+    if window is not None:  # checked before it keys the plans: (True, 0) and (1, 0) hash alike
+        window = check_window(window)
+    call = cached_plan(check_decode_call, (query, key_cache, value_cache, cache_seqlens, block_table), scale,
+                       num_splits, return_lse, window, softcap)  # fmt: skip
+    if query.device.type == "meta":  # shapes only, nothing computed (and no values to check)
         o, lse = query.new_empty(query.shape), query.new_empty(query.shape[:-1], dtype=stats_dtype(query.dtype))
-        return (o, lse) if return_lse else o
+        return (o, lse) if call.return_lse else o
+    if cache_seqlens is not None or block_table is not None:  # their values: one copy to the host
+        check_decode_values(call.shape, cache_seqlens, block_table)
+    if pick_backend(query) == "triton":  # the dispatch of flashtile.attention, use_backend included
+        # no autograd and no autocast to switch off: the kernels record nothing and choose their own precision
+        plan = call.kernel_plan[0]
+        if plan is None:
+            from .kernels.decode import make_decode_plan
+
+            plan = call.kernel_plan[0] = make_decode_plan(
+                query, key_cache, value_cache, cache_seqlens, block_table, call.scale, call.num_splits, None, None,
+                None, call.window, call.softcap, call.return_lse,
+            )  # fmt: skip
+        o, lse = plan.run(query, key_cache, value_cache, cache_seqlens, block_table)
+        return (o, lse) if call.return_lse else o
+    from .reference.decode import decode_attention_reference
+
     with torch.no_grad(), no_autocast(query.device.type):  # inference only; the tiers choose their precision
-        if pick_backend(query) == "triton":  # the dispatch of flashtile.attention, use_backend included
-            from .kernels.decode import flash_decode
-
-            o, lse = flash_decode(query, key_cache, value_cache, cache_seqlens, scale=scale,
-                                  num_splits=num_splits, block_table=block_table)
-        else:
-            from .reference.decode import decode_attention_reference
-
-            o, lse = decode_attention_reference(query, key_cache, value_cache, cache_seqlens, scale=scale,
-                                                num_splits=num_splits, block_table=block_table)
-    return (o, lse) if return_lse else o
+        o, lse = decode_attention_reference(query, key_cache, value_cache, cache_seqlens, scale=call.scale,
+                                            num_splits=call.num_splits, block_table=block_table,
+                                            window=call.window, softcap=call.softcap)  # fmt: skip
+    return (o, lse) if call.return_lse else o
 # --8<-- [end:decode_attention]

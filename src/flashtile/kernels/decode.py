@@ -32,11 +32,21 @@ import torch
 import triton
 import triton.language as tl
 
-from .._checks import DecodeShape, check_decode_inputs, check_num_splits, resolve_scale
+from .._checks import (
+    MAX_NEW_TOKENS,
+    DecodeShape,
+    check_attention_inputs,
+    check_decode_inputs,
+    check_flag,
+    check_num_splits,
+    check_softcap,
+    check_window,
+    resolve_scale,
+)
 from .._env import is_interpreting, sm_count
-from .._layouts import contiguous_strides
+from .._layouts import contiguous_strides, strides_like
 from .._plans import cached_plan
-from ..reference.decode import pick_num_splits
+from ..reference.decode import decode_band, decode_span, pick_num_splits
 from ._host import (
     KERNEL_DTYPES,
     KernelLaunch,
@@ -48,7 +58,7 @@ from ._host import (
     head_dim_pad,
     kernel_scale,
 )
-from ._jit import apply_sign, online_softmax_step, program_offset
+from ._jit import apply_sign, online_softmax_step, program_offset, soft_cap
 
 LN2 = tl.constexpr(math.log(2.0))
 LOG2E = tl.constexpr(math.log2(math.e))
@@ -88,14 +98,17 @@ def _page_and_slot(
 def _decode_key_tiles(
     acc, l, m, q, t,
     K, V, BLOCK_TABLE, stride_kp, stride_kt, stride_kd, stride_vp, stride_vt, stride_vd, stride_tb, stride_tp,
-    b, d, first_k_index, end_k_index, k_end, offset, qk_scale,
+    b, d, first_k_index, end_k_index, k_end, lo, hi, qk_scale, unit, softcap,
     BLOCK_K: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
-    PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, MASKED: tl.constexpr, BAND: tl.constexpr,
+    SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """Fold key tiles first_k_index .. end_k_index - 1 into (acc, l, m); t holds each row's new token.
 
     K and V already point at the KV head. Row r sees key j iff j < k_end (its slice) and
-    j <= t + offset (offset = length - Tq): only the MASKED tiles at the end of a slice test it.
+    t + lo <= j <= t + hi (the band, ``reference.decode.decode_band``, moved to this sequence's
+    diagonal): only the MASKED tiles at the ends of a slice test it, and only with BAND (a window's
+    left edge) the lower bound. SOFTCAP caps the scores first (in natural units: qk_scale = log2(e)).
     """
     # The table entries of each tile are read one iteration ahead: a load whose address comes from a load
     # in the same iteration leaves the pipeliner one buffer for K and V instead of num_stages - 1.
@@ -111,8 +124,12 @@ def _decode_key_tiles(
         else:
             k = tl.load(k_ptrs)
         u = tl.dot(q, k, input_precision=DOT_PRECISION)  # (BLOCK_M, BLOCK_K) raw dots, every packed row
+        if SOFTCAP:  # the cap acts on the scaled score, before the mask, as in the forward kernel
+            u, _t = soft_cap(u, unit, softcap)
         if MASKED:
-            hidden = (j[None, :] >= k_end) | (j[None, :] > t[:, None] + offset)
+            hidden = (j[None, :] >= k_end) | (j[None, :] > t[:, None] + hi)
+            if BAND:
+                hidden = hidden | (j[None, :] < t[:, None] + lo)
             u = tl.where(hidden, float("-inf"), u)
         v_mask = in_slice[:, None] & (d[None, :] < HEAD_DIM)
         v_ptrs = V + page[:, None] * stride_vp + slot[:, None] * stride_vt + d[None, :].to(tl.int64) * stride_vd
@@ -136,10 +153,11 @@ def _decode_split_kernel(
     stride_sb, stride_tb, stride_tp,
     stride_ob, stride_oh, stride_ot, stride_os, stride_od,
     stride_lb, stride_lh, stride_lt, stride_ls,
-    Tq, group, capacity, num_splits, qk_scale,
+    Tq, group, capacity, num_splits, qk_scale, band_lo, band_hi, unit, softcap, lse_offset,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
     PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, HAS_SEQLENS: tl.constexpr, SIGN: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, BAND: tl.constexpr = False, SOFTCAP: tl.constexpr = False,
+    STORE_LSE: tl.constexpr = True,
 ):
     # --8<-- [start:packing]
     split = tl.program_id(0)
@@ -163,15 +181,21 @@ def _decode_split_kernel(
         length = tl.load(SEQLENS + program_offset(b, stride_sb))  # ragged: this sequence's own number of keys
     else:
         length = capacity
-    n_tiles = tl.cdiv(length, BLOCK_K)
+    lo = length - Tq + band_lo  # new token t sees keys t + lo .. t + hi (the band on this sequence's diagonal)
+    hi = length - Tq + band_hi
+    key_first = tl.maximum(lo, 0)  # reference.decode.decode_keys: the keys some row sees, [key_first, key_end)
+    key_end = tl.maximum(tl.minimum(length + band_hi, length), key_first)
+    first_tile = key_first // BLOCK_K  # the tiles before it are never read
+    n_tiles = tl.cdiv(key_end, BLOCK_K) - first_tile
     tiles_per_split = tl.cdiv(n_tiles, num_splits)  # reference.decode.split_bounds, in the same units
-    k_start = tl.minimum(split * tiles_per_split * BLOCK_K, length)
-    k_end = tl.minimum(k_start + tiles_per_split * BLOCK_K, length)
-    offset = length - Tq  # new token t sees keys j <= t + offset (lower-right, per sequence)
-    # Tiles every row sees whole: inside the slice and at or before key offset (row t = 0's last key).
-    n_full = tl.maximum(tl.minimum(k_end, offset + 1) - k_start, 0) // BLOCK_K
-    first_tile = k_start // BLOCK_K
-    end_tile = first_tile + tl.cdiv(k_end - k_start, BLOCK_K)
+    start_tile = tl.minimum(first_tile + split * tiles_per_split, first_tile + n_tiles)
+    end_tile = tl.minimum(start_tile + tiles_per_split, first_tile + n_tiles)
+    k_end = tl.minimum(end_tile * BLOCK_K, key_end)
+    # Tiles every row sees whole: from the first that starts at or past the last row's first key (Tq - 1 + lo)
+    # to the last that ends by row 0's last key (hi) and by the slice's end. Before them only a window's left
+    # edge cuts; after them the causal edge (or the band's right edge) and the end of the keys.
+    full_first = tl.minimum(tl.maximum(tl.cdiv(tl.maximum(Tq - 1 + lo, 0), BLOCK_K), start_tile), end_tile)
+    full_end = tl.minimum(tl.maximum(tl.maximum(tl.minimum(hi + 1, k_end), 0) // BLOCK_K, full_first), end_tile)
     # --8<-- [end:slice]
 
     m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
@@ -179,15 +203,24 @@ def _decode_split_kernel(
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
     k_head = K + program_offset(h_kv, stride_kh)
     v_head = V + program_offset(h_kv, stride_vh)
-    acc, l, m = _decode_key_tiles(
+    if BAND:  # a window's left edge: the tiles it crosses, masked (none without a window: full_first = start_tile)
+        acc, l, m = _decode_key_tiles(
+            acc, l, m, q, t, k_head, v_head, BLOCK_TABLE, stride_kp, stride_kt, stride_kd, stride_vp, stride_vt,
+            stride_vd, stride_tb, stride_tp, b, d, start_tile, full_first, k_end, lo, hi, qk_scale, unit, softcap,
+            BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, PAGE_SIZE, PAGED, MASKED=True, BAND=True, SOFTCAP=SOFTCAP,
+            DOT_PRECISION=DOT_PRECISION,
+        )
+    acc, l, m = _decode_key_tiles(  # FULL: no mask
         acc, l, m, q, t, k_head, v_head, BLOCK_TABLE, stride_kp, stride_kt, stride_kd, stride_vp, stride_vt,
-        stride_vd, stride_tb, stride_tp, b, d, first_tile, first_tile + n_full, k_end, offset, qk_scale,
-        BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, PAGE_SIZE, PAGED, MASKED=False, DOT_PRECISION=DOT_PRECISION,
+        stride_vd, stride_tb, stride_tp, b, d, full_first, full_end, k_end, lo, hi, qk_scale, unit, softcap,
+        BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, PAGE_SIZE, PAGED, MASKED=False, BAND=False, SOFTCAP=SOFTCAP,
+        DOT_PRECISION=DOT_PRECISION,
     )
-    acc, l, m = _decode_key_tiles(
+    acc, l, m = _decode_key_tiles(  # the right edge and the end of the slice
         acc, l, m, q, t, k_head, v_head, BLOCK_TABLE, stride_kp, stride_kt, stride_kd, stride_vp, stride_vt,
-        stride_vd, stride_tb, stride_tp, b, d, first_tile + n_full, end_tile, k_end, offset, qk_scale,
-        BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, PAGE_SIZE, PAGED, MASKED=True, DOT_PRECISION=DOT_PRECISION,
+        stride_vd, stride_tb, stride_tp, b, d, full_end, end_tile, k_end, lo, hi, qk_scale, unit, softcap,
+        BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, PAGE_SIZE, PAGED, MASKED=True, BAND=BAND, SOFTCAP=SOFTCAP,
+        DOT_PRECISION=DOT_PRECISION,
     )
 
     # --8<-- [start:partial]
@@ -201,9 +234,10 @@ def _decode_split_kernel(
               + t[:, None].to(tl.int64) * stride_ot + program_offset(split, stride_os)
               + d[None, :].to(tl.int64) * stride_od)
     tl.store(o_ptrs, o.to(O_PART.dtype.element_ty), mask=q_mask)
-    lse_ptrs = (LSE_PART + program_offset(b, stride_lb) + h.to(tl.int64) * stride_lh + t.to(tl.int64) * stride_lt
-                + program_offset(split, stride_ls))
-    tl.store(lse_ptrs, lse, mask=row_ok)
+    if STORE_LSE:  # off only where one slice writes o itself and no caller wants lse
+        lse_ptrs = (LSE_PART + lse_offset + program_offset(b, stride_lb) + h.to(tl.int64) * stride_lh
+                    + t.to(tl.int64) * stride_lt + program_offset(split, stride_ls))
+        tl.store(lse_ptrs, lse, mask=row_ok)
     # --8<-- [end:partial]
 
 
@@ -214,8 +248,8 @@ def _decode_merge_kernel(
     stride_pb, stride_ph, stride_pt, stride_ps, stride_pd,
     stride_lb, stride_lh, stride_lt, stride_ls,
     stride_ob, stride_oh, stride_ot, stride_od,
-    H, Tq, num_splits,
-    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, SPLITS_PAD: tl.constexpr,
+    H, Tq, num_splits, lse_offset,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, SPLITS_PAD: tl.constexpr, STORE_LSE: tl.constexpr = True,
 ):
     """o = sum_s exp(lse_s - lse) o_s, lse = log sum_s exp(lse_s), for one row (t, h, b)."""
     t = tl.program_id(0)
@@ -223,7 +257,7 @@ def _decode_merge_kernel(
     b = tl.program_id(2)
     s = tl.arange(0, SPLITS_PAD)
     d = tl.arange(0, HEAD_DIM_PAD)
-    row = program_offset(b, stride_lb) + program_offset(h, stride_lh) + program_offset(t, stride_lt)
+    row = lse_offset + program_offset(b, stride_lb) + program_offset(h, stride_lh) + program_offset(t, stride_lt)
     lse_s = tl.load(LSE_PART + row + s.to(tl.int64) * stride_ls, mask=s < num_splits, other=float("-inf"))
     m = tl.max(lse_s, 0)  # the largest partial lse; -inf when no slice saw a key
     m_safe = tl.where((m == float("-inf")) | (m == float("inf")), 0.0, m)
@@ -239,7 +273,8 @@ def _decode_merge_kernel(
     lse = tl.where(empty, float("-inf"), lse)
     o_ptrs = O + program_offset(b, stride_ob) + program_offset(h, stride_oh) + program_offset(t, stride_ot)
     tl.store(o_ptrs + d.to(tl.int64) * stride_od, o.to(O.dtype.element_ty), mask=d < HEAD_DIM)
-    tl.store(LSE + b * H * Tq + h * Tq + t, lse)  # lse is (B, H, Tq) contiguous
+    if STORE_LSE:
+        tl.store(LSE + b * H * Tq + h * Tq + t, lse)  # lse is (B, H, Tq) contiguous
 # --8<-- [end:merge]
 
 
@@ -269,16 +304,45 @@ class DecodePlan(NamedTuple):
 
     shape: DecodeShape
     num_splits: int
+    o_like_q: bool  # o allocated by torch.empty_like(q) (its strides are the ones the plan passed); else contiguous
+    store_lse: bool  # lse allocated, written and returned; otherwise None (a caller that does not want it)
+    workspace: int  # fp32 elements of the partials, o_s then lse_s, with more than one split; 0 with one
     split: KernelLaunch  # each program: one slice of one sequence's keys, for one KV group's query rows
-    merge: KernelLaunch  # each program: one (b, h, new token)'s partials, merged
+    merge: KernelLaunch | None  # each program: one (b, h, new token)'s partials, merged; None with one split
+
+    def run(self, q, key_cache, value_cache, cache_seqlens=None, block_table=None):
+        """``decode_with_plan(self, ...)``: (o, lse), lse None unless the plan stores it."""
+        return decode_with_plan(self, q, key_cache, value_cache, cache_seqlens, block_table)
 
 
 def make_decode_plan(q, key_cache, value_cache, cache_seqlens, block_table, scale, num_splits, block_k, num_warps,
-                     num_stages) -> DecodePlan:  # fmt: skip
+                     num_stages, window=None, softcap=None, store_lse=True) -> DecodePlan:  # fmt: skip
     """Check one call's shapes and flags and derive its launches; raises on anything the kernels cannot take."""
     shape = check_decode_inputs(q, key_cache, value_cache, cache_seqlens, block_table, dtypes=KERNEL_DTYPES,
                                 check_values=False)
+    band = decode_band(shape.Tq, shape.capacity, check_window(window))  # causal, lower-right per sequence
+    return plan_decode(q, key_cache, value_cache, shape, cache_seqlens, block_table, scale, band, softcap,
+                       num_splits, block_k, num_warps, num_stages, store_lse, o_like_q=False)  # fmt: skip
+
+
+def make_attention_decode_plan(q, k, v, scale, band, softcap, store_lse) -> DecodePlan:
+    """The plan of a ``flashtile.attention`` call that the decode kernels run (Tq <= 16, no gradient):
+    k and v are a full cache of Tk keys, ``band`` the call's mask (``reference.decode.decode_band``), and
+    o is laid out as ``attention`` lays it out (``_layouts.strides_like(q)``)."""
+    a = check_attention_inputs(q, k, v, dtypes=KERNEL_DTYPES, names=("query", "key", "value"))
+    if a.Tq > MAX_NEW_TOKENS:
+        raise ValueError(f"query has {a.Tq} rows; the decode kernels take 1 to {MAX_NEW_TOKENS}")
+    shape = DecodeShape(a.B, a.H, a.H_kv, a.Tq, a.D, capacity=a.Tk, page_size=None, num_pages=0)
+    return plan_decode(q, k, v, shape, None, None, scale, band, check_softcap(softcap, q.dtype), None, None, None,
+                       None, store_lse, o_like_q=True)  # fmt: skip
+
+
+def plan_decode(q, key_cache, value_cache, shape: DecodeShape, cache_seqlens, block_table, scale, band, softcap,
+                num_splits, block_k, num_warps, num_stages, store_lse, o_like_q) -> DecodePlan:  # fmt: skip
+    """The launches for checked shapes: tiles, split count, strides, the band and the cap."""
     check_kernel_device("query", q)
+    softcap = check_softcap(softcap, q.dtype)
+    store_lse = check_flag("store_lse", store_lse)
     config = decode_config(shape.D, q.dtype, shape.group * shape.Tq)
     block_m = config["block_m"]
     block_k = config["block_k"] if block_k is None else check_tile_size("block_k", block_k)
@@ -289,69 +353,89 @@ def make_decode_plan(q, key_cache, value_cache, cache_seqlens, block_table, scal
     n_row_blocks = -(-shape.group * shape.Tq // block_m)
     programs = shape.B * shape.H_kv * n_row_blocks  # without splits: often far fewer than the SMs
     num_splits = check_num_splits(num_splits)
-    if num_splits is None:
-        num_splits = pick_num_splits(programs, shape.capacity, sm_count(q.device))
+    if num_splits is None:  # picked for the keys a window leaves, not the whole cache
+        num_splits = pick_num_splits(programs, decode_span(shape.capacity, shape.Tq, band), sm_count(q.device))
     units = kernel_scale(resolve_scale(scale, shape.D, q.dtype))
+    qk_scale = units.qk_scale if softcap is None else math.log2(math.e)  # capped scores are in natural units (soft_cap)
     B, H, Tq, D = shape.B, shape.H, shape.Tq, shape.D
-    # The partials' workspace, (B, H, Tq, num_splits, D) and (B, H, Tq, num_splits), contiguous. With one
-    # split it is o and lse themselves, whose layout is the same with the split axis of size 1.
-    o_strides = contiguous_strides((B, H, Tq, num_splits, D))
-    lse_strides = contiguous_strides((B, H, Tq, num_splits))
+    # o as attention lays it out (q's own layout where q is dense), or contiguous (decode_attention's)
+    o_strides = strides_like(q) if o_like_q else contiguous_strides((B, H, Tq, D))
+    lse_strides = contiguous_strides((B, H, Tq))
+    if num_splits == 1:  # the split kernel writes o and lse themselves: a split axis of size 1 (stride 0)
+        part_o_strides, part_lse_strides, workspace = (*o_strides[:3], 0, o_strides[3]), (*lse_strides, 0), 0
+    else:  # one fp32 workspace: the partials o_s (B, H, Tq, num_splits, D), then lse_s (B, H, Tq, num_splits)
+        part_o_strides = contiguous_strides((B, H, Tq, num_splits, D))
+        part_lse_strides = contiguous_strides((B, H, Tq, num_splits))
+        workspace = B * H * Tq * num_splits * (D + 1)
+    lse_offset = B * H * Tq * num_splits * D if num_splits > 1 else 0  # where lse_s starts in the workspace
     # cache_seqlens and block_table are read through their strides, like every other argument: a view of
     # either (every other entry, a column, an expanded row) gives its own values, as the host check read them
     seqlens_stride = cache_seqlens.stride(0) if cache_seqlens is not None else 0
     table_strides = block_table.stride() if block_table is not None else (0, 0)
-    return DecodePlan(
-        shape=shape,
-        num_splits=num_splits,
-        split=KernelLaunch(
-            _decode_split_kernel,
-            grid=head_batch_grid(num_splits, shape.H_kv * n_row_blocks, B),
-            scalars=(*q.stride(), *key_cache.stride(), *value_cache.stride(), seqlens_stride, *table_strides,
-                     *o_strides, *lse_strides, Tq, shape.group, shape.capacity, num_splits,
-                     units.qk_scale),  # fmt: skip
-            constexprs=dict(
-                HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D), BLOCK_M=block_m, BLOCK_K=block_k,
-                PAGE_SIZE=shape.page_size or 1, PAGED=block_table is not None, HAS_SEQLENS=cache_seqlens is not None,
-                SIGN=units.sign, DOT_PRECISION=dot_precision(q.dtype),
-            ),  # fmt: skip
-            num_warps=num_warps,
-            num_stages=num_stages,
-        ),
-        merge=KernelLaunch(
+    lo, hi = band
+    split = KernelLaunch(
+        _decode_split_kernel,
+        grid=head_batch_grid(num_splits, shape.H_kv * n_row_blocks, B),
+        scalars=(*q.stride(), *key_cache.stride(), *value_cache.stride(), seqlens_stride, *table_strides,
+                 *part_o_strides, *part_lse_strides, Tq, shape.group, shape.capacity, num_splits, qk_scale, lo, hi,
+                 units.unit, 1.0 if softcap is None else softcap, lse_offset),  # fmt: skip
+        constexprs=dict(
+            HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D), BLOCK_M=block_m, BLOCK_K=block_k,
+            PAGE_SIZE=shape.page_size or 1, PAGED=block_table is not None, HAS_SEQLENS=cache_seqlens is not None,
+            SIGN=units.sign, DOT_PRECISION=dot_precision(q.dtype), BAND=lo > -shape.capacity,
+            SOFTCAP=softcap is not None, STORE_LSE=store_lse or num_splits > 1,
+        ),  # fmt: skip
+        num_warps=num_warps,
+        num_stages=num_stages,
+        fresh_outputs=2,  # the partials (or o and lse), allocated on every call by decode_with_plan
+    )
+    merge = None
+    if num_splits > 1:
+        merge = KernelLaunch(
             _decode_merge_kernel,
             grid=head_batch_grid(Tq, H, B),
-            scalars=(*o_strides, *lse_strides, *contiguous_strides((B, H, Tq, D)), H, Tq, num_splits),
-            constexprs=dict(HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D), SPLITS_PAD=triton.next_power_of_2(num_splits)),
+            scalars=(*part_o_strides, *part_lse_strides, *o_strides, H, Tq, num_splits, lse_offset),
+            constexprs=dict(HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D), SPLITS_PAD=triton.next_power_of_2(num_splits),
+                            STORE_LSE=store_lse),  # fmt: skip
             num_warps=4,
             num_stages=3,
-        ),
-    )
+            fresh_outputs=4,  # the workspace (twice), o and lse: all allocated on every call
+        )
+    return DecodePlan(shape, num_splits, tuple(o_strides) == tuple(q.stride()), store_lse, workspace, split, merge)
+
+
+def decode_with_plan(plan: DecodePlan, q, key_cache, value_cache, cache_seqlens=None, block_table=None):
+    """Run one call's kernels from its plan: (o, lse), lse float32 (B, H, Tq) or None (``plan.store_lse``).
+
+    The host work per call is what cannot be kept: at most three allocations (o; lse where it is
+    returned; one workspace for every partial where the keys are split) and one or two launches.
+    """
+    B, H, Tq, D = plan.shape.B, plan.shape.H, plan.shape.Tq, plan.shape.D
+    o = torch.empty_like(q) if plan.o_like_q else torch.empty((B, H, Tq, D), dtype=q.dtype, device=q.device)
+    lse = torch.empty((B, H, Tq), dtype=torch.float32, device=q.device) if plan.store_lse else None
+    seqlens = o if cache_seqlens is None else cache_seqlens  # a dummy pointer, never read
+    table = o if block_table is None else block_table  # likewise
+    if plan.merge is None:
+        plan.split(q, key_cache, value_cache, seqlens, table, o, o if lse is None else lse)  # o: a dummy for lse
+    else:
+        work = torch.empty(plan.workspace, dtype=torch.float32, device=q.device)
+        plan.split(q, key_cache, value_cache, seqlens, table, work, work)  # lse_s at lse_offset in the same buffer
+        plan.merge(work, work, o, o if lse is None else lse)
+    return o, lse
 
 
 def flash_decode(
     q, key_cache, value_cache, cache_seqlens=None, *, scale=None, num_splits=None, block_table=None,
-    block_k=None, num_warps=None, num_stages=None,
+    block_k=None, num_warps=None, num_stages=None, window=None, softcap=None,
 ):
     """Split-K decode on the GPU (or the interpreter). Arguments as ``flashtile.decode_attention``;
     block_k, num_warps, num_stages override ``decode_config`` (for benchmarks). Checks shapes only.
 
     Returns (o, lse): o (B, H, Tq, D) contiguous in q's dtype, lse (B, H, Tq) float32, natural log.
     """
+    if window is not None:  # checked before it keys the plans: (True, 0) and (1, 0) hash alike
+        window = check_window(window)
     plan = cached_plan(make_decode_plan, (q, key_cache, value_cache, cache_seqlens, block_table), scale,
-                       num_splits, block_k, num_warps, num_stages)  # fmt: skip
-    B, H, Tq, D = plan.shape.B, plan.shape.H, plan.shape.Tq, plan.shape.D
-    o = torch.empty((B, H, Tq, D), dtype=q.dtype, device=q.device)
-    lse = torch.empty((B, H, Tq), dtype=torch.float32, device=q.device)
-    if plan.num_splits == 1:
-        o_part, lse_part = o, lse
-    else:
-        o_part = torch.empty((B, H, Tq, plan.num_splits, D), dtype=torch.float32, device=q.device)
-        lse_part = torch.empty((B, H, Tq, plan.num_splits), dtype=torch.float32, device=q.device)
-    seqlens = cache_seqlens if cache_seqlens is not None else lse  # a dummy pointer, never read
-    table = block_table if block_table is not None else lse  # likewise
-    plan.split(q, key_cache, value_cache, seqlens, table, o_part, lse_part)
-    if plan.num_splits > 1:
-        plan.merge(o_part, lse_part, o, lse)
-    return o, lse
+                       num_splits, block_k, num_warps, num_stages, window, softcap)  # fmt: skip
+    return decode_with_plan(plan, q, key_cache, value_cache, cache_seqlens, block_table)
 # --8<-- [end:launcher]

@@ -14,14 +14,32 @@ order and grouping; in floating point the orders differ only by rounding. The Tr
 
 The cache is either contiguous, (B, H_kv, T_max, D), or paged, (num_pages, H_kv, page_size, D) with
 a block table; ``gather_pages`` turns one paged sequence into the contiguous keys it stands for.
+
+Which keys a new token sees is a band (``decode_band``): new token t of a sequence of ``length`` keys
+sits at position p_t = t + length - Tq (lower-right, per sequence) and sees key j iff
+p_t + lo <= j <= p_t + hi. Decoding proper has hi = 0 (causal) and lo = -left for a sliding window
+(left, 0), or no left edge; ``flashtile.attention`` routes its short calls here with any band of its
+own masks. Only the key tiles some row sees are cut into slices (``decode_keys``, ``split_bounds``):
+the tiles wholly outside a window are never read.
 """
 
 from __future__ import annotations
 
 import torch
 
-from .._checks import MAX_SPLITS, check_block, check_decode_inputs, check_num_splits, resolve_scale, stats_dtype
+from .._checks import (
+    MAX_SPLITS,
+    check_block,
+    check_decode_inputs,
+    check_num_splits,
+    check_softcap,
+    check_window,
+    resolve_scale,
+    stats_dtype,
+)
 from .._env import H200_SM_COUNT, sm_count
+from .forward import softcap_scores
+from .masks import window_band
 from .merge import merge_partials
 from .naive import expand_kv_heads
 from .online_softmax import lse_from_stats, safe_exp_diff
@@ -41,18 +59,53 @@ def kv_cache_bytes(lengths, H_kv: int, D: int, itemsize: int) -> int:
 # --8<-- [end:bytes]
 
 
-# --8<-- [start:split_bounds]
-def split_bounds(length: int, num_splits: int, block_k: int) -> list[tuple[int, int]]:
-    """[start, end) of each of ``num_splits`` key slices of one sequence of ``length`` keys.
+# --8<-- [start:band]
+def decode_band(Tq: int, Tk: int, window=None, causal: bool = True, alignment: str = "lower_right") -> tuple[int, int]:
+    """(lo, hi): new token t sees key j iff lo <= j - (t + Tk - Tq) <= hi, the mask ``reference.masks``
+    keeps on a (Tq, Tk) score matrix, measured from the lower-right diagonal j = t + Tk - Tq.
 
-    Slices are whole key tiles (the last may be short), the same number of tiles each, so a slice
-    starts on a tile boundary. With more splits than tiles the trailing slices are empty (start = end).
+    ``decode_attention``'s own band is (-left, 0) for a window (left, right) (right capped at 0: the
+    new tokens are causal), and (-Tk, 0) without a left edge: -Tk reaches before key 0 from any row.
+    Applied to a sequence of ``length`` <= Tk keys, the band keeps its place against that sequence's
+    own diagonal (lower-right per sequence): row t sees keys t + length - Tq + lo .. t + length - Tq + hi.
     """
-    n_tiles = -(-length // block_k)
+    lo, hi = window_band(Tq, Tk, window, causal, alignment)  # lo <= j - t <= hi, clamped into [-Tq, Tk]
+    shift = Tk - Tq  # the lower-right diagonal's j - t
+    return lo - shift, hi - shift
+
+
+def decode_keys(length: int, Tq: int, band: tuple[int, int]) -> tuple[int, int]:
+    """[first, end): the keys of a sequence of ``length`` keys that at least one new token sees.
+
+    Row 0 sees the lowest keys (from length - Tq + lo), row Tq - 1 the highest (up to length - 1 + hi).
+    """
+    lo, hi = band
+    first = max(length - Tq + lo, 0)
+    end = min(length + hi, length)
+    return first, max(end, first)
+
+
+def decode_span(capacity: int, Tq: int, band: tuple[int, int]) -> int:
+    """The most keys one sequence's new tokens see together (at least 1): what the split count is picked for."""
+    first, end = decode_keys(capacity, Tq, band)
+    return max(end - first, 1)
+# --8<-- [end:band]
+
+
+# --8<-- [start:split_bounds]
+def split_bounds(length: int, num_splits: int, block_k: int, first: int = 0) -> list[tuple[int, int]]:
+    """[start, end) of each of ``num_splits`` key slices of the keys first .. length - 1 of one sequence.
+
+    Slices are whole key tiles, counted from the tile that holds key ``first`` (the tiles before it are
+    never read; the last tile may be short), the same number of tiles each, so a slice starts on a tile
+    boundary. With more splits than tiles the trailing slices are empty (start = end).
+    """
+    first_tile = first // block_k
+    n_tiles = max(-(-length // block_k) - first_tile, 0)
     tiles_per_split = -(-n_tiles // num_splits)
     bounds = []
     for split in range(num_splits):
-        k_start = min(split * tiles_per_split * block_k, length)
+        k_start = min((first_tile + split * tiles_per_split) * block_k, length)
         k_end = min(k_start + tiles_per_split * block_k, length)
         bounds.append((k_start, k_end))
     return bounds
@@ -94,17 +147,20 @@ def gather_pages(pages: torch.Tensor, table_row: torch.Tensor, length: int) -> t
 
 
 # --8<-- [start:partial]
-def attend_split(q, k, v, k_start: int, k_end: int, length: int, scale: float):
+def attend_split(q, k, v, k_start: int, k_end: int, length: int, scale: float, band=None, softcap=None):
     """Partial (o_s, lse_s) of the new tokens q (H, Tq, D) over keys [k_start, k_end) of one sequence.
 
-    k, v: (H, length, D). New token t sees key j iff j <= t + length - Tq (lower-right alignment), so a
-    slice may hide every key from a row: that row gets o_s = 0, lse_s = -inf, which merges as nothing.
+    k, v: (H, length, D). New token t sees key j iff lo <= j - (t + length - Tq) <= hi, (lo, hi) = band
+    (``decode_band``; None is causal, (-length, 0)), so a slice may hide every key from a row: that row
+    gets o_s = 0, lse_s = -inf, which merges as nothing. ``softcap`` caps the scaled scores first.
     """
     Tq = q.shape[-2]
+    lo, hi = (-length, 0) if band is None else band
     s = scale * (q @ k[:, k_start:k_end].transpose(-1, -2))  # (H, Tq, k_end - k_start)
-    t = torch.arange(Tq, device=q.device)[:, None]
+    s = softcap_scores(s, softcap)  # unchanged without a cap; the mask's -inf comes after it
+    position = torch.arange(Tq, device=q.device)[:, None] + length - Tq  # each new token's own key
     j = torch.arange(k_start, k_end, device=q.device)[None, :]
-    s = s.masked_fill(j > t + length - Tq, float("-inf"))  # the lower-right causal rule of this sequence
+    s = s.masked_fill((j - position < lo) | (j - position > hi), float("-inf"))  # the band, lower-right
     m = s.amax(dim=-1) if s.shape[-1] else torch.full(s.shape[:-1], float("-inf"), dtype=s.dtype, device=s.device)
     p = safe_exp_diff(s, m[..., None])  # (H, Tq, keys); rows that see nothing give 0, not NaN
     l = p.sum(dim=-1)
@@ -127,7 +183,7 @@ def sequence_keys(key_cache, value_cache, b: int, length: int, block_table, H: i
 # --8<-- [start:reference]
 def decode_attention_reference(
     query, key_cache, value_cache, cache_seqlens=None, *, scale=None, num_splits=None, block_table=None,
-    block_k: int = REFERENCE_BLOCK_K, order=None,
+    block_k: int = REFERENCE_BLOCK_K, order=None, window=None, softcap=None,
 ):
     """``flashtile.decode_attention`` on the reference tier: split, attend each slice, merge.
 
@@ -139,8 +195,11 @@ def decode_attention_reference(
     shape = check_decode_inputs(query, key_cache, value_cache, cache_seqlens, block_table)
     block_k = check_block("block_k", block_k)
     num_splits = check_num_splits(num_splits)
+    softcap = check_softcap(softcap, query.dtype)
+    band = decode_band(shape.Tq, shape.capacity, check_window(window))  # causal, lower-right, per sequence
     if num_splits is None:
-        num_splits = pick_num_splits(shape.B * shape.H_kv, shape.capacity, sm_count(query.device))
+        num_splits = pick_num_splits(shape.B * shape.H_kv, decode_span(shape.capacity, shape.Tq, band),
+                                     sm_count(query.device))  # fmt: skip
     scale = resolve_scale(scale, shape.D, query.dtype)
     c = stats_dtype(query.dtype)
     lengths = [shape.capacity] * shape.B if cache_seqlens is None else cache_seqlens.tolist()
@@ -153,11 +212,12 @@ def decode_attention_reference(
     for b, length in enumerate(lengths):  # ragged: each sequence has its own length and its own slices
         k, v = sequence_keys(key_cache, value_cache, b, length, block_table, shape.H, c)
         q = query[b].to(c)  # (H, Tq, D)
-        bounds = split_bounds(length, num_splits, block_k)
+        first, end = decode_keys(length, shape.Tq, band)  # the keys some new token sees: no other tile is read
+        bounds = split_bounds(end, num_splits, block_k, first)
         o_b = torch.zeros(q.shape, dtype=c, device=q.device)  # the empty state: o = 0, lse = -inf
         lse_b = torch.full(q.shape[:-1], float("-inf"), dtype=c, device=q.device)
         for split in order:
-            o_s, lse_s = attend_split(q, k, v, *bounds[split], length, scale)
+            o_s, lse_s = attend_split(q, k, v, *bounds[split], length, scale, band, softcap)
             o_b, lse_b = merge_partials(o_b, lse_b, o_s, lse_s)
         o[b], lse[b] = o_b.to(query.dtype), lse_b
     return o, lse
