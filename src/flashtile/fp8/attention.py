@@ -1,0 +1,170 @@
+"""``flashtile.attention`` on E4M3 inputs: the checks and the two tiers of the FP8 forward.
+
+``flashtile.attention`` hands a call here when query, key or value is float8_e4m3fn, or when a descale
+factor or ``out_dtype`` is given (the hook at the top of ``flashtile.api.attention``). What runs:
+
+* CUDA tensors: the Triton FP8 kernel (``flashtile.kernels.fp8_forward``), or the float64 emulation on the
+  GPU under ``use_backend("reference")``;
+* CPU tensors: the float64 emulation (``flashtile.reference.fp8``), which rounds exactly what the kernel
+  rounds (q, k, v and P), so the chapter's claims run without a GPU. ``use_backend("triton")`` on the CPU
+  runs the kernel through Triton's interpreter, whose E4M3 cast loses the carry when rounding reaches a
+  power of two (tests/kernels/test_fp8_forward.py): use it on inputs where nothing rounds.
+
+The two tiers take the same inputs, refuse the same inputs with the same errors and compute the same
+thing; they differ by the sm_90 E4M3 dot's short accumulator (the chapter's note on it), not by design.
+
+The FP8 path is forward only (inference and prefill): a call whose inputs require a gradient returns o
+whose backward raises. It has no window, soft-cap, attn_mask or dropout, and under ``torch.compile`` it
+is not a custom op (it runs in eager mode only).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .._checks import (
+    check_alignment,
+    check_attention_inputs,
+    check_causal,
+    check_flag,
+    check_tensor,
+    check_values_in_memory,
+    resolve_neg_bits,
+    resolve_scale,
+)
+from ..reference.fp8 import (
+    DEFAULT_BLOCK_K,
+    FP8_DTYPES,
+    check_descale,
+    fp8_attention_forward,
+    vouch_for_factors,
+    vouched_for,
+)
+
+OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)  # what the kernel can store
+DEFAULT_OUT_DTYPE = torch.bfloat16
+NAMES = ("query", "key", "value")
+
+
+def is_fp8_call(query, key, value, descale_q, descale_k, descale_v, out_dtype) -> bool:
+    """Whether ``flashtile.attention`` hands this call to the FP8 path: a float8 input, a factor or out_dtype."""
+    if descale_q is not None or descale_k is not None or descale_v is not None or out_dtype is not None:
+        return True
+    return any(getattr(x, "dtype", None) in FP8_DTYPES for x in (query, key, value))
+
+
+def check_out_dtype(out_dtype) -> torch.dtype:
+    """None means bf16; otherwise one of the dtypes the kernel stores o in."""
+    if out_dtype is None:
+        return DEFAULT_OUT_DTYPE
+    if out_dtype not in OUT_DTYPES:
+        raise TypeError(f"out_dtype must be None (bfloat16) or one of {OUT_DTYPES}, got {out_dtype!r}")
+    return out_dtype
+
+
+# --8<-- [start:row-factors]
+def row_factors(name: str, descale, x: torch.Tensor, x_name: str) -> torch.Tensor:
+    """x's factors as one float32 per row, (B, H, T), the layout both tiers read.
+
+    Accepted: None (the codes are the values: every factor 1), a 0-dim float32 tensor (one factor for the
+    tensor) or a (B, H, T) float32 tensor (what ``flashtile.fp8.quantize`` returns, whatever its granularity).
+    Factors must be positive and finite; a tensor from ``quantize`` (or checked by an earlier call and not
+    written to since) is not read again, so the call waits on nothing the device computes.
+    """
+    if descale is None:
+        ones = torch.ones(x.shape[:-1], dtype=torch.float32, device=x.device)
+        vouch_for_factors(ones)
+        return ones
+    check_tensor(name, descale, dtypes=(torch.float32,))
+    if descale.dim() != 0:  # one per row: the shape, device and values are check_descale's
+        return check_descale(name, descale, x, x_name)
+    check_values_in_memory(name, descale)
+    if descale.device != x.device:
+        raise ValueError(f"{name} is on {descale.device} but {x_name} is on {x.device}; they must match")
+    if not vouched_for(descale):  # read once; not again until it is written to
+        if not bool((descale > 0) & torch.isfinite(descale)):
+            raise ValueError(f"{name} must be a positive finite factor, got {descale.item()!r}")
+        vouch_for_factors(descale)
+    rows = descale.expand(x.shape[:-1]).contiguous()  # (B, H, T), copies of a checked factor
+    vouch_for_factors(rows)
+    return rows
+# --8<-- [end:row-factors]
+
+
+class _ForwardOnly(torch.autograd.Function):
+    """Passes o through, and refuses a backward: the FP8 path has none."""
+
+    @staticmethod
+    def forward(ctx, o, *inputs):
+        return o.view_as(o)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise NotImplementedError(
+            "flashtile.attention has no backward for float8_e4m3fn inputs (the FP8 path is forward only: inference "
+            "and prefill); train in bf16 or fp16 and quantise for inference"
+        )
+
+
+# --8<-- [start:fp8-attention]
+def fp8_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False, *,
+                  alignment="upper_left", return_lse=False, window=None, softcap=None, descale_q=None, descale_k=None,
+                  descale_v=None, out_dtype=None, backend=None):  # fmt: skip
+    """``flashtile.attention`` for float8_e4m3fn query, key, value, with their factors.
+
+    Args:
+        query: (B, H, Tq, D), key and value: (B, H_kv, Tk, D), float8_e4m3fn, 1 <= D <= 256, any strides
+            (value is copied once per call unless its keys are contiguous, as ``quantize(v,
+            keys_contiguous=True)`` lays it out).
+        descale_q, descale_k, descale_v: float32, one per row (B, H, T) as ``flashtile.fp8.quantize``
+            returns them, a 0-dim tensor (one per tensor), or None (factor 1); row r stands for x8[r] * descale[r].
+        out_dtype: o's dtype: None (bfloat16), torch.bfloat16, torch.float16 or torch.float32.
+        is_causal, scale, enable_gqa, alignment, return_lse: as ``flashtile.attention``.
+        attn_mask, dropout_p, window, softcap: must be None, 0.0, None, None (not supported with FP8).
+        backend: the ``use_backend`` choice, or None: the kernel on CUDA, the emulation on the CPU.
+
+    Returns:
+        o (B, H, Tq, D) in out_dtype, contiguous, or (o, lse) with lse (B, H, Tq) float32, natural log.
+    """
+    query, key, value = resolve_neg_bits(query, key, value)
+    fp8 = [getattr(x, "dtype", None) in FP8_DTYPES for x in (query, key, value)]
+    if not all(fp8):
+        given = [n for n, d in zip(("descale_q", "descale_k", "descale_v", "out_dtype"),
+                                   (descale_q, descale_k, descale_v, out_dtype)) if d is not None]  # fmt: skip
+        dtypes = [str(getattr(x, "dtype", type(x).__name__)) for x in (query, key, value)]
+        what = f"{', '.join(given)} given" if given else "a float8_e4m3fn input"
+        raise TypeError(
+            f"{what}: the FP8 path needs query, key and value all float8_e4m3fn, got {dtypes}; quantise float "
+            "tensors with flashtile.fp8.quantize (descale_q, descale_k, descale_v and out_dtype are for FP8 inputs only)"
+        )
+    shape = check_attention_inputs(query, key, value, dtypes=FP8_DTYPES, names=NAMES)
+    if attn_mask is not None or window is not None or softcap is not None:
+        raise ValueError("attn_mask, window and softcap are not supported with float8_e4m3fn inputs; pass "
+                         "is_causal=True for a causal mask")  # fmt: skip
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)) or dropout_p != 0.0:
+        raise ValueError(f"dropout_p must be 0.0: flashtile.attention has no dropout, got {dropout_p!r}")
+    is_causal = check_causal(is_causal, "is_causal")
+    enable_gqa = check_flag("enable_gqa", enable_gqa)
+    if shape.H != shape.H_kv and not enable_gqa:
+        raise ValueError(f"query has {shape.H} heads but key and value have {shape.H_kv}; pass enable_gqa=True for "
+                         "grouped-query attention (as with scaled_dot_product_attention)")  # fmt: skip
+    return_lse = check_flag("return_lse", return_lse)
+    check_alignment(alignment)
+    out_dtype = check_out_dtype(out_dtype)
+    scale = resolve_scale(scale, shape.D, torch.float32)  # the statistics are float32 on both tiers
+    factors = [row_factors(name, d, x, x_name) for name, d, x, x_name in
+               (("descale_q", descale_q, query, "query"), ("descale_k", descale_k, key, "key"),
+                ("descale_v", descale_v, value, "value"))]  # fmt: skip
+    if backend is None:
+        backend = "triton" if query.device.type == "cuda" else "reference"
+    if backend == "triton":
+        from ..kernels.fp8_forward import fp8_forward
+
+        o, lse = fp8_forward(query, key, value, *factors, is_causal, scale, alignment=alignment, out_dtype=out_dtype)
+    else:
+        o, lse = fp8_attention_forward(query, key, value, *factors, is_causal, scale, DEFAULT_BLOCK_K, alignment)
+        o, lse = o.to(out_dtype), lse.float()
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value, *factors)):
+        o = _ForwardOnly.apply(o, *(t for t in (query, key, value, *factors) if t.requires_grad))
+    return (o, lse) if return_lse else o
+# --8<-- [end:fp8-attention]
