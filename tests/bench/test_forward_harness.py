@@ -84,6 +84,9 @@ def test_the_sets_hold_the_seed_models_fp16_and_a_doubling_scaleup():
     scaleup = shapes.scaleup_shapes()
     assert [s["Tq"] for s in scaleup] == [256 * 2**k for k in range(8)]
     assert {(s["B"], s["H"], s["D"], s["causal"]) for s in scaleup} == {(8, 16, 64, True)}  # the lab's shape
+    d256 = shapes.SETS["d256"][1]()  # issue 35's head-dim-256 shapes: 16,384 tokens, H = 8, T 2k-8k, both masks
+    assert sorted((s["B"] * s["Tq"], s["H"], s["Tq"], s["D"], s["causal"]) for s in d256) == sorted(
+        (16384, 8, T, 256, causal) for T in (2048, 4096, 8192) for causal in (False, True))
 
 
 def test_a_shape_refuses_heads_that_do_not_group():
@@ -338,6 +341,7 @@ def test_dry_run_prints_the_plan_without_a_gpu(capsys):
     out = capsys.readouterr().out
     assert "main: 25 shapes x 8 providers = 200 measurements" in out
     assert "fp16: 12 shapes" in out and "models: 10 shapes" in out and "scaleup: 8 shapes" in out
+    assert "d256: 6 shapes" in out
     forward.main(["--dry-run", "--set", "scaleup", "--providers", "flashtile,naive", "--config", "128,64,8,3"])
     out = capsys.readouterr().out
     assert "8 shapes x 2 providers" in out and "sweeps/forward-config-128-64-8-3-scaleup.json" in out

@@ -6,7 +6,8 @@ set under ``bench/results/`` (``--set main,models`` picks sets; both by default)
 - ``backward.json`` (``main``): the standard sweep (B·T = 16,384, H·D = 2,048, T = 512 .. 16k, D = 64 and
   128, causal and not), bf16, ``bhtd``;
 - ``backward-models.json`` (``models``): the forward's model shapes (GQA, the ``bthd`` layout, few heads,
-  D = 256).
+  D = 256);
+- ``backward-d256.json`` (``d256``, asked for by name): D = 256 at B·T = 16,384, H = 8, T 2k-8k, both masks.
 
 Providers: ``flashtile`` (``flashtile.attention``: the deterministic default, dQ in its own kernel, TMA
 loads where ``backward_config`` picks them), ``flashtile_atomic_dq`` (the same kernels with
@@ -34,11 +35,12 @@ import torch
 from .common import RESULTS, attention_tflops, median_ms, save_result
 from .forward import error_reason, free_memory
 from .providers import _sdpa, make_inputs, textbook_skip
-from .shapes import describe, model_shapes, shape, standard_sweep
+from .shapes import describe, head_dim_256_shapes, model_shapes, shape, standard_sweep
 
 SETS = {  # set name -> (result file under bench/results, shapes)
     "main": ("backward.json", lambda: standard_sweep("bf16")),
     "models": ("backward-models.json", model_shapes),
+    "d256": ("backward-d256.json", head_dim_256_shapes),
 }
 DEFAULT_PROVIDERS = ("flashtile", "flashtile_atomic_dq", "flashtile_pointers", "flashtile_textbook", "sdpa_cudnn",
                      "sdpa_flash")
@@ -219,7 +221,7 @@ def parse_names(text: str, known, what: str) -> list[str]:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m flashtile.bench backward", description=__doc__.splitlines()[0])
     parser.add_argument("--set", default="main,models", type=lambda t: parse_names(t, SETS, "--set"),
-                        help="comma list of shape sets: main, models (default: both)")
+                        help="comma list of shape sets: main, models, d256 (default: main,models)")
     parser.add_argument("--providers", default=",".join(DEFAULT_PROVIDERS),
                         type=lambda t: parse_names(t, (*DEFAULT_PROVIDERS, *OPTIONAL_PROVIDERS), "--providers"),
                         help=f"comma list (default: {','.join(DEFAULT_PROVIDERS)}; "

@@ -12,6 +12,7 @@ main       ``forward.json``                     the seed shape, then the standar
 fp16       ``forward-fp16.json``                the standard sweep at D = 128 in fp16
 models     ``forward-models.json``              GQA, ``bthd``, small B·H and D = 256, bf16, causal
 scaleup    ``forward-scaleup.json``             B = 8, H = 16, D = 64, causal, T = 256 .. 32k, bf16 (the lab's)
+d256       ``forward-d256.json``                D = 256 (Gemma's head size): B·T = 16,384, H = 8, T 2k-8k, both masks
 =========  ===================================  ==========================================================
 """
 
@@ -80,12 +81,22 @@ def scaleup_shapes() -> list[dict]:
     return [shape(SEED["B"], SEED["H"], T, SEED["D"], SEED["causal"]) for T in SCALEUP_T]
 
 
+D256_T = (2048, 4096, 8192)
+
+
+def head_dim_256_shapes() -> list[dict]:
+    """The largest head dim the kernels take, as Gemma-family models use it: B·T = 16,384 tokens, H = 8,
+    T = 2k, 4k and 8k, without a mask and causal."""
+    return [shape(TOKENS // T, 8, T, 256, causal) for T in D256_T for causal in (False, True)]
+
+
 # set name -> (result file under bench/results, shapes)
 SETS = {
     "main": ("forward.json", lambda: [SEED, *standard_sweep("bf16")]),
     "fp16": ("forward-fp16.json", lambda: standard_sweep("fp16", head_dims=(128,))),
     "models": ("forward-models.json", model_shapes),
     "scaleup": ("forward-scaleup.json", scaleup_shapes),
+    "d256": ("forward-d256.json", head_dim_256_shapes),
 }
 
 
