@@ -319,7 +319,9 @@ def check_attention_call(query, key, value, is_causal, scale, enable_gqa, alignm
             "grouped-query attention (as with scaled_dot_product_attention)"
         )
     # a short call (a decode step, a speculative or chunked one) may run on the decode kernels: its mask as a band
-    band = decode_band(shape.Tq, shape.Tk, op_window(*window), is_causal, alignment) if shape.Tq <= MAX_NEW_TOKENS else None
+    band = None
+    if shape.Tq <= MAX_NEW_TOKENS:
+        band = decode_band(shape.Tq, shape.Tk, op_window(*window), is_causal, alignment)
     return AttentionCall(is_causal, resolve_scale(scale, shape.D, query.dtype), return_lse, [None, None], window,
                          softcap, band)  # fmt: skip
 
