@@ -457,3 +457,25 @@ def test_reference_attention_takes_the_window_and_the_cap_in_both_directions():
     torch.testing.assert_close(o.double(), o_ref, **TOL[F32])
     for name, g, g_ref in zip(("dq", "dk", "dv"), grads, grads_ref):
         torch.testing.assert_close(g.double(), g_ref, **TOL[F32], msg=lambda m, name=name: f"{name}: {m}")
+
+
+def test_torch_compile_traces_the_decode_route_into_its_op():
+    # Tq <= 16 without a gradient runs the decode kernels (api.decode_route); compiled, the route is read at
+    # trace time and the kernels sit behind one op, flashtile::attention_decode, with the eager answer
+    q, k, v = (t.detach() for t in make_qkv(1, 4, 2, 3, 40, 16, seed=30))
+    fn = lambda q, k, v: attention(q, k, v, is_causal=True, enable_gqa=True, alignment="lower_right", window=(9, 0))
+    with torch.no_grad():
+        eager = fn(q, k, v)
+        compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")(q, k, v)
+        (graph,) = compiled_graphs(fn, q, k, v)
+    targets = [str(node.target) for node in graph.graph.nodes if node.op == "call_function"]
+    expected = "flashtile.attention_decode.default" if pick_backend(q) == "triton" else "flashtile.attention_fwd.default"
+    assert expected in targets
+    assert torch.equal(compiled, eager)
+
+
+def test_the_decode_op_passes_opcheck():
+    from flashtile.api import attention_decode
+
+    q, k, v = (t.detach() for t in make_qkv(1, 4, 2, 2, 30, 16, seed=31))
+    torch.library.opcheck(attention_decode, (q, k, v, 0.25, -4, 0, 2.0))  # a window (4, 0) and a cap
