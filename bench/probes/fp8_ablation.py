@@ -1,0 +1,481 @@
+"""A measured probe, not part of the package: what stops the FP8 forward at 1.5x bf16, part by part.
+
+The package's FP8 kernel (``flashtile.kernels.fp8_forward``) is timed as shipped beside the package's bf16
+forward, and beside the probe's own copy of the FP8 kernel (``ablation_kernel``, the package's key step
+with switches) with one part removed or changed at a time. The same copy with bf16 operands (q, k, v bf16,
+every factor 1) is the bf16 *twin*: the same loop, tiles and launch order, so the two precisions differ in
+nothing but their operands.
+
+Variants (``variant`` in the rows; the letters are issue 34's ablation list):
+
+* ``a_package``: the package's FP8 kernel as shipped; ``fp8_copy``: the probe's copy, every part on (its
+  output is compared with the package's, bit for bit or not, in ``copy_bit_equal``);
+* ``b_qk_fp8_pv_bf16``: QKᵀ in E4M3, P and V in bf16; ``c_qk_bf16_pv_fp8``: QKᵀ in bf16, PV in E4M3;
+* ``d_cheap_exp``: both exp2 of the step (p and alpha) replaced by one multiply-add (numbers wrong,
+  timing only), in E4M3 (``d_cheap_exp``) and in the twin (``bf16_cheap_exp``, issue 34's (f));
+* ``e_matmuls_only``: no max, no exp2, no rescale, no l: t = QKᵀ·dk cast straight to the PV operand;
+  ``bf16_matmuls_only`` the same in the twin; ``bf16_twin``: the twin with every part on;
+* levers, each in E4M3 with everything else as shipped: ``lever_block_k128`` (128-key tiles; P would be
+  rounded against a different running max than the emulation's, so timing only), ``lever_poly_half``
+  (every odd column's exp2 by a cubic on the FMA pipe, FA3/FA4's split), ``lever_ex2_f16x2`` (exp2 of
+  two values in one ``ex2.approx.f16x2`` by inline PTX, then straight to E4M3), ``lever_two_subtiles``
+  (the query tile as two halves with their own (m, l, acc), both QKᵀ issued before either softmax, so that
+  one half's softmax may run under the other's matmul), ``lever_warp_specialize`` (``tl.range(...,
+  warp_specialize=True)`` on the key loops; recorded as an error where Triton refuses it on sm_90).
+
+From the rows ``summary`` rows (provider ``flashtile_fp8_model``, no time of their own) give per shape:
+the matmul share of a key step, ``t_matmuls_only / t_full``, in each precision (the twin for bf16), the
+softmax share (one minus it, the step assumed serial: nothing overlaps), and Amdahl's best FP8 speed-up over
+the package's bf16 forward without overlap, ``t_bf16 / (t_fp8_matmuls_only + t_bf16_softmax)`` with the
+softmax as the bf16 twin pays it, against what E4M3 reaches (``t_bf16 / t_a_package``) and a ceiling with
+perfect overlap, ``t_bf16 / max(t_fp8_matmuls_only, t_bf16_softmax)``.
+
+Run from the repository root on one H200 (about three and a half minutes; most of it compiling 60 kernels):
+
+    OUT=/some/folder PYTHONPATH=src python bench/probes/fp8_ablation.py
+
+``FP8_ABLATION_SHAPES=all`` times every shape of the standard sweep's T = 4k and 16k (D 64, 128, causal
+and not: eight) instead of the default five. ``FP8_ABLATION_INTERPRET=1`` with TRITON_INTERPRET=1 on a
+CPU runs each variant Triton's interpreter can run (not the inline PTX, not warp specialisation) once at a
+tiny shape and checks the copy with every part on against the float64 emulation: a check that the
+probe runs, not a measurement. It writes ``$OUT/fp8-ablation.json`` (bench schema).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import time
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+from flashtile.fp8 import quantize
+from flashtile.kernels._host import heaviest_first_chunk, kernel_scale, resident_programs
+from flashtile.kernels._jit import full_key_tiles, last_key_tile, multiply_subtract, program_tile
+from flashtile.kernels.fp8_forward import LOG2E, MIN_FP8_DOT, P_SCALE_JIT, fp8_config, fp8_forward_kernel
+
+LN2 = tl.constexpr(math.log(2.0))
+INTERPRET = os.environ.get("FP8_ABLATION_INTERPRET", "") == "1"
+STANDARD = tuple((D, causal, T) for T in (4096, 16384) for D in (64, 128) for causal in (False, True))
+DEFAULT_SHAPES = ((64, False, 16384), (64, True, 16384), (128, False, 16384), (128, True, 16384), (128, True, 4096))
+METHOD = (
+    "flashtile.bench.common.median_ms (triton.testing.do_bench median, warmup 25 ms, rep 100 ms) of one launch "
+    "on ready inputs (factors and keys-contiguous V from flashtile.fp8.quantize, granularity 'head', N(0, 1) "
+    "inputs); FLOPs 4·B·H·Tq·Tk·D (x0.5 causal). provider flashtile: the package's bf16 forward (the whole call); "
+    "flashtile_fp8_launch: the package's FP8 kernel (variant a_package) or the probe's copy of its key step with "
+    "one part removed or changed (variant names, module docstring); dtype bf16 for the bf16 twin's rows. "
+    "Variants that change numbers are timing only. provider flashtile_fp8_model: Amdahl figures derived from "
+    "the rows of the same shape, no time of their own"
+)
+
+
+# --8<-- [start:exp-variants]
+@triton.jit
+def exp2_poly(x):
+    """2^x for x <= 0 on the FMA and integer pipes: 2^floor(x) from the exponent field, 2^f (f in [0, 1)) by a
+    cubic (relative error about 1e-4, far below E4M3's 2^-4). Below -126 the answer is 0."""
+    x = tl.maximum(x, -126.0)
+    whole = tl.floor(x)
+    f = x - whole
+    poly = 1.0 + f * (0.69542437 + f * (0.22630767 + f * 0.07826796))  # 2^f on [0, 1]: both ends exact, 1.03e-4
+    bits = poly.to(tl.int32, bitcast=True) + (whole.to(tl.int32) << 23)
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def exp2_half_poly(x, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr):
+    """exp2 of every even column on the special-function unit, of every odd one by ``exp2_poly``."""
+    even, odd = tl.split(x.reshape(BLOCK_Q, BLOCK_K // 2, 2))
+    return tl.join(tl.math.exp2(even), exp2_poly(odd)).reshape(BLOCK_Q, BLOCK_K)
+
+
+@triton.jit
+def exp2_f16x2(x):
+    """exp2 of x (float32) in float16, two values an instruction (ex2.approx.f16x2); returns float16."""
+    return tl.inline_asm_elementwise("ex2.approx.f16x2 $0, $1;", "=r,r", [x.to(tl.float16)], dtype=tl.float16,
+                                     is_pure=True, pack=2)  # fmt: skip
+# --8<-- [end:exp-variants]
+
+
+@triton.jit
+def softmax_exp2(x, EXP: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr):
+    """exp2 as a variant asks: 0 the special-function unit, 1 half by polynomial, 3 a multiply-add stand-in."""
+    if EXP == 1:
+        return exp2_half_poly(x, BLOCK_Q, BLOCK_K)
+    if EXP == 3:
+        return x * 0.015625 + 1.0  # timing only: one FFMA where the exponential was
+    return tl.math.exp2(x)
+
+
+@triton.jit
+def ablation_step(acc, l, m, q, dq, k, v, dk, v_ratio, visible, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
+                  MASKED: tl.constexpr, QK8: tl.constexpr, PV8: tl.constexpr, SOFTMAX: tl.constexpr,
+                  EXP: tl.constexpr):  # fmt: skip
+    """The package's fold_fp8_key_tile after the loads, with switches. k (BLOCK_K, D); v (D, BLOCK_K) keys
+    contiguous for PV8, else (BLOCK_K, D). SOFTMAX: 0 as shipped, 2 matmuls only. EXP: softmax_exp2's, and 2
+    for ex2.approx.f16x2 (P made in float16, then E4M3)."""
+    t = tl.dot(q, tl.trans(k)) * dk[None, :]  # (BLOCK_Q, BLOCK_K)
+    if MASKED:
+        t = tl.where(visible, t, float("-inf"))
+    if SOFTMAX == 2:  # matmuls only: the scores go straight to the PV operand (numbers wrong)
+        if PV8:
+            acc = tl.dot(t.to(tl.float8e4nv), tl.trans(v), acc, max_num_imprecise_acc=BLOCK_K)
+        else:
+            acc = tl.dot(t.to(v.dtype), v, acc)
+        m_new = m
+    else:
+        acc, l, m_new = softmax_and_pv(acc, l, m, t, dq, v, v_ratio, BLOCK_Q, BLOCK_K, PV8, EXP)
+    return acc, l, m_new
+
+
+@triton.jit
+def softmax_and_pv(acc, l, m, t, dq, v, v_ratio, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, PV8: tl.constexpr,
+                   EXP: tl.constexpr):  # fmt: skip
+    """The online softmax step and the PV product, as the package's, exp2 as EXP asks."""
+    m_new = tl.maximum(m, tl.max(t, 1) * dq)
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    x = multiply_subtract(t, dq[:, None], m_safe[:, None], False)  # s - m, in log2 units
+    if EXP == 2:
+        alpha = tl.math.exp2(m - m_safe)
+        p16 = exp2_f16x2(x)
+        l = alpha * l + tl.sum(p16.to(tl.float32), 1)
+        if PV8:
+            p_op = (p16 * (v_ratio[None, :] * P_SCALE_JIT).to(tl.float16)).to(tl.float8e4nv)
+        else:
+            p_op = p16.to(v.dtype)
+    else:
+        alpha = softmax_exp2(m - m_safe, 3 if EXP == 3 else 0, BLOCK_Q, BLOCK_K)
+        p = softmax_exp2(x, EXP, BLOCK_Q, BLOCK_K)
+        l = alpha * l + tl.sum(p, 1)
+        if PV8:
+            p_op = (p * (v_ratio[None, :] * P_SCALE_JIT)).to(tl.float8e4nv)
+        else:
+            p_op = p.to(v.dtype)
+    if PV8:
+        acc = tl.dot(p_op, tl.trans(v), acc * alpha[:, None], max_num_imprecise_acc=BLOCK_K)
+    else:
+        acc = tl.dot(p_op, v, acc * alpha[:, None])
+    return acc, l, m_new
+
+
+@triton.jit
+def load_key_tile(K, V, DK, VR, stride_kt, stride_kd, stride_vt, stride_vd, d, k_start, Tk,
+                  HEAD_DIM: tl.constexpr, BLOCK_K: tl.constexpr, PV8: tl.constexpr):  # fmt: skip
+    j = k_start + tl.arange(0, BLOCK_K).to(tl.int64)
+    k = tl.load(K + j[:, None] * stride_kt + d[None, :] * stride_kd, mask=(j[:, None] < Tk) & (d[None, :] < HEAD_DIM),
+                other=0.0)  # fmt: skip
+    if PV8:  # (D_PAD, BLOCK_K), keys contiguous, as the package reads it
+        v = tl.load(V + d[:, None] * stride_vd + j[None, :] * stride_vt,
+                    mask=(d[:, None] < HEAD_DIM) & (j[None, :] < Tk), other=0.0)  # fmt: skip
+    else:  # (BLOCK_K, D_PAD), row-major bf16, as the bf16 forward reads it
+        v = tl.load(V + j[:, None] * stride_vt + d[None, :] * stride_vd,
+                    mask=(j[:, None] < Tk) & (d[None, :] < HEAD_DIM), other=0.0)  # fmt: skip
+    dk = tl.load(DK + j, mask=j < Tk, other=0.0)
+    v_ratio = tl.load(VR + j, mask=j < Tk, other=0.0)
+    return k, v, dk, v_ratio, j
+
+
+@triton.jit
+def key_loop(acc, l, m, q, dq, K, V, DK, VR, stride_kt, stride_kd, stride_vt, stride_vd, i, d, first, end, Tk,
+             HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr,
+             MASKED: tl.constexpr, QK8: tl.constexpr, PV8: tl.constexpr, SOFTMAX: tl.constexpr, EXP: tl.constexpr,
+             WS: tl.constexpr):  # fmt: skip
+    for k_index in tl.range(first, end, warp_specialize=WS):
+        k, v, dk, v_ratio, j = load_key_tile(K, V, DK, VR, stride_kt, stride_kd, stride_vt, stride_vd, d,
+                                             k_index * BLOCK_K, Tk, HEAD_DIM, BLOCK_K, PV8)  # fmt: skip
+        visible = j[None, :] < Tk
+        if CAUSAL:
+            visible = visible & (j[None, :] <= i[:, None])
+        acc, l, m = ablation_step(acc, l, m, q, dq, k, v, dk, v_ratio, visible, BLOCK_Q, BLOCK_K, MASKED, QK8, PV8,
+                                  SOFTMAX, EXP)  # fmt: skip
+    return acc, l, m
+
+
+@triton.jit
+def key_loop_two(acc_a, l_a, m_a, acc_b, l_b, m_b, q_a, q_b, dq_a, dq_b, K, V, DK, VR, stride_kt, stride_kd,
+                 stride_vt, stride_vd, i_a, i_b, d, first, end, Tk, HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr,
+                 BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr, MASKED: tl.constexpr):  # fmt: skip
+    """Two half tiles in one loop (E4M3, everything else as shipped): both QKᵀ first, then each softmax and PV."""
+    for k_index in range(first, end):
+        k, v, dk, v_ratio, j = load_key_tile(K, V, DK, VR, stride_kt, stride_kd, stride_vt, stride_vd, d,
+                                             k_index * BLOCK_K, Tk, HEAD_DIM, BLOCK_K, True)  # fmt: skip
+        t_a = tl.dot(q_a, tl.trans(k)) * dk[None, :]
+        t_b = tl.dot(q_b, tl.trans(k)) * dk[None, :]
+        if MASKED:
+            visible_a = j[None, :] < Tk
+            visible_b = j[None, :] < Tk
+            if CAUSAL:
+                visible_a = visible_a & (j[None, :] <= i_a[:, None])
+                visible_b = visible_b & (j[None, :] <= i_b[:, None])
+            t_a = tl.where(visible_a, t_a, float("-inf"))
+            t_b = tl.where(visible_b, t_b, float("-inf"))
+        m_new_a = tl.maximum(m_a, tl.max(t_a, 1) * dq_a)
+        m_safe_a = tl.where(m_new_a == float("-inf"), 0.0, m_new_a)
+        alpha_a = tl.math.exp2(m_a - m_safe_a)
+        p_a = tl.math.exp2(multiply_subtract(t_a, dq_a[:, None], m_safe_a[:, None], False))
+        l_a = alpha_a * l_a + tl.sum(p_a, 1)
+        acc_a = tl.dot((p_a * (v_ratio[None, :] * P_SCALE_JIT)).to(tl.float8e4nv), tl.trans(v),
+                       acc_a * alpha_a[:, None], max_num_imprecise_acc=BLOCK_K)  # fmt: skip
+        m_a = m_new_a
+        m_new_b = tl.maximum(m_b, tl.max(t_b, 1) * dq_b)
+        m_safe_b = tl.where(m_new_b == float("-inf"), 0.0, m_new_b)
+        alpha_b = tl.math.exp2(m_b - m_safe_b)
+        p_b = tl.math.exp2(multiply_subtract(t_b, dq_b[:, None], m_safe_b[:, None], False))
+        l_b = alpha_b * l_b + tl.sum(p_b, 1)
+        acc_b = tl.dot((p_b * (v_ratio[None, :] * P_SCALE_JIT)).to(tl.float8e4nv), tl.trans(v),
+                       acc_b * alpha_b[:, None], max_num_imprecise_acc=BLOCK_K)  # fmt: skip
+        m_b = m_new_b
+    return acc_a, l_a, m_a, acc_b, l_b, m_b
+
+
+@triton.jit
+def write_rows(acc, l, m, o_scale, O, LSE, i, d, Tq, stride_ot, stride_od, HEAD_DIM: tl.constexpr):
+    empty = l == 0.0
+    l_safe = tl.where(empty, 1.0, l)
+    o = acc * (o_scale / l_safe)[:, None]
+    lse = tl.where(empty, float("-inf"), (m + tl.math.log2(l_safe)) * LN2)
+    tl.store(O + i[:, None] * stride_ot + d[None, :] * stride_od, o.to(O.dtype.element_ty),
+             mask=(i[:, None] < Tq) & (d[None, :] < HEAD_DIM))  # fmt: skip
+    tl.store(LSE + i, lse, mask=i < Tq)
+
+
+@triton.jit
+def ablation_kernel(
+    Q, K, V, DQ, DK, VR, VS, O, LSE,
+    stride_qb, stride_qh, stride_qt, stride_qd, stride_kb, stride_kh, stride_kt, stride_kd,
+    stride_vb, stride_vh, stride_vt, stride_vd, stride_ob, stride_oh, stride_ot, stride_od,
+    H, Tq, Tk, qk_scale, chunk,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
+    CAUSAL: tl.constexpr, HEAVIEST_FIRST: tl.constexpr, QK8: tl.constexpr, PV8: tl.constexpr,
+    SOFTMAX: tl.constexpr, EXP: tl.constexpr, TWO: tl.constexpr, WS: tl.constexpr,
+):  # fmt: skip
+    """The package's fp8_forward_kernel for τ > 0, H = H_kv, Tq = Tk (upper-left), with the probe's switches."""
+    q_index, h, b = program_tile(chunk, HEAVY_TILE_LAST=CAUSAL, HEAVIEST_FIRST=HEAVIEST_FIRST)
+    h, b = h.to(tl.int64), b.to(tl.int64)
+    q_start = q_index * BLOCK_Q
+    d = tl.arange(0, HEAD_DIM_PAD).to(tl.int64)
+    Q += b * stride_qb + h * stride_qh
+    K += b * stride_kb + h * stride_kh
+    V += b * stride_vb + h * stride_vh
+    O += b * stride_ob + h * stride_oh
+    DK += (b * H + h) * Tk
+    VR += (b * H + h) * Tk
+    DQ += (b * H + h) * Tq
+    LSE += (b * H + h) * Tq
+    o_scale = tl.load(VS + b * H + h) / P_SCALE_JIT  # 1 / 448 of 448 in the twin: its V factors are all 1
+    if CAUSAL:
+        q_end = tl.minimum(q_start + BLOCK_Q, Tq)
+        n_full, n_visit = full_key_tiles(q_start, Tk, BLOCK_K, 0), last_key_tile(q_end, Tk, BLOCK_K, 0)
+    else:
+        n_full, n_visit = Tk // BLOCK_K, tl.cdiv(Tk, BLOCK_K)
+    if TWO:  # two half tiles, each with its own state
+        HALF: tl.constexpr = BLOCK_Q // 2
+        i_a = q_start + tl.arange(0, HALF).to(tl.int64)
+        i_b = i_a + HALF
+        q_a = tl.load(Q + i_a[:, None] * stride_qt + d[None, :] * stride_qd,
+                      mask=(i_a[:, None] < Tq) & (d[None, :] < HEAD_DIM), other=0.0)  # fmt: skip
+        q_b = tl.load(Q + i_b[:, None] * stride_qt + d[None, :] * stride_qd,
+                      mask=(i_b[:, None] < Tq) & (d[None, :] < HEAD_DIM), other=0.0)  # fmt: skip
+        dq_a = tl.load(DQ + i_a, mask=i_a < Tq, other=1.0) * qk_scale
+        dq_b = tl.load(DQ + i_b, mask=i_b < Tq, other=1.0) * qk_scale
+        m_a = tl.full([HALF], float("-inf"), dtype=tl.float32)
+        m_b = tl.full([HALF], float("-inf"), dtype=tl.float32)
+        l_a = tl.zeros([HALF], dtype=tl.float32)
+        l_b = tl.zeros([HALF], dtype=tl.float32)
+        acc_a = tl.zeros([HALF, HEAD_DIM_PAD], dtype=tl.float32)
+        acc_b = tl.zeros([HALF, HEAD_DIM_PAD], dtype=tl.float32)
+        acc_a, l_a, m_a, acc_b, l_b, m_b = key_loop_two(
+            acc_a, l_a, m_a, acc_b, l_b, m_b, q_a, q_b, dq_a, dq_b, K, V, DK, VR, stride_kt, stride_kd, stride_vt,
+            stride_vd, i_a, i_b, d, 0, n_full, Tk, HEAD_DIM, BLOCK_Q, BLOCK_K, CAUSAL, False)  # fmt: skip
+        acc_a, l_a, m_a, acc_b, l_b, m_b = key_loop_two(
+            acc_a, l_a, m_a, acc_b, l_b, m_b, q_a, q_b, dq_a, dq_b, K, V, DK, VR, stride_kt, stride_kd, stride_vt,
+            stride_vd, i_a, i_b, d, n_full, n_visit, Tk, HEAD_DIM, BLOCK_Q, BLOCK_K, CAUSAL, True)  # fmt: skip
+        write_rows(acc_a, l_a, m_a, o_scale, O, LSE, i_a, d, Tq, stride_ot, stride_od, HEAD_DIM)
+        write_rows(acc_b, l_b, m_b, o_scale, O, LSE, i_b, d, Tq, stride_ot, stride_od, HEAD_DIM)
+    else:
+        i = q_start + tl.arange(0, BLOCK_Q).to(tl.int64)
+        q = tl.load(Q + i[:, None] * stride_qt + d[None, :] * stride_qd,
+                    mask=(i[:, None] < Tq) & (d[None, :] < HEAD_DIM), other=0.0)  # fmt: skip
+        dq = tl.load(DQ + i, mask=i < Tq, other=1.0) * qk_scale
+        m = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)
+        l = tl.zeros([BLOCK_Q], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_Q, HEAD_DIM_PAD], dtype=tl.float32)
+        acc, l, m = key_loop(acc, l, m, q, dq, K, V, DK, VR, stride_kt, stride_kd, stride_vt, stride_vd, i, d, 0,
+                             n_full, Tk, HEAD_DIM, BLOCK_Q, BLOCK_K, CAUSAL, False, QK8, PV8, SOFTMAX, EXP, WS)
+        acc, l, m = key_loop(acc, l, m, q, dq, K, V, DK, VR, stride_kt, stride_kd, stride_vt, stride_vd, i, d,
+                             n_full, n_visit, Tk, HEAD_DIM, BLOCK_Q, BLOCK_K, CAUSAL, True, QK8, PV8, SOFTMAX, EXP,
+                             WS)  # fmt: skip
+        write_rows(acc, l, m, o_scale, O, LSE, i, d, Tq, stride_ot, stride_od, HEAD_DIM)
+
+
+# name: (QK8, PV8, SOFTMAX, EXP, TWO, WS, block_k); the package's tiles, warps and stages otherwise
+VARIANTS = {
+    "fp8_copy": (True, True, 0, 0, False, False, 64),
+    "b_qk_fp8_pv_bf16": (True, False, 0, 0, False, False, 64),
+    "c_qk_bf16_pv_fp8": (False, True, 0, 0, False, False, 64),
+    "d_cheap_exp": (True, True, 0, 3, False, False, 64),
+    "e_matmuls_only": (True, True, 2, 0, False, False, 64),
+    "bf16_twin": (False, False, 0, 0, False, False, 64),
+    "bf16_cheap_exp": (False, False, 0, 3, False, False, 64),
+    "bf16_matmuls_only": (False, False, 2, 0, False, False, 64),
+    "lever_block_k128": (True, True, 0, 0, False, False, 128),
+    "lever_poly_half": (True, True, 0, 1, False, False, 64),
+    "lever_ex2_f16x2": (True, True, 0, 2, False, False, 64),
+    "lever_two_subtiles": (True, True, 0, 0, True, False, 64),
+    "lever_warp_specialize": (True, True, 0, 0, False, True, 64),
+}
+INTERPRETER_SKIPS = ("lever_ex2_f16x2", "lever_warp_specialize")  # inline PTX; a compiler pass
+
+
+def prepared(B, H, T, D, device, seed):
+    """Inputs of both precisions: bf16 q, k, v (float32 on the CPU) and their E4M3 codes, factors ('head') and
+    V's ratios."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16  # the interpreter's bf16 is wrong (issue 11584)
+    q, k, v = (torch.randn(B, H, T, D, generator=gen, device=device, dtype=dtype) for _ in range(3))
+    (q8, dq), (k8, dk) = quantize(q, "head"), quantize(k, "head")
+    v8, dv = quantize(v, "head", keys_contiguous=True)
+    v_scale = dv.amax(dim=-1).contiguous()
+    v_ratio = (dv / v_scale[..., None]).contiguous()
+    ones = torch.ones_like(dq)  # bf16 operands: every factor 1, and V's 448 so that o_scale = 448 / 448 = 1
+    return dict(bf16=(q, k, v), fp8=(q8, k8, v8), factors=(dq, dk, v_ratio, v_scale), ones=(ones, ones, ones,
+                torch.full_like(v_scale, 448.0)), dv=dv)  # fmt: skip
+
+
+def launch(name, inputs, causal, out_dtype=torch.bfloat16):
+    """One launch of the package kernel ("a_package") or the probe's copy with ``VARIANTS[name]``."""
+    q8, k8, v8 = inputs["fp8"]
+    B, H, T, D = q8.shape
+    config = fp8_config(D)
+    block_q, num_warps, num_stages = config["block_q"], config["num_warps"], config["num_stages"]
+    o = torch.empty((B, H, T, D), dtype=out_dtype, device=q8.device)
+    lse = torch.empty((B, H, T), dtype=torch.float32, device=q8.device)
+    n_tiles = triton.cdiv(T, block_q)
+    chunk = heaviest_first_chunk(causal, 2 * T * D, B * H, B * H * n_tiles, resident_programs(num_warps, None),
+                                 q8.device)  # fmt: skip
+    qk_scale = kernel_scale(D**-0.5).unit * LOG2E
+    d_pad = max(MIN_FP8_DOT, 1 << (D - 1).bit_length())
+    dq, dk, v_ratio, v_scale = inputs["factors"]
+    if name == "a_package":
+        fp8_forward_kernel[(n_tiles, H, B)](
+            q8, k8, v8, dq, dk, v_ratio, v_scale, o, lse, *q8.stride(), *k8.stride(), *v8.stride(), *o.stride(),
+            H, H, T, T, 0, qk_scale, max(chunk, 1), HEAD_DIM=D, HEAD_DIM_PAD=d_pad, BLOCK_Q=block_q, BLOCK_K=64,
+            CAUSAL=causal, SIGN=1, HEAVIEST_FIRST=chunk > 0, INTERPRETED=q8.device.type == "cpu",
+            num_warps=num_warps, num_stages=num_stages,
+        )  # fmt: skip
+        return o, lse
+    qk8, pv8, softmax, exp, two, ws, block_k = VARIANTS[name]
+    q16, k16, v16 = inputs["bf16"]
+    q, k = (q8, k8) if qk8 else (q16, k16)
+    v = v8 if pv8 else v16
+    dq, dk = (dq, dk) if qk8 else inputs["ones"][:2]
+    v_ratio, v_scale = (v_ratio, v_scale) if pv8 else inputs["ones"][2:]
+    ablation_kernel[(n_tiles, H, B)](
+        q, k, v, dq, dk, v_ratio, v_scale, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
+        H, T, T, qk_scale, max(chunk, 1), HEAD_DIM=D, HEAD_DIM_PAD=d_pad, BLOCK_Q=block_q, BLOCK_K=block_k,
+        CAUSAL=causal, HEAVIEST_FIRST=chunk > 0, QK8=qk8, PV8=pv8, SOFTMAX=softmax, EXP=exp, TWO=two, WS=ws,
+        num_warps=num_warps, num_stages=num_stages,
+    )  # fmt: skip
+    return o, lse
+
+
+def interpret_check() -> None:
+    """CPU, TRITON_INTERPRET=1: every variant the interpreter can run, once, at B1 H2 T160 D32. The copy with
+    every part on must give the package kernel's answer, and the levers that keep the numbers (two half
+    tiles, exp2 half by polynomial) nearly so; each is also printed against the float64 emulation, for
+    information only: the interpreter's E4M3 cast loses the carry where rounding reaches a power of two,
+    the package kernel as much as the copy. A check that the probe runs, not a measurement."""
+    from flashtile.reference.fp8 import fp8_attention_forward
+    from flashtile.reference.naive import naive_attention
+
+    def relative_rmse(o, o_ref):
+        return ((o.double() - o_ref.double()).pow(2).mean().sqrt() / o_ref.double().pow(2).mean().sqrt()).item()
+
+    for causal in (False, True):
+        inputs = prepared(1, 2, 160, 32, "cpu", 1)
+        o_e, _ = fp8_attention_forward(*inputs["fp8"], inputs["factors"][0], inputs["factors"][1], inputs["dv"], causal)
+        o_package = launch("a_package", inputs, causal, out_dtype=torch.float32)[0]
+        for name in VARIANTS:
+            if name in INTERPRETER_SKIPS:
+                continue
+            start = time.time()
+            o, lse = launch(name, inputs, causal, out_dtype=torch.float32)
+            print(f"causal={causal} {name}: relative RMSE vs the package kernel {relative_rmse(o, o_package):.2e}, "
+                  f"vs the emulation {relative_rmse(o, o_e):.2e} ({time.time() - start:.1f} s)")  # fmt: skip
+            if name == "fp8_copy":  # within float32 rounding: the copy's s - m rounds the product (the GPU fuses it)
+                assert relative_rmse(o, o_package) < 1e-6, "the probe's copy is not the package kernel"
+            if name in ("lever_two_subtiles", "lever_poly_half"):
+                assert relative_rmse(o, o_package) < 1e-2, name
+            if name == "bf16_twin":  # float32 operands here: attention of the float inputs, to float32 rounding
+                q, k, v = (x.double() for x in inputs["bf16"])
+                o_exact, _ = naive_attention(q, k, v, causal)
+                assert relative_rmse(o, o_exact) < 1e-5, relative_rmse(o, o_exact)
+
+
+def row(variant, shape, ms, dtype="fp8_e4m3", provider="flashtile_fp8_launch", **extra):
+    from flashtile.bench.common import attention_tflops
+
+    tflops = None if ms is None else round(attention_tflops(shape, ms), 1)
+    return {"pass": "forward", "provider": provider, **shape, "dtype": dtype, "ms": None if ms is None else
+            round(ms, 4), "tflops": tflops, "variant": variant, **extra}  # fmt: skip
+
+
+def summary(shape, times) -> dict:
+    """Amdahl from one shape's medians (ms): shares of a key step and the best FP8 speed-ups over bf16."""
+    t_bf16, t_fp8 = times["flashtile"], times["a_package"]
+    mm8, mm16, full16 = times["e_matmuls_only"], times["bf16_matmuls_only"], times["bf16_twin"]
+    softmax16 = full16 - mm16  # the twin's softmax, the step taken as matmuls then softmax, nothing overlapped
+    full8 = times["fp8_copy"]
+    return row("summary", shape, None, provider="flashtile_fp8_model", error="derived: no time of its own",
+               matmul_share_fp8=round(mm8 / full8, 3), softmax_share_fp8=round(1 - mm8 / full8, 3),
+               matmul_share_bf16=round(mm16 / full16, 3), softmax_share_bf16=round(1 - mm16 / full16, 3),
+               matmuls_fp8_over_bf16=round(mm16 / mm8, 3), speedup_measured=round(t_bf16 / t_fp8, 3),
+               amdahl_best_no_overlap=round(t_bf16 / (mm8 + softmax16), 3),
+               ceiling_perfect_overlap=round(t_bf16 / max(mm8, softmax16), 3))  # fmt: skip
+
+
+def main(out: Path) -> None:
+    from flashtile.bench.common import median_ms, save_result
+    from flashtile.bench.providers import build
+
+    shapes = STANDARD if os.environ.get("FP8_ABLATION_SHAPES") == "all" else DEFAULT_SHAPES
+    rows, start = [], time.time()
+    for D, causal, T in shapes:
+        B, H = 16384 // T, 2048 // D
+        shape = dict(B=B, H=H, H_kv=H, Tq=T, Tk=T, D=D, causal=causal, layout="bhtd")
+        inputs = prepared(B, H, T, D, "cuda", T + D)
+        q, k, v = inputs["bf16"]
+        times = {"flashtile": median_ms(functools.partial(build("flashtile", shape), q, k, v), warmup=25, rep=100)}
+        rows.append(row("package_bf16", shape, times["flashtile"], dtype="bf16", provider="flashtile"))
+        o_package = launch("a_package", inputs, causal)[0]
+        for name in ("a_package", *VARIANTS):
+            extra = {}
+            try:
+                o = launch(name, inputs, causal)[0]
+                if name == "fp8_copy":
+                    extra["copy_bit_equal"] = bool(torch.equal(o, o_package))
+                    torch.testing.assert_close(o, o_package, rtol=1e-2, atol=1e-3)
+                times[name] = median_ms(functools.partial(launch, name, inputs, causal), warmup=25, rep=100)
+            except Exception as error:  # noqa: BLE001 - a lever Triton refuses is a result, recorded as such
+                times[name] = None
+                extra["error"] = f"{type(error).__name__}: {str(error)[:300]}"
+            dtype = "bf16" if name.startswith("bf16_") else "fp8_e4m3"
+            rows.append(row(name, shape, times[name], dtype=dtype, ratio_vs_bf16=None if times[name] is None else
+                            round(times["flashtile"] / times[name], 3), **extra))  # fmt: skip
+        rows.append(summary(shape, times))
+        print(f"[{time.time() - start:.0f} s] D={D} causal={causal} T={T}:",
+              " ".join(f"{n}={t:.3f}" for n, t in times.items() if t is not None), "|",
+              {k: v for k, v in rows[-1].items() if k.startswith(("matmul_", "softmax_", "amdahl", "ceiling",
+                                                                    "speedup"))}, flush=True)  # fmt: skip
+    save_result(out / "fp8-ablation.json", rows, METHOD)
+
+
+if __name__ == "__main__":
+    if INTERPRET:
+        interpret_check()
+    else:
+        main(Path(os.environ.get("OUT", ".")))
