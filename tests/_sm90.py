@@ -7,7 +7,8 @@ TRITON_INTERPRET, after a prelude that defines ``sm90(fn, types, constexprs, **o
 ``fn`` for ``GPUTarget("cuda", 90, 32)`` and returns the compiled kernel (``.asm["ptx"]``,
 ``.metadata.shared``), and ``sm90_like_a_launch(fn, types, constexprs, **options)``, the same with the
 divisibility hints a launch on contiguous tensors adds. Parameters not named in ``types`` or
-``constexprs`` are int32. The body prints one JSON object on its last line; that object is returned.
+``constexprs`` take their default where they have one (as constexprs), and are int32 otherwise. The
+body prints one JSON object on its last line; that object is returned.
 Skipped where Triton has no NVIDIA backend.
 """
 
@@ -28,7 +29,16 @@ PRELUDE = textwrap.dedent(
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    def with_defaults(fn, types, constexprs):
+        # A parameter with a default that the caller leaves out takes it, as a launch that omits it does
+        # (the kernels' varlen switches: CU_Q=None, CU_K=None, VARLEN=False)
+        params = inspect.signature(fn.fn).parameters
+        defaults = {n: p.default for n, p in params.items() if p.default is not inspect.Parameter.empty
+                    and n not in types and n not in constexprs}
+        return dict(constexprs, **defaults)
+
     def sm90(fn, types, constexprs, **options):
+        constexprs = with_defaults(fn, types, constexprs)
         signature = {name: "constexpr" if name in constexprs else types.get(name, "i32")
                      for name in inspect.signature(fn.fn).parameters}
         source = ASTSource(fn=fn, signature=signature, constexprs=constexprs)
@@ -38,6 +48,7 @@ PRELUDE = textwrap.dedent(
         # What a launch's specialisation adds for contiguous tensors at long T: head-dim strides of 1, and
         # 16-divisible pointers, strides and lengths (the hints that let loads be vectorised).
         names = list(inspect.signature(fn.fn).parameters)
+        constexprs = with_defaults(fn, types, constexprs)
         constexprs = dict(constexprs, **{n: 1 for n in names if n.startswith("stride_") and n.endswith("d")})
         signature = {n: "constexpr" if n in constexprs else types.get(n, "i32") for n in names}
         aligned = [n for n in names if n not in constexprs

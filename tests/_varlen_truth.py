@@ -41,3 +41,27 @@ def varlen_truth_grads(q, k, v, do, cu_q, cu_k, window=None, causal=False, align
     keep = packed_keep(cu_q, cu_k, window, causal, alignment)
     grads = truth_gradients(as_dense(q), as_dense(k), as_dense(v), as_dense(do), keep, scale, softcap)
     return tuple(g[0].transpose(0, 1) for g in grads)
+
+
+def varlen_truth_by_document(q, k, v, cu_q, cu_k, window=None, causal=False, alignment="upper_left", scale=None,
+                             softcap=None, do=None):  # fmt: skip
+    """``varlen_truth`` (and with ``do``, ``varlen_truth_grads``) one document at a time, on q's device: for
+    packed rows too long for one dense (total_q, total_k) matrix. Returns (o, lse) or (o, lse, dq, dk, dv)."""
+    cu_q, cu_k = [int(x) for x in cu_q], [int(x) for x in cu_k]
+    H = q.shape[1]
+    o = torch.zeros(q.shape, dtype=torch.float64, device=q.device)
+    lse = torch.full((H, q.shape[0]), float("-inf"), dtype=torch.float64, device=q.device)
+    grads = [torch.zeros(x.shape, dtype=torch.float64, device=x.device) for x in (q, k, v)]
+    for d in range(len(cu_q) - 1):
+        (qs, qe), (ks, ke) = (cu_q[d], cu_q[d + 1]), (cu_k[d], cu_k[d + 1])
+        if qe == qs or ke == ks:
+            continue
+        keep = definition_mask(qe - qs, ke - ks, window, causal, alignment).to(q.device)
+        dense = [as_dense(x) for x in (q[qs:qe], k[ks:ke], v[ks:ke])]
+        o_d, lse_d = masked_truth(*dense, keep, scale, softcap)
+        o[qs:qe], lse[:, qs:qe] = o_d[0].transpose(0, 1), lse_d[0]
+        if do is not None:
+            g = truth_gradients(*dense, as_dense(do[qs:qe]), keep, scale, softcap)
+            for packed, g_d, (s, e) in zip(grads, g, ((qs, qe), (ks, ke), (ks, ke))):
+                packed[s:e] = g_d[0].transpose(0, 1)
+    return (o, lse) if do is None else (o, lse, *grads)

@@ -454,3 +454,12 @@ def check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, *, names=("q", "k",
                          "every document has its queries and its keys")
     documents = [((cu_q[d], cu_q[d + 1]), (cu_k[d], cu_k[d + 1])) for d in range(len(cu_q) - 1)]
     return H, H_kv, D, documents
+
+
+def check_max_seqlen(name: str, value, longest: int) -> int:
+    """max_seqlen_q or max_seqlen_k of packed documents: an int at least the longest document's length
+    (the kernels' grid is sized by it: a smaller one would leave tokens without a program)."""
+    value = check_int(name, value, minimum=0)
+    if value < longest:
+        raise ValueError(f"{name} must be at least the longest document's length, {longest}, got {value}")
+    return value

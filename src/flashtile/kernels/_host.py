@@ -323,3 +323,20 @@ def _current_stream(device: int) -> int:
 
 
 # --8<-- [end:launch]
+
+
+# --8<-- [start:varlen_mask]
+def varlen_mask(causal: bool, window) -> tuple[bool, bool, int, int]:
+    """(CAUSAL, BAND, left, right) of packed documents' kernel: the mask is the same rule in every document,
+    but its band depends on each document's Tq and Tk, so the kernel works it out per document from the
+    window's sides (``_jit.varlen_program``). A window without a left edge is no mask (no right edge either)
+    or the causal mask (right edge 0), and runs as such, as ``kernel_mask`` does for one sequence."""
+    left, right = window or (-1, -1)
+    if causal:
+        right = 0  # causal caps the right side
+    if left == -1 and right == -1:
+        return False, False, -1, -1
+    if left == -1 and right == 0:
+        return True, False, -1, 0
+    return False, True, left, right
+# --8<-- [end:varlen_mask]

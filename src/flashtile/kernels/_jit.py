@@ -309,3 +309,38 @@ def soft_cap(u, unit, softcap):
     t = tanh(u * unit / softcap)
     return softcap * t, t
 # --8<-- [end:soft_cap]
+
+
+# --8<-- [start:varlen_program]
+@triton.jit
+def varlen_program(CU_Q, CU_K, doc, alignment, left, right, BLOCK: tl.constexpr, OWN_KEYS: tl.constexpr,
+                   HEAVY_TILE_LAST: tl.constexpr):  # fmt: skip
+    """(tile, q_doc, k_doc, Tq, Tk, offset, band_lo, band_hi) of a program of packed documents: document
+    ``doc`` owns queries CU_Q[doc] .. CU_Q[doc + 1] - 1 and keys CU_K[doc] .. CU_K[doc + 1] - 1, and is
+    attended as a sequence of its own, with its own Tq, Tk, diagonal offset and band.
+
+    The grid is (tiles of the longest document, heads, documents): ``tile`` is this program's query tile
+    (its key tile with OWN_KEYS, for the dK/dV kernel), -1 for a program past its document's tiles.
+    HEAVY_TILE_LAST numbers the tiles from the document's own last one (the causal forward's and dQ's
+    heaviest), so each document's heaviest tile takes program 0 and the idle programs come last.
+    ``alignment`` is 0 (upper_left) or 1 (lower_right): offset = alignment * (Tk - Tq). (left, right)
+    is the window, -1 unbounded, the right side already capped at 0 under causal by the launcher; the band
+    lo <= j - i <= hi is ``reference.masks.window_band``'s for this document's Tq and Tk.
+    """
+    q_doc = tl.load(CU_Q + doc)
+    Tq = tl.load(CU_Q + doc + 1) - q_doc
+    k_doc = tl.load(CU_K + doc)
+    Tk = tl.load(CU_K + doc + 1) - k_doc
+    if OWN_KEYS:
+        n_tiles = tl.cdiv(Tk, BLOCK)
+    else:
+        n_tiles = tl.cdiv(Tq, BLOCK)
+    tile = tl.program_id(0)
+    if HEAVY_TILE_LAST:
+        tile = n_tiles - 1 - tile  # negative past the document's tiles
+    tile = tl.where((tile >= 0) & (tile < n_tiles), tile, -1)
+    offset = alignment * (Tk - Tq)
+    band_lo = tl.where(left == -1, -Tq, tl.maximum(offset - left, -Tq))
+    band_hi = tl.where(right == -1, Tk, tl.minimum(offset + right, Tk))
+    return tile, q_doc, k_doc, Tq, Tk, offset, band_lo, band_hi
+# --8<-- [end:varlen_program]

@@ -38,7 +38,11 @@ from .._checks import (
     check_attention_inputs,
     check_causal,
     check_flag,
+    check_int,
+    check_max_seqlen,
     check_softcap,
+    check_tensor,
+    check_varlen_inputs,
     check_window,
     resolve_scale,
 )
@@ -61,6 +65,7 @@ from ._host import (
     resident_programs,
     tile_descriptor,
     use_tma,
+    varlen_mask,
 )
 from ._jit import (
     SHIFT_LIMIT,
@@ -75,6 +80,7 @@ from ._jit import (
     program_offset,
     program_tile,
     soft_cap,
+    varlen_program,
 )
 
 LN2 = tl.constexpr(math.log(2.0))  # a constexpr global, so the jit function may read it
@@ -165,6 +171,7 @@ def _forward_kernel(
     BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr, SIGN: tl.constexpr,
     USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr, INTERPRETED: tl.constexpr,
     HEAVIEST_FIRST: tl.constexpr, MASKED_TILES: tl.constexpr, BAND: tl.constexpr, SOFTCAP: tl.constexpr,
+    CU_Q=None, CU_K=None, VARLEN: tl.constexpr = False,
 ):
     # --8<-- [start:program]
     # under causal, the longest query tiles (most key tiles) launch first, so the short ones fill the tail
@@ -175,6 +182,18 @@ def _forward_kernel(
     i = q_start + tl.arange(0, BLOCK_Q)  # the query rows of this tile
     d = tl.arange(0, HEAD_DIM_PAD)
     # --8<-- [end:program]
+    if VARLEN:  # packed documents: the grid's third axis is the document, read from cu_seqlens (varlen_program)
+        q_index, q_doc, k_doc, Tq, Tk, offset, band_lo, band_hi = varlen_program(
+            CU_Q, CU_K, b, offset, band_lo, band_hi, BLOCK_Q, OWN_KEYS=False, HEAVY_TILE_LAST=CAUSAL)
+        if q_index < 0:  # past this document's query tiles (or a document without queries): nothing to do
+            return
+        q_start = q_index * BLOCK_Q
+        q_end = tl.minimum(q_start + BLOCK_Q, Tq)
+        i = q_start + tl.arange(0, BLOCK_Q)
+        Q += q_doc.to(tl.int64) * stride_qt  # the document's first token becomes token 0: b's strides are 0
+        O += q_doc.to(tl.int64) * stride_ot
+        K += k_doc.to(tl.int64) * stride_kt
+        V += k_doc.to(tl.int64) * stride_vt
 
     # --8<-- [start:pointers]
     q_mask = (i[:, None] < Tq) & (d[None, :] < HEAD_DIM)
@@ -252,6 +271,8 @@ def _forward_kernel(
     out = (O + program_offset(b, stride_ob) + program_offset(h, stride_oh)
            + i[:, None].to(tl.int64) * stride_ot + d[None, :].to(tl.int64) * stride_od)
     rows = ROW_STATS + program_offset(b * H + h, Tq) + i  # ROW_STATS is (3, B, H, Tq), contiguous: lse, m, l
+    if VARLEN:  # ROW_STATS is (3, H, total_q): n_rows = H * total_q, the document's rows from q_doc on
+        rows = ROW_STATS + program_offset(h, n_rows // H) + q_doc + i
     _write_rows(acc, l, m, delta, qk_scale, out, rows, n_rows, q_mask, i < Tq)  # the fast result, written at once
     if tl.max(largest, 0) >= SHIFT_LIMIT:  # a score past about 10^7, where 2^delta is no longer harmless
         # Rare, decided once per program, after the fast rows are on their way: the check then waits for
@@ -403,7 +424,8 @@ def make_forward_plan(q, k, v, causal, scale, alignment, block_q, block_k, num_w
                             DOT_PRECISION=dot_precision(q.dtype), INTERPRETED=q.device.type == "cpu",
                             HEAVIEST_FIRST=chunk > 0,
                             MASKED_TILES=causal or Tk % block_k != 0, BAND=mask.banded,
-                            SOFTCAP=softcap is not None),  # fmt: skip
+                            SOFTCAP=softcap is not None,
+                            CU_Q=None, CU_K=None, VARLEN=False),  # None and False compile varlen out  # fmt: skip
             num_warps=num_warps,
             num_stages=num_stages,
             maxnreg=maxnreg,
@@ -468,3 +490,78 @@ def forward_with_plan(plan: ForwardPlan, q, k, v) -> tuple[torch.Tensor, torch.T
     plan.launch(*loads, o, row_stats)
     return o, row_stats
 # --8<-- [end:launcher]
+
+
+# --8<-- [start:varlen_launcher]
+def flash_attention_varlen(
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False, scale=None,
+    alignment="upper_left", block_q=None, block_k=None, *, num_warps=None, num_stages=None, window=None,
+    softcap=None, checked=False,
+):  # fmt: skip
+    """Attention within each packed document on the GPU: one program per (query tile, head, document).
+
+    Args:
+        q: (total_q, H, D); k, v: (total_k, H_kv, D), H a multiple of H_kv; fp16, bf16 or fp32, any strides.
+        cu_seqlens_q, cu_seqlens_k: int32 (n_documents + 1,) on q's device, 0 first, non-decreasing, ending at
+            total_q and total_k (``flashtile.reference.varlen``).
+        max_seqlen_q, max_seqlen_k: at least the longest document's query and key counts; the grid has
+            cdiv(max_seqlen_q, block_q) query tiles per (head, document), and the programs past a document's
+            tiles return at once.
+        causal, scale, alignment, window, softcap: as ``flash_attention``, applied to each document with its
+            own Tq and Tk. Key tiles outside a document's band are never loaded, FULL ones run unmasked.
+        block_q, block_k, num_warps, num_stages: as ``flash_attention``; defaults from ``forward_config`` at
+            max_seqlen_q, always on the pointer path (no TMA: a document's tiles start at any token).
+        checked: True when the caller has already run ``check_varlen_inputs`` and the max_seqlen checks on these
+            tensors (``flashtile.attention_varlen`` does): the launcher then reads nothing on the host.
+
+    Returns:
+        o (total_q, H, D) contiguous in q's dtype, lse (H, total_q) float32, and stats (2, H, total_q): the
+        final (m, l) of every row, the hand-off to ``flash_attention_varlen_backward``.
+    """
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        check_tensor(name, x, rank=3, dtypes=KERNEL_DTYPES)
+    if not checked:
+        _, _, _, documents = check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k)
+        check_max_seqlen("max_seqlen_q", max_seqlen_q, max((e - s for (s, e), _ in documents), default=0))
+        check_max_seqlen("max_seqlen_k", max_seqlen_k, max((e - s for _, (s, e) in documents), default=0))
+    max_q = check_int("max_seqlen_q", max_seqlen_q, minimum=1)
+    check_causal(causal)
+    check_alignment(alignment)
+    window = check_window(window)
+    softcap = check_softcap(softcap, q.dtype)
+    total_q, H, D = q.shape
+    H_kv = k.shape[1]
+    scale = resolve_scale(scale, D, q.dtype)
+    check_kernel_device("q", q)
+    causal_mask, banded, left, right = varlen_mask(causal, window)
+    length_class = 512 if max_q <= 512 else (1024 if max_q <= 1024 else 4096)
+    config = forward_config(D, q.dtype, q.device.type == "cpu", causal_mask, length_class, tma=False)
+    block_q = config["block_q"] if block_q is None else check_tile_size("block_q", block_q)
+    block_k = config["block_k"] if block_k is None else check_tile_size("block_k", block_k)
+    num_warps, num_stages = check_launch(
+        config["num_warps"] if num_warps is None else num_warps,
+        config["num_stages"] if num_stages is None else num_stages,
+    )
+    own_settings = (block_q, block_k, num_warps, num_stages) == tuple(config[name] for name in LAUNCH_SETTINGS)
+    maxnreg = config.get("maxnreg") if own_settings else None
+    units = kernel_scale(scale)
+    qk_scale = units.qk_scale if softcap is None else LOG2E
+    o = torch.empty((total_q, H, D), dtype=q.dtype, device=q.device)
+    row_stats = torch.empty((3, H, total_q), dtype=torch.float32, device=q.device)  # lse, m, l
+    n_docs = cu_seqlens_q.shape[0] - 1
+
+    def strides(x):  # (total, heads, D) seen as (1, heads, total, D): the batch stride is never stepped
+        return 0, x.stride(1), x.stride(0), x.stride(2)
+
+    _forward_kernel[head_batch_grid(-(-max_q // block_q), H, n_docs)](
+        q, k, v, o, row_stats, *strides(q), *strides(k), *strides(v), *strides(o),
+        H, H // H_kv, total_q, k.shape[0], int(alignment == "lower_right"), qk_scale, H * total_q, 1, left, right,
+        units.unit, 1.0 if softcap is None else softcap,
+        HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D), BLOCK_Q=block_q, BLOCK_K=block_k, CAUSAL=causal_mask,
+        SIGN=units.sign, USE_TMA=False, DOT_PRECISION=dot_precision(q.dtype), INTERPRETED=q.device.type == "cpu",
+        HEAVIEST_FIRST=False, MASKED_TILES=True, BAND=banded, SOFTCAP=softcap is not None,
+        CU_Q=cu_seqlens_q, CU_K=cu_seqlens_k, VARLEN=True,
+        num_warps=num_warps, num_stages=num_stages, **({"maxnreg": maxnreg} if maxnreg else {}),
+    )  # fmt: skip
+    return o, row_stats[0], row_stats[1:]
+# --8<-- [end:varlen_launcher]

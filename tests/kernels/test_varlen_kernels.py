@@ -1,0 +1,140 @@
+"""Packed documents in the Triton kernels (``flash_attention_varlen``, ``flash_attention_varlen_backward``):
+each document against dense float64 attention through its own mask (``_varlen_truth``), memory outside a
+document poisoned with NaN, and the programs' document mapping. On the CPU through the interpreter
+(float32 and float16, small tiles); the ``gpu`` cases run bf16 at the H200's tile sizes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from _truth import assert_close_to_truth
+from _varlen_truth import varlen_truth, varlen_truth_by_document
+from flashtile.kernels.forward import flash_attention_varlen
+
+from ._helpers import DEVICE, FORWARD_TOL, LSE_TOL
+
+
+def packed(lengths_q, lengths_k, H=2, H_kv=2, D=16, dtype=torch.float32, seed=0, device=DEVICE):
+    """Random packed q, k, v (made on the CPU, then moved) and their int32 cu_seqlens."""
+    g = torch.Generator().manual_seed(seed)
+    total_q, total_k = sum(lengths_q), sum(lengths_k)
+    q, k, v = (torch.randn(n, h, D, generator=g) for n, h in ((total_q, H), (total_k, H_kv), (total_k, H_kv)))
+    cu = lambda lengths: torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)  # noqa: E731
+    move = lambda x: x.to(device=device, dtype=dtype)  # noqa: E731
+    return move(q), move(k), move(v), cu(lengths_q).to(device), cu(lengths_k).to(device)
+
+
+def mask_kwargs(mask):
+    """The launcher's keywords for the truth's."""
+    return dict(causal=mask.get("causal", False), window=mask.get("window"), softcap=mask.get("softcap"),
+                alignment=mask.get("alignment", "upper_left"))  # fmt: skip
+
+
+# Pairwise over: document lengths against the 16-row tiles (shorter than a tile, a multiple, ragged), mask
+# (none, causal, window, causal + window, lower_right with Tq != Tk), softcap, GQA, head dim (power of 2 or
+# not), dtype. Each pair of values appears in some case.
+FORWARD_CASES = [  # (lengths_q, lengths_k, H, H_kv, D, dtype, mask)
+    ((5, 40, 17), (5, 40, 17), 2, 2, 16, torch.float32, dict(causal=True)),
+    ((32, 9, 48), (32, 9, 48), 4, 2, 24, torch.float16, dict()),
+    ((3, 33), (20, 9), 2, 1, 16, torch.float32, dict(causal=True, alignment="lower_right")),
+    ((30, 20, 1), (30, 20, 1), 2, 2, 16, torch.float16, dict(window=(5, 3), softcap=2.0)),
+    ((6, 4, 10), (6, 0, 10), 4, 1, 24, torch.float32, dict(window=(7, -1), causal=True)),
+    ((0, 35, 3), (4, 35, 3), 2, 2, 16, torch.float16, dict(causal=True, softcap=4.0)),
+]
+
+
+@pytest.mark.parametrize("case", range(len(FORWARD_CASES)))
+def test_varlen_forward_matches_float64_per_document(case):
+    lq, lk, H, H_kv, D, dtype, mask = FORWARD_CASES[case]
+    q, k, v, cu_q, cu_k = packed(lq, lk, H, H_kv, D, dtype, seed=case)
+    o, lse, stats = flash_attention_varlen(q, k, v, cu_q, cu_k, max(lq), max(lk), block_q=16, block_k=16,
+                                           **mask_kwargs(mask))  # fmt: skip
+    o_ref, lse_ref = varlen_truth(q.cpu(), k.cpu(), v.cpu(), cu_q.cpu(), cu_k.cpu(), **mask_kwargs(mask))
+    assert o.shape == q.shape and o.dtype == dtype and lse.shape == (H, q.shape[0]) and stats.shape == (2, *lse.shape)
+    assert_close_to_truth(o.double().cpu(), o_ref, "o", **FORWARD_TOL[dtype])
+    assert_close_to_truth(lse.double().cpu(), lse_ref, "lse", **LSE_TOL[dtype])
+
+
+def test_varlen_forward_reads_nothing_outside_a_document():
+    """Keys of a document without queries (padding between documents) and queries of a document without
+    keys hold NaN: no NaN may reach another document's rows, and the blind rows give o = 0, lse = -inf.
+    The control: one NaN key inside the middle document reaches exactly that document's rows."""
+    lq, lk = (17, 0, 9, 6, 21), (17, 13, 9, 0, 21)  # document 1: keys only; document 3: queries only
+    q, k, v, cu_q, cu_k = packed(lq, lk, H=2, H_kv=1, seed=7)
+    k[17:30], v[17:30], q[26:32] = float("nan"), float("nan"), float("nan")
+    o, lse, _ = flash_attention_varlen(q, k, v, cu_q, cu_k, 21, 21, block_q=16, block_k=16, causal=True)
+    # the truth one document at a time: the dense packed formula would multiply the NaN values by P = 0
+    o_ref, _ = varlen_truth_by_document(q.cpu(), k.cpu(), v.cpu(), cu_q.cpu(), cu_k.cpu(), causal=True)
+    assert torch.isfinite(o).all()
+    assert torch.equal(o[26:32].cpu(), torch.zeros(6, 2, 16)) and torch.isneginf(lse[:, 26:32]).all()
+    assert_close_to_truth(o.double().cpu(), o_ref, "o", **FORWARD_TOL[torch.float32])
+    k[35] = float("nan")  # the control: key 5 of document 2 (tokens 30 .. 38), seen causally by its rows 5 ..
+    o, _, _ = flash_attention_varlen(q, k, v, cu_q, cu_k, 21, 21, block_q=16, block_k=16, causal=True)
+    nan_rows = torch.isnan(o).any(dim=(1, 2)).cpu()
+    assert nan_rows.nonzero().flatten().tolist() == list(range(17 + 5, 17 + 9))
+
+
+def test_varlen_forward_takes_any_strides():
+    """A (total, H, D) view of (H, total, D) storage, and a head dim stored with stride 2."""
+    q, k, v, cu_q, cu_k = packed((12, 20), (12, 20), seed=3)
+    q_view = q.transpose(0, 1).contiguous().transpose(0, 1)
+    k_view = torch.stack([k, k], dim=-1)[..., 0]  # stride 2 along D
+    o, lse, _ = flash_attention_varlen(q_view, k_view, v, cu_q, cu_k, 20, 20, block_q=16, block_k=16, causal=True)
+    o_ref, _ = varlen_truth(q.cpu(), k.cpu(), v.cpu(), cu_q.cpu(), cu_k.cpu(), causal=True)
+    assert_close_to_truth(o.double().cpu(), o_ref, "o", **FORWARD_TOL[torch.float32])
+
+
+@pytest.mark.parametrize(
+    "bad, error, words",
+    [
+        (dict(max_seqlen_q=16), ValueError, "max_seqlen_q"),
+        (dict(cu_seqlens_k=torch.tensor([0, 10, 32], dtype=torch.int64)), TypeError, "cu_seqlens_k"),
+        (dict(q=torch.zeros(32, 2, 16, dtype=torch.float64)), TypeError, "q"),
+    ],
+)
+def test_varlen_launcher_refuses_bad_input_by_name(bad, error, words):
+    q, k, v, cu_q, cu_k = packed((12, 20), (12, 20))
+    args = dict(q=q, k=k, v=v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=20, max_seqlen_k=20)
+    args.update({name: x.to(DEVICE) if isinstance(x, torch.Tensor) else x for name, x in bad.items()})
+    with pytest.raises(error, match=words):
+        flash_attention_varlen(**args)
+
+
+# --- on the H200: bf16 at the package's own tile sizes --------------------------------------------------------
+
+
+def issue_documents(seed=0, n=8, total=16384, low=512, high=4096):
+    """n document lengths in [low, high] summing to total (the issue's packed case): drawn with a fixed seed,
+    then the remainder spread so that each stays in range."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(low, high + 1, (n,), generator=g).tolist()
+    while sum(lengths) != total:
+        step = 1 if sum(lengths) < total else -1
+        for d in range(n):
+            if sum(lengths) != total and low <= lengths[d] + step <= high:
+                lengths[d] += step
+    return lengths
+
+
+GPU_CASES = [  # (lengths, H, H_kv, D, mask)
+    (issue_documents(), 16, 16, 128, dict(causal=True)),
+    (issue_documents(), 16, 16, 128, dict()),
+    (issue_documents(seed=1), 8, 2, 64, dict(causal=True, window=(1023, 0))),
+    ((1000, 1, 3000, 77, 129), 4, 4, 128, dict(causal=True, softcap=30.0)),
+]
+
+
+gpu_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.mark.gpu
+@gpu_only
+@pytest.mark.parametrize("case", range(len(GPU_CASES)))
+def test_varlen_forward_bf16_on_gpu(case):
+    lengths, H, H_kv, D, mask = GPU_CASES[case]
+    q, k, v, cu_q, cu_k = packed(lengths, lengths, H, H_kv, D, torch.bfloat16, seed=case)
+    o, lse, _ = flash_attention_varlen(q, k, v, cu_q, cu_k, max(lengths), max(lengths), **mask_kwargs(mask))
+    o_ref, lse_ref = varlen_truth_by_document(q, k, v, cu_q, cu_k, **mask_kwargs(mask))
+    assert_close_to_truth(o.double(), o_ref, "o", **FORWARD_TOL[torch.bfloat16])
+    assert_close_to_truth(lse.double(), lse_ref, "lse", **LSE_TOL[torch.bfloat16])
