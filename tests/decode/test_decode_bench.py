@@ -80,3 +80,13 @@ def test_streaming_fit_recovers_a_known_rate_and_fixed_cost():
              dict(row(131072, 999.0), B=8)]  # fmt: skip
     R, t0 = streaming_fit(rows, "flashtile_split_k", H_kv=8)
     assert R == pytest.approx(4.0) and t0 == pytest.approx(12.0)
+
+
+def test_the_decode_host_time_rows_run_on_the_cpu():
+    from flashtile.bench.overhead import DECODE_SHAPE, measure_decode
+
+    small = dict(DECODE_SHAPE, H=4, H_kv=2, Tk=40, D=16, dtype="fp32")
+    rows = measure_decode(small, device="cpu", dtype=torch.float32, calls=2, repeats=1, warmup=1, sync=lambda: None)
+    assert [r["provider"] for r in rows] == ["flashtile_decode", "flashtile_decode_launcher", "flashtile", "sdpa"]
+    for row in rows:
+        assert REQUIRED <= set(row) and row["pass"] == "decode" and row["us_per_call"] > 0

@@ -14,6 +14,12 @@ Providers: ``flashtile`` (``flashtile.attention``, the public, differentiable en
 (``scaled_dot_product_attention`` with PyTorch's own choice of backend). Modes: ``fwd`` (the forward
 call) and ``fwd+bwd`` (the forward, then ``torch.autograd.grad(o, (q, k, v), do)``).
 
+``--decode`` times the decode step instead (``measure_decode``, ``bench/results/overhead-decode.json``): one
+new token, B=1, H=32, H_kv=8, a 256-key cache, D=128, bf16, no ``cache_seqlens`` (nothing to read back):
+``flashtile_decode`` (``flashtile.decode_attention``), ``flashtile_decode_launcher``
+(``kernels.decode.flash_decode``), ``flashtile`` (``flashtile.attention`` with enable_gqa, which routes a
+call without a gradient to the same kernels) and ``sdpa`` (with enable_gqa), rows of ``pass`` "decode".
+
 Rows: the bench schema's row fields, with ``pass`` "forward" for mode ``fwd`` and "backward" for mode
 ``fwd+bwd`` (the whole forward and backward, not the backward alone), ``ms`` the wall time per call and
 ``tflops`` the convention's FLOPs (×1 forward, ×3.5 forward and backward) over it; plus ``mode``,
@@ -122,13 +128,66 @@ def measure(s: dict = SHAPE, device="cuda", calls=None, repeats: int = REPEATS, 
     return rows
 
 
+DECODE_SHAPE = dict(B=1, H=32, H_kv=8, Tq=1, Tk=256, D=128, causal=False, layout="bhtd", dtype="bf16")
+DECODE_CALLS = 2000
+DECODE_METHOD = (
+    f"host wall time of one decode step (q (1, 32, 1, 128), a cache of 256 keys, 8 KV heads, bf16, no cache_seqlens): "
+    f"time.perf_counter around {DECODE_CALLS} back-to-back calls and one torch.cuda.synchronize, per call; median of "
+    f"{REPEATS} rounds after {WARMUP} warm-up calls, the entry points taking turns; under torch.no_grad"
+)
+
+
+def decode_entry_points() -> dict:
+    """provider -> the decode step as a function of q, k, v (the cache, full)."""
+    from ..api import attention
+    from ..decode import decode_attention
+    from ..kernels.decode import flash_decode
+
+    return {
+        "flashtile_decode": lambda q, k, v: decode_attention(q, k, v),
+        "flashtile_decode_launcher": lambda q, k, v: flash_decode(q, k, v)[0],
+        "flashtile": lambda q, k, v: attention(q, k, v, enable_gqa=True),  # routed to the decode kernels
+        "sdpa": lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True),
+    }
+
+
+def measure_decode(s: dict = DECODE_SHAPE, device="cuda", dtype=torch.bfloat16, calls: int = DECODE_CALLS,
+                   repeats: int = REPEATS, warmup: int = WARMUP, sync=None, providers=None) -> list[dict]:  # fmt: skip
+    """One row per provider of the decode step's host time; ``device``, ``dtype``, ``sync`` and ``providers``
+    exist for the CPU test. Each output is checked against SDPA's in float32 first."""
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    q, k, v = (torch.randn(s["B"], h, t, s["D"], generator=gen).to(device, dtype)
+               for h, t in ((s["H"], s["Tq"]), (s["H_kv"], s["Tk"]), (s["H_kv"], s["Tk"])))  # fmt: skip
+    expected = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), enable_gqa=True)
+    tasks = {}
+    with torch.no_grad():
+        for name, fn in decode_entry_points().items():
+            if providers and name not in providers:
+                continue
+            err = (fn(q, k, v).float() - expected).abs().max().item()
+            assert err < 5e-2, f"{name} disagrees with SDPA by {err}"
+            tasks[name] = (lambda f=fn: f(q, k, v), calls)
+        us = interleaved_us_per_call(tasks, repeats, warmup, sync)
+    rows = []
+    for name, per_call in us.items():
+        rows.append({"pass": "decode", "provider": name, **{key: s[key] for key in SHAPE_KEYS}, "ms": round(per_call / 1e3, 5),
+                     "mode": "decode", "us_per_call": round(per_call, 1), "calls": calls, "repeats": repeats})  # fmt: skip
+        print(f"{name:>26} decode {rows[-1]['us_per_call']} us", flush=True)
+    return rows
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m flashtile.bench overhead", description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=str(RESULTS / "overhead.json"))
+    parser.add_argument("--out", default=None, help="default: bench/results/overhead.json (overhead-decode.json)")
+    parser.add_argument("--decode", action="store_true", help="time the decode step instead (measure_decode)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("the benchmarks need a CUDA device")
-    save_result(args.out, measure(), METHOD, shape={key: SHAPE[key] for key in SHAPE_KEYS})
+    if args.decode:
+        out = args.out or str(RESULTS / "overhead-decode.json")
+        save_result(out, measure_decode(), DECODE_METHOD, shape=DECODE_SHAPE)
+        return
+    save_result(args.out or str(RESULTS / "overhead.json"), measure(), METHOD, shape={key: SHAPE[key] for key in SHAPE_KEYS})
 
 
 if __name__ == "__main__":
