@@ -34,6 +34,29 @@ def qwen2_config(num_key_value_heads: int = 4, **overrides):
     return Qwen2Config(**{**TINY, "num_key_value_heads": num_key_value_heads, **overrides})
 
 
+def mistral_config(sliding_window: int = 5, num_key_value_heads: int = 2, **overrides):
+    """A Mistral: every layer windowed, W keys back (the query's own included)."""
+    from transformers import MistralConfig
+
+    return MistralConfig(**{**TINY, "num_key_value_heads": num_key_value_heads, "sliding_window": sliding_window,
+                            **overrides})  # fmt: skip
+
+
+def qwen2_window_config(sliding_window: int = 5, **overrides):
+    """A Qwen2 with use_sliding_window: layer 0 full (max_window_layers = 1), layer 1 windowed."""
+    return qwen2_config(num_key_value_heads=2, use_sliding_window=True, sliding_window=sliding_window,
+                        max_window_layers=1, **overrides)  # fmt: skip
+
+
+def gemma2_config(sliding_window: int = 5, softcap: float = 5.0, **overrides):
+    """A Gemma-2: windowed and global layers alternating, soft-capped scores, τ = query_pre_attn_scalar^-1/2
+    (24^-1/2, not the head dim's 16^-1/2), so a wrong scale, cap or window shows in the logits."""
+    from transformers import Gemma2Config
+
+    return Gemma2Config(**{**TINY, "num_key_value_heads": 2, "head_dim": 16, "sliding_window": sliding_window,
+                           "attn_logit_softcapping": softcap, "query_pre_attn_scalar": 24, **overrides})  # fmt: skip
+
+
 def build(config, attn_implementation: str, seed: int = 0, dtype=torch.float32):
     from transformers import AutoModelForCausalLM
 

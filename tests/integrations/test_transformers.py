@@ -212,23 +212,6 @@ def test_set_attn_implementation_switches_an_existing_model(name):
         assert (truth(ids).logits - expected).abs().max().item() < LOGITS_ATOL
 
 
-def test_sliding_window_is_refused_not_ignored(name):
-    from transformers import MistralConfig
-
-    config = MistralConfig(**{**llama_config().to_dict(), "sliding_window": 8})
-    _, ours = twins(config, name)
-    with pytest.raises(ValueError, match="sliding"):
-        ours(token_ids(1, 16))
-    ours(token_ids(1, 8))  # a window as long as the sequence changes nothing: allowed
-
-
-def test_packed_sequences_are_refused_not_ignored(name):
-    _, ours = twins(llama_config(), name)
-    position_ids = torch.tensor([[0, 1, 2, 3, 4, 0, 1, 2, 3, 4]])  # two documents in one row
-    with pytest.raises(ValueError, match="has no attn_mask"):  # transformers detects packing without a cache
-        ours(token_ids(1, 10), position_ids=position_ids, use_cache=False)
-
-
 def test_right_padding_during_generation_is_refused(name):
     _, ours = twins(llama_config(), name)
     ids, mask = token_ids(2, 8), torch.ones(2, 8, dtype=torch.long)

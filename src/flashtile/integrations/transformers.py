@@ -7,19 +7,25 @@
 
 What it supports:
 
-* causal language models (Llama, Mistral, Qwen2, ... : any model whose attention layers call
+* causal language models (Llama, Mistral, Qwen2, Gemma-2, ... : any model whose attention layers call
   ``ALL_ATTENTION_FUNCTIONS``): training (reverse-mode autograd), evaluation, and generation with a KV
   cache (dynamic or static), the new tokens aligned lower-right to the cache; one new token without a
-  mask and without gradients runs ``flashtile.decode_attention``;
+  mask, a soft-cap or a binding window, and without gradients, runs ``flashtile.decode_attention``;
 * grouped-query attention without repeating K/V (``enable_gqa=True``); inputs as transformers passes
   them, (B, H, T, D) views of (B, T, H, D) projections;
-* padded batches (left or right padding): each sequence's real tokens run on their own, so the answer on
-  the real tokens is exact; padding rows come out as zeros.
+* sliding windows (the layer's ``sliding_window`` W: Mistral, Qwen2 with ``use_sliding_window``, Gemma-2's
+  alternating layers) as ``window=(W - 1, 0)``: W keys, the query's own included, as transformers' mask;
+* logit soft-capping (the layer's ``softcap``, Gemma-2's ``attn_logit_softcapping``) as ``softcap=``, and
+  the layer's ``scaling`` as τ (Gemma-2's ``query_pre_attn_scalar``);
+* padded batches (left or right padding) and packed rows (``position_ids`` that restart, as
+  ``DataCollatorWithFlattening`` makes them, or its ``cu_seq_lens_q`` / ``cu_seq_lens_k``): the real
+  tokens are gathered into one ``flashtile.attention_varlen`` call, one document per run of real tokens,
+  and scattered back; padding rows come out as zeros.
 
 What it refuses, with an error that names the limitation (never a silently ignored mask): a mask that is
-not "causal, restricted to one contiguous run of real keys per sequence" (sliding windows, packed
-sequences, block or prefix masks, additive biases, per-head masks), a mask on a non-causal layer,
-attention dropout, logit soft-capping, attention sinks and position biases.
+not "causal on runs of real tokens, with the layer's window" (block or prefix masks, additive biases,
+per-head masks, right padding during generation), a mask or a binding window on a non-causal layer,
+attention dropout, attention sinks and position biases.
 
 Two traps this module handles for its users:
 
@@ -30,18 +36,22 @@ Two traps this module handles for its users:
   is registered under the same name (``AttentionMaskInterface``): ``register`` registers one.
 
 Measured status: the CPU tests in tests/integrations compare logits, every parameter gradient and greedy
-generation with transformers' eager attention on tiny Llama and Qwen2 models. A padded batch takes one
-attention call per sequence (and reads the mask on the host), so it is slower than one batched call and
-is not ``torch.compile`` fullgraph-clean; an unpadded batch is a single call.
+generation with transformers' eager attention on tiny Llama, Qwen2 (with and without windows), Mistral
+and Gemma-2 models, padded and packed. A masked or packed batch reads its layout on the host once per
+forward (the first layer; the others reuse it), so it is not ``torch.compile`` fullgraph-clean; an
+unpadded, unpacked batch is a single call without host reads.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
 from ..api import attention
 from ..decode import decode_attention
+from ..varlen import attention_varlen
 
 DEFAULT_NAME = "ftile"
 
@@ -106,44 +116,126 @@ def flashtile_attention_forward(
     dropout: float = 0.0,
     scaling: float | None = None,
     is_causal: bool | None = None,
-    **kwargs,
+    **kwargs,  # sliding_window, softcap, position_ids, cu_seq_lens_q, ... as the model passes them
 ) -> tuple[torch.Tensor, None]:
     """The function transformers calls in every attention layer; returns (o (B, Tq, H, D), None)."""
-    refuse_unsupported(module, key, dropout, kwargs)
+    refuse_unsupported(dropout, kwargs)
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
-    gqa = query.shape[1] != key.shape[1]
     Tq, Tk = query.shape[2], key.shape[2]
-    if attention_mask is not None:  # padding, or new tokens after a cache: the mask says where each row sits
-        o = attention_per_sequence(query, key, value, allowed_keys(attention_mask, query, key), causal, scaling, gqa)
-    elif Tq == 1 and not (torch.is_grad_enabled() and query.requires_grad):
+    layer = dict(scale=scaling, window=layer_window(kwargs.get("sliding_window"), causal, Tk),
+                 softcap=kwargs.get("softcap"), enable_gqa=query.shape[1] != key.shape[1])  # fmt: skip
+    documents = document_starts(query, key, kwargs)  # packed rows: (B, Tq) True where a document starts
+    if attention_mask is not None or documents is not None:  # padding, packing, a window, or a cache's offset
+        plan = segment_plan(attention_mask, documents, query, key, layer["window"], causal)
+        return run_segments(query, key, value, plan, **layer), None
+    if Tq == 1 and decode_fits(query, layer["window"], layer["softcap"]):
         o = decode_attention(query, key, value, scale=scaling)  # one new token sees every cached key
     else:  # sdpa's mask function skips the mask only for Tq == 1, Tq == Tk, or an empty cache (rows 0 ... Tq-1)
         causal = causal and Tq > 1
         if causal and Tk > Tq:  # an empty static cache: slots Tq ... Tk-1 hold no token yet
             key, value = key[:, :, :Tq], value[:, :, :Tq]
-        o = attention(query, key, value, is_causal=causal, scale=scaling, enable_gqa=gqa)
+        o = attention(query, key, value, is_causal=causal, alignment="lower_right", **layer)
     # (B, Tq, H, D), as the model's reshape expects. flashtile.attention lays o out like the model's query
     # view (a transposed (B, T, H, D) projection), so after it this is contiguous already: no copy
     return o.transpose(1, 2).contiguous(), None
 # --8<-- [end:attention_forward]
 
 
-def refuse_unsupported(module, key: torch.Tensor, dropout: float, kwargs: dict) -> None:
+def refuse_unsupported(dropout: float, kwargs: dict) -> None:
     """Raise for what flashtile cannot compute, rather than compute something else."""
     if dropout:
         raise ValueError(
             f"flashtile has no attention dropout, but this layer asks for dropout={dropout} (the config's "
             "attention_dropout, in training mode): set attention_dropout=0.0 or use attn_implementation='sdpa'"
         )
-    for option in ("softcap", "s_aux", "sinks", "position_bias"):
+    for option in ("s_aux", "sinks", "position_bias"):
         if kwargs.get(option) is not None:
             raise ValueError(f"flashtile does not support {option!r} in attention; use attn_implementation='sdpa'")
-    window = kwargs.get("sliding_window")
-    if window is not None and key.shape[2] > window:
+
+
+# --8<-- [start:layer_window]
+def layer_window(sliding_window, causal: bool, Tk: int) -> tuple[int, int] | None:
+    """flashtile's window for transformers' ``sliding_window`` W: (W - 1, 0), or None where it cannot bind.
+
+    transformers' sliding mask keeps key j for query position p when p - W < j <= p (``masking_utils.
+    sliding_window_overlay``: ``kv_idx > q_idx - sliding_window``, and causal): W keys, the query's own
+    included, so W - 1 to the left. A query at key position p < W sees every earlier key anyway, and the
+    largest p is Tk - 1: with Tk <= W the window changes nothing, and the call runs without one.
+    """
+    if sliding_window is None:
+        return None
+    if isinstance(sliding_window, bool) or not isinstance(sliding_window, int) or sliding_window < 1:
+        raise ValueError(f"sliding_window must be a positive int (keys in the window, the query's own included), "
+                         f"got {sliding_window!r}")  # fmt: skip
+    if Tk <= sliding_window:
+        return None
+    if not causal:  # a bidirectional window (|i - j| <= W in transformers) on a non-causal layer
         raise ValueError(
-            f"flashtile has no sliding-window attention: this layer has a window of {window} keys and "
-            f"{key.shape[2]} keys to attend to; use attn_implementation='sdpa'"
+            f"flashtile supports sliding windows on causal layers only: this non-causal layer has a window of "
+            f"{sliding_window} keys and {Tk} keys to attend to; use attn_implementation='sdpa'"
         )
+    return sliding_window - 1, 0
+# --8<-- [end:layer_window]
+
+
+def decode_fits(query, window, softcap) -> bool:
+    """One new token can take ``decode_attention``: no gradient wanted, no soft-cap, no window that binds."""
+    return softcap is None and window is None and not (torch.is_grad_enabled() and query.requires_grad)
+
+
+def document_starts(query: torch.Tensor, key: torch.Tensor, kwargs: dict) -> torch.Tensor | None:
+    """(B, Tq) bool, True at the first token of each packed document, or None when the rows are not packed.
+
+    Packed rows (``DataCollatorWithFlattening``) come as ``position_ids`` that restart, or as
+    ``cu_seq_lens_q`` / ``cu_seq_lens_k`` (with ``return_flash_attn_kwargs=True``). A document starts
+    where a position is not the previous one plus 1, as in transformers' own ``find_packed_sequence_indices``.
+    transformers' eager and SDPA masks honour restarting positions only without a cache (``use_cache=False``);
+    flashtile honours them always, as transformers' FlashAttention path does. Read once per forward (the
+    model hands every layer the same tensor): one host read, skipped under ``torch.compile``, for one token,
+    and after a cache (Tk != Tq).
+    """
+    B, _, Tq, _ = query.shape
+    if Tq == 1 or key.shape[2] != Tq or torch.compiler.is_compiling():
+        return None
+    cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
+    if cu_q is not None:
+        return remembered(cu_q, "_flashtile_starts", lambda: starts_from_cu_seqlens(cu_q, cu_k, B, Tq))
+    positions = kwargs.get("position_ids")
+    if not isinstance(positions, torch.Tensor) or positions.dim() != 2 or positions.shape[-1] != Tq:
+        return None
+    starts = remembered(positions, "_flashtile_starts", lambda: starts_from_positions(positions))
+    return None if starts is None else starts.expand(B, Tq)
+
+
+def starts_from_positions(positions: torch.Tensor) -> torch.Tensor | None:
+    starts = torch.ones_like(positions, dtype=torch.bool)
+    starts[:, 1:] = positions[:, 1:] != positions[:, :-1] + 1
+    return starts if bool(starts[:, 1:].any()) else None
+
+
+def starts_from_cu_seqlens(cu_q, cu_k, B: int, Tq: int) -> torch.Tensor:
+    bounds = [int(x) for x in cu_q.tolist()]
+    if cu_k is not None and [int(x) for x in cu_k.tolist()] != bounds:
+        raise ValueError("flashtile takes packed self-attention only: cu_seq_lens_k must equal cu_seq_lens_q, got "
+                         f"{cu_k.tolist()} and {bounds}")  # fmt: skip
+    if B != 1 or len(bounds) < 2 or bounds[0] != 0 or bounds[-1] != Tq or bounds != sorted(bounds):
+        raise ValueError(
+            f"cu_seq_lens_q must run from 0 to the row's {Tq} tokens, non-decreasing, over one packed row (batch "
+            f"size 1), got {bounds} for batch size {B}"
+        )
+    starts = torch.zeros(1, Tq, dtype=torch.bool, device=cu_q.device)
+    starts[0, [s for s in bounds[:-1] if s < Tq]] = True
+    return starts
+
+
+def remembered(tensor: torch.Tensor, attribute: str, compute):
+    """``compute()``, kept on ``tensor`` itself: every layer of one forward gets the same mask and position
+    tensors, so the host reads happen in the first layer only."""
+    cached = getattr(tensor, attribute, None)
+    if cached is None:
+        cached = (compute(),)
+        setattr(tensor, attribute, cached)
+    return cached[0]
 
 
 def allowed_keys(mask: torch.Tensor, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
@@ -171,48 +263,151 @@ def allowed_keys(mask: torch.Tensor, query: torch.Tensor, key: torch.Tensor) -> 
     return allowed.expand(B, Tq, Tk)
 
 
-# --8<-- [start:per_sequence]
-def attention_per_sequence(query, key, value, allowed, causal: bool, scale, gqa: bool) -> torch.Tensor:
-    """A masked batch: each sequence's real keys are one run [start, end); one call per distinct run.
+class Segments(NamedTuple):
+    """Runs of consecutive real queries of one row, each against one run of keys, in row-major order.
 
-    The mask must be exactly "causal, aligned so that query i sits at key position i + offset, and only
-    keys in [start_b, end_b)": left padding (start_b > 0), right padding (end_b < Tk), or both. Anything
-    else raises. Query rows that are padding (outside [start_b, end_b)) come out as zeros.
+    Segment s holds query rows q0 ... q1 - 1 of batch row b and keys k0 ... k1 - 1 of the same row, the
+    last query at the last key (lower-right). The indices are into the (B * Tq) and (B * Tk) flattened
+    tokens; cu_seqlens_* are int32 [0, n_1, n_1 + n_2, ...], as ``attention_varlen`` takes them.
+    """
+
+    q_index: torch.Tensor  # (total_q,) int64
+    k_index: torch.Tensor  # (total_k,) int64
+    cu_seqlens_q: torch.Tensor  # (segments + 1,) int32
+    cu_seqlens_k: torch.Tensor
+    max_seqlen_q: int
+    max_seqlen_k: int
+    whole: tuple[int, int] | None  # (k0, k1) when every row is one segment of all Tq queries on keys k0 ... k1-1
+
+
+# --8<-- [start:segment_plan]
+def segment_plan(mask, documents, query, key, window, causal: bool) -> Segments:
+    """The segments a mask (and packed documents) describe, or a ValueError for any other mask.
+
+    Query row i sits at key position p = i + off. It is real when it may see its own key p. Two neighbouring
+    real rows are in one segment when the second may see the first's key (and no document starts there);
+    a segment's keys start at the first key its first row may see. The mask is then rebuilt from the segments,
+    causal and windowed, and must equal the model's on every real row: padding rows come out as zeros.
+    """
+    B, _, Tq, _ = query.shape
+    Tk = key.shape[2]
+    if mask is None:  # packed rows without a mask: every token real, off = 0 (document_starts needs Tq == Tk)
+        real = torch.ones(B, Tq, dtype=torch.bool, device=query.device)
+        starts, k0, off = documents.clone(), torch.arange(Tq, device=query.device).expand(B, Tq), 0
+    else:
+        if not causal:
+            raise ValueError("flashtile supports masks on causal layers only; use attn_implementation='sdpa'")
+        if torch.compiler.is_compiling():  # no attributes on traced tensors
+            real, starts, k0, off = mask_segments(mask, query, key, window)
+        else:  # one reading per mask and window, shared by the layers that get this mask
+            found = lambda: mask_segments(mask, query, key, window)  # noqa: E731
+            real, starts, k0, off = remembered(mask, f"_flashtile_segments_{window}", found)
+        if documents is not None and off == 0:  # documents the mask does not know of (a cache was in use)
+            documents = documents & real
+            starts = starts | documents
+            k0 = torch.where(documents, torch.arange(Tq, device=query.device), k0)  # a document starts at itself
+    return segments(real, starts, k0, off, Tq, Tk)
+# --8<-- [end:segment_plan]
+
+
+def mask_segments(mask, query, key, window):
+    """(real, starts, k0, off) for the first offset whose rebuilt mask equals ``mask`` on the real rows."""
+    B, _, Tq, _ = query.shape
+    Tk = key.shape[2]
+    allowed = allowed_keys(mask, query, key)  # (B, Tq, Tk)
+    i = torch.arange(Tq, device=allowed.device)
+    j = torch.arange(Tk, device=allowed.device)
+    seen = allowed.to(torch.uint8)
+    lo = seen.argmax(dim=-1)  # (B, Tq): the first key each row may see
+    hi = Tk - 1 - seen.flip(-1).argmax(dim=-1)  # the last
+    # the offset: Tk - Tq after a dynamic cache (and with none); a static cache has empty slots after the
+    # last token, whose row then sees key off + Tq - 1 last. A wrong offset can pass the rebuild by calling
+    # every row padding (a static cache's last slot is empty: "a padding row"), so of the offsets that pass,
+    # the one with the most real rows wins
+    best = None
+    for off in dict.fromkeys((int(hi[:, -1].max()) - (Tq - 1), Tk - Tq, 0)):
+        if not 0 <= off <= Tk - Tq:
+            continue
+        p = i + off  # (Tq,): each row's own key position
+        real = allowed[:, i, p]  # (B, Tq): the row may see its own key
+        after = torch.zeros_like(real)  # the row continues the previous row's segment
+        after[:, 1:] = real[:, 1:] & real[:, :-1] & allowed[:, i[1:], p[1:] - 1]
+        starts = real & ~after
+        k0 = torch.where(starts, lo, 0)
+        first = torch.where(starts, i, -1).cummax(dim=1).values.clamp_min(0)  # each row's segment start
+        k0_row = k0.gather(1, first)
+        rebuilt = real[..., None] & (j >= k0_row[..., None]) & (j <= p[:, None])
+        if window is not None:
+            rebuilt &= j >= p[:, None] - window[0]
+        if torch.equal(allowed & real[..., None], rebuilt):
+            count = int(real.sum())
+            if best is None or count > best[0]:
+                best = count, (real, starts, k0, off)
+    if best is not None:
+        return best[1]
+    raise ValueError(
+        "flashtile has no attn_mask: it runs masks that are causal on runs of real tokens (left or right padding, "
+        "packed documents), with the layer's sliding window if it has one. This mask is something else (a block, "
+        "prefix or custom mask, or right padding during generation: pad on the left to generate); use "
+        "attn_implementation='sdpa' for it"
+    )
+
+
+def segments(real, starts, k0, off: int, Tq: int, Tk: int) -> Segments:
+    """The varlen layout of the segments that begin at ``starts`` (B, Tq) and run over consecutive real rows."""
+    B = real.shape[0]
+    device = real.device
+    goes_on = torch.zeros_like(real)  # the next row continues this row's segment
+    goes_on[:, :-1] = real[:, 1:] & ~starts[:, 1:]
+    first, last = starts.nonzero(), (real & ~goes_on).nonzero()  # (segments, 2) each, both row-major
+    b, q0, q1 = first[:, 0], first[:, 1], last[:, 1] + 1
+    k0 = k0[b, q0]
+    k1 = q1 + off  # the last query sits at the last key
+    nq, nk = q1 - q0, k1 - k0
+    cu_q = F.pad(nq.cumsum(0), (1, 0)).to(torch.int32)
+    cu_k = F.pad(nk.cumsum(0), (1, 0)).to(torch.int32)
+    sizes = torch.stack([cu_q[-1], cu_k[-1], F.pad(nq, (0, 1)).max(), F.pad(nk, (0, 1)).max()])  # 0 if none
+    total_q, total_k, max_q, max_k = (int(x) for x in sizes.tolist())  # the one host read of the layout
+    q_index = torch.arange(total_q, device=device) + torch.repeat_interleave(b * Tq + q0 - cu_q[:-1], nq,
+                                                                             output_size=total_q)  # fmt: skip
+    k_index = torch.arange(total_k, device=device) + torch.repeat_interleave(b * Tk + k0 - cu_k[:-1], nk,
+                                                                             output_size=total_k)  # fmt: skip
+    whole = None
+    if len(b) == B and total_q == B * Tq:  # every row is one segment of all its queries
+        k_bounds = torch.stack([k0.min(), k0.max()]).tolist()
+        if k_bounds[0] == k_bounds[1]:
+            whole = (k_bounds[0], Tq + off)
+    return Segments(q_index, k_index, cu_q, cu_k, max_q, max_k, whole)
+
+
+# --8<-- [start:run_segments]
+def run_segments(query, key, value, plan: Segments, scale, window, softcap, enable_gqa) -> torch.Tensor:
+    """(B, Tq, H, D): the segments' real rows in one call, zeros in the padding rows.
+
+    Every row one segment on the same keys (a cache, a window without padding): one ``attention`` call on
+    those keys, aligned lower-right. Otherwise the real tokens are gathered into packed (total, H, D)
+    tensors, run as one ``attention_varlen`` call (each segment a document, aligned lower-right) and
+    scattered back.
     """
     B, H, Tq, D = query.shape
-    Tk = key.shape[2]
-    if not causal:
-        raise ValueError("flashtile supports padding masks on causal layers only; use attn_implementation='sdpa'")
-    seen = allowed.any(dim=1)  # (B, Tk): keys that some query of the sequence may see
-    real = seen.any(dim=1)
-    start = torch.where(real, seen.int().argmax(dim=1), 0)  # first real key
-    end = torch.where(real, Tk - seen.flip(1).int().argmax(dim=1), 0)  # one past the last real key
-    j = torch.arange(Tk, device=query.device)
-    in_run = (j >= start[:, None, None]) & (j < end[:, None, None])  # (B, 1, Tk)
-    # the offset puts the last query on the last real key (a static cache has empty slots after it); with
-    # right padding and no cache, rows sit at keys 0 ... Tq-1 (offset Tk - Tq = 0)
-    for offset in dict.fromkeys((int(end.max()) - Tq, Tk - Tq)):
-        i = torch.arange(Tq, device=query.device)[:, None] + offset  # (Tq, 1): each query's key position
-        if torch.equal(allowed, (j <= i) & in_run):
-            break
-    else:
-        raise ValueError(
-            "flashtile has no attn_mask: it runs a padded batch one sequence at a time when every sequence's "
-            "real tokens are one contiguous run under a causal mask (left or right padding). This mask is "
-            "something else (a sliding window, packed sequences, a block or custom mask, or right padding "
-            "during generation: pad on the left to generate); use attn_implementation='sdpa' for it"
-        )
-    runs = [(b, b + 1, s, e) for b, (s, e) in enumerate(zip(start.tolist(), end.tolist()))]
-    if len({run[2:] for run in runs}) == 1:  # the same run everywhere (a cache, no padding): one call, not B
-        runs = [(0, B, *runs[0][2:])]
-    rows = []
-    for b0, b1, s, e in runs:
-        q0, q1 = max(s - offset, 0), max(e - offset, 0)  # the real queries: key positions s ... e - 1
-        o = query.new_zeros(b1 - b0, H, Tq, D)
-        if q1 > q0:  # the new tokens are the last rows: the causal diagonal sits at the lower right
-            o = attention(query[b0:b1, :, q0:q1], key[b0:b1, :, s:e], value[b0:b1, :, s:e],
-                          is_causal=True, scale=scale, enable_gqa=gqa, alignment="lower_right")  # fmt: skip
-            o = F.pad(o, (0, 0, q0, Tq - q1))  # zeros for the padding rows
-        rows.append(o)
-    return torch.cat(rows)  # (B, H, Tq, D)
-# --8<-- [end:per_sequence]
+    H_kv, Tk = key.shape[1], key.shape[2]
+    if plan.whole is not None:
+        k0, k1 = plan.whole
+        key, value = key[:, :, k0:k1], value[:, :, k0:k1]
+        if Tq == 1 and decode_fits(query, window, softcap):
+            return decode_attention(query, key, value, scale=scale).transpose(1, 2).contiguous()
+        o = attention(query, key, value, is_causal=True, scale=scale, enable_gqa=enable_gqa, alignment="lower_right",
+                      window=window, softcap=softcap)  # fmt: skip
+        return o.transpose(1, 2).contiguous()
+    # (B, T, H, D) views, flattened to tokens: free for the model's projections, one copy for a cache
+    q = query.transpose(1, 2).reshape(B * Tq, H, D).index_select(0, plan.q_index)  # (total_q, H, D)
+    k = key.transpose(1, 2).reshape(B * Tk, H_kv, D).index_select(0, plan.k_index)  # (total_k, H_kv, D)
+    v = value.transpose(1, 2).reshape(B * Tk, H_kv, D).index_select(0, plan.k_index)
+    o = query.new_zeros(B * Tq, H, D)
+    if len(plan.q_index):
+        packed = attention_varlen(q, k, v, plan.cu_seqlens_q, plan.cu_seqlens_k, plan.max_seqlen_q, plan.max_seqlen_k,
+                                  is_causal=True, scale=scale, window=window, softcap=softcap,
+                                  alignment="lower_right")  # fmt: skip
+        o = o.index_copy(0, plan.q_index, packed)
+    return o.view(B, Tq, H, D)
+# --8<-- [end:run_segments]
