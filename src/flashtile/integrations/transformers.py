@@ -9,8 +9,8 @@ What it supports:
 
 * causal language models (Llama, Mistral, Qwen2, Gemma-2, ... : any model whose attention layers call
   ``ALL_ATTENTION_FUNCTIONS``): training (reverse-mode autograd), evaluation, and generation with a KV
-  cache (dynamic or static), the new tokens aligned lower-right to the cache; one new token without a
-  mask, a soft-cap or a binding window, and without gradients, runs ``flashtile.decode_attention``;
+  cache (dynamic or static), the new tokens aligned lower-right to the cache; one new token without
+  gradients, whose row sees one run of keys shared by the batch, runs ``flashtile.decode_attention``;
 * grouped-query attention without repeating K/V (``enable_gqa=True``); inputs as transformers passes
   them, (B, H, T, D) views of (B, T, H, D) projections;
 * sliding windows (the layer's ``sliding_window`` W: Mistral, Qwen2 with ``use_sliding_window``, Gemma-2's
@@ -128,8 +128,8 @@ def flashtile_attention_forward(
     if attention_mask is not None or documents is not None:  # padding, packing, a window, or a cache's offset
         plan = segment_plan(attention_mask, documents, query, key, layer["window"], causal)
         return run_segments(query, key, value, plan, **layer), None
-    if Tq == 1 and decode_fits(query, layer["window"], layer["softcap"]):
-        o = decode_attention(query, key, value, scale=scaling)  # one new token sees every cached key
+    if Tq == 1 and decode_fits(query):
+        o = decode_attention(query, key, value, scale=scaling, window=layer["window"], softcap=layer["softcap"])
     else:  # sdpa's mask function skips the mask only for Tq == 1, Tq == Tk, or an empty cache (rows 0 ... Tq-1)
         causal = causal and Tq > 1
         if causal and Tk > Tq:  # an empty static cache: slots Tq ... Tk-1 hold no token yet
@@ -178,9 +178,9 @@ def layer_window(sliding_window, causal: bool, Tk: int) -> tuple[int, int] | Non
 # --8<-- [end:layer_window]
 
 
-def decode_fits(query, window, softcap) -> bool:
-    """One new token can take ``decode_attention``: no gradient wanted, no soft-cap, no window that binds."""
-    return softcap is None and window is None and not (torch.is_grad_enabled() and query.requires_grad)
+def decode_fits(query) -> bool:
+    """One new token can take ``decode_attention`` (window and soft-cap included) when no gradient is wanted."""
+    return not (torch.is_grad_enabled() and query.requires_grad)
 
 
 def document_starts(query: torch.Tensor, key: torch.Tensor, kwargs: dict) -> torch.Tensor | None:
@@ -394,8 +394,9 @@ def run_segments(query, key, value, plan: Segments, scale, window, softcap, enab
     if plan.whole is not None:
         k0, k1 = plan.whole
         key, value = key[:, :, k0:k1], value[:, :, k0:k1]
-        if Tq == 1 and decode_fits(query, window, softcap):
-            return decode_attention(query, key, value, scale=scale).transpose(1, 2).contiguous()
+        if Tq == 1 and decode_fits(query):
+            o = decode_attention(query, key, value, scale=scale, window=window, softcap=softcap)
+            return o.transpose(1, 2).contiguous()
         o = attention(query, key, value, is_causal=True, scale=scale, enable_gqa=enable_gqa, alignment="lower_right",
                       window=window, softcap=softcap)  # fmt: skip
         return o.transpose(1, 2).contiguous()
