@@ -14,15 +14,16 @@ BODY = """
 from flashtile.kernels import decode
 
 shared = {}
-for dtype, paged in [("bf16", False), ("bf16", True), ("fp32", True)]:
+for dtype, paged, masks in [("bf16", False, False), ("bf16", True, False), ("fp32", True, False), ("bf16", True, True)]:
     types = dict(Q="*" + dtype, K="*" + dtype, V="*" + dtype, SEQLENS="*i32", BLOCK_TABLE="*i32",
-                 O_PART="*fp32", LSE_PART="*fp32", qk_scale="fp32")
+                 O_PART="*fp32", LSE_PART="*fp32", qk_scale="fp32", unit="fp32", softcap="fp32")
     constexprs = dict(HEAD_DIM=80, HEAD_DIM_PAD=128, BLOCK_M=64, BLOCK_K=64 if dtype == "bf16" else 32,
                       PAGE_SIZE=16, PAGED=paged, HAS_SEQLENS=True, SIGN=1,
-                      DOT_PRECISION="ieee" if dtype == "fp32" else "tf32")
+                      DOT_PRECISION="ieee" if dtype == "fp32" else "tf32", BAND=masks, SOFTCAP=masks,
+                      STORE_LSE=not masks)
     stages = 3 if dtype == "bf16" else 2
     kernel = sm90(decode._decode_split_kernel, types, constexprs, num_warps=4, num_stages=stages)
-    shared[f"split-{dtype}-paged={paged}"] = kernel.metadata.shared
+    shared[f"split-{dtype}-paged={paged}" + ("-window-softcap" if masks else "")] = kernel.metadata.shared
 merge = sm90(decode._decode_merge_kernel, dict(O_PART="*fp32", LSE_PART="*fp32", O="*bf16", LSE="*fp32"),
              dict(HEAD_DIM=128, HEAD_DIM_PAD=128, SPLITS_PAD=128), num_warps=4)
 shared["merge-bf16"] = merge.metadata.shared
@@ -33,10 +34,11 @@ shared["merge-bf16"] = merge.metadata.shared
 import re
 names = list(inspect.signature(decode._decode_split_kernel.fn).parameters)
 types = dict(Q="*bf16", K="*bf16", V="*bf16", SEQLENS="*i32", BLOCK_TABLE="*i32", O_PART="*fp32", LSE_PART="*fp32",
-             qk_scale="fp32")
+             qk_scale="fp32", unit="fp32", softcap="fp32")
 buffers = {}
 for paged, page in [(False, 1), (True, 16), (True, 256)]:
     fixed = dict(constexprs, BLOCK_M=16, BLOCK_K=64, PAGED=paged, PAGE_SIZE=page, HEAD_DIM=128, DOT_PRECISION="tf32",
+                 BAND=False, SOFTCAP=False, STORE_LSE=True,
                  **{n: 1 for n in names if n.startswith("stride_") and n.endswith("d")})
     signature = {n: "constexpr" if n in fixed else types.get(n, "i32") for n in names}
     hinted = [n for n in names if n not in fixed and (types.get(n, "").startswith("*") or n.startswith("stride_"))
@@ -53,7 +55,7 @@ print(json.dumps({"shared": shared, "buffers": buffers}))
 def test_decode_kernels_compile_for_sm90_without_a_gpu():
     out = compile_in_fresh_process(BODY)
     shared = out["shared"]
-    assert len(shared) == 4
+    assert len(shared) == 5
     assert all(0 <= n <= 227 * 1024 for n in shared.values()), shared
 
 

@@ -92,3 +92,60 @@ def test_decode_uses_64_bit_offsets_in_a_large_paged_pool():
     o = decode_attention(q, pool, pool, block_table=table)
     o_ref, _ = attention_truth(q.double(), k.double(), k.double())
     torch.testing.assert_close(o.double(), o_ref, atol=2e-2, rtol=2e-2)
+
+
+# --- windows, soft-caps and attention's Tq <= 16 route (issues 35 and 36) --------------------------------
+
+WINDOWED = {  # name: (B, H, H_kv, Tq, T_max, lengths, page_size, window, softcap)
+    "mistral-4k-window": (2, 32, 8, 1, 16384, [16384, 3000], None, (4095, 0), None),
+    "gemma2-cap-window": (2, 16, 8, 4, 8192, [8192, 4100], 16, (4095, 0), 50.0),
+    "cap-only-32k": (1, 32, 8, 1, 32768, [32768], None, None, 30.0),
+}
+
+
+@pytest.mark.parametrize("variant", list(WINDOWED))
+def test_windowed_decode_in_bf16_is_within_twice_the_rounding_of_its_inputs(variant):
+    """bf16 (the interpreter's bf16 is wrong, so only here): o against the float64 formula on the same rounded
+    inputs, within the bar of the plain decode tests' SDPA error at these lengths (2e-2 absolute is what a
+    bf16 output alone costs at |o| ~ 1)."""
+    from _truth import definition_mask, masked_truth
+
+    B, H, H_kv, Tq, T_max, lengths, page_size, window, softcap = WINDOWED[variant]
+    gen = torch.Generator(device="cuda").manual_seed(zlib.crc32(variant.encode()))
+    q = torch.randn(B, H, Tq, 128, generator=gen, device="cuda").to(torch.bfloat16)
+    k, v = (torch.randn(B, H_kv, T_max, 128, generator=gen, device="cuda").to(torch.bfloat16) for _ in range(2))
+    seqlens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    if page_size is None:
+        o, lse = decode_attention(q, k, v, seqlens, window=window, softcap=softcap, return_lse=True)
+    else:
+        k_pages, v_pages, table = (t.cuda() for t in to_pages(k.cpu(), v.cpu(), page_size, lengths))
+        o, lse = decode_attention(q, k_pages, v_pages, seqlens, block_table=table, window=window, softcap=softcap,
+                                  return_lse=True)  # fmt: skip
+    for b, n in enumerate(lengths):
+        keep = definition_mask(Tq, n, window, True, "lower_right")
+        o_ref, lse_ref = masked_truth(q[b : b + 1].double().cpu(), k[b : b + 1, :, :n].double().cpu(),
+                                      v[b : b + 1, :, :n].double().cpu(), keep, None, softcap)  # fmt: skip
+        torch.testing.assert_close(o[b : b + 1].double().cpu(), o_ref, atol=2e-2, rtol=2e-2)
+        torch.testing.assert_close(lse[b : b + 1].double().cpu(), lse_ref, atol=1e-3, rtol=1e-4)
+
+
+@pytest.mark.parametrize("Tq,causal,alignment", [(1, False, "upper_left"), (4, True, "lower_right"),
+                                                 (16, True, "upper_left")])  # fmt: skip
+def test_attention_routes_short_calls_to_the_decode_kernels_on_the_gpu(Tq, causal, alignment):
+    from _truth import definition_mask, masked_truth
+
+    import flashtile
+
+    gen = torch.Generator(device="cuda").manual_seed(Tq)
+    q = torch.randn(2, 32, Tq, 128, generator=gen, device="cuda").to(torch.bfloat16)
+    k, v = (torch.randn(2, 8, 8192, 128, generator=gen, device="cuda").to(torch.bfloat16) for _ in range(2))
+    with torch.no_grad():
+        o = flashtile.attention(q, k, v, is_causal=causal, alignment=alignment, enable_gqa=True)
+        if causal and alignment == "lower_right" or Tq == 1:  # the decode contract: bit for bit
+            assert torch.equal(o, decode_attention(q, k, v))
+        compiled = torch.compile(lambda q, k, v: flashtile.attention(q, k, v, is_causal=causal, alignment=alignment,
+                                                                     enable_gqa=True), fullgraph=True)(q, k, v)
+    assert torch.equal(compiled, o)
+    keep = definition_mask(Tq, 8192, None, causal, alignment)
+    o_ref, _ = masked_truth(q.double().cpu(), k.double().cpu(), v.double().cpu(), keep)
+    torch.testing.assert_close(o.double().cpu(), o_ref, atol=2e-2, rtol=2e-2)
