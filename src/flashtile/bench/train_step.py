@@ -16,7 +16,15 @@ Rows follow bench/BENCH_SCHEMA (``pass: "train_step"``), with extra fields for t
 parameters of every linear layer, lm_head included) plus 3.5 * 4 * B * H * T^2 * D * 0.5 per layer for
 causal attention (forward 1x, backward 2.5x, the convention of the other tables), over the step time.
 
-Needs a CUDA device and transformers; the committed table is ``bench/results/train_step.json``.
+The padded case (``--padded``, issue 36): the main model on B = 8 sequences whose lengths are drawn
+uniformly from 512 to 2048 (a fixed seed), right-padded to 2048, the same ``attention_mask`` for both
+providers (SDPA gets transformers' boolean mask; flashtile runs each layer as one ``attention_varlen``
+call on the real tokens), labels -100 on the padding. Its rows carry ``lengths``, and ``tflops`` counts
+useful work: the linear layers on the real tokens and attention on the pairs the mask keeps,
+6 * N * sum(L) + 3.5 * layers * 4 * H * D * sum(L^2) / 2. Accuracy there is over the real tokens' logits.
+
+Needs a CUDA device and transformers; the committed tables are ``bench/results/train_step.json`` and
+``bench/results/train_step_padded.json``.
 """
 
 from __future__ import annotations
@@ -35,6 +43,8 @@ EXTRA_SHAPES = [  # a Llama-3-8B-shaped stack, a few layers of it
     dict(layers=2, hidden=4096, H=32, H_kv=8, D=128, intermediate=14336, vocab=32000, B=1, T=4096),
     dict(layers=2, hidden=4096, H=32, H_kv=8, D=128, intermediate=14336, vocab=32000, B=1, T=8192),
 ]
+# The padded batch of issue 36: the main model, 8 sequences of 512 to 2048 tokens padded to 2048
+PADDED_SHAPE = dict(MAIN_SHAPE, B=8, T=2048, min_length=512)
 PROVIDERS = ("flashtile", "sdpa")
 WARMUP_MS, REP_MS = 200, 2000
 METHOD = (
@@ -65,11 +75,12 @@ def build(shape: dict, attn_implementation: str, device, dtype, seed: int = 0):
     return model.to(device=device, dtype=dtype).train()
 
 
-def step_flops(shape: dict, model) -> float:
+def step_flops(shape: dict, model, lengths: list[int] | None = None) -> float:
+    """The step's FLOPs; with ``lengths`` (a padded batch), the useful ones: real tokens, kept pairs."""
     linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
-    tokens = shape["B"] * shape["T"]
-    attention = 3.5 * shape["layers"] * 4 * shape["B"] * shape["H"] * shape["T"] ** 2 * shape["D"] * 0.5
-    return 6 * linear * tokens + attention
+    lengths = lengths or [shape["T"]] * shape["B"]
+    pairs = sum(n * n for n in lengths) * 0.5  # causal: half of each sequence's square
+    return 6 * linear * sum(lengths) + 3.5 * shape["layers"] * 4 * shape["H"] * shape["D"] * pairs
 
 
 def token_ids(shape: dict, device, seed: int = 1) -> torch.Tensor:
@@ -77,35 +88,51 @@ def token_ids(shape: dict, device, seed: int = 1) -> torch.Tensor:
     return torch.randint(0, shape["vocab"], (shape["B"], shape["T"]), generator=gen).to(device)
 
 
-def forward_backward(model, ids):
-    """One step; returns (logits float32, loss). Gradients are left in the parameters."""
+def padding_mask(shape: dict, device, seed: int = 2) -> tuple[torch.Tensor, list[int]]:
+    """(attention_mask (B, T) int64, 1 on the real tokens, right padding; the lengths), lengths uniform in
+    [min_length, T] from ``seed``."""
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(shape["min_length"], shape["T"] + 1, (shape["B"],), generator=gen)
+    mask = (torch.arange(shape["T"])[None, :] < lengths[:, None]).long()
+    return mask.to(device), lengths.tolist()
+
+
+def forward_backward(model, ids, mask=None):
+    """One step; returns (logits float32, loss). Gradients are left in the parameters. With ``mask``
+    (right padding), the padding is no label."""
     model.zero_grad(set_to_none=True)
-    out = model(input_ids=ids, labels=ids)
+    labels = ids if mask is None else ids.masked_fill(mask == 0, -100)
+    out = model(input_ids=ids, attention_mask=mask, labels=labels)
     out.loss.backward()
     return out.logits.detach().float(), out.loss.detach().float()
 
 
-def accuracy(model, ids, truth_logits, truth_grads) -> dict:
-    logits, _ = forward_backward(model, ids)
+def accuracy(model, ids, truth_logits, truth_grads, mask=None) -> dict:
+    """Errors against the truth; with ``mask``, over the real tokens' logits (padding rows are zeros in
+    flashtile and an average of values in SDPA and eager: no real token reads them)."""
+    logits, _ = forward_backward(model, ids, mask)
     grads = [p.grad.float() for p in model.parameters()]
     diff = torch.sqrt(sum(((g - t) ** 2).sum() for g, t in zip(grads, truth_grads)))
     norm = torch.sqrt(sum((t**2).sum() for t in truth_grads))
     model.zero_grad(set_to_none=True)
-    return dict(logits_max_abs_err=float(f"{(logits - truth_logits).abs().max().item():.3g}"),
+    real = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.bool()
+    return dict(logits_max_abs_err=float(f"{(logits - truth_logits)[real].abs().max().item():.3g}"),
                 grad_rel_err=float(f"{(diff / norm).item():.3g}"))  # fmt: skip
 
 
 def measure(shape: dict, check: bool = False, device="cuda", dtype=torch.bfloat16, timer=None) -> list[dict]:
-    """One row per provider for ``shape``; ``check`` adds the accuracy fields (needs a float32 eager copy)."""
+    """One row per provider for ``shape``; ``check`` adds the accuracy fields (needs a float32 eager copy).
+    A shape with ``min_length`` is a right-padded batch (``padding_mask``), the same mask for every provider."""
     from ..integrations.transformers import register
 
     timer = timer or (lambda fn: _median_ms(fn))
     names = {"flashtile": register(), "sdpa": "sdpa"}
     ids = token_ids(shape, device)
+    mask, lengths = padding_mask(shape, device) if "min_length" in shape else (None, None)
     truth = None
     if check:
         eager = build(shape, "eager", device, torch.float32)
-        truth = forward_backward(eager, ids)[0], [p.grad.float() for p in eager.parameters()]
+        truth = forward_backward(eager, ids, mask)[0], [p.grad.float() for p in eager.parameters()]
         del eager
     rows = []
     for provider in PROVIDERS:
@@ -114,13 +141,15 @@ def measure(shape: dict, check: bool = False, device="cuda", dtype=torch.bfloat1
                    Tq=shape["T"], Tk=shape["T"], D=shape["D"], causal=True, layout="bthd",
                    dtype={torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[dtype],
                    layers=shape["layers"], hidden=shape["hidden"], intermediate=shape["intermediate"],
-                   vocab=shape["vocab"])  # fmt: skip
+                   vocab=shape["vocab"], mask="causal")  # fmt: skip
+        if lengths is not None:
+            row.update(lengths=lengths, padding="right")
         try:
             model = build(shape, names[provider], device, dtype)
             if truth is not None:
-                row.update(accuracy(model, ids, *truth))
-            ms = timer(lambda model=model: forward_backward(model, ids))
-            row.update(ms=round(ms, 3), tflops=round(step_flops(shape, model) / (ms * 1e-3) / 1e12, 1))
+                row.update(accuracy(model, ids, *truth, mask=mask))
+            ms = timer(lambda model=model: forward_backward(model, ids, mask))
+            row.update(ms=round(ms, 3), tflops=round(step_flops(shape, model, lengths) / (ms * 1e-3) / 1e12, 1))
         except torch.OutOfMemoryError:
             row.update(ms=None, tflops=None, error="OOM")
         finally:
@@ -132,7 +161,8 @@ def measure(shape: dict, check: bool = False, device="cuda", dtype=torch.bfloat1
               f"{ {k: row[k] for k in ('logits_max_abs_err', 'grad_rel_err') if k in row} }", flush=True)  # fmt: skip
     by = {row["provider"]: row for row in rows}
     if by["flashtile"]["ms"] and by["sdpa"]["ms"]:
-        print(f"sdpa_ms / flashtile_ms = {by['sdpa']['ms'] / by['flashtile']['ms']:.3f} (target >= 0.9)", flush=True)
+        ratio, target = by["sdpa"]["ms"] / by["flashtile"]["ms"], "1.0" if lengths else "0.9"
+        print(f"sdpa_ms / flashtile_ms = {ratio:.3f} (target >= {target})", flush=True)
     return rows
 
 
@@ -149,16 +179,29 @@ def run(out, check: bool = True, extra: bool = True) -> dict:
     return save_result(out, rows, METHOD, main_shape=MAIN_SHAPE)
 
 
+def run_padded(out, check: bool = True) -> dict:
+    """The padded case alone, into its own file (the main table's rows are keyed by model and T)."""
+    method = METHOD.replace("random weights and tokens", "random weights and tokens, B = 8 right-padded "
+                            "sequences of 512 to 2048 tokens, the same attention_mask for both") + (
+        "; for the padded rows, the useful FLOPs: 6 * linear params * sum(L) + 3.5 * layers * 2 * H * D * sum(L^2)")
+    return save_result(out, measure(PADDED_SHAPE, check=check), method, main_shape=PADDED_SHAPE)
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m flashtile.bench.train_step", description=__doc__.splitlines()[0])
     parser.add_argument("--out", help="default: bench/results/train_step.json")
     parser.add_argument("--no-check", action="store_true", help="skip the float32 eager accuracy check")
     parser.add_argument("--main-only", action="store_true", help="only the 8-layer model at B=2, T=2048")
+    parser.add_argument("--padded", action="store_true",
+                        help="only the padded case: B=8, lengths 512-2048 (default out: train_step_padded.json)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("the benchmarks need a CUDA device")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # models come from configs; nothing is downloaded
-    run(args.out or RESULTS / "train_step.json", check=not args.no_check, extra=not args.main_only)
+    if args.padded:
+        run_padded(args.out or RESULTS / "train_step_padded.json", check=not args.no_check)
+    else:
+        run(args.out or RESULTS / "train_step.json", check=not args.no_check, extra=not args.main_only)
 
 
 if __name__ == "__main__":
