@@ -479,7 +479,6 @@ def attention_decode(
 def _(q, k, v, scale, band_lo, band_hi, softcap=None):
     return empty_like_layout(q, strides_like(q)), q.new_empty(q.shape[:3], dtype=torch.float32)
 # --8<-- [end:decode_route]
-# --8<-- [end:dispatch_call]
 
 
 def check_no_dropout(dropout_p) -> None:
