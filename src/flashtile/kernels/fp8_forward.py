@@ -23,7 +23,8 @@ finite τ; o in ``out_dtype`` (bf16 by default; float32 too, which the interpret
 interpreter computes bf16 wrongly), lse (B, H, Tq) float32, natural log.
 
 What it does not do (yet): it is forward only (inference and prefill), has no TMA descriptors, no
-autotuning and no overlap of softmax and matmuls; it is not wired into ``flashtile.attention``. Measured
+autotuning and no overlap of softmax and matmuls. ``flashtile.attention`` runs it for E4M3 inputs on CUDA
+(``flashtile.fp8.attention``). Measured
 speeds are in bench/PERF_LOG.md and sweeps/fp8-forward-speed-*.json. P is rounded tile by tile against
 the running max, so ``block_k`` must equal the emulation's for the two to agree. Under the Triton
 interpreter the float32 -> E4M3 cast loses the carry when rounding reaches a power of two, so the CPU
@@ -56,7 +57,7 @@ OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 MIN_FP8_DOT = 32  # an E4M3 tensor-core dot reduces over at least 32 elements
 
 
-# --8<-- [start:fp8-forward]
+# --8<-- [start:fp8-key-step]
 @triton.jit
 def fold_fp8_key_tile(acc, l, m, q, dq, K, V, DK, VR, stride_kt, stride_kd, stride_vt, stride_vd, i, d, k_start,
                       Tk, offset, HEAD_DIM: tl.constexpr, BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr,
@@ -90,8 +91,10 @@ def fold_fp8_key_tile(acc, l, m, q, dq, K, V, DK, VR, stride_kt, stride_kd, stri
     # in float32 (on sm_90 that accumulator keeps fewer bits than float32; acc runs over every key tile)
     acc = tl.dot(p8, tl.trans(v_t), acc * alpha[:, None], max_num_imprecise_acc=BLOCK_K)  # (BLOCK_Q, D_PAD)
     return acc, l, m_new
+# --8<-- [end:fp8-key-step]
 
 
+# --8<-- [start:fp8-forward]
 @triton.jit
 def fp8_forward_kernel(
     Q, K, V, DQ, DK, VR, VS, O, LSE,
