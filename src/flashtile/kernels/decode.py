@@ -14,7 +14,11 @@ T_max keys per sequence, page = b, so the two share one kernel (the constexpr PA
 block-table read).
 
 Status: supports fp16, bf16 and fp32 (fp32 dots in full fp32), 1 <= D <= 256, Tq 1 to 16, any GQA
-ratio, ragged lengths, paged caches of any page size, any strides. Tested on the CPU through Triton's
+ratio, ragged lengths, paged caches of any page size, any strides; any band of keys around each
+sequence's lower-right diagonal (``reference.decode.decode_band``: decoding's causal rule, sliding
+windows, and every mask of ``flashtile.attention``, whose calls of Tq <= 16 without a gradient run
+here through ``make_attention_decode_plan``) and soft-capping. The key tiles no row of a sequence
+sees are never read: the slices cover only the window's tiles. Tested on the CPU through Triton's
 interpreter and on an H200 (``tests/decode/test_decode_gpu.py``); its times there against cuDNN's are
 in ``bench/results/decode.json`` (the decode chapter's table). The launcher checks shapes, not values: a length
 above the capacity or a block-table entry outside the pool reads out of bounds, so users call
@@ -105,10 +109,8 @@ def _decode_key_tiles(
 ):
     """Fold key tiles first_k_index .. end_k_index - 1 into (acc, l, m); t holds each row's new token.
 
-    K and V already point at the KV head. Row r sees key j iff j < k_end (its slice) and
-    t + lo <= j <= t + hi (the band, ``reference.decode.decode_band``, moved to this sequence's
-    diagonal): only the MASKED tiles at the ends of a slice test it, and only with BAND (a window's
-    left edge) the lower bound. SOFTCAP caps the scores first (in natural units: qk_scale = log2(e)).
+    K and V point at the KV head. Row r sees key j iff j < k_end and t + lo <= j <= t + hi: only MASKED
+    tiles test it, the lower bound only with BAND. SOFTCAP caps the scores first (qk_scale = log2(e)).
     """
     # The table entries of each tile are read one iteration ahead: a load whose address comes from a load
     # in the same iteration leaves the pipeliner one buffer for K and V instead of num_stages - 1.

@@ -150,9 +150,8 @@ def gather_pages(pages: torch.Tensor, table_row: torch.Tensor, length: int) -> t
 def attend_split(q, k, v, k_start: int, k_end: int, length: int, scale: float, band=None, softcap=None):
     """Partial (o_s, lse_s) of the new tokens q (H, Tq, D) over keys [k_start, k_end) of one sequence.
 
-    k, v: (H, length, D). New token t sees key j iff lo <= j - (t + length - Tq) <= hi, (lo, hi) = band
-    (``decode_band``; None is causal, (-length, 0)), so a slice may hide every key from a row: that row
-    gets o_s = 0, lse_s = -inf, which merges as nothing. ``softcap`` caps the scaled scores first.
+    k, v: (H, length, D). New token t sees key j iff lo <= j - (t + length - Tq) <= hi (``decode_band``; None:
+    causal), so a slice may hide every key from a row: o_s = 0, lse_s = -inf, which merges as nothing.
     """
     Tq = q.shape[-2]
     lo, hi = (-length, 0) if band is None else band
