@@ -90,3 +90,16 @@ def test_the_decode_host_time_rows_run_on_the_cpu():
     assert [r["provider"] for r in rows] == ["flashtile_decode", "flashtile_decode_launcher", "flashtile", "sdpa"]
     for row in rows:
         assert REQUIRED <= set(row) and row["pass"] == "decode" and row["us_per_call"] > 0
+
+
+def test_windowed_rows_count_the_windows_bytes_and_agree_with_sdpa_on_the_window(monkeypatch):
+    from flashtile.bench import decode
+
+    monkeypatch.setattr(decode, "clean_l2_ms", lambda fn: (fn(), 1e-6)[1])
+    monkeypatch.setattr(decode, "graph_ms", lambda fn, timer: (fn(), 2e-6)[1])
+    rows = decode.measure(dict(B=1, H=4, H_kv=2, Tk=64, D=16, window=16), device="cpu", dtype=torch.float32)
+    by = {row["provider"]: row for row in rows}
+    assert {"flashtile_split_k", "flashtile_attention"} <= set(by) and by["flashtile_split_k"]["window"] == 16
+    for name in ("flashtile_split_k", "flashtile_attention"):
+        assert by[name]["max_abs_diff_vs_sdpa"] < 1e-4
+        assert by[name]["tbps"] == round(2 * 2 * 16 * 16 * 4 / 1e-9 / 1e12, 3)  # 16 keys of 2 KV heads, K and V

@@ -8,9 +8,15 @@ adds B = 8, 4k caches, paged caches (pages of 16 and 256 keys, in shuffled order
 
 Providers, measured in one process: ``flashtile_split_k`` (``kernels.decode.flash_decode``, called
 directly so that the public function's host-side value checks are not timed), ``flashtile`` (the
-forward kernel at Tq = 1, to show one program per (b, h) starving the GPU), ``sdpa_cudnn`` and
-``sdpa_flash`` (with ``enable_gqa``; a backend that refuses a shape gets ``ms: null`` and its reason).
-Each output is checked against SDPA's default choice before it is timed.
+forward kernel at Tq = 1, to show one program per (b, h) starving the GPU), ``flashtile_attention``
+(``flashtile.attention`` with enable_gqa, which routes a call without a gradient to the split-K
+kernels), ``sdpa_cudnn`` and ``sdpa_flash`` (with ``enable_gqa``; a backend that refuses a shape gets
+``ms: null`` and its reason). Each output is checked against SDPA's default choice before it is timed.
+
+``--windows`` times sliding windows instead (``WINDOWED``, into ``bench/results/sweeps/decode-window.json``):
+``flashtile_split_k`` with ``window=(W - 1, 0)``, ``flashtile_attention`` with the same window, and SDPA's
+backends on the last W keys of the cache (what an engine that keeps only the window would read); tbps
+counts the window's bytes.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ FULL = [
     *(dict(B=1, H=32, H_kv=8, Tk=Tk, D=128, page_size=p) for Tk in (32768, 131072) for p in (16, 256)),
     dict(B=8, H=32, H_kv=8, Tk=32768, D=128, ragged=True),
 ]
+WINDOWED = [dict(B=1, H=32, H_kv=8, Tk=Tk, D=128, window=W) for Tk in (32768, 131072) for W in (1024, 4096)]
 
 
 def make_inputs(shape: dict, seed: int = 0, device="cuda", dtype=torch.bfloat16):
@@ -77,7 +84,23 @@ def providers(shape: dict, q, k, v, lengths) -> dict:
     from ..kernels.decode import flash_decode
     from ..kernels.forward import flash_attention
 
+    from ..api import attention
+
     page_size = shape.get("page_size")
+    W = shape.get("window")
+    if W:  # a sliding window of W keys: the new token sees the last W
+        win = (W - 1, 0)
+        fns = {"flashtile_split_k": lambda: flash_decode(q, k, v, lengths, window=win)[0],
+               "flashtile_attention": lambda: attention(q, k, v, enable_gqa=True, is_causal=True,
+                                                        alignment="lower_right", window=win)}  # fmt: skip
+        k_w, v_w = k[:, :, -W:], v[:, :, -W:]
+        for name, backend in (("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION), ("sdpa_flash", SDPBackend.FLASH_ATTENTION)):
+            def run(backend=backend):
+                with sdpa_kernel(backend):
+                    return torch.nn.functional.scaled_dot_product_attention(q, k_w, v_w, enable_gqa=True)
+
+            fns[name] = run
+        return fns
     if page_size:
         k_pages, v_pages, table = paged(k, v, page_size)
         # SDPA and the forward kernel have no paged cache
@@ -86,6 +109,7 @@ def providers(shape: dict, q, k, v, lengths) -> dict:
     if shape.get("ragged"):
         return fns  # ragged lengths: the other providers would attend to the padding
     fns["flashtile"] = lambda: flash_attention(q, k, v)[0]
+    fns["flashtile_attention"] = lambda: attention(q, k, v, enable_gqa=True)  # routed to the split-K kernels
 
     def pinned(backend):
         def run():
@@ -100,7 +124,16 @@ def providers(shape: dict, q, k, v, lengths) -> dict:
 
 
 def expected_output(shape, q, k, v, lengths):
-    """SDPA's default backend on each sequence's valid keys: what every provider is checked against."""
+    """SDPA's default backend on each sequence's valid keys (the last ``window`` of them with a window):
+    what every provider is checked against."""
+    W = shape.get("window")
+    if W:
+        lengths = lengths.tolist()
+        return torch.cat([
+            torch.nn.functional.scaled_dot_product_attention(q[b : b + 1], k[b : b + 1, :, max(n - W, 0) : n],
+                                                             v[b : b + 1, :, max(n - W, 0) : n], enable_gqa=True)
+            for b, n in enumerate(lengths)
+        ])  # fmt: skip
     return torch.cat([
         torch.nn.functional.scaled_dot_product_attention(q[b : b + 1], k[b : b + 1, :, :n], v[b : b + 1, :, :n],
                                                          enable_gqa=True)
@@ -117,10 +150,11 @@ def measure(shape: dict, device="cuda", dtype=torch.bfloat16, clock: str = "both
     """
     q, k, v, lengths = make_inputs(shape, device=device, dtype=dtype)
     expected = expected_output(shape, q, k, v, lengths)
-    total = kv_cache_bytes(lengths.tolist(), shape["H_kv"], shape["D"], itemsize=q.element_size())
+    seen = [min(n, shape.get("window") or n) for n in lengths.tolist()]  # a window reads only its keys
+    total = kv_cache_bytes(seen, shape["H_kv"], shape["D"], itemsize=q.element_size())
     base = {"pass": "decode", "B": shape["B"], "H": shape["H"], "H_kv": shape["H_kv"], "Tq": 1, "Tk": shape["Tk"],
             "D": shape["D"], "causal": False, "layout": "bhtd", "dtype": DTYPE_NAMES[dtype]}  # Tq = 1 sees every key
-    extra = {key: shape[key] for key in ("page_size", "ragged") if key in shape}
+    extra = {key: shape[key] for key in ("page_size", "ragged", "window") if key in shape}
     rows = []
     for name, fn in providers(shape, q, k, v, lengths).items():
         row = dict(base, provider=name, **extra)
@@ -168,8 +202,8 @@ def copy_rate(n_bytes: int = 1 << 30) -> dict:
     return dict(copy_bytes=2 * n_bytes, copy_ms=round(ms, 4), copy_tbps=round(2 * n_bytes / (ms * 1e-3) / 1e12, 3))
 
 
-def run(out: str, full: bool = False) -> dict:
-    shapes = FULL if full else HEADLINE
+def run(out: str, full: bool = False, windows: bool = False) -> dict:
+    shapes = WINDOWED if windows else FULL if full else HEADLINE
     rows = [row for shape in shapes for row in measure(shape, clock="eager")]  # no graph captured yet
     graphed = [row for shape in shapes for row in measure(shape, clock="graph")]
     for row, later in zip(rows, graphed, strict=True):  # the same shapes and providers, in the same order
@@ -179,12 +213,14 @@ def run(out: str, full: bool = False) -> dict:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m flashtile.bench.decode", description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=str(RESULTS / "decode.json"))
+    parser.add_argument("--out", default=None, help="default: bench/results/decode.json (sweeps/decode-window.json)")
     parser.add_argument("--full", action="store_true", help="B = 8, 4k caches, paged and ragged rows too")
+    parser.add_argument("--windows", action="store_true", help="sliding windows of 1k and 4k keys (WINDOWED)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("the benchmarks need a CUDA device")
-    run(args.out, args.full)
+    default = RESULTS / ("sweeps/decode-window.json" if args.windows else "decode.json")
+    run(args.out or str(default), args.full, args.windows)
 
 
 if __name__ == "__main__":
