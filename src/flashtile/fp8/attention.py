@@ -1,7 +1,8 @@
 """``flashtile.attention`` on E4M3 inputs: the checks and the two tiers of the FP8 forward.
 
-``flashtile.attention`` hands a call here when query, key or value is float8_e4m3fn, or when a descale
-factor or ``out_dtype`` is given (the hook at the top of ``flashtile.api.attention``). What runs:
+``flashtile.attention`` hands a call here when query is float8_e4m3fn, or when a descale factor or
+``out_dtype`` is given (the hook at the top of ``flashtile.api.attention``; a float8 key or value with a
+float query is refused by the ordinary checks). What runs:
 
 * CUDA tensors: the Triton FP8 kernel (``flashtile.kernels.fp8_forward``), or the float64 emulation on the
   GPU under ``use_backend("reference")``;
@@ -44,13 +45,6 @@ from ..reference.fp8 import (
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)  # what the kernel can store
 DEFAULT_OUT_DTYPE = torch.bfloat16
 NAMES = ("query", "key", "value")
-
-
-def is_fp8_call(query, key, value, descale_q, descale_k, descale_v, out_dtype) -> bool:
-    """Whether ``flashtile.attention`` hands this call to the FP8 path: a float8 input, a factor or out_dtype."""
-    if descale_q is not None or descale_k is not None or descale_v is not None or out_dtype is not None:
-        return True
-    return any(getattr(x, "dtype", None) in FP8_DTYPES for x in (query, key, value))
 
 
 def check_out_dtype(out_dtype) -> torch.dtype:
