@@ -8,6 +8,9 @@ rank other than 4, and a value head dim different from the query's.
 What runs (the dispatch):
 
 * CUDA tensors run the Triton kernels (``flashtile.kernels.forward`` and ``.backward``).
+  Calls of Tq <= 16 query rows that autograd does not record run the split-K decode kernels
+  (``flashtile.kernels.decode``) instead of the forward kernel, with every mask, the same answer and
+  the same contract (``decode_route``).
 * CPU tensors run the same Triton kernels through Triton's interpreter when ``TRITON_INTERPRET`` is on
   (read exactly as Triton reads it; set it before flashtile's kernel modules are imported), and the
   PyTorch reference tier (``flashtile.reference.forward`` / ``.backward``, in float32) otherwise.
