@@ -132,9 +132,8 @@ def test_windowed_decode_in_bf16_is_within_twice_the_rounding_of_its_inputs(vari
 @pytest.mark.parametrize("Tq,causal,alignment", [(1, False, "upper_left"), (4, True, "lower_right"),
                                                  (16, True, "upper_left")])  # fmt: skip
 def test_attention_routes_short_calls_to_the_decode_kernels_on_the_gpu(Tq, causal, alignment):
-    from _truth import definition_mask, masked_truth
-
     import flashtile
+    from _truth import definition_mask, masked_truth
 
     gen = torch.Generator(device="cuda").manual_seed(Tq)
     q = torch.randn(2, 32, Tq, 128, generator=gen, device="cuda").to(torch.bfloat16)

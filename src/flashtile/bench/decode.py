@@ -81,10 +81,9 @@ def paged(k: torch.Tensor, v: torch.Tensor, page_size: int, seed: int = 0):
 def providers(shape: dict, q, k, v, lengths) -> dict:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
+    from ..api import attention
     from ..kernels.decode import flash_decode
     from ..kernels.forward import flash_attention
-
-    from ..api import attention
 
     page_size = shape.get("page_size")
     W = shape.get("window")

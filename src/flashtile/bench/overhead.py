@@ -170,8 +170,9 @@ def measure_decode(s: dict = DECODE_SHAPE, device="cuda", dtype=torch.bfloat16, 
         us = interleaved_us_per_call(tasks, repeats, warmup, sync)
     rows = []
     for name, per_call in us.items():
-        rows.append({"pass": "decode", "provider": name, **{key: s[key] for key in SHAPE_KEYS}, "ms": round(per_call / 1e3, 5),
-                     "mode": "decode", "us_per_call": round(per_call, 1), "calls": calls, "repeats": repeats})  # fmt: skip
+        rows.append({"pass": "decode", "provider": name, **{key: s[key] for key in SHAPE_KEYS},
+                     "ms": round(per_call / 1e3, 5), "mode": "decode", "us_per_call": round(per_call, 1),
+                     "calls": calls, "repeats": repeats})  # fmt: skip
         print(f"{name:>26} decode {rows[-1]['us_per_call']} us", flush=True)
     return rows
 
@@ -187,7 +188,8 @@ def main(argv=None) -> None:
         out = args.out or str(RESULTS / "overhead-decode.json")
         save_result(out, measure_decode(), DECODE_METHOD, shape=DECODE_SHAPE)
         return
-    save_result(args.out or str(RESULTS / "overhead.json"), measure(), METHOD, shape={key: SHAPE[key] for key in SHAPE_KEYS})
+    out = args.out or str(RESULTS / "overhead.json")
+    save_result(out, measure(), METHOD, shape={key: SHAPE[key] for key in SHAPE_KEYS})
 
 
 if __name__ == "__main__":
