@@ -31,7 +31,7 @@ from ._checks import (
     check_alignment,
     check_causal,
     check_flag,
-    check_int,
+    check_max_seqlen,
     check_softcap,
     check_varlen_inputs,
     check_window,
@@ -51,15 +51,6 @@ from .api import (
 )
 
 
-def check_max_seqlen(name: str, value, longest: int) -> int:
-    """max_seqlen_q or max_seqlen_k: an int at least the longest document's length (the kernels' grid is
-    sized by it: a smaller one would leave tokens without a program)."""
-    value = check_int(name, value, minimum=0)
-    if value < longest:
-        raise ValueError(f"{name} must be at least the longest document's length, {longest}, got {value}")
-    return value
-
-
 def varlen_forward_impl(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, alignment, backend, window_left=-1,
                         window_right=-1, softcap=None):  # fmt: skip
     """(o, lse, stats): o (total_q, H, D) contiguous in q's dtype, lse (H, total_q), and stats (2, H, total_q),
@@ -69,7 +60,7 @@ def varlen_forward_impl(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, alignm
         from .kernels.forward import flash_attention_varlen
 
         return flash_attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal=causal, scale=scale,
-                                      alignment=alignment, window=window, softcap=softcap)  # fmt: skip
+                                      alignment=alignment, window=window, softcap=softcap, checked=True)  # fmt: skip
     from .reference.varlen import varlen_attention_forward
 
     o, lse = varlen_attention_forward(q, k, v, cu_q, cu_k, causal, scale, REFERENCE_BLOCK, REFERENCE_BLOCK, alignment,
@@ -87,7 +78,7 @@ def varlen_backward_impl(do, q, k, v, o, lse, stats, cu_q, cu_k, max_q, max_k, c
 
         return flash_attention_varlen_backward(q, k, v, o, lse, do, cu_q, cu_k, max_q, max_k, causal=causal,
                                                scale=scale, alignment=alignment, stats=stats, window=window,
-                                               softcap=softcap)  # fmt: skip
+                                               softcap=softcap, checked=True)  # fmt: skip
     from .reference.varlen import varlen_attention_backward
 
     grads = varlen_attention_backward(q, k, v, o, lse, do.contiguous(), cu_q, cu_k, causal, scale, REFERENCE_BLOCK,
@@ -161,7 +152,6 @@ def _no_double_backward(ctx, *grads):
 attention_varlen_bwd.register_autograd(_no_double_backward, setup_context=lambda ctx, inputs, output: None)
 
 
-# --8<-- [start:attention_varlen]
 def attention_varlen(
     query,
     key,
@@ -216,5 +206,4 @@ def attention_varlen(
         o, lse, _stats = attention_varlen_fwd(query, key, value, cu_seqlens_q, cu_seqlens_k, max_q, max_k, causal, tau,
                                               alignment, backend, *window, softcap)  # fmt: skip
     return (o, lse) if return_lse else o
-# --8<-- [end:attention_varlen]
 

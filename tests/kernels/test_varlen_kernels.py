@@ -8,11 +8,17 @@ from __future__ import annotations
 import pytest
 import torch
 
+import flashtile
 from _truth import assert_close_to_truth
-from _varlen_truth import varlen_truth, varlen_truth_by_document
+from _varlen_truth import varlen_truth, varlen_truth_by_document, varlen_truth_grads
+from flashtile.api import use_backend
+from flashtile.kernels.backward import flash_attention_varlen_backward
 from flashtile.kernels.forward import flash_attention_varlen
 
 from ._helpers import DEVICE, FORWARD_TOL, LSE_TOL
+
+GRAD_TOL = {torch.float32: dict(atol=2e-5, rtol=2e-5), torch.float16: dict(atol=1e-2, rtol=1e-2),
+            torch.bfloat16: dict(atol=5e-2, rtol=5e-2)}  # fmt: skip
 
 
 def packed(lengths_q, lengths_k, H=2, H_kv=2, D=16, dtype=torch.float32, seed=0, device=DEVICE):
@@ -101,6 +107,50 @@ def test_varlen_launcher_refuses_bad_input_by_name(bad, error, words):
         flash_attention_varlen(**args)
 
 
+BACKWARD_CASES = [  # (lengths_q, lengths_k, H, H_kv, D, dtype, mask): pairwise as above, fewer (each costs more)
+    ((5, 20, 17), (5, 20, 17), 2, 1, 16, torch.float32, dict(causal=True)),
+    ((3, 21, 0), (12, 9, 6), 2, 1, 24, torch.float16, dict(causal=True, alignment="lower_right", softcap=3.0)),
+    ((18, 4, 10), (18, 0, 10), 2, 2, 16, torch.float32, dict(window=(4, 2))),
+]
+
+
+@pytest.mark.parametrize("case", range(len(BACKWARD_CASES)))
+def test_varlen_backward_matches_float64_per_document(case):
+    """dq, dk, dv against torch.autograd through the dense float64 formula; zero for the queries of a document
+    without keys and the keys of a document without queries (cases 1 and 2)."""
+    lq, lk, H, H_kv, D, dtype, mask = BACKWARD_CASES[case]
+    q, k, v, cu_q, cu_k = packed(lq, lk, H, H_kv, D, dtype, seed=20 + case)
+    do = torch.randn(q.shape, generator=torch.Generator().manual_seed(case)).to(device=DEVICE, dtype=dtype)
+    o, lse, stats = flash_attention_varlen(q, k, v, cu_q, cu_k, max(lq), max(lk), block_q=16, block_k=16,
+                                           **mask_kwargs(mask))  # fmt: skip
+    grads = flash_attention_varlen_backward(q, k, v, o, lse, do, cu_q, cu_k, max(lq), max(lk), block_q=16,
+                                            block_k=16, stats=stats, **mask_kwargs(mask))  # fmt: skip
+    truth = varlen_truth_grads(*(x.cpu() for x in (q, k, v, do, cu_q, cu_k)), **mask_kwargs(mask))
+    for name, g, t, x in zip(("dq", "dk", "dv"), grads, truth, (q, k, v)):
+        assert g.shape == x.shape and g.dtype == dtype
+        assert_close_to_truth(g.double().cpu(), t, name, **GRAD_TOL[dtype])
+
+
+def test_attention_varlen_runs_the_kernels_under_the_interpreter():
+    """flashtile.attention_varlen on the Triton tier (forward and backward through autograd) against the float64
+    formula, with the tier's own default tiles; its lse is the kernel's."""
+    lq = (9, 40, 23)
+    q, k, v, cu_q, cu_k = packed(lq, lq, 2, 1, 16, torch.float32, seed=5)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    with use_backend("triton"):
+        o, lse = flashtile.attention_varlen(*leaves, cu_q, cu_k, 40, 40, is_causal=True, window=(11, -1),
+                                            return_lse=True)  # fmt: skip
+    do = torch.randn(q.shape, generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    grads = torch.autograd.grad(o, leaves, do)
+    cpu = [x.detach().cpu() for x in (q, k, v, do, cu_q, cu_k)]
+    o_ref, lse_ref = varlen_truth(*cpu[:3], *cpu[4:], window=(11, -1), causal=True)
+    assert_close_to_truth(o.detach().double().cpu(), o_ref, "o", **FORWARD_TOL[torch.float32])
+    assert_close_to_truth(lse.double().cpu(), lse_ref, "lse", **LSE_TOL[torch.float32])
+    truth = varlen_truth_grads(*cpu, window=(11, -1), causal=True)
+    for name, g, t in zip(("dq", "dk", "dv"), grads, truth):
+        assert_close_to_truth(g.double().cpu(), t, name, **GRAD_TOL[torch.float32])
+
+
 # --- on the H200: bf16 at the package's own tile sizes --------------------------------------------------------
 
 
@@ -138,3 +188,36 @@ def test_varlen_forward_bf16_on_gpu(case):
     o_ref, lse_ref = varlen_truth_by_document(q, k, v, cu_q, cu_k, **mask_kwargs(mask))
     assert_close_to_truth(o.double(), o_ref, "o", **FORWARD_TOL[torch.bfloat16])
     assert_close_to_truth(lse.double(), lse_ref, "lse", **LSE_TOL[torch.bfloat16])
+
+
+@pytest.mark.gpu
+@gpu_only
+@pytest.mark.parametrize("case", range(len(GPU_CASES)))
+def test_varlen_backward_bf16_on_gpu_is_right_and_deterministic(case):
+    lengths, H, H_kv, D, mask = GPU_CASES[case]
+    q, k, v, cu_q, cu_k = packed(lengths, lengths, H, H_kv, D, torch.bfloat16, seed=case)
+    do = torch.randn(q.shape, generator=torch.Generator().manual_seed(case)).to(device=DEVICE, dtype=q.dtype)
+    args = (cu_q, cu_k, max(lengths), max(lengths))
+    o, lse, stats = flash_attention_varlen(q, k, v, *args, **mask_kwargs(mask))
+    grads = flash_attention_varlen_backward(q, k, v, o, lse, do, *args, stats=stats, **mask_kwargs(mask))
+    again = flash_attention_varlen_backward(q, k, v, o, lse, do, *args, stats=stats, **mask_kwargs(mask))
+    assert all(torch.equal(a, b) for a, b in zip(grads, again)), "the varlen backward is not bitwise reproducible"
+    truth = varlen_truth_by_document(q, k, v, cu_q, cu_k, do=do, **mask_kwargs(mask))[2:]
+    for name, g, t in zip(("dq", "dk", "dv"), grads, truth):
+        assert_close_to_truth(g.double(), t, name, **GRAD_TOL[torch.bfloat16])
+
+
+@pytest.mark.gpu
+@gpu_only
+def test_attention_varlen_on_gpu_matches_the_reference_tier():
+    """The same call on both tiers: the Triton tier within bf16's tolerance of the reference tier's float32."""
+    lengths = issue_documents(seed=2, n=4, total=4096, low=256, high=2048)
+    q, k, v, cu_q, cu_k = packed(lengths, lengths, 8, 2, 128, torch.bfloat16, seed=9)
+    outs = {}
+    for backend in ("triton", "reference"):
+        leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+        with use_backend(backend):
+            o = flashtile.attention_varlen(*leaves, cu_q, cu_k, max(lengths), max(lengths), is_causal=True)
+        outs[backend] = (o, *torch.autograd.grad(o, leaves, torch.ones_like(o)))
+    for name, a, b in zip(("o", "dq", "dk", "dv"), outs["triton"], outs["reference"]):
+        torch.testing.assert_close(a.float(), b.float(), atol=5e-2, rtol=5e-2, msg=lambda m, n=name: f"{n}: {m}")

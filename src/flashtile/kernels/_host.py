@@ -325,7 +325,6 @@ def _current_stream(device: int) -> int:
 # --8<-- [end:launch]
 
 
-# --8<-- [start:varlen_mask]
 def varlen_mask(causal: bool, window) -> tuple[bool, bool, int, int]:
     """(CAUSAL, BAND, left, right) of packed documents' kernel: the mask is the same rule in every document,
     but its band depends on each document's Tq and Tk, so the kernel works it out per document from the
@@ -339,4 +338,3 @@ def varlen_mask(causal: bool, window) -> tuple[bool, bool, int, int]:
     if left == -1 and right == 0:
         return True, False, -1, 0
     return False, True, left, right
-# --8<-- [end:varlen_mask]

@@ -31,10 +31,13 @@ from .._checks import (
     check_attention_inputs,
     check_causal,
     check_flag,
+    check_int,
     check_like,
     check_lse,
+    check_max_seqlen,
     check_softcap,
     check_tensor,
+    check_varlen_inputs,
     check_window,
     resolve_scale,
 )
@@ -59,6 +62,7 @@ from ._host import (
     resident_programs,
     tile_descriptor,
     use_tma,
+    varlen_mask,
 )
 from ._jit import (
     apply_sign,
@@ -72,6 +76,7 @@ from ._jit import (
     program_tile,
     soft_cap,
     store_tile,
+    varlen_program,
 )
 from .backward_preprocess import backward_preprocess, load_stats, preprocess_launch, row_terms, store_row_terms
 
@@ -237,6 +242,7 @@ def backward_dkdv_kernel(
     HEAD_DIM_PAD: tl.constexpr, SIGN: tl.constexpr, DOT_PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr,
     WIDE: tl.constexpr, INTERPRETED: tl.constexpr, USE_TMA: tl.constexpr,
     SPLIT: tl.constexpr, HEAVIEST_FIRST: tl.constexpr, BAND: tl.constexpr, SOFTCAP: tl.constexpr,
+    CU_Q=None, CU_K=None, VARLEN: tl.constexpr = False,
 ):  # fmt: skip
     """One program per (key tile, kv head, batch): dk, dv for that tile, summed over the group's heads.
     ROWS is (3, B, H, Tq) float32, planes n_rows = B * H * Tq apart: delta, m, log2 l of every query row,
@@ -249,9 +255,24 @@ def backward_dkdv_kernel(
 
     With ATOMIC_DQ the same program also adds this key tile's share of dq, τ dS K, into DQ_ACC, a float32
     (B, H, Tq, HEAD_DIM_PAD) buffer, with atomic adds: one kernel and five matmuls per tile instead of
-    seven over two kernels, at the price of a summation order that changes from run to run."""
+    seven over two kernels, at the price of a summation order that changes from run to run.
+
+    With VARLEN (packed documents) the batch axis is the document (``_jit.varlen_program``): Tq, Tk, the
+    offset and the band become the document's, the tensors start at its first token, and ROWS is
+    (3, H, total_q), n_rows = H * total_q. SPLIT is 1 and ATOMIC_DQ off there."""
     # under causal, key tile 0 has the most work: it launches first
     k_index, plane, b = program_tile(chunk, HEAVY_TILE_LAST=False, HEAVIEST_FIRST=HEAVIEST_FIRST)
+    if VARLEN:  # packed documents: this program's key tile of document b, the tensors moved to its first token
+        k_index, q_doc, k_doc, Tq, Tk, offset, band_lo, band_hi = varlen_program(
+            CU_Q, CU_K, b, offset, band_lo, band_hi, BLOCK_K, OWN_KEYS=True, HEAVY_TILE_LAST=False)
+        if k_index < 0:
+            return
+        Q += q_doc.to(tl.int64) * stride_qt
+        DO += q_doc.to(tl.int64) * stride_dot
+        K += k_doc.to(tl.int64) * stride_kt
+        V += k_doc.to(tl.int64) * stride_vt
+        DK += k_doc.to(tl.int64) * stride_dkt
+        DV += k_doc.to(tl.int64) * stride_dvt
     k_start = k_index * BLOCK_K
     plane = plane.to(tl.int64)  # kv_head * SPLIT + part: where this program's dk, dv go
     h_kv = plane // SPLIT  # the kv head; query heads h_kv * group + r, r < group, read it
@@ -294,6 +315,8 @@ def backward_dkdv_kernel(
             q_ptr = Q + b * stride_qb + h * stride_qh
             do_ptr = DO + b * stride_dob + h * stride_doh
         row_base = (b * H + h) * Tq  # each plane of ROWS is (B, H, Tq), contiguous; DQ_ACC is (B, H, Tq, pad)
+        if VARLEN:  # ROWS planes are (H, total_q): the document's rows from q_doc on
+            row_base = h * (n_rows // H) + q_doc
         delta_ptr, m_ptr, l_ptr = ROWS + row_base, ROWS + n_rows + row_base, ROWS + 2 * n_rows + row_base
         acc_ptr = DQ_ACC + row_base * HEAD_DIM_PAD
         dk, dv = dkdv_query_tiles(  # the interior, unmasked
@@ -368,14 +391,29 @@ def backward_dq_kernel(
     CAUSAL: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr, SIGN: tl.constexpr, DOT_PRECISION: tl.constexpr, WIDE: tl.constexpr,
     USE_TMA: tl.constexpr, HEAVIEST_FIRST: tl.constexpr, BAND: tl.constexpr, SOFTCAP: tl.constexpr,
+    CU_Q=None, CU_K=None, VARLEN: tl.constexpr = False,
 ):  # fmt: skip
     """One program per (query tile, head, batch): dq for that tile, a sum over its key tiles.
 
     It runs before the dK/dV kernel and first works out its rows' terms (``row_terms``: delta from its
     o and do tiles, m and log2 l from the forward's STATS), uses them, and stores them into ROWS for
-    the dK/dV kernel: the backward needs no separate preprocess launch."""
+    the dK/dV kernel: the backward needs no separate preprocess launch.
+
+    With VARLEN (packed documents) the batch axis is the document, as in the forward (``_jit.varlen_program``);
+    STATS and ROWS planes are (H, total_q), n_rows = H * total_q."""
     # later query tiles see more keys: under causal they launch first, so the short ones fill the tail
     q_index, h, b = program_tile(chunk, HEAVY_TILE_LAST=CAUSAL, HEAVIEST_FIRST=HEAVIEST_FIRST)
+    if VARLEN:  # packed documents: this program's query tile of document b, the tensors moved to its first token
+        q_index, q_doc, k_doc, Tq, Tk, offset, band_lo, band_hi = varlen_program(
+            CU_Q, CU_K, b, offset, band_lo, band_hi, BLOCK_Q, OWN_KEYS=False, HEAVY_TILE_LAST=CAUSAL)
+        if q_index < 0:
+            return
+        Q += q_doc.to(tl.int64) * stride_qt
+        DO += q_doc.to(tl.int64) * stride_dot
+        O += q_doc.to(tl.int64) * stride_ot
+        DQ += q_doc.to(tl.int64) * stride_dqt
+        K += k_doc.to(tl.int64) * stride_kt
+        V += k_doc.to(tl.int64) * stride_vt
     q_start = q_index * BLOCK_Q
     h = h.to(tl.int64)
     b = b.to(tl.int64)
@@ -384,6 +422,8 @@ def backward_dq_kernel(
     keys0 = tl.arange(0, BLOCK_K)
     cols = tl.arange(0, HEAD_DIM_PAD)
     row_base = (b * H + h) * Tq  # each plane of STATS and ROWS is (B, H, Tq), contiguous
+    if VARLEN:  # (H, total_q) planes: the document's rows from q_doc on
+        row_base = h * (n_rows // H) + q_doc
     row_ok, col_ok = rows[:, None] < Tq, cols[None, :] < HEAD_DIM
     q_ptr = Q + b * stride_qb + h * stride_qh + q_start.to(tl.int64) * stride_qt
     q_tile = load_masked(q_ptr + tile_offsets(rows[:, None] - q_start, cols[None, :], stride_qt, stride_qd, WIDE),
@@ -606,6 +646,9 @@ def wide_offsets(rows: int, pad: int, *tensors: torch.Tensor) -> bool:
     return any(rows * x.stride(2) + pad * x.stride(3) >= 2**31 for x in tensors)
 
 
+NO_DOCUMENTS = dict(CU_Q=None, CU_K=None, VARLEN=False)  # the kernels' varlen switches off: compiled out
+
+
 class BackwardPlan(NamedTuple):
     """The launches of one backward call, worked out once per layout (see ``_plans.cached_plan``)."""
 
@@ -698,7 +741,7 @@ def make_backward_plan(q, k, v, o, lse, do, stats, causal, scale, alignment, blo
                      units.unit, scale, qk_scale, offset, max(dkdv_chunk, 1), *cap),  # fmt: skip
             constexprs=dict(BLOCK_Q=dkdv_q, BLOCK_K=dkdv_k, **common, ATOMIC_DQ=not deterministic, SPLIT=kv_split,
                             INTERPRETED=q.device.type == "cpu", USE_TMA=tma_dkdv is not None,
-                            HEAVIEST_FIRST=dkdv_chunk > 0, **masks),  # fmt: skip
+                            HEAVIEST_FIRST=dkdv_chunk > 0, **masks, **NO_DOCUMENTS),  # fmt: skip
             num_warps=dkdv_warps,
             num_stages=dkdv_stages,
         ),
@@ -708,7 +751,7 @@ def make_backward_plan(q, k, v, o, lse, do, stats, causal, scale, alignment, blo
             scalars=(*q.stride(), *k.stride(), *v.stride(), *do.stride(), *o.stride(), *grad_strides[0], *sizes,
                      n_rows, scale, qk_scale, offset, max(dq_chunk, 1), *mask.band, units.unit, cap[2]),  # fmt: skip
             constexprs=dict(BLOCK_Q=dq_q, BLOCK_K=dq_k, **common, USE_TMA=tma_dq is not None,
-                            HEAVIEST_FIRST=dq_chunk > 0, **masks),
+                            HEAVIEST_FIRST=dq_chunk > 0, **masks, **NO_DOCUMENTS),
             num_warps=dq_warps,
             num_stages=dq_stages,
         ),
@@ -795,3 +838,87 @@ def tile_descriptors(tma: tuple, x, y, pad: int) -> tuple:
 
 
 # --8<-- [end:launcher]
+
+
+def flash_attention_varlen_backward(
+    q, k, v, o, lse, do, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False, scale=None,
+    alignment="upper_left", block_q=None, block_k=None, *, stats=None, window=None, softcap=None, checked=False,
+):  # fmt: skip
+    """Gradients of ``kernels.forward.flash_attention_varlen``: the deterministic backward's two kernels with
+    the document mapping of the forward (``_jit.varlen_program``), dQ first (it also stores the row terms),
+    then dK/dV, one program per (key tile, kv head, document) summing its GQA group in a fixed order.
+
+    Args:
+        q: (total_q, H, D); k, v: (total_k, H_kv, D); o, do like q; lse (H, total_q) float32 from the forward.
+        cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, alignment, window, softcap,
+            checked: as the forward's.
+        block_q, block_k: override both kernels' tile sizes; defaults from ``backward_config``.
+        stats: the forward's (2, H, total_q) final (m, l), the exact hand-off; without it, from lse.
+
+    Returns:
+        (dq, dk, dv), contiguous, in the inputs' dtype; zero for the queries of a document without keys and
+        the keys of a document without queries.
+    """
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        check_tensor(name, x, rank=3, dtypes=KERNEL_DTYPES)
+    check_like("o", o, "q", q)
+    check_like("do", do, "q", q)
+    if not checked:
+        _, _, _, documents = check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k)
+        check_max_seqlen("max_seqlen_q", max_seqlen_q, max((e - s for (s, e), _ in documents), default=0))
+        check_max_seqlen("max_seqlen_k", max_seqlen_k, max((e - s for _, (s, e) in documents), default=0))
+    max_q = check_int("max_seqlen_q", max_seqlen_q, minimum=1)
+    max_k = check_int("max_seqlen_k", max_seqlen_k, minimum=1)
+    total_q, H, D = q.shape
+    total_k, H_kv, _ = k.shape
+    check_tensor("lse", lse, rank=2, dtypes=(torch.float32,))
+    if tuple(lse.shape) != (H, total_q):
+        raise ValueError(f"lse must have shape (H, total_q) = {(H, total_q)}, got {tuple(lse.shape)}")
+    check_causal(causal)
+    check_alignment(alignment)
+    window = check_window(window)
+    softcap = check_softcap(softcap, q.dtype)
+    scale = resolve_scale(scale, D, q.dtype)
+    check_kernel_device("q", q)
+    block_q = None if block_q is None else check_tile_size("block_q", block_q)
+    block_k = None if block_k is None else check_tile_size("block_k", block_k)
+    causal_mask, banded, left, right = varlen_mask(causal, window)
+    config = backward_config(D, q.dtype, max(max_q, max_k), atomic_dq=False)  # the pointer path: tma is not read
+    units = kernel_scale(scale)
+    qk_scale = units.qk_scale if softcap is None else LOG2E
+    stats = stats_from_lse(lse, scale, softcap) if stats is None else stats.contiguous()
+    if tuple(stats.shape) != (2, H, total_q) or stats.dtype != torch.float32:
+        raise ValueError(f"stats must be float32 (2, H, total_q) = {(2, H, total_q)}, got {tuple(stats.shape)}")
+    n_docs = cu_seqlens_q.shape[0] - 1
+    rows = torch.empty((3, H, total_q), dtype=torch.float32, device=q.device)  # delta, m, log2 l
+    dq = torch.empty((total_q, H, D), dtype=q.dtype, device=q.device)
+    dk = torch.empty((total_k, H_kv, D), dtype=k.dtype, device=k.device)
+    dv = torch.empty((total_k, H_kv, D), dtype=v.dtype, device=v.device)
+
+    def strides(x):  # (total, heads, D) seen as (1, heads, total, D): the batch stride is never stepped
+        return 0, x.stride(1), x.stride(0), x.stride(2)
+
+    pad = head_dim_pad(D)
+    dkdv_q, dkdv_k, dkdv_warps, dkdv_stages = config["dkdv"]
+    dq_q, dq_k, dq_warps, dq_stages = config["dq"]
+    dkdv_q, dkdv_k, dq_q, dq_k = block_q or dkdv_q, block_k or dkdv_k, block_q or dq_q, block_k or dq_k
+    as_4d = [x.transpose(0, 1).unsqueeze(0) for x in (q, k, v, do, o)]
+    common = dict(CAUSAL=causal_mask, HEAD_DIM=D, HEAD_DIM_PAD=pad, SIGN=units.sign,
+                  DOT_PRECISION=dot_precision(q.dtype), WIDE=wide_offsets(max(dkdv_q, dkdv_k, dq_q, dq_k), pad, *as_4d),
+                  USE_TMA=False, HEAVIEST_FIRST=False, BAND=banded, SOFTCAP=softcap is not None, CU_Q=cu_seqlens_q,
+                  CU_K=cu_seqlens_k, VARLEN=True)  # fmt: skip
+    sizes = (H, H_kv, total_q, total_k)
+    alignment_flag = int(alignment == "lower_right")  # the kernels' offset under VARLEN: 0 or 1 (varlen_program)
+    cap = 1.0 if softcap is None else softcap
+    backward_dq_kernel[head_batch_grid(-(-max_q // dq_q), H, n_docs)](
+        q, k, v, do, o, stats, rows, dq, *strides(q), *strides(k), *strides(v), *strides(do), *strides(o), *strides(dq),
+        *sizes, H * total_q, scale, qk_scale, alignment_flag, 1, left, right, units.unit, cap,
+        BLOCK_Q=dq_q, BLOCK_K=dq_k, **common, num_warps=dq_warps, num_stages=dq_stages,
+    )  # fmt: skip
+    backward_dkdv_kernel[head_batch_grid(-(-max_k // dkdv_k), H_kv, n_docs)](
+        q, k, v, do, rows, dk, dv, dq, *strides(q), *strides(k), *strides(v), *strides(do), *strides(dk),
+        *strides(dv), *sizes, H * total_q, units.unit, scale, qk_scale, alignment_flag, 1, left, right, cap,
+        BLOCK_Q=dkdv_q, BLOCK_K=dkdv_k, **common, ATOMIC_DQ=False, INTERPRETED=q.device.type == "cpu", SPLIT=1,
+        num_warps=dkdv_warps, num_stages=dkdv_stages,
+    )  # fmt: skip
+    return dq, dk, dv

@@ -182,6 +182,7 @@ def _forward_kernel(
     i = q_start + tl.arange(0, BLOCK_Q)  # the query rows of this tile
     d = tl.arange(0, HEAD_DIM_PAD)
     # --8<-- [end:program]
+    # --8<-- [start:varlen]
     if VARLEN:  # packed documents: the grid's third axis is the document, read from cu_seqlens (varlen_program)
         q_index, q_doc, k_doc, Tq, Tk, offset, band_lo, band_hi = varlen_program(
             CU_Q, CU_K, b, offset, band_lo, band_hi, BLOCK_Q, OWN_KEYS=False, HEAVY_TILE_LAST=CAUSAL)
@@ -194,6 +195,7 @@ def _forward_kernel(
         O += q_doc.to(tl.int64) * stride_ot
         K += k_doc.to(tl.int64) * stride_kt
         V += k_doc.to(tl.int64) * stride_vt
+    # --8<-- [end:varlen]
 
     # --8<-- [start:pointers]
     q_mask = (i[:, None] < Tq) & (d[None, :] < HEAD_DIM)
@@ -492,7 +494,6 @@ def forward_with_plan(plan: ForwardPlan, q, k, v) -> tuple[torch.Tensor, torch.T
 # --8<-- [end:launcher]
 
 
-# --8<-- [start:varlen_launcher]
 def flash_attention_varlen(
     q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False, scale=None,
     alignment="upper_left", block_q=None, block_k=None, *, num_warps=None, num_stages=None, window=None,
@@ -564,4 +565,3 @@ def flash_attention_varlen(
         num_warps=num_warps, num_stages=num_stages, **({"maxnreg": maxnreg} if maxnreg else {}),
     )  # fmt: skip
     return o, row_stats[0], row_stats[1:]
-# --8<-- [end:varlen_launcher]
