@@ -32,3 +32,55 @@ def test_rows_count_the_flops_of_the_pairs_their_mask_keeps(provider):
 def test_the_mask_table_needs_cuda(tmp_path):
     with pytest.raises(SystemExit, match="need a CUDA device"):
         masks.main(["--out", str(tmp_path / "x.json")])
+
+
+# --- the packed documents' rows ---------------------------------------------------------------------------
+
+
+def test_document_lengths_are_the_issues_case_and_fixed_by_the_seed():
+    lengths = masks.document_lengths()
+    assert len(lengths) == 8 and sum(lengths) == 16384 and all(512 <= n <= 4096 for n in lengths)
+    assert masks.document_lengths() == lengths and masks.document_lengths(seed=1) != lengths
+    assert masks.cu_seqlens([3, 0, 5]).tolist() == [0, 3, 3, 8]
+
+
+def test_documents_truth_is_causal_attention_within_each_document():
+    from _varlen_truth import packed_keep
+
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, 2, 40, 16, generator=gen) for _ in range(3))
+    lengths = [7, 21, 12]
+    cu = masks.cu_seqlens(lengths)
+    expected, _ = masked_truth(q.double(), k.double(), v.double(), packed_keep(cu, cu, causal=True))
+    torch.testing.assert_close(masks.documents_truth(q, k, v, lengths).double(), expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("provider", ["flashtile", "flex", "sdpa_cudnn"])
+def test_document_rows_count_the_flops_of_the_pairs_their_mask_keeps(provider):
+    lengths = [10, 25, 15]
+    s = dict(B=1, H=2, H_kv=2, Tq=50, Tk=50, D=8, causal=True, layout="bhtd", dtype="bf16")
+    documents = provider != "sdpa_cudnn"
+    kept = sum(n * (n + 1) // 2 for n in lengths) if documents else int(definition_mask(50, 50, None, True,
+                                                                                        "upper_left").sum())
+    fwd, bwd = (masks.documents_row(s, provider, lengths, which, ms=1.0) for which in ("forward", "backward"))
+    assert fwd["mask"] == ("documents:3" if documents else "causal") and fwd["case"] == "documents:3"
+    assert fwd["tflops"] == round(4 * 2 * 8 * kept / 1e-3 / 1e12, 1)
+    assert bwd["tflops"] == round(2.5 * 4 * 2 * 8 * kept / 1e-3 / 1e12, 1)
+
+
+def test_the_table_keeps_a_16k_window_and_16k_documents_apart():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "hooks"))
+    import render_tables
+
+    s = dict(B=1, H=16, H_kv=16, Tq=16384, Tk=16384, D=128, causal=True, layout="bhtd", dtype="bf16")
+    rows = []
+    for name, ms in (("flashtile", 1.0), ("flex", 1.5), ("sdpa_cudnn", 4.0)):
+        rows += [masks.row(s, name, 1024, "forward", ms), masks.documents_row(s, name, [8192, 8192], "forward", ms / 2)]
+    lines = render_tables.masks_table({"rows": rows})
+    body = lines[2:]
+    assert len(body) == 2
+    assert "| window 1023,0 |" in body[0] and "| documents 2 |" in body[1]
+    assert body[0].startswith("| 1.50 |") and body[1].startswith("| 1.50 |")
