@@ -6,6 +6,7 @@ every µs is host work. This probe splits it, all entry points timed in turns (`
 
 * ``sdpa_fwd`` / ``ft_fwd``: the forward alone under no_grad; ``ft_launcher``: ``kernels.forward.flash_attention``;
 * ``sdpa_fwdbwd`` / ``ft_fwdbwd``: forward, then ``torch.autograd.grad(o, (q, k, v), do)``;
+* ``sdpa_fwd_grad`` / ``ft_fwd_grad``: the forward with gradients recorded, its graph dropped at once;
 * ``ft_fwd_then_impl``: the forward under no_grad, then ``api.backward_impl`` called on the main thread
   (the backward's Python and launches without the autograd engine);
 * ``ft_bwd_launcher``: ``kernels.backward.flash_attention_backward`` alone, on the main thread;
@@ -122,6 +123,8 @@ def main(out: Path) -> None:
         "sdpa_fwd": (sdpa_fwd, 1000), "ft_fwd": (ft_fwd, 1000),
         "ft_launcher": (lambda: flash_attention(q, k, v, causal=True), 1000),
         "sdpa_fwdbwd": (sdpa_fwdbwd, 250), "ft_fwdbwd": (ft_fwdbwd, 250),
+        "sdpa_fwd_grad": (lambda: sdpa(*leaves, is_causal=True), 500),
+        "ft_fwd_grad": (lambda: attention(*leaves, is_causal=True), 500),
         "ft_fwd_then_impl": (ft_fwd_then_impl, 250), "ft_bwd_launcher": (ft_bwd_launcher, 250),
         "sdpa_grad_only": (sdpa_grad_only, 250), "ft_grad_only": (ft_grad_only, 250),
         "id_fn_cuda": (id_fn(xc), 500), "id_fn_cpu": (id_fn(xh), 500),
