@@ -26,9 +26,12 @@ Variants (``variant`` in the rows; the letters are issue 34's ablation list):
   ``lever_pv_imprecise`` (the PV dot summed into acc in the E4M3 dot's own accumulator over every key tile,
   sm_90's default, instead of a float32 add of each tile's product: one add per acc entry a step fewer),
   ``lever_no_ratio`` (V per head or tensor, every ratio 1: 448 folded into exp2's shift, no multiply of P),
-  ``lever_three`` (128-key tiles with both of those), ``lever_maxnreg128`` (D = 64 only: a 128-register cap, so that two 8-warp programs share an SM, as the
+  ``lever_three`` (128-key tiles with both of those), ``lever_head_factors`` (no ratios, and k's factor one
+  per head folded into dq: no multiply of the scores either; q, k, v quantised per head or tensor),
+  ``lever_all`` (128-key tiles, all three), ``lever_maxnreg128`` (D = 64 only: a 128-register cap, so that two 8-warp programs share an SM, as the
   bf16 forward does at D = 64; the copy needs 177 registers there, and compiles under the cap with no spill
-  without a mask, 4 bytes with one), and ``lever_maxnreg128_no_ratio_pv_imprecise`` (D = 64 only).
+  without a mask, 4 bytes with one), ``lever_maxnreg128_no_ratio_pv_imprecise`` and ``lever_maxnreg128_all``
+  (D = 64 only).
 
 From the rows ``summary`` rows (provider ``flashtile_fp8_model``, no time of their own) give per shape:
 the matmul share of a key step, ``t_matmuls_only / t_full``, in each precision (the twin for bf16), the
@@ -37,7 +40,7 @@ the package's bf16 forward without overlap, ``t_bf16 / (t_fp8_matmuls_only + t_b
 softmax as the bf16 twin pays it, against what E4M3 reaches (``t_bf16 / t_a_package``) and a ceiling with
 perfect overlap, ``t_bf16 / max(t_fp8_matmuls_only, t_bf16_softmax)``.
 
-Run from the repository root on one H200 (under four minutes; most of it compiling 60 kernels):
+Run from the repository root on one H200 (about three minutes; most of it compiling the 101 launches' kernels (82 distinct), in 8 processes):
 
     OUT=/some/folder PYTHONPATH=src python bench/probes/fp8_ablation.py
 
@@ -127,8 +130,11 @@ def ablation_step(acc, l, m, q, dq, k, v, dk, v_ratio, visible, BLOCK_Q: tl.cons
     contiguous for PV8, else (BLOCK_K, D). SOFTMAX: 0 as shipped, 2 matmuls only. EXP: softmax_exp2's, and 2
     for ex2.approx.f16x2 (P made in float16, then E4M3). FLAGS: bit 1, the PV dot without max_num_imprecise_acc
     (summed into acc in the E4M3 dot's own accumulator, over every key tile); bit 2, no V ratios on P (V per
-    head or tensor: every ratio 1), 448 folded into exp2's shift, l summing 448 p."""
-    t = tl.dot(q, tl.trans(k)) * dk[None, :]  # (BLOCK_Q, BLOCK_K)
+    head or tensor: every ratio 1), 448 folded into exp2's shift, l summing 448 p; bit 4, k's factor one per
+    head (granularity "head" or "tensor"), folded into dq, no multiply of the scores."""
+    t = tl.dot(q, tl.trans(k))  # (BLOCK_Q, BLOCK_K)
+    if (FLAGS & 4) == 0:  # k's factor per key (with bit 4 it is one per head, folded into dq by the caller)
+        t = t * dk[None, :]
     if MASKED:
         t = tl.where(visible, t, float("-inf"))
     if SOFTMAX == 2:  # matmuls only: the scores go straight to the PV operand (numbers wrong)
@@ -322,6 +328,8 @@ def ablation_kernel(
         q = tl.load(Q + i[:, None] * stride_qt + d[None, :] * stride_qd,
                     mask=(i[:, None] < Tq) & (d[None, :] < HEAD_DIM), other=0.0)  # fmt: skip
         dq = tl.load(DQ + i, mask=i < Tq, other=1.0) * qk_scale
+        if FLAGS & 4:  # one k factor for the head: into dq, once
+            dq = dq * tl.load(DK)
         m = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)
         l = tl.zeros([BLOCK_Q], dtype=tl.float32)
         acc = tl.zeros([BLOCK_Q, HEAD_DIM_PAD], dtype=tl.float32)
@@ -344,7 +352,8 @@ class Variant(NamedTuple):
     ws: bool = False  # tl.range(..., warp_specialize=True)
     block_k: int = 64
     maxnreg: int | None = None
-    flags: int = 0  # 1: PV summed in the E4M3 accumulator over every tile; 2: no V ratios, 448 in the shift
+    flags: int = 0  # 1: PV summed in the E4M3 accumulator over every tile; 2: no V ratios, 448 in the shift;
+    # 4: k's factor one per head, folded into dq
 
 
 VARIANTS = {
@@ -364,12 +373,15 @@ VARIANTS = {
     "lever_pv_imprecise": Variant(flags=1),
     "lever_no_ratio": Variant(flags=2),
     "lever_three": Variant(block_k=128, flags=3),  # the three that change no instruction mix's kind together
+    "lever_head_factors": Variant(flags=6),  # q, k, v per head (or tensor): no multiply of the scores or of P
+    "lever_all": Variant(block_k=128, flags=7),
     # D = 64 only: the copy needs 177 registers there (sm_90 compile), so one 8-warp program an SM, where the
     # bf16 forward caps at 128 and runs two, one's softmax under the other's matmuls
     "lever_maxnreg128": Variant(maxnreg=128),
     "lever_maxnreg128_no_ratio_pv_imprecise": Variant(maxnreg=128, flags=3),
+    "lever_maxnreg128_all": Variant(maxnreg=128, flags=7),
 }
-ONLY_D64 = ("lever_maxnreg128", "lever_maxnreg128_no_ratio_pv_imprecise")  # at D = 128 the cap spills (sm_90 compile); 128-key tiles under it spill at D = 64
+ONLY_D64 = ("lever_maxnreg128", "lever_maxnreg128_no_ratio_pv_imprecise", "lever_maxnreg128_all")  # at D = 128 the cap spills (sm_90 compile); 128-key tiles under it spill at D = 64
 INTERPRETER_SKIPS = ("lever_ex2_f16x2", "lever_warp_specialize")  # inline PTX; a compiler pass
 
 
@@ -454,7 +466,8 @@ def interpret_check() -> None:
             if name == "fp8_copy":  # within float32 rounding: the copy's s - m rounds the product (the GPU fuses it)
                 assert relative_rmse(o, o_package) < 1e-6, "the probe's copy is not the package kernel"
             if name in ("lever_two_subtiles", "lever_poly_half", "lever_pv_imprecise", "lever_no_ratio",
-                        "lever_maxnreg128", "lever_maxnreg128_no_ratio_pv_imprecise"):  # fmt: skip
+                        "lever_maxnreg128", "lever_maxnreg128_no_ratio_pv_imprecise", "lever_head_factors",
+                        "lever_maxnreg128_all"):  # fmt: skip
                 assert relative_rmse(o, o_package) < 1e-2, name
             if name == "bf16_twin":  # float32 operands here: attention of the float inputs, to float32 rounding
                 q, k, v = (x.double() for x in inputs["bf16"])
