@@ -494,6 +494,19 @@ def forward_with_plan(plan: ForwardPlan, q, k, v) -> tuple[torch.Tensor, torch.T
 # --8<-- [end:launcher]
 
 
+def varlen_forward_config(head_dim: int, dtype: torch.dtype, interpreted: bool, causal: bool,
+                          max_seqlen_q: int) -> dict:  # fmt: skip
+    """The packed documents' launch settings: ``forward_config``'s for the pointer path at the longest document's
+    length class, except 128 x 64 tiles where it says 128 x 128 at D = 128 (16-bit): through pointers those
+    spill 100 bytes a thread on sm_90 with VARLEN (ptxas), 128 x 64 none. Chosen by the spill count, not yet
+    timed: ``bench/probes/varlen_configs.py`` times the alternatives on the H200."""
+    length_class = 512 if max_seqlen_q <= 512 else (1024 if max_seqlen_q <= 1024 else 4096)
+    config = forward_config(head_dim, dtype, interpreted, causal, length_class, tma=False)
+    if not interpreted and dtype != torch.float32 and head_dim_pad(head_dim) == 128 and config["block_k"] == 128:
+        config = dict(config, block_k=64)
+    return config
+
+
 def flash_attention_varlen(
     q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False, scale=None,
     alignment="upper_left", block_q=None, block_k=None, *, num_warps=None, num_stages=None, window=None,
@@ -510,8 +523,8 @@ def flash_attention_varlen(
             tiles return at once.
         causal, scale, alignment, window, softcap: as ``flash_attention``, applied to each document with its
             own Tq and Tk. Key tiles outside a document's band are never loaded, FULL ones run unmasked.
-        block_q, block_k, num_warps, num_stages: as ``flash_attention``; defaults from ``forward_config`` at
-            max_seqlen_q, always on the pointer path (no TMA: a document's tiles start at any token).
+        block_q, block_k, num_warps, num_stages: as ``flash_attention``; defaults from ``varlen_forward_config``,
+            always on the pointer path (no TMA: a document's tiles start at any token).
         checked: True when the caller has already run ``check_varlen_inputs`` and the max_seqlen checks on these
             tensors (``flashtile.attention_varlen`` does): the launcher then reads nothing on the host.
 
@@ -535,8 +548,7 @@ def flash_attention_varlen(
     scale = resolve_scale(scale, D, q.dtype)
     check_kernel_device("q", q)
     causal_mask, banded, left, right = varlen_mask(causal, window)
-    length_class = 512 if max_q <= 512 else (1024 if max_q <= 1024 else 4096)
-    config = forward_config(D, q.dtype, q.device.type == "cpu", causal_mask, length_class, tma=False)
+    config = varlen_forward_config(D, q.dtype, q.device.type == "cpu", causal_mask, max_q)
     block_q = config["block_q"] if block_q is None else check_tile_size("block_q", block_q)
     block_k = config["block_k"] if block_k is None else check_tile_size("block_k", block_k)
     num_warps, num_stages = check_launch(
