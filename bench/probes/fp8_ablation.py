@@ -31,7 +31,11 @@ Variants (``variant`` in the rows; the letters are issue 34's ablation list):
   ``lever_all`` (128-key tiles, all three), ``lever_maxnreg128`` (D = 64 only: a 128-register cap, so that two 8-warp programs share an SM, as the
   bf16 forward does at D = 64; the copy needs 177 registers there, and compiles under the cap with no spill
   without a mask, 4 bytes with one), ``lever_maxnreg128_no_ratio_pv_imprecise`` and ``lever_maxnreg128_all``
-  (D = 64 only).
+  (D = 64 only); ``lever_64x128_4warps`` and ``lever_64x128_4warps_all`` (one warpgroup a program, 64 x 128
+  tiles, 3 stages: two programs an SM at 255 registers and 74 KB of shared memory, D = 128).
+
+The first run (``sweeps/fp8-forward-ablation.json``, at d89348c) measured the poly, f16x2, two-half-tile and
+warp-specialised levers slower or unchanged; they are timed again only with ``FP8_ABLATION_LEVERS=all``.
 
 From the rows ``summary`` rows (provider ``flashtile_fp8_model``, no time of their own) give per shape:
 the matmul share of a key step, ``t_matmuls_only / t_full``, in each precision (the twin for bf16), the
@@ -40,7 +44,7 @@ the package's bf16 forward without overlap, ``t_bf16 / (t_fp8_matmuls_only + t_b
 softmax as the bf16 twin pays it, against what E4M3 reaches (``t_bf16 / t_a_package``) and a ceiling with
 perfect overlap, ``t_bf16 / max(t_fp8_matmuls_only, t_bf16_softmax)``.
 
-Run from the repository root on one H200 (about three minutes; most of it compiling the 101 launches' kernels (82 distinct), in 8 processes):
+Run from the repository root on one H200 (about three minutes; most of it compiling the 91 launches' kernels (74 distinct), in 8 processes):
 
     OUT=/some/folder PYTHONPATH=src python bench/probes/fp8_ablation.py
 
@@ -354,6 +358,9 @@ class Variant(NamedTuple):
     maxnreg: int | None = None
     flags: int = 0  # 1: PV summed in the E4M3 accumulator over every tile; 2: no V ratios, 448 in the shift;
     # 4: k's factor one per head, folded into dq
+    block_q: int | None = None  # the package's (fp8_config) where None
+    num_warps: int | None = None
+    num_stages: int | None = None
 
 
 VARIANTS = {
@@ -380,7 +387,14 @@ VARIANTS = {
     "lever_maxnreg128": Variant(maxnreg=128),
     "lever_maxnreg128_no_ratio_pv_imprecise": Variant(maxnreg=128, flags=3),
     "lever_maxnreg128_all": Variant(maxnreg=128, flags=7),
+    # one warpgroup a program, 64 x 128 tiles: two or three programs an SM at any D <= 128 (255 registers each
+    # fit two of 128 threads), so one program's softmax and waits may run under another's matmuls
+    "lever_64x128_4warps": Variant(block_q=64, block_k=128, num_warps=4, num_stages=3),
+    "lever_64x128_4warps_all": Variant(block_q=64, block_k=128, num_warps=4, num_stages=3, flags=7),
 }
+# measured in the first run (sweeps/fp8-forward-ablation.json at d89348c), all slower or unchanged: timed again
+# only with FP8_ABLATION_LEVERS=all
+MEASURED = ("lever_poly_half", "lever_ex2_f16x2", "lever_two_subtiles", "lever_warp_specialize")
 ONLY_D64 = ("lever_maxnreg128", "lever_maxnreg128_no_ratio_pv_imprecise", "lever_maxnreg128_all")  # at D = 128 the cap spills (sm_90 compile); 128-key tiles under it spill at D = 64
 INTERPRETER_SKIPS = ("lever_ex2_f16x2", "lever_warp_specialize")  # inline PTX; a compiler pass
 
@@ -422,7 +436,9 @@ def launch(name, inputs, causal, out_dtype=torch.bfloat16):
             num_warps=num_warps, num_stages=num_stages,
         )  # fmt: skip
         return o, lse
-    qk8, pv8, softmax, exp, two, ws, block_k, maxnreg, flags = VARIANTS[name]
+    qk8, pv8, softmax, exp, two, ws, block_k, maxnreg, flags, *tiles = VARIANTS[name]
+    block_q, num_warps, num_stages = (own or shipped for own, shipped in zip(tiles, (block_q, num_warps, num_stages)))
+    n_tiles = triton.cdiv(T, block_q)
     chunk = heaviest_first_chunk(causal, 2 * T * D, B * H, B * H * n_tiles, resident_programs(num_warps, maxnreg),
                                  q8.device)  # fmt: skip
     options = {} if maxnreg is None else dict(maxnreg=maxnreg)
@@ -477,7 +493,9 @@ def interpret_check() -> None:
 
 def names_for(D: int) -> list[str]:
     """The kernels timed at head dim D: the package's, then every variant that applies."""
-    return [name for name in ("a_package", *VARIANTS) if D == 64 or name not in ONLY_D64]
+    every = os.environ.get("FP8_ABLATION_LEVERS") == "all"
+    return [name for name in ("a_package", *VARIANTS) if (D == 64 or name not in ONLY_D64)
+            and (every or name not in MEASURED)]  # fmt: skip
 
 
 def warm(task) -> int:
