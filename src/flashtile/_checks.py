@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import weakref
 from typing import NamedTuple
 
 import numpy as np
@@ -418,7 +419,7 @@ def check_cu_seqlens(name: str, cu_seqlens, total: int, device) -> list[int]:
     check_values_in_memory(name, cu_seqlens)
     if cu_seqlens.device != device:
         raise ValueError(f"{name} is on {cu_seqlens.device} but the tokens are on {device}; they must match")
-    values = check_cumulative_lengths(name, cu_seqlens.tolist())
+    values = check_cumulative_lengths(name, host_values(cu_seqlens))
     if values[-1] != total:
         raise ValueError(f"{name}[-1] = {values[-1]} must equal the number of packed tokens, {total}")
     return values
@@ -463,3 +464,30 @@ def check_max_seqlen(name: str, value, longest: int) -> int:
     if value < longest:
         raise ValueError(f"{name} must be at least the longest document's length, {longest}, got {value}")
     return value
+
+
+HOST_VALUES_KEPT = 64  # device tensors whose values host_values keeps; past that it starts over
+_host_values: dict[int, tuple] = {}  # id -> (weak reference, version, address, values)
+
+
+def host_values(x: torch.Tensor) -> list:
+    """``x.tolist()``, read from the device once per unchanged tensor.
+
+    Reading a CUDA tensor on the host waits for every kernel queued before it: called once per attention
+    layer on the same cu_seqlens, that would drain the GPU's queue at every layer. So the values of a device
+    tensor are kept, and given back while the same tensor object (a weak reference, so a new tensor at a
+    reused id never matches) has the same version counter (bumped by every in-place torch operation) and
+    address. A write that bypasses torch's version counter (``.data``, a raw kernel) is not seen: the
+    values, and so the checks, are then those of the first read. CPU tensors, and calls under
+    ``torch.compile``, read every time.
+    """
+    if x.device.type == "cpu" or torch.compiler.is_compiling():
+        return x.tolist()
+    entry = _host_values.get(id(x))
+    if entry is not None and entry[0]() is x and entry[1] == x._version and entry[2] == x.data_ptr():
+        return entry[3]
+    values = x.tolist()
+    if len(_host_values) >= HOST_VALUES_KEPT:
+        _host_values.clear()
+    _host_values[id(x)] = (weakref.ref(x), x._version, x.data_ptr(), values)
+    return values

@@ -209,3 +209,16 @@ def test_attention_varlen_on_gpu_matches_the_reference_tier():
         outs[backend] = (o.detach(), *torch.autograd.grad(o, leaves, torch.ones_like(o)))
     for name, a, b in zip(("o", "dq", "dk", "dv"), outs["triton"], outs["reference"]):
         torch.testing.assert_close(a.float(), b.float(), atol=5e-2, rtol=5e-2, msg=lambda m, n=name: f"{n}: {m}")
+
+
+@pytest.mark.gpu
+@gpu_only
+def test_attention_varlen_reads_cu_seqlens_again_after_an_in_place_change():
+    """The checks keep a device cu_seqlens' values while the tensor is unchanged (``_checks.host_values``): an
+    in-place write bumps its version, and the next call reads and checks the new values."""
+    q, k, v, cu_q, cu_k = packed((12, 20), (12, 20), dtype=torch.bfloat16)
+    flashtile.attention_varlen(q, k, v, cu_q, cu_k, 20, 20)
+    flashtile.attention_varlen(q, k, v, cu_q, cu_k, 20, 20)  # the kept values
+    cu_q[1] = 40  # now decreasing
+    with pytest.raises(ValueError, match="non-decreasing"):
+        flashtile.attention_varlen(q, k, v, cu_q, cu_k, 20, 20)
