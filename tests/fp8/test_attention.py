@@ -14,9 +14,9 @@ import math
 
 import pytest
 import torch
-from _truth import attention_truth, visible_pairs_mask
 
 import flashtile
+from _truth import attention_truth, visible_pairs_mask
 from flashtile.fp8 import quantize
 
 HALF_ULP = 2.0**-4
@@ -63,8 +63,8 @@ def p_rounding_bound(q8, k8, v8, dq, dk, dv, causal, alignment="upper_left"):
 @pytest.mark.parametrize("H_kv", [2, 1])
 def test_fp8_attention_is_exact_attention_of_its_inputs_up_to_ps_rounding(causal, alignment, H_kv):
     q8, k8, v8, dq, dk, dv = quantised(H_kv=H_kv)
-    o, lse = flashtile.attention(q8, k8, v8, is_causal=causal, enable_gqa=True, alignment=alignment,
-                                 return_lse=True, descale_q=dq, descale_k=dk, descale_v=dv, out_dtype=torch.float32)  # fmt: skip
+    o, lse = flashtile.attention(q8, k8, v8, is_causal=causal, enable_gqa=True, alignment=alignment, return_lse=True,
+                                 descale_q=dq, descale_k=dk, descale_v=dv, out_dtype=torch.float32)  # fmt: skip
     o_true, lse_true = attention_truth(dequantised(q8, dq), dequantised(k8, dk), dequantised(v8, dv), causal,
                                        alignment=alignment)  # fmt: skip
     bound = p_rounding_bound(q8, k8, v8, dq, dk, dv, causal, alignment) + 1e-6 * o_true.abs()  # + float32's o
@@ -79,7 +79,8 @@ def test_output_is_bf16_by_default_and_float_dtypes_on_request():
     q8, k8, v8, dq, dk, dv = quantised()
     factors = dict(descale_q=dq, descale_k=dk, descale_v=dv)
     o32 = flashtile.attention(q8, k8, v8, **factors, out_dtype=torch.float32)
-    for out_dtype, expected in ((None, torch.bfloat16), (torch.bfloat16, torch.bfloat16), (torch.float16, torch.float16)):
+    for out_dtype, expected in ((None, torch.bfloat16), (torch.bfloat16, torch.bfloat16),
+                                (torch.float16, torch.float16)):  # fmt: skip
         o = flashtile.attention(q8, k8, v8, **factors, out_dtype=out_dtype)
         assert o.dtype == expected and o.shape == q8.shape
         assert torch.equal(o, o32.to(expected))  # the same float32 answer, rounded once to out_dtype

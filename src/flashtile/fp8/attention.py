@@ -129,7 +129,8 @@ def fp8_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fa
         what = f"{', '.join(given)} given" if given else "a float8_e4m3fn input"
         raise TypeError(
             f"{what}: the FP8 path needs query, key and value all float8_e4m3fn, got {dtypes}; quantise float "
-            "tensors with flashtile.fp8.quantize (descale_q, descale_k, descale_v and out_dtype are for FP8 inputs only)"
+            "tensors with flashtile.fp8.quantize (descale_q, descale_k, descale_v and out_dtype are for FP8 inputs "
+            "only)"
         )
     shape = check_attention_inputs(query, key, value, dtypes=FP8_DTYPES, names=NAMES)
     if attn_mask is not None or window is not None or softcap is not None:
