@@ -18,8 +18,7 @@ from flashtile.kernels.forward import flash_attention_varlen
 
 from ._helpers import DEVICE, FORWARD_TOL, LSE_TOL
 
-GRAD_TOL = {torch.float32: dict(atol=2e-5, rtol=2e-5), torch.float16: dict(atol=1e-2, rtol=1e-2),
-            torch.bfloat16: dict(atol=5e-2, rtol=5e-2)}  # fmt: skip
+GRAD_TOL = {torch.float32: dict(atol=2e-5, rtol=2e-5), torch.float16: dict(atol=1e-2, rtol=1e-2)}
 
 
 def packed(lengths_q, lengths_k, H=2, H_kv=2, D=16, dtype=torch.float32, seed=0, device=DEVICE):
@@ -191,8 +190,37 @@ def test_varlen_backward_bf16_on_gpu_is_right_and_deterministic(case):
     again = flash_attention_varlen_backward(q, k, v, o, lse, do, *args, stats=stats, **mask_kwargs(mask))
     assert all(torch.equal(a, b) for a, b in zip(grads, again)), "the varlen backward is not bitwise reproducible"
     truth = varlen_truth_by_document(q, k, v, cu_q, cu_k, do=do, **mask_kwargs(mask))[2:]
-    for name, g, t in zip(("dq", "dk", "dv"), grads, truth):
-        assert_close_to_truth(g.double(), t, name, **GRAD_TOL[torch.bfloat16])
+    # The bar, as for the dense backward (test_backward_gpu): at most twice the error of PyTorch's SDPA in bf16 on
+    # the same documents, one at a time; SDPA has no soft-cap, so a capped case is held to 2 % of its largest value.
+    peer = None if mask.get("softcap") else sdpa_gradients_by_document(q, k, v, do, lengths, mask)
+    for n, (name, g, t) in enumerate(zip(("dq", "dk", "dv"), grads, truth)):
+        assert torch.isfinite(g).all(), f"{name} has NaN or inf"
+        err = (g.double() - t).abs().max().item()
+        bar = 0.02 * t.abs().max().item() if peer is None else 2 * (peer[n].double() - t).abs().max().item() + 1e-6
+        assert err <= bar, f"{name}: error {err:.3g} over the bar {bar:.3g}"
+
+
+def sdpa_gradients_by_document(q, k, v, do, lengths, mask):
+    """(dq, dk, dv) of torch's scaled_dot_product_attention in q's dtype, one document at a time through the
+    document's boolean mask (K and V expanded for GQA, their gradients summed back over each group)."""
+    from torch.nn.functional import scaled_dot_product_attention
+
+    from _truth import definition_mask
+
+    group = q.shape[1] // k.shape[1]
+    grads = [torch.zeros_like(x) for x in (q, k, v)]
+    start = 0
+    for n in lengths:
+        part = slice(start, start + n)
+        start += n
+        keep = definition_mask(n, n, mask.get("window"), mask.get("causal", False), "upper_left").to(q.device)
+        qd = q[part].transpose(0, 1)[None].detach().requires_grad_()
+        kd, vd = (x[part].transpose(0, 1)[None].detach().requires_grad_() for x in (k, v))
+        o = scaled_dot_product_attention(qd, kd.repeat_interleave(group, 1), vd.repeat_interleave(group, 1),
+                                         attn_mask=keep)  # fmt: skip
+        for packed_grad, g in zip(grads, torch.autograd.grad(o, (qd, kd, vd), do[part].transpose(0, 1)[None])):
+            packed_grad[part] = g[0].transpose(0, 1)
+    return grads
 
 
 @pytest.mark.gpu
