@@ -241,3 +241,15 @@ def test_windows_in_bf16_on_the_gpu_are_as_accurate_as_sdpa(name, family):
             errors[implementation, padded] = (got - expected)[real].abs().max().item()
     for padded in (False, True):
         assert errors[name, padded] <= 1.25 * errors["sdpa", padded] + 1e-2, errors
+
+
+def test_a_mask_written_in_place_is_read_again():
+    """The segments are kept on the mask tensor for the layers after the first; a mask changed in place
+    between calls must not reuse the old reading."""
+    q = torch.randn(2, 4, 6, 8)
+    mask = torch.ones(2, 1, 6, 6, dtype=torch.bool).tril()
+    first = integration.segment_plan(mask, None, q, q, None, True)
+    assert first.whole == (0, 6)  # no padding: one call on every key
+    mask[0, 0, :, :2] = False  # left padding of 2 in sequence 0
+    again = integration.segment_plan(mask, None, q, q, None, True)
+    assert again.whole is None and again.cu_seqlens_q.tolist() == [0, 4, 10]

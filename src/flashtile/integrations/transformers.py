@@ -230,12 +230,13 @@ def starts_from_cu_seqlens(cu_q, cu_k, B: int, Tq: int) -> torch.Tensor:
 
 def remembered(tensor: torch.Tensor, attribute: str, compute):
     """``compute()``, kept on ``tensor`` itself: every layer of one forward gets the same mask and position
-    tensors, so the host reads happen in the first layer only."""
+    tensors, so the host reads happen in the first layer only. Computed again if the tensor was written in
+    place since (its version counter moved)."""
     cached = getattr(tensor, attribute, None)
-    if cached is None:
-        cached = (compute(),)
+    if cached is None or cached[0] != tensor._version:
+        cached = (tensor._version, compute())
         setattr(tensor, attribute, cached)
-    return cached[0]
+    return cached[1]
 
 
 def allowed_keys(mask: torch.Tensor, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
