@@ -92,7 +92,7 @@ def fold_tile(acc, l, m, q, dq, K, V, DK, VR, stride_kt, stride_kd, stride_vt, s
         p = tl.math.exp2(t - m_safe[:, None])
     l = alpha * l + tl.sum(p, 1)
     p8 = (p * (v_ratio[None, :] * P_SCALE_JIT)).to(tl.float8e4nv)
-    acc = tl.dot(p8, tl.trans(v_t), acc * alpha[:, None], max_num_imprecise_acc=BLOCK_K)
+    acc = acc * alpha[:, None] + tl.dot(p8, tl.trans(v_t))  # as the package since the PV change (no C7514)
     return acc, l, m_new
 
 

@@ -16,6 +16,7 @@ fixed, and then these cases can take random inputs.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -159,6 +160,7 @@ for D, causal, v_unit_stride in ((128, True, "stride_vt"), (64, False, "stride_v
                               f"{tmp}/k.o"], capture_output=True, text=True, check=True).stderr
     spills = int(re.search(r"(\\d+) bytes spill stores", log).group(1))
     out.append(dict(D=D, v_unit_stride=v_unit_stride, shared=kernel.metadata.shared, spills=spills,
+                    serialized="C7514" in log,
                     mma=sorted(set(re.findall(r"wgmma\\.mma_async[.a-z0-9]*", ptx))),
                     casts=len(re.findall(r"cvt\\.rn\\.satfinite\\.e4m3x2\\.f32", ptx)),
                     tile_loads=len(re.findall(r"tt\\.load [^\\n]*" + E4M3_TILE, ttgir)),
@@ -178,9 +180,38 @@ def test_both_dots_compile_to_e4m3_tensor_core_instructions_for_sm90():
     for kernel in kernels:
         assert kernel["mma"] and all(m.endswith(".f32.e4m3.e4m3") for m in kernel["mma"]), kernel
         assert kernel["casts"] > 0 and kernel["spills"] == 0 and kernel["shared"] <= 227 * 1024, kernel
+        assert not kernel["serialized"], kernel  # ptxas's C7514: every wgmma waits for the one before
     keys, *_, rows = kernels
     assert keys["tile_loads"] == 1 and keys["tile_copies"] >= 4, keys  # q; k and v, before and in the loop
     assert rows["tile_loads"] > 1, rows
+
+
+PV_FORMS_BODY = """
+import subprocess, tempfile, triton
+from _fp8_pv_forms import pv_forms
+out = {}
+for pass_acc in (True, False):
+    kernel = sm90_like_a_launch(pv_forms, dict(Q="*fp8e4nv", K="*fp8e4nv", V="*fp8e4nv", O="*fp32"),
+                                dict(PASS_ACC=pass_acc), num_warps=8, num_stages=3)
+    with tempfile.TemporaryDirectory() as tmp:
+        with open(f"{tmp}/k.ptx", "w") as f:
+            f.write(kernel.asm["ptx"])
+        log = subprocess.run([triton.knobs.nvidia.ptxas.path, "-v", "--gpu-name=sm_90a", f"{tmp}/k.ptx", "-o",
+                              f"{tmp}/k.o"], capture_output=True, text=True, check=True).stderr
+    out["passed_in" if pass_acc else "outside"] = "C7514" in log
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(not LONG, reason="compiling for sm_90 takes about a minute of CPU: make test-long runs it")
+def test_acc_passed_into_the_pv_dot_serialises_every_wgmma_for_sm90():
+    """The control for the kernel's no-C7514 check above: the same sum with acc passed into the E4M3 dot
+    (``max_num_imprecise_acc``, the first form) makes ptxas serialise every wgmma; added outside, it does not.
+    The first form measured its E4M3 matmuls at 1.19-1.39x bf16's inside the key step
+    (sweeps/fp8-forward-ablation.json, at d89348c)."""
+    here = str(Path(__file__).parent)  # where _fp8_pv_forms.py lives: the fresh process imports it from there
+    serialized = compile_in_fresh_process(f"import sys; sys.path.insert(0, {here!r})\n" + PV_FORMS_BODY)
+    assert serialized == {"passed_in": True, "outside": False}
 
 
 def test_v_is_given_to_the_kernel_with_its_keys_contiguous():
