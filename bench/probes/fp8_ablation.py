@@ -48,7 +48,7 @@ the package's bf16 forward without overlap, ``t_bf16 / (t_fp8_matmuls_only + t_b
 softmax as the bf16 twin pays it, against what E4M3 reaches (``t_bf16 / t_a_package``) and a ceiling with
 perfect overlap, ``t_bf16 / max(t_fp8_matmuls_only, t_bf16_softmax)``.
 
-Run from the repository root on one H200 (about three minutes; most of it compiling the 91 launches' kernels, 74
+Run from the repository root on one H200 (about three minutes; most of it compiling the 96 launches' kernels, 78
 distinct, in 8 processes):
 
     OUT=/some/folder PYTHONPATH=src python bench/probes/fp8_ablation.py
