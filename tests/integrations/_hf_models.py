@@ -73,6 +73,14 @@ def twins(config, name: str, truth_dtype=torch.float64):
     return truth, ours
 
 
+def cache_argument(model) -> str:
+    """The forward's name for a cache: transformers renamed past_key_values to cache (the CPU machine has
+    5.24, the GPU machine 5.17, which knows only past_key_values and would silently ignore cache=)."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 def token_ids(B: int, T: int, seed: int = 1) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed)
     return torch.randint(1, VOCAB, (B, T), generator=gen)

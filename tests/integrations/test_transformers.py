@@ -14,7 +14,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from _hf_models import build, llama_config, qwen2_config, token_ids, twins  # noqa: E402
+from _hf_models import build, cache_argument, llama_config, qwen2_config, token_ids, twins  # noqa: E402
 from transformers import AttentionInterface  # noqa: E402
 from transformers.masking_utils import AttentionMaskInterface  # noqa: E402
 
@@ -112,8 +112,8 @@ def test_several_new_tokens_after_a_cache_align_lower_right(name, backend):
         for model in (truth, ours):
             with torch.no_grad(), use_backend(backend):
                 cache = DynamicCache(config=model.config)
-                model(ids[:, :9], attention_mask=mask[:, :9], cache=cache)
-                logits.append(model(ids[:, 9:], attention_mask=mask, cache=cache).logits)
+                model(ids[:, :9], attention_mask=mask[:, :9], **{cache_argument(model): cache})
+                logits.append(model(ids[:, 9:], attention_mask=mask, **{cache_argument(model): cache}).logits)
         assert (logits[0] - logits[1]).abs().max().item() < LOGITS_ATOL
 
 

@@ -20,6 +20,7 @@ pytest.importorskip("transformers")
 
 from _hf_models import (  # noqa: E402
     build,
+    cache_argument,
     gemma2_config,
     llama_config,
     mistral_config,
@@ -127,13 +128,6 @@ def test_mistral_window_with_left_padding_generates_like_eager(name):
             model(ids[:, :6], attention_mask=mask[:, :6], use_cache=True, **{cache_argument(model): cache})
             logits.append(model(ids[:, 6:], attention_mask=mask, **{cache_argument(model): cache}).logits)
     assert (logits[0] - logits[1]).abs().max().item() < LOGITS_ATOL
-
-
-def cache_argument(model) -> str:
-    """transformers renamed the forward's past_key_values to cache (5.2x); the GPU machine may have either."""
-    import inspect
-
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 def test_qwen2_with_use_sliding_window_matches_eager(name):
