@@ -478,7 +478,9 @@ def host_values(x: torch.Tensor) -> list:
     tensor are kept, and given back while the same tensor object (a weak reference, so a new tensor at a
     reused id never matches) has the same version counter (bumped by every in-place torch operation) and
     address. A write that bypasses torch's version counter (``.data``, a raw kernel) is not seen: the
-    values, and so the checks, are then those of the first read. CPU tensors, and calls under
+    values, and so the checks, are then those of the first read; the varlen kernels clamp every document
+    to the packed tensors' tokens (``kernels._jit.varlen_program``), so such values can never make them
+    read or write outside the tensors. CPU tensors, and calls under
     ``torch.compile``, read every time.
     """
     if x.device.type == "cpu" or torch.compiler.is_compiling():

@@ -81,6 +81,33 @@ def test_varlen_forward_reads_nothing_outside_a_document():
     assert nan_rows.nonzero().flatten().tolist() == list(range(17 + 5, 17 + 9))
 
 
+def test_varlen_kernels_stay_inside_the_packed_tensors_whatever_cu_seqlens_holds():
+    """Values the host check never saw (``checked=True``, as after a write behind torch's back): the kernels
+    clamp each document to the tokens that exist, so the last document, told to run to token 1000 and to
+    start its keys before 0, runs on tokens 9 .. 23 of each tensor, the rest of a NaN-poisoned buffer is never
+    read, and the gradients of the tokens that exist come back finite. The control: the same call with the
+    true bounds gives the same numbers."""
+    lengths = (9, 15)
+    q, k, v, cu_q, cu_k = packed(lengths, lengths, seed=11)
+    padded = [torch.full((40, *x.shape[1:]), float("nan")) for x in (q, k, v)]
+    for buffer, x in zip(padded, (q, k, v)):
+        buffer[8:32] = x  # the packed tensors are views into the middle of poisoned storage
+    q_view, k_view, v_view = (buffer[8:32] for buffer in padded)
+    wild_q = torch.tensor([0, 9, 1000], dtype=torch.int32)
+    wild_k = torch.tensor([0, -7, 1000], dtype=torch.int32)  # the clamps give document 0 no keys: blind rows
+    o, lse, stats = flash_attention_varlen(q_view, k_view, v_view, wild_q, wild_k, 1000, 1000, block_q=16,
+                                           block_k=16, causal=True, checked=True)  # fmt: skip
+    true_k = torch.tensor([0, 0, 24], dtype=torch.int32)
+    o_true, lse_true, _ = flash_attention_varlen(q, k, v, wild_q.clamp(max=24), true_k, 15, 24, block_q=16,
+                                                 block_k=16, causal=True)  # fmt: skip
+    assert torch.isfinite(o).all() and torch.equal(o, o_true) and torch.equal(lse, lse_true)
+    assert torch.isneginf(lse[:, :9]).all()
+    do = torch.randn_like(q)
+    grads = flash_attention_varlen_backward(q_view, k_view, v_view, o, lse, do, wild_q, wild_k, 1000, 1000,
+                                            causal=True, block_q=16, block_k=16, stats=stats, checked=True)  # fmt: skip
+    assert all(torch.isfinite(g).all() for g in grads)
+
+
 def test_varlen_forward_takes_any_strides():
     """A (total, H, D) view of (H, total, D) storage, and a head dim stored with stride 2."""
     q, k, v, cu_q, cu_k = packed((12, 20), (12, 20), seed=3)

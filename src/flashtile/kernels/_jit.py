@@ -313,8 +313,8 @@ def soft_cap(u, unit, softcap):
 
 # --8<-- [start:varlen_program]
 @triton.jit
-def varlen_program(CU_Q, CU_K, doc, alignment, left, right, BLOCK: tl.constexpr, OWN_KEYS: tl.constexpr,
-                   HEAVY_TILE_LAST: tl.constexpr):  # fmt: skip
+def varlen_program(CU_Q, CU_K, doc, total_q, total_k, alignment, left, right, BLOCK: tl.constexpr,
+                   OWN_KEYS: tl.constexpr, HEAVY_TILE_LAST: tl.constexpr):  # fmt: skip
     """(tile, q_doc, k_doc, Tq, Tk, offset, band_lo, band_hi) of a program of packed documents: document
     ``doc`` owns queries CU_Q[doc] .. CU_Q[doc + 1] - 1 and keys CU_K[doc] .. CU_K[doc + 1] - 1, and is
     attended as a sequence of its own, with its own Tq, Tk, diagonal offset and band.
@@ -323,14 +323,17 @@ def varlen_program(CU_Q, CU_K, doc, alignment, left, right, BLOCK: tl.constexpr,
     (its key tile with OWN_KEYS, for the dK/dV kernel), -1 for a program past its document's tiles.
     HEAVY_TILE_LAST numbers the tiles from the document's own last one (the causal forward's and dQ's
     heaviest), so each document's heaviest tile takes program 0 and the idle programs come last.
-    ``alignment`` is 0 (upper_left) or 1 (lower_right): offset = alignment * (Tk - Tq). (left, right)
-    is the window, -1 unbounded, the right side already capped at 0 under causal by the launcher; the band
+    total_q and total_k are the packed tensors' token counts. ``alignment`` is 0 (upper_left) or 1
+    (lower_right): offset = alignment * (Tk - Tq). (left, right) is the window, -1 unbounded, the right side already capped at 0 under causal by the launcher; the band
     lo <= j - i <= hi is ``reference.masks.window_band``'s for this document's Tq and Tk.
     """
-    q_doc = tl.load(CU_Q + doc)
-    Tq = tl.load(CU_Q + doc + 1) - q_doc
-    k_doc = tl.load(CU_K + doc)
-    Tk = tl.load(CU_K + doc + 1) - k_doc
+    # The launcher checked cu_seqlens on the host; the clamps keep every read and write inside the packed
+    # tensors even for values it could not see (a write behind torch's back after the check): a document
+    # then runs on the tokens that exist, and nothing outside (total_q, total_k) is ever touched.
+    q_doc = tl.minimum(tl.maximum(tl.load(CU_Q + doc), 0), total_q)
+    Tq = tl.minimum(tl.maximum(tl.load(CU_Q + doc + 1), q_doc), total_q) - q_doc
+    k_doc = tl.minimum(tl.maximum(tl.load(CU_K + doc), 0), total_k)
+    Tk = tl.minimum(tl.maximum(tl.load(CU_K + doc + 1), k_doc), total_k) - k_doc
     if OWN_KEYS:
         n_tiles = tl.cdiv(Tk, BLOCK)
     else:

@@ -264,7 +264,7 @@ def backward_dkdv_kernel(
     k_index, plane, b = program_tile(chunk, HEAVY_TILE_LAST=False, HEAVIEST_FIRST=HEAVIEST_FIRST)
     if VARLEN:  # packed documents: this program's key tile of document b, the tensors moved to its first token
         k_index, q_doc, k_doc, Tq, Tk, offset, band_lo, band_hi = varlen_program(
-            CU_Q, CU_K, b, offset, band_lo, band_hi, BLOCK_K, OWN_KEYS=True, HEAVY_TILE_LAST=False)
+            CU_Q, CU_K, b, Tq, Tk, offset, band_lo, band_hi, BLOCK_K, OWN_KEYS=True, HEAVY_TILE_LAST=False)
         if k_index < 0:
             return
         Q += q_doc.to(tl.int64) * stride_qt
@@ -405,7 +405,7 @@ def backward_dq_kernel(
     q_index, h, b = program_tile(chunk, HEAVY_TILE_LAST=CAUSAL, HEAVIEST_FIRST=HEAVIEST_FIRST)
     if VARLEN:  # packed documents: this program's query tile of document b, the tensors moved to its first token
         q_index, q_doc, k_doc, Tq, Tk, offset, band_lo, band_hi = varlen_program(
-            CU_Q, CU_K, b, offset, band_lo, band_hi, BLOCK_Q, OWN_KEYS=False, HEAVY_TILE_LAST=CAUSAL)
+            CU_Q, CU_K, b, Tq, Tk, offset, band_lo, band_hi, BLOCK_Q, OWN_KEYS=False, HEAVY_TILE_LAST=CAUSAL)
         if q_index < 0:
             return
         Q += q_doc.to(tl.int64) * stride_qt

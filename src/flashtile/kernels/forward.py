@@ -185,7 +185,7 @@ def _forward_kernel(
     # --8<-- [start:varlen]
     if VARLEN:  # packed documents: the grid's third axis is the document, read from cu_seqlens (varlen_program)
         q_index, q_doc, k_doc, Tq, Tk, offset, band_lo, band_hi = varlen_program(
-            CU_Q, CU_K, b, offset, band_lo, band_hi, BLOCK_Q, OWN_KEYS=False, HEAVY_TILE_LAST=CAUSAL)
+            CU_Q, CU_K, b, Tq, Tk, offset, band_lo, band_hi, BLOCK_Q, OWN_KEYS=False, HEAVY_TILE_LAST=CAUSAL)
         if q_index < 0:  # past this document's query tiles (or a document without queries): nothing to do
             return
         q_start = q_index * BLOCK_Q
