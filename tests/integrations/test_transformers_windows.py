@@ -217,14 +217,17 @@ def test_a_block_mask_is_refused_not_ignored(name):
         ours(token_ids(1, T), attention_mask=block[None, None])
 
 
-def test_a_window_on_a_non_causal_layer_is_refused(name):
-    """transformers' bidirectional window is |i - j| <= W, not (W - 1, 0): not mapped, so refused."""
+def test_a_window_or_packed_rows_on_a_non_causal_layer_are_refused(name):
+    """transformers' bidirectional window is |i - j| <= W, not (W - 1, 0): not mapped, so refused; packed
+    documents would need a non-causal segment call, which the integration does not make."""
     layer = torch.nn.Module()
     layer.is_causal = False
     q, k, v = torch.randn(3, 1, 4, 8, 16)
     with pytest.raises(ValueError, match="causal layers only"):
         integration.flashtile_attention_forward(layer, q, k, v, None, sliding_window=4)
     integration.flashtile_attention_forward(layer, q, k, v, None, sliding_window=8)  # cuts nothing: runs
+    with pytest.raises(ValueError, match="packed rows on causal layers only"):  # nor packed documents
+        integration.flashtile_attention_forward(layer, q, k, v, None, position_ids=torch.tensor([[0, 1, 2, 0] * 2]))
 
 
 @pytest.mark.gpu

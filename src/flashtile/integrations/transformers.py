@@ -44,6 +44,7 @@ unpadded, unpacked batch is a single call without host reads.
 
 from __future__ import annotations
 
+import numbers
 from typing import NamedTuple
 
 import torch
@@ -125,6 +126,8 @@ def flashtile_attention_forward(
     layer = dict(scale=scaling, window=layer_window(kwargs.get("sliding_window"), causal, Tk),
                  softcap=kwargs.get("softcap"), enable_gqa=query.shape[1] != key.shape[1])  # fmt: skip
     documents = document_starts(query, key, kwargs)  # packed rows: (B, Tq) True where a document starts
+    if documents is not None and not causal:
+        raise ValueError("flashtile supports packed rows on causal layers only; use attn_implementation='sdpa'")
     if attention_mask is not None or documents is not None:  # padding, packing, a window, or a cache's offset
         plan = segment_plan(attention_mask, documents, query, key, layer["window"], causal)
         return run_segments(query, key, value, plan, **layer), None
@@ -164,7 +167,7 @@ def layer_window(sliding_window, causal: bool, Tk: int) -> tuple[int, int] | Non
     """
     if sliding_window is None:
         return None
-    if isinstance(sliding_window, bool) or not isinstance(sliding_window, int) or sliding_window < 1:
+    if isinstance(sliding_window, bool) or not isinstance(sliding_window, numbers.Integral) or sliding_window < 1:
         raise ValueError(f"sliding_window must be a positive int (keys in the window, the query's own included), "
                          f"got {sliding_window!r}")  # fmt: skip
     if Tk <= sliding_window:
@@ -199,6 +202,8 @@ def document_starts(query: torch.Tensor, key: torch.Tensor, kwargs: dict) -> tor
         return None
     cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
     if cu_q is not None:
+        if not isinstance(cu_q, torch.Tensor):
+            raise TypeError(f"cu_seq_lens_q must be a 1-D integer tensor, got {type(cu_q).__name__}")
         return remembered(cu_q, "_flashtile_starts", lambda: starts_from_cu_seqlens(cu_q, cu_k, B, Tq))
     positions = kwargs.get("position_ids")
     if not isinstance(positions, torch.Tensor) or positions.dim() != 2 or positions.shape[-1] != Tq:
