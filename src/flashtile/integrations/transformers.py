@@ -325,13 +325,16 @@ def mask_segments(mask, query, key, window):
     j = torch.arange(Tk, device=allowed.device)
     seen = allowed.to(torch.uint8)
     lo = seen.argmax(dim=-1)  # (B, Tq): the first key each row may see
-    hi = Tk - 1 - seen.flip(-1).argmax(dim=-1)  # the last
     # the offset: Tk - Tq after a dynamic cache (and with none); a static cache has empty slots after the
-    # last token, whose row then sees key off + Tq - 1 last. A wrong offset can pass the rebuild by calling
-    # every row padding (a static cache's last slot is empty: "a padding row"), so of the offsets that pass,
-    # the one with the most real rows wins
+    # last token, whose last row then sees key off + Tq - 1 last. A wrong offset can pass the rebuild by
+    # calling every row padding (a static cache's last slot is empty: "a padding row"), so of the offsets
+    # that pass, the one with the most real rows wins
+    offsets = (0,)
+    if Tk > Tq:
+        last_seen = Tk - 1 - seen[:, -1].flip(-1).argmax(dim=-1)  # (B,): the last row's last key
+        offsets = (int(last_seen.max()) - (Tq - 1), Tk - Tq, 0)
     best = None
-    for off in dict.fromkeys((int(hi[:, -1].max()) - (Tq - 1), Tk - Tq, 0)):
+    for off in dict.fromkeys(offsets):
         if not 0 <= off <= Tk - Tq:
             continue
         p = i + off  # (Tq,): each row's own key position
