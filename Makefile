@@ -50,7 +50,27 @@ build: install
 # The browser comes first so that a machine without one stops before the long steps, not after.
 # The unit tests and the docs' claims share one pytest start; the site is built once, into site/, and
 # the site tests read that build (FLASHTILE_SITE_DIR), which is also what the Pages workflow deploys.
-test: install browser lint test-unit test-site
+# The two run side by side: the unit tests keep two workers busy, while the site's branch (the strict
+# build, then the browser, which mostly waits on page loads and MathJax) fills what they leave idle.
+# The site's output goes to artifacts/site-steps.log and is shown after the unit tests' own; the run
+# fails when either fails.
+# (SUBMAKE, not $(MAKE) written out: so that `make -n test` prints this recipe instead of running it.)
+SUBMAKE = $(MAKE) --no-print-directory
+SITE_LOG := artifacts/site-steps.log
+test: install browser lint
+	@mkdir -p artifacts
+	@echo "make test: unit tests and claims here; the site is built and tested alongside ($(SITE_LOG), shown after)"
+	@start=$$(date +%s); \
+	( $(SUBMAKE) test-site > $(SITE_LOG) 2>&1; \
+	  status=$$?; echo "site branch: $$(( $$(date +%s) - start )) s, exit status $$status" >> $(SITE_LOG); \
+	  exit $$status ) & site=$$!; \
+	$(SUBMAKE) test-unit; unit=$$?; \
+	echo "unit tests and claims: $$(( $$(date +%s) - start )) s, exit status $$unit"; \
+	wait $$site; site=$$?; \
+	echo "==== the site: strict build, then the site and browser tests ($(SITE_LOG)) ===="; \
+	cat $(SITE_LOG); \
+	echo "tests after the install: $$(( $$(date +%s) - start )) s"; \
+	[ $$unit -eq 0 ] && [ $$site -eq 0 ]
 
 # FLASHTILE_TEST_LONG=1: 300 examples per property test instead of 60 (the hypothesis profile of the
 # root conftest), and every parameter grid whole instead of its pairwise covering (tests/_grids.py).
@@ -60,8 +80,11 @@ test-long: test
 lint: install
 	$(VENV)/bin/ruff check src tests bench hooks conftest.py
 
+# The docs' claims first: some of them are the longest single items (a training run, a ring of two
+# processes), and pytest-xdist deals the first quarter of the items out in turn, so both workers get a
+# share of them at the start instead of one worker running the last of them while the other waits.
 test-unit: install
-	$(PY) -m pytest -n 2 -m "not site" --codeblocks tests docs
+	$(PY) -m pytest -n 2 -m "not site" --codeblocks docs tests
 
 test-docs: install
 	$(PY) -m pytest --codeblocks docs -q

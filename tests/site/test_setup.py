@@ -7,6 +7,7 @@ each test plays one kind of machine (root or not, Debian or Ubuntu) without touc
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -112,3 +113,28 @@ def test_make_test_checks_the_browser_before_the_long_steps():
     first_check = next(i for i, line in enumerate(lines) if "ruff check" in line or "pytest" in line)
     assert browser < first_check
     assert "-rA" not in proc.stdout  # passed claims' captured output (torch's logs) is not dumped
+
+
+@pytest.mark.parametrize(("unit", "site"), [(0, 0), (1, 0), (0, 2)], ids=["both-pass", "unit-fails", "site-fails"])
+def test_make_test_runs_the_site_beside_the_unit_tests_and_fails_when_either_fails(tmp_path, unit, site):
+    """The recipe of `make test` with its two branches played by a fake sub-make: both run whatever the
+    other does, the site's log is shown after the unit tests' output, and the exit status is non-zero
+    when either branch failed."""
+    fake = tmp_path / "fake-make"
+    fake.write_text('#!/bin/sh\ncase "$1" in\n'
+                    f'  test-unit) echo "unit output"; exit {unit};;\n'
+                    f'  test-site) sleep 0.5; echo "site output"; exit {site};;\n'
+                    '  *) echo "unexpected target $1"; exit 9;;\nesac\n')
+    fake.chmod(0o755)
+    log = tmp_path / "site-steps.log"
+    proc = subprocess.run(["make", "--no-print-directory", "-o", "install", "-o", "browser", "-o", "lint", "test",
+                           f"SUBMAKE={fake}", f"SITE_LOG={log}"],
+                          cwd=REPO, capture_output=True, text=True, timeout=60)
+    out = proc.stdout
+    assert "unexpected target" not in out + log.read_text()
+    assert "unit output" in out and "site output" in out, out
+    assert out.index("unit output") < out.index("site output")  # the site's log comes after the unit tests
+    assert re.search(rf"^unit tests and claims: \d+ s, exit status {unit}$", out, re.M), out
+    assert re.search(rf"^site branch: \d+ s, exit status {site}$", out, re.M), out
+    assert re.search(r"^tests after the install: \d+ s$", out, re.M), out
+    assert (proc.returncode == 0) == (unit == 0 and site == 0), (proc.returncode, out, proc.stderr)
