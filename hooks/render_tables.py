@@ -348,7 +348,7 @@ TABLES = {
     "backward-models": ("backward-models.json", backward_models_table,
                         "python -m flashtile.bench backward --set models"),
     "forward-d256": ("forward-d256.json", models_table, "python -m flashtile.bench forward --set d256"),
-    "backward-d256": ("backward-d256.json", backward_models_table, "python -m flashtile.bench backward --set d256"),
+    "backward-d256": ("backward-d256.json", backward_table, "python -m flashtile.bench backward --set d256"),
     "softmax": ("softmax.json", softmax_table, "python -m flashtile.bench softmax"),
     "decode": ("decode.json", decode_table, "python -m flashtile.bench decode"),
     "train-step": ("train_step.json", train_step_table, "python -m flashtile.bench.train_step"),
