@@ -9,10 +9,11 @@ nothing but their operands.
 Variants (``variant`` in the rows; the letters are issue 34's ablation list):
 
 * ``a_package``: the package's FP8 kernel as shipped; ``fp8_copy``: the probe's copy, every part on (its
-  output is compared with the package's, bit for bit or not, in ``copy_bit_equal``); ``old_pv_form``: the
-  copy with the PV sum as the first run (d89348c) timed it, acc passed into the dot with
-  ``max_num_imprecise_acc`` (the same sums; ptxas serialises every wgmma of that form, C7514; the package
-  now adds each tile's product outside the dot), also compared with the package bit for bit;
+  output is compared with the package's, bit for bit or not, in ``copy_bit_equal``); ``pv_outside_dot``: the
+  copy with each tile's PV product summed from zero and added to acc in float32 outside the dot, instead of
+  acc passed into the dot with ``max_num_imprecise_acc`` as the package does (the same sums; ptxas
+  serialises every wgmma of the package's form, C7514, not of this one, yet this one measured 9-16 % slower
+  in sweeps/fp8-forward-steps-pv-outside-dot.json), also compared with the package bit for bit;
 * ``b_qk_fp8_pv_bf16``: QKᵀ in E4M3, P and V in bf16; ``c_qk_bf16_pv_fp8``: QKᵀ in bf16, PV in E4M3;
 * ``d_cheap_exp``: both exp2 of the step (p and alpha) replaced by one multiply-add (numbers wrong,
   timing only), in E4M3 (``d_cheap_exp``) and in the twin (``bf16_cheap_exp``, issue 34's (f));
@@ -137,11 +138,12 @@ def ablation_step(acc, l, m, q, dq, k, v, dk, v_ratio, visible, BLOCK_Q: tl.cons
                   EXP: tl.constexpr, FLAGS: tl.constexpr):  # fmt: skip
     """The package's fold_fp8_key_tile after the loads, with switches. k (BLOCK_K, D); v (D, BLOCK_K) keys
     contiguous for PV8, else (BLOCK_K, D). SOFTMAX: 0 as shipped, 2 matmuls only. EXP: softmax_exp2's, and 2
-    for ex2.approx.f16x2 (P made in float16, then E4M3). FLAGS: bit 1, acc passed into the PV dot (summed in the
-    E4M3 dot's own accumulator over every key tile); bit 8, acc passed in with max_num_imprecise_acc (the form
-    the first run timed, which ptxas serialises); bit 2, no V ratios on P (V per
-    head or tensor: every ratio 1), 448 folded into exp2's shift, l summing 448 p; bit 4, k's factor one per
-    head (granularity "head" or "tensor"), folded into dq, no multiply of the scores."""
+    for ex2.approx.f16x2 (P made in float16, then E4M3). FLAGS: bit 1, the PV dot without max_num_imprecise_acc
+    (summed into acc in the E4M3 dot's own accumulator, over every key tile); bit 8, the tile's PV product from
+    zero, added to acc in float32 outside the dot (the same sums as the package's; ptxas does not serialise its
+    wgmmas); bit 2, no V ratios on P (V per head or tensor: every ratio 1), 448 folded into exp2's shift, l
+    summing 448 p; bit 4, k's factor one per head (granularity "head" or "tensor"), folded into dq, no multiply
+    of the scores."""
     t = tl.dot(q, tl.trans(k))  # (BLOCK_Q, BLOCK_K)
     if (FLAGS & 4) == 0:  # k's factor per key (with bit 4 it is one per head, folded into dq by the caller)
         t = t * dk[None, :]
@@ -149,7 +151,7 @@ def ablation_step(acc, l, m, q, dq, k, v, dk, v_ratio, visible, BLOCK_Q: tl.cons
         t = tl.where(visible, t, float("-inf"))
     if SOFTMAX == 2:  # matmuls only: the scores go straight to the PV operand (numbers wrong)
         if PV8:
-            acc = acc + tl.dot(t.to(tl.float8e4nv), tl.trans(v))
+            acc = tl.dot(t.to(tl.float8e4nv), tl.trans(v), acc, max_num_imprecise_acc=BLOCK_K)
         else:
             acc = tl.dot(t.to(v.dtype), v, acc)
         m_new = m
@@ -188,10 +190,10 @@ def softmax_and_pv(acc, l, m, t, dq, v, v_ratio, BLOCK_Q: tl.constexpr, BLOCK_K:
             p_op = p.to(v.dtype)
     if PV8 and FLAGS & 1:
         acc = tl.dot(p_op, tl.trans(v), acc * alpha[:, None])  # sm_90's default: every add in the E4M3 accumulator
-    elif PV8 and FLAGS & 8:  # the form shipped at d89348c: acc into the dot; ptxas serialises every wgmma (C7514)
-        acc = tl.dot(p_op, tl.trans(v), acc * alpha[:, None], max_num_imprecise_acc=BLOCK_K)
-    elif PV8:  # the package's: the tile's product from zero, added to acc in float32 outside the dot
+    elif PV8 and FLAGS & 8:  # the tile's product from zero, added outside the dot: no C7514, measured slower
         acc = acc * alpha[:, None] + tl.dot(p_op, tl.trans(v))
+    elif PV8:  # the package's: acc into the dot, added in float32 once a tile; ptxas serialises its wgmmas (C7514)
+        acc = tl.dot(p_op, tl.trans(v), acc * alpha[:, None], max_num_imprecise_acc=BLOCK_K)
     else:
         acc = tl.dot(p_op, v, acc * alpha[:, None])
     return acc, l, m_new
@@ -253,16 +255,16 @@ def key_loop_two(acc_a, l_a, m_a, acc_b, l_b, m_b, q_a, q_b, dq_a, dq_b, K, V, D
         alpha_a = tl.math.exp2(m_a - m_safe_a)
         p_a = tl.math.exp2(multiply_subtract(t_a, dq_a[:, None], m_safe_a[:, None], False))
         l_a = alpha_a * l_a + tl.sum(p_a, 1)
-        acc_a = acc_a * alpha_a[:, None] + tl.dot((p_a * (v_ratio[None, :] * P_SCALE_JIT)).to(tl.float8e4nv),
-                                                  tl.trans(v))  # fmt: skip
+        acc_a = tl.dot((p_a * (v_ratio[None, :] * P_SCALE_JIT)).to(tl.float8e4nv), tl.trans(v),
+                       acc_a * alpha_a[:, None], max_num_imprecise_acc=BLOCK_K)  # fmt: skip
         m_a = m_new_a
         m_new_b = tl.maximum(m_b, tl.max(t_b, 1) * dq_b)
         m_safe_b = tl.where(m_new_b == float("-inf"), 0.0, m_new_b)
         alpha_b = tl.math.exp2(m_b - m_safe_b)
         p_b = tl.math.exp2(multiply_subtract(t_b, dq_b[:, None], m_safe_b[:, None], False))
         l_b = alpha_b * l_b + tl.sum(p_b, 1)
-        acc_b = acc_b * alpha_b[:, None] + tl.dot((p_b * (v_ratio[None, :] * P_SCALE_JIT)).to(tl.float8e4nv),
-                                                  tl.trans(v))  # fmt: skip
+        acc_b = tl.dot((p_b * (v_ratio[None, :] * P_SCALE_JIT)).to(tl.float8e4nv), tl.trans(v),
+                       acc_b * alpha_b[:, None], max_num_imprecise_acc=BLOCK_K)  # fmt: skip
         m_b = m_new_b
     return acc_a, l_a, m_a, acc_b, l_b, m_b
 
@@ -386,7 +388,7 @@ VARIANTS = {
     "lever_two_subtiles": Variant(two=True),
     "lever_warp_specialize": Variant(ws=True),
     "lever_pv_imprecise": Variant(flags=1),
-    "old_pv_form": Variant(flags=8),  # the package kernel before 2026-12-02's PV change: what the first run timed
+    "pv_outside_dot": Variant(flags=8),  # the PV add outside the dot (adc541f's form, reverted): no C7514, slower
     "lever_no_ratio": Variant(flags=2),
     "lever_three": Variant(block_k=128, flags=3),  # the three that change no instruction mix's kind together
     "lever_head_factors": Variant(flags=6),  # q, k, v per head (or tensor): no multiply of the scores or of P
@@ -489,7 +491,7 @@ def interpret_check() -> None:
             o, lse = launch(name, inputs, causal, out_dtype=torch.float32)
             print(f"causal={causal} {name}: relative RMSE vs the package kernel {relative_rmse(o, o_package):.2e}, "
                   f"vs the emulation {relative_rmse(o, o_e):.2e} ({time.time() - start:.1f} s)")  # fmt: skip
-            if name in ("fp8_copy", "old_pv_form"):  # to float32 rounding: the copy's s - m rounds the product
+            if name in ("fp8_copy", "pv_outside_dot"):  # to float32 rounding: the copy's s - m rounds the product
                 assert relative_rmse(o, o_package) < 1e-6, "the probe's copy is not the package kernel"
             if name in ("lever_two_subtiles", "lever_poly_half", "lever_pv_imprecise", "lever_no_ratio",
                         "lever_maxnreg128", "lever_maxnreg128_no_ratio_pv_imprecise", "lever_head_factors",
@@ -599,7 +601,7 @@ def main(out: Path) -> None:
             extra = {}
             try:
                 o = launch(name, inputs, causal)[0]
-                if name in ("fp8_copy", "old_pv_form"):
+                if name in ("fp8_copy", "pv_outside_dot"):
                     extra["copy_bit_equal"] = bool(torch.equal(o, o_package))
                     torch.testing.assert_close(o, o_package, rtol=1e-2, atol=1e-3)
                 times[name] = median_ms(functools.partial(launch, name, inputs, causal), warmup=25, rep=100)

@@ -8,7 +8,12 @@ forward after its second H200 run; this probe times each one switched off, all e
 * ``fma``: the score scaled by k's factor only, the row max then times q's factor, and s - m one fused
   multiply-add, against s = raw (dq dk) and then s - m (one multiply a score more);
 * ``order``: under a causal mask each head's heaviest query tile first (``program_tile``), against
-  the plain order.
+  the plain order;
+* ``pv_acc_in_dot``: acc passed into the PV dot (``tl.dot(p8, v, acc * alpha, max_num_imprecise_acc=
+  BLOCK_K)``, the package's form), against the tile's product from zero added to acc outside the dot
+  (``acc * alpha + tl.dot(p8, v)``: the same sums; ptxas serialises the wgmmas of the first form, C7514,
+  not of the second, and the second measured 9-16 % slower). Its rows say whether its output equals the
+  package's bit for bit (``pv_outside_bit_equal``).
 
 Two more rows time the whole call: ``flashtile_fp8`` with V from ``quantize(..., keys_contiguous=True)``
 and factors from ``quantize`` (no host read, no copy: what a caller should do), and
@@ -52,8 +57,9 @@ METHOD = (
     "flashtile.bench.common.median_ms (triton.testing.do_bench median, warmup 50 ms, rep 200 ms); FLOPs "
     "4·B·H·Tq·Tk·D (x0.5 causal); flashtile_fp8_launch: the kernel's launch alone (factors and V ready), "
     "step_off names the step switched off (tiles: 64x64/4 warps/2 stages; fma: s = raw (dq dk) then s - m; "
-    "order: plain launch order), none = as shipped; flashtile_fp8: the whole call, V keys-contiguous and "
-    "factors from quantize; flashtile_fp8_copy: the same with row-major V (copied each call); "
+    "order: plain launch order; pv_acc_in_dot: acc * alpha + tl.dot(p8, v) outside the dot), none = as "
+    "shipped; flashtile_fp8: the whole call, V keys-contiguous and factors from quantize; flashtile_fp8_copy: "
+    "the same with row-major V (copied each call); "
     "flashtile_fp8_copy_sync: row-major V and factors made under inference_mode (read on the host each call); "
     "bf16 rows: N(0, 1) inputs"
 )
@@ -62,8 +68,9 @@ METHOD = (
 @triton.jit
 def fold_tile(acc, l, m, q, dq, K, V, DK, VR, stride_kt, stride_kd, stride_vt, stride_vd, i, d, k_start, Tk,
               offset, HEAD_DIM: tl.constexpr, BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr, MASKED: tl.constexpr,
-              FMA: tl.constexpr):  # fmt: skip
-    """The package's fold_fp8_key_tile, with FMA off: s = raw (dq dk), then exp2(s - m)."""
+              FMA: tl.constexpr, PV_OUTSIDE: tl.constexpr):  # fmt: skip
+    """The package's fold_fp8_key_tile, with FMA off: s = raw (dq dk), then exp2(s - m); with PV_OUTSIDE the
+    tile's PV product is added to acc outside the dot instead of through max_num_imprecise_acc."""
     j = k_start + tl.arange(0, BLOCK_K).to(tl.int64)
     kv_mask = (j[:, None] < Tk) & (d[None, :] < HEAD_DIM)
     k = tl.load(K + j[:, None] * stride_kt + d[None, :] * stride_kd, mask=kv_mask, other=0.0)
@@ -92,7 +99,10 @@ def fold_tile(acc, l, m, q, dq, K, V, DK, VR, stride_kt, stride_kd, stride_vt, s
         p = tl.math.exp2(t - m_safe[:, None])
     l = alpha * l + tl.sum(p, 1)
     p8 = (p * (v_ratio[None, :] * P_SCALE_JIT)).to(tl.float8e4nv)
-    acc = acc * alpha[:, None] + tl.dot(p8, tl.trans(v_t))  # as the package since the PV change (no C7514)
+    if PV_OUTSIDE:  # the same sums; no C7514 from ptxas, yet 9-16 % slower (fp8-forward-steps-pv-outside-dot.json)
+        acc = acc * alpha[:, None] + tl.dot(p8, tl.trans(v_t))
+    else:  # as the package: acc into the dot, summed in float32 once a tile
+        acc = tl.dot(p8, tl.trans(v_t), acc * alpha[:, None], max_num_imprecise_acc=BLOCK_K)
     return acc, l, m_new
 
 
@@ -104,8 +114,9 @@ def steps_kernel(
     H, H_kv, Tq, Tk, offset, qk_scale, chunk,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
     CAUSAL: tl.constexpr, HEAVIEST_FIRST: tl.constexpr, FMA: tl.constexpr, ORDER: tl.constexpr,
+    PV_OUTSIDE: tl.constexpr,
 ):  # fmt: skip
-    """The package's fp8_forward_kernel for τ > 0, with the steps FMA and ORDER as switches."""
+    """The package's fp8_forward_kernel for τ > 0, with the steps FMA and ORDER and the PV form as switches."""
     if ORDER:
         q_index, h, b = program_tile(chunk, HEAVY_TILE_LAST=CAUSAL, HEAVIEST_FIRST=HEAVIEST_FIRST)
     else:
@@ -134,10 +145,12 @@ def steps_kernel(
         n_full, n_visit = Tk // BLOCK_K, tl.cdiv(Tk, BLOCK_K)
     for k_index in range(0, n_full):
         acc, l, m = fold_tile(acc, l, m, q, dq, K, V, DK, VR, stride_kt, stride_kd, stride_vt, stride_vd, i, d,
-                              k_index * BLOCK_K, Tk, offset, HEAD_DIM, BLOCK_K, CAUSAL, False, FMA)  # fmt: skip
+                              k_index * BLOCK_K, Tk, offset, HEAD_DIM, BLOCK_K, CAUSAL, False, FMA,
+                              PV_OUTSIDE)  # fmt: skip
     for k_index in range(n_full, n_visit):
         acc, l, m = fold_tile(acc, l, m, q, dq, K, V, DK, VR, stride_kt, stride_kd, stride_vt, stride_vd, i, d,
-                              k_index * BLOCK_K, Tk, offset, HEAD_DIM, BLOCK_K, CAUSAL, True, FMA)  # fmt: skip
+                              k_index * BLOCK_K, Tk, offset, HEAD_DIM, BLOCK_K, CAUSAL, True, FMA,
+                              PV_OUTSIDE)  # fmt: skip
     o_scale = tl.load(VS + b * H_kv + h_kv) / P_SCALE_JIT
     empty = l == 0.0
     l_safe = tl.where(empty, 1.0, l)
@@ -187,9 +200,12 @@ def main(out: Path) -> None:
         ready = (q8, k8, v8, dq, dk, v_ratio, v_scale, causal)
         shipped = fp8_config(D)
         o_package = launch(fp8_forward_kernel, *ready, **shipped)
-        o_steps = launch(steps_kernel, *ready, **shipped, FMA=True, ORDER=True)
+        o_steps = launch(steps_kernel, *ready, **shipped, FMA=True, ORDER=True, PV_OUTSIDE=False)
         copy_is_exact = torch.equal(o_package, o_steps)  # the probe's copy with every step on: the same bits?
         torch.testing.assert_close(o_steps, o_package, rtol=1e-2, atol=1e-3)  # at the least the same answer
+        o_outside = launch(steps_kernel, *ready, **shipped, FMA=True, ORDER=True, PV_OUTSIDE=True)
+        outside_is_exact = torch.equal(o_package, o_outside)  # the other PV form: the same sums, the same bits?
+        torch.testing.assert_close(o_outside, o_package, rtol=1e-2, atol=1e-3)
         # a sanity check against the float64 emulation on a slice (relative RMSE: the emulation is about 5e-2 off
         # float64 attention of the unquantised inputs, the kernel about a tenth of that off the emulation)
         small = (slice(0, 1), slice(0, 2), slice(0, 1024))
@@ -200,14 +216,16 @@ def main(out: Path) -> None:
         assert agreement < 2e-2, f"the kernel is {agreement:.2e} (relative RMSE) from the emulation at {shape}"
         variants = {"none": (fp8_forward_kernel, shipped, {}),
                     "tiles": (fp8_forward_kernel, FIRST_TILES, {}),
-                    "fma": (steps_kernel, shipped, dict(FMA=False, ORDER=True))}  # fmt: skip
+                    "fma": (steps_kernel, shipped, dict(FMA=False, ORDER=True, PV_OUTSIDE=False)),
+                    "pv_acc_in_dot": (steps_kernel, shipped, dict(FMA=True, ORDER=True, PV_OUTSIDE=True))}  # fmt: skip
         if causal:
-            variants["order"] = (steps_kernel, shipped, dict(FMA=True, ORDER=False))
+            variants["order"] = (steps_kernel, shipped, dict(FMA=True, ORDER=False, PV_OUTSIDE=False))
         for step_off, (kernel, settings, switches) in variants.items():
             ms = median_ms(functools.partial(launch, kernel, *ready, **settings, **switches))
+            extra = dict(pv_outside_bit_equal=outside_is_exact) if step_off == "pv_acc_in_dot" else {}
             rows.append(row("flashtile_fp8_launch", shape, ms, step_off=step_off, block_q=settings["block_q"],
                             block_k=64, num_warps=settings["num_warps"], num_stages=settings["num_stages"],
-                            probe_copy_bit_equal=copy_is_exact))  # fmt: skip
+                            probe_copy_bit_equal=copy_is_exact, **extra))  # fmt: skip
         rows.append(row("flashtile_fp8", shape, median_ms(functools.partial(fp8_forward, q8, k8, v8, dq, dk, dv,
                                                                              causal)), rel_rmse_vs_emulation=agreement))
         v8_rows = v8.contiguous()  # row-major: the call copies it to keys-contiguous, every call

@@ -6,8 +6,8 @@ names in the same order; what changes from ``kernels/textbook.py`` is only what 
 * q, k and v are float8_e4m3fn codes, and both ``tl.dot`` take E4M3 operands. On sm_90 an E4M3 dot sums
   in the tensor core's own accumulator, which keeps fewer bits than float32 (Triton's default there lets
   every add of a dot run imprecise): the raw dot of QKᵀ is summed that way, the PV product of each tile
-  too, but the running acc is added to in float32, once a tile, outside the dot (inside it, through
-  ``max_num_imprecise_acc``, ptxas serialises every wgmma);
+  too, but the running acc is added to in float32, once a tile (``max_num_imprecise_acc``; ptxas
+  serialises the wgmmas of that form, C7514, yet it measured faster than the add written outside the dot);
 * V is read with its keys contiguous, the layout an E4M3 dot needs for its second operand (the reduced
   dimension contiguous): ``quantize(v, ..., keys_contiguous=True)`` returns it so; the launcher copies a
   V that is not laid out so, on every call;
@@ -88,11 +88,11 @@ def fold_fp8_key_tile(acc, l, m, q, dq, K, V, DK, VR, stride_kt, stride_kd, stri
     p = tl.math.exp2(multiply_subtract(t, dq[:, None], m_safe[:, None], INTERPRETED))  # exp2(s - m), in [0, 1]
     l = alpha * l + tl.sum(p, 1)  # the normaliser sums the unrounded p
     p8 = (p * (v_ratio[None, :] * P_SCALE_JIT)).to(tl.float8e4nv)  # P rounded to E4M3, V's factors on it
-    # the tile's product is summed in the E4M3 dot's own accumulator (fewer bits than float32 on sm_90) from zero,
-    # then added to acc in float32 by hand: acc runs over every key tile. Passing acc into the dot with
-    # max_num_imprecise_acc=BLOCK_K computes the same, but its float32 add reads the accumulator of a wgmma in
-    # flight, and ptxas then serialises every wgmma of the kernel (C7514; tests/kernels/test_fp8_forward.py)
-    acc = acc * alpha[:, None] + tl.dot(p8, tl.trans(v_t))  # (BLOCK_Q, D_PAD)
+    # max_num_imprecise_acc: the tile's product is summed in the E4M3 dot's own accumulator, then added to acc
+    # in float32 (on sm_90 that accumulator keeps fewer bits than float32; acc runs over every key tile).
+    # ptxas serialises the wgmmas of this form (C7514); `acc * alpha + tl.dot(p8, v)` computes the same sums
+    # without the note and measured 9-16 % slower on the H200 (bench/PERF_LOG.md): this form is kept
+    acc = tl.dot(p8, tl.trans(v_t), acc * alpha[:, None], max_num_imprecise_acc=BLOCK_K)  # (BLOCK_Q, D_PAD)
     return acc, l, m_new
 # --8<-- [end:fp8-key-step]
 
