@@ -188,6 +188,23 @@ def overhead_table(result: dict) -> list[str]:
     return lines
 
 
+DECODE_ENTRY_POINTS = {"flashtile_decode": "`flashtile.decode_attention`", "sdpa": "SDPA (`enable_gqa=True`)",
+                       "flashtile_decode_launcher": "`kernels.decode.flash_decode` (returns lse too)",
+                       "flashtile": "`flashtile.attention`, routed to the decode kernels"}  # fmt: skip
+
+
+def overhead_decode_table(result: dict) -> list[str]:
+    """Host time of one decode step per entry point, µs a call, and its ratio to SDPA's (rounded as the page's
+    claims round it: from the µs columns)."""
+    rows = result["rows"]
+    (sdpa,) = (r["us_per_call"] for r in rows if r["provider"] == "sdpa")
+    lines = [_line(["entry point", "µs per call", "/ SDPA"]), _line(["---"] * 3)]
+    for r in rows:  # in file order
+        name = DECODE_ENTRY_POINTS.get(r["provider"], f"`{r['provider']}`")
+        lines.append(_line([name, f"{r['us_per_call']:.1f}", f"{r['us_per_call'] / sdpa:.2f}"]))
+    return lines
+
+
 BACKWARD_OPTIONS = {  # other flashtile providers: (column, ratio column); each appears once a run has measured it
     "flashtile_atomic_dq": ("flashtile, atomic dQ", "atomic dQ / cuDNN"),
     "flashtile_pointers": ("flashtile, pointer loads", "pointers / cuDNN"),
@@ -344,6 +361,7 @@ TABLES = {
     "forward-models": ("forward-models.json", models_table, "python -m flashtile.bench forward --set models"),
     "forward-scaleup": ("forward-scaleup.json", scaleup_table, "python -m flashtile.bench forward --set scaleup"),
     "overhead": ("overhead.json", overhead_table, "python -m flashtile.bench overhead"),
+    "overhead-decode": ("overhead-decode.json", overhead_decode_table, "python -m flashtile.bench overhead --decode"),
     "backward": ("backward.json", backward_table, "python -m flashtile.bench backward --set main"),
     "backward-models": ("backward-models.json", backward_models_table,
                         "python -m flashtile.bench backward --set models"),

@@ -46,7 +46,7 @@ def test_results_carry_provenance_and_every_provider(name):
         assert providers >= {"flashtile", "flex", "sdpa_cudnn"}
         assert all(row["mask"] == "causal" for row in result["rows"] if row["provider"] == "sdpa_cudnn")
         assert all(row["mask"].startswith("window:") for row in result["rows"] if row["provider"] != "sdpa_cudnn")
-    elif name in ("overhead", "train-step"):
+    elif name in ("overhead", "overhead-decode", "train-step"):
         assert providers >= {"flashtile", "sdpa"}
     elif name.startswith("backward"):
         attention = set(render_tables.ATTENTION_PROVIDERS)
@@ -157,6 +157,16 @@ def test_the_overhead_table_lists_each_entry_point_in_both_modes():
             us_per_call=1162.1), dict(provider="flashtile_launcher", mode="fwd", us_per_call=89.5)]  # fmt: skip
     assert render_tables.overhead_table({"rows": rows})[2:] == ["| `flashtile` | 165.8 | 1162.1 |",
                                                          "| `flashtile_launcher` | 89.5 | — |"]  # fmt: skip
+
+
+def test_the_decode_overhead_table_names_each_entry_point_and_divides_by_sdpa():
+    rows = [dict(provider="flashtile_decode", mode="decode", us_per_call=30.0),
+            dict(provider="sdpa", mode="decode", us_per_call=24.0),
+            dict(provider="something_new", mode="decode", us_per_call=36.0)]  # fmt: skip
+    assert render_tables.overhead_decode_table({"rows": rows}) == [
+        "| entry point | µs per call | / SDPA |", "| --- | --- | --- |",
+        "| `flashtile.decode_attention` | 30.0 | 1.25 |", "| SDPA (`enable_gqa=True`) | 24.0 | 1.00 |",
+        "| `something_new` | 36.0 | 1.50 |"]  # fmt: skip
 
 
 def _rows(provider_ms: dict, pass_="forward", **shape_kw) -> list[dict]:
