@@ -42,10 +42,12 @@ def test_results_carry_provenance_and_every_provider(name):
         required = {"flashtile_split_k", "flashtile", "sdpa_cudnn", "sdpa_flash"}
         assert required <= providers <= {*required, "flashtile_split_k_pdl"}
         assert all(row.get("ms_graph") for row in result["rows"] if row["ms"] is not None)
-    elif name == "masks":  # a window's rows say their mask; cuDNN runs the full causal mask beside them
+    elif name == "masks":  # each case's rows say its mask (a window or packed documents); cuDNN runs full causal
         assert providers >= {"flashtile", "flex", "sdpa_cudnn"}
         assert all(row["mask"] == "causal" for row in result["rows"] if row["provider"] == "sdpa_cudnn")
-        assert all(row["mask"].startswith("window:") for row in result["rows"] if row["provider"] != "sdpa_cudnn")
+        masks = {row["mask"] for row in result["rows"] if row["provider"] != "sdpa_cudnn"}
+        assert masks and all(m.startswith(("window:", "documents:")) for m in masks)
+        assert all(row["mask"] == row["case"] for row in result["rows"] if row["provider"] != "sdpa_cudnn")
     elif name in ("overhead", "overhead-decode", "train-step"):
         assert providers >= {"flashtile", "sdpa"}
     elif name.startswith("backward"):
