@@ -72,6 +72,21 @@ def check_launch(num_warps, num_stages) -> tuple[int, int]:
     return num_warps, check_int("num_stages", num_stages)
 
 
+def launch_settings(config: dict, block_q=None, block_k=None, num_warps=None, num_stages=None):
+    """(block_q, block_k, num_warps, num_stages, own): a caller's overrides checked, the rest from ``config``
+    (a ``forward_config``-shaped dict), and whether the result is exactly the config's own settings (options
+    such as a register cap were measured with those settings only)."""
+    block_q = config["block_q"] if block_q is None else check_tile_size("block_q", block_q)
+    block_k = config["block_k"] if block_k is None else check_tile_size("block_k", block_k)
+    num_warps, num_stages = check_launch(
+        config["num_warps"] if num_warps is None else num_warps,
+        config["num_stages"] if num_stages is None else num_stages,
+    )
+    own = (block_q, block_k, num_warps, num_stages) == (
+        config["block_q"], config["block_k"], config["num_warps"], config["num_stages"])
+    return block_q, block_k, num_warps, num_stages, own
+
+
 def head_batch_grid(n_tiles: int, heads: int, batch: int) -> tuple[int, int, int]:
     """Grid (tiles, heads, batch): the tiles on the first axis (2**31 - 1 programs), heads and batch on
     the other two, each at most 65,535. The tiles of one head are launched together, as before."""

@@ -54,14 +54,13 @@ from ._host import (
     LOG2E,
     KernelLaunch,
     check_kernel_device,
-    check_launch,
-    check_tile_size,
     dot_precision,
     head_batch_grid,
     head_dim_pad,
     heaviest_first_chunk,
     kernel_mask,
     kernel_scale,
+    launch_settings,
     resident_programs,
     tile_descriptor,
     use_tma,
@@ -394,13 +393,8 @@ def make_forward_plan(q, k, v, causal, scale, alignment, block_q, block_k, num_w
     strides = use_tma(config["tma"] if tma is None else tma, q, k, v)
     if strides is None and config["tma"] == "auto":  # settings measured with descriptors, which this call lacks
         config = forward_config(shape.D, q.dtype, q.device.type == "cpu", causal, length_class, tma=False)
-    block_q = config["block_q"] if block_q is None else check_tile_size("block_q", block_q)
-    block_k = config["block_k"] if block_k is None else check_tile_size("block_k", block_k)
-    num_warps, num_stages = check_launch(
-        config["num_warps"] if num_warps is None else num_warps,
-        config["num_stages"] if num_stages is None else num_stages,
-    )
-    own_settings = (block_q, block_k, num_warps, num_stages) == tuple(config[name] for name in LAUNCH_SETTINGS)
+    block_q, block_k, num_warps, num_stages, own_settings = launch_settings(config, block_q, block_k, num_warps,
+                                                                            num_stages)  # fmt: skip
     B, H, H_kv, Tq, Tk, D = shape
     units = kernel_scale(scale)
     offset = diagonal_offset(Tq, Tk, alignment)
@@ -549,13 +543,8 @@ def flash_attention_varlen(
     check_kernel_device("q", q)
     causal_mask, banded, left, right = varlen_mask(causal, window)
     config = varlen_forward_config(D, q.dtype, q.device.type == "cpu", causal_mask, max_q)
-    block_q = config["block_q"] if block_q is None else check_tile_size("block_q", block_q)
-    block_k = config["block_k"] if block_k is None else check_tile_size("block_k", block_k)
-    num_warps, num_stages = check_launch(
-        config["num_warps"] if num_warps is None else num_warps,
-        config["num_stages"] if num_stages is None else num_stages,
-    )
-    own_settings = (block_q, block_k, num_warps, num_stages) == tuple(config[name] for name in LAUNCH_SETTINGS)
+    block_q, block_k, num_warps, num_stages, own_settings = launch_settings(config, block_q, block_k, num_warps,
+                                                                            num_stages)  # fmt: skip
     maxnreg = config.get("maxnreg") if own_settings else None
     units = kernel_scale(scale)
     qk_scale = units.qk_scale if softcap is None else LOG2E
