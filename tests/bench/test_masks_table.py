@@ -28,6 +28,77 @@ def test_rows_count_the_flops_of_the_pairs_their_mask_keeps(provider):
     assert bwd["tflops"] == round(2.5 * 4 * 2 * 8 * kept / 1e-3 / 1e12, 1)
 
 
+def fake_timer(fn, **kwargs) -> float:
+    """``median_ms`` on the CPU: one call, and 2 ms whatever it took."""
+    fn()
+    return 2.0
+
+
+def loop_case(W=5, T=24):
+    """A small float32 window case for ``measure_case``: shape, (q, k, v, do) and the float64 truth under the window."""
+    gen = torch.Generator().manual_seed(3)
+    q, k, v, do = (torch.randn(1, 2, T, 8, generator=gen) for _ in range(4))
+    s = dict(B=1, H=2, H_kv=2, Tq=T, Tk=T, D=8, causal=True, layout="bhtd", dtype="fp32")
+    truth, _ = masked_truth(q.double(), k.double(), v.double(), definition_mask(T, T, (W - 1, 0), True, "upper_left"))
+    return s, (q, k, v, do), truth.float()
+
+
+def loop_provider(name, W=5, T=24):
+    """The CPU's stand-ins: flashtile's reference tier, the window as a boolean SDPA mask for flex, and an SDPA
+    backend that is missing."""
+    import flashtile
+
+    if name == "flashtile":
+        return lambda q, k, v: flashtile.attention(q, k, v, is_causal=True, window=(W - 1, 0))
+    if name == "flex":
+        keep = definition_mask(T, T, (W - 1, 0), True, "upper_left")
+        return lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+    if name == "flashtile_causal":
+        return lambda q, k, v: flashtile.attention(q, k, v, is_causal=True)
+
+    def missing(q, k, v):
+        raise RuntimeError("No viable backend for scaled_dot_product_attention was found. more")
+
+    return missing
+
+
+def test_the_measuring_loop_checks_times_and_compares_every_provider(monkeypatch, capsys):
+    from flashtile.api import use_backend
+
+    monkeypatch.setattr(masks, "median_ms", fake_timer)
+    s, inputs, truth = loop_case()
+    row_of = lambda name, which, ms=None, error=None, **extra: masks.row(s, name, 5, which, ms, error, **extra)
+    with use_backend("reference"):
+        rows = masks.measure_case(masks.PROVIDERS, loop_provider, row_of, s, inputs, truth, "W=5 toy")
+    passes = [(n, p) for n in masks.PROVIDERS for p in ("forward", "backward")]
+    assert [(r["provider"], r["pass"]) for r in rows] == passes
+    by = {(r["provider"], r["pass"]): r for r in rows}
+    for name in ("flashtile", "flex", "flashtile_causal"):
+        assert by[name, "forward"]["ms"] == 2.0 and by[name, "forward"]["max_abs_error_vs_fp32"] < 1e-5
+        assert by[name, "backward"]["ms"] == 2.0
+    assert by["flashtile", "forward"]["mask"] == "window:4,0" and by["flashtile_causal", "forward"]["mask"] == "causal"
+    assert by["flashtile", "backward"]["max_abs_grad_diff_vs_flex"] < 1e-5
+    assert by["flex", "backward"]["max_abs_grad_diff_vs_flashtile"] < 1e-5
+    assert "max_abs_grad_diff_vs_sdpa_cudnn" not in by["flashtile_causal", "backward"]  # its partner has no gradients
+    for which in ("forward", "backward"):  # a provider that cannot run is a row with its reason, not a crash
+        assert by["sdpa_cudnn", which]["ms"] is None
+        assert by["sdpa_cudnn", which]["error"] == "No viable backend for scaled_dot_product_attention was found"
+    assert "flashtile_causal backward W=5 toy 2.000 ms" in capsys.readouterr().err
+
+
+def test_the_measuring_loop_never_times_a_wrong_answer_and_never_hides_a_flashtile_error(monkeypatch):
+    from flashtile.bench.providers import WrongAnswer
+
+    monkeypatch.setattr(masks, "median_ms", fake_timer)
+    s, inputs, truth = loop_case()
+    row_of = lambda name, which, ms=None, error=None, **extra: masks.row(s, name, 5, which, ms, error, **extra)
+    wrong = lambda name: lambda q, k, v: torch.zeros_like(q)
+    with pytest.raises(WrongAnswer, match="flex disagrees"):
+        masks.measure_case(["flex"], wrong, row_of, s, inputs, truth, "W=5 toy")
+    with pytest.raises(RuntimeError, match="No viable backend"):  # flashtile's own failures are never a row
+        masks.measure_case(["flashtile"], lambda name: loop_provider("sdpa_cudnn"), row_of, s, inputs, truth, "toy")
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA message")
 def test_the_mask_table_needs_cuda(tmp_path):
     with pytest.raises(SystemExit, match="need a CUDA device"):

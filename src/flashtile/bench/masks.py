@@ -118,49 +118,66 @@ def row(s: dict, name: str, W: int, which: str, ms=None, error=None, **extra) ->
     return dict(base, ms=round(ms, 4), tflops=round(flops / (ms * 1e-3) / 1e12, 1), **extra)
 
 
-def measure(T: int, W: int, names) -> list[dict]:
-    """Forward and backward rows for every provider at (T, W)."""
-    s = shape(1, 16, T, 128, True)
-    q, k, v = make_inputs(s)
-    do = torch.randn_like(q)
-    truths = {"window": window_truth(q, k, v, W)}
+def measure_case(names, provider, row_of, s: dict, inputs, truth, label: str) -> list[dict]:
+    """Forward and backward rows for every provider in ``names`` on one case, and their gradients compared.
+
+    ``provider(name)`` gives provider ``name``'s differentiable (q, k, v) -> o; ``row_of(name, pass, ms=None,
+    error=None, **extra)`` its schema row; ``s`` is the case's shape, ``inputs`` its (q, k, v, do) and ``truth``
+    the float32 output under the case's own mask, which the ``WINDOWED`` providers are checked against (the
+    others run full causal and are checked against ``reference_output``); ``label`` names the case on the
+    progress line and in a gradient mismatch."""
+    q, k, v, do = inputs
+    truths = {"mask": truth}
     if any(n not in WINDOWED for n in names):
         truths["causal"] = reference_output(q, k, v, True)
     rows, grads = [], {}
     for name in names:
         try:
-            fn = build(name, T, W, q.device)
+            fn = provider(name)
             with torch.no_grad():
                 o = fn(q, k, v)
-            err = check_output(name, o, truths["window" if name in WINDOWED else "causal"], s["dtype"])
+            err = check_output(name, o, truths["mask" if name in WINDOWED else "causal"], s["dtype"])
             with torch.no_grad():
                 ms = median_ms(lambda fn=fn: fn(q, k, v))
-            rows.append(row(s, name, W, "forward", ms, max_abs_error_vs_fp32=round(err, 5)))
+            rows.append(row_of(name, "forward", ms, max_abs_error_vs_fp32=round(err, 5)))
             leaves = [t.detach().requires_grad_() for t in (q, k, v)]
             o = fn(*leaves)
             o.backward(do, retain_graph=True)
             grads[name] = [t.grad.clone() for t in leaves]
             ms = median_ms(lambda o=o: o.backward(do, retain_graph=True), grad_to_none=leaves)
-            rows.append(row(s, name, W, "backward", ms))
+            rows.append(row_of(name, "backward", ms))
             del leaves, o, fn
         except (RuntimeError, torch.OutOfMemoryError) as exc:
             if name.startswith("flashtile") and not isinstance(exc, torch.OutOfMemoryError):
                 raise
-            rows.append(row(s, name, W, "forward", error=error_reason(exc)))
-            rows.append(row(s, name, W, "backward", error=error_reason(exc)))
+            rows.append(row_of(name, "forward", error=error_reason(exc)))
+            rows.append(row_of(name, "backward", error=error_reason(exc)))
             free_memory(q.device)
         for r in rows[-2:]:
             speed = "" if r["ms"] is None else f"{r['ms']:.3f} ms {r['tflops']:.1f} TFLOP/s"
-            print(f"{name:>17} {r['pass']:>8} W={W} {describe(s)} {speed or r['error'][:60]}", file=sys.stderr,
-                  flush=True)  # fmt: skip
+            print(f"{name:>17} {r['pass']:>8} {label} {speed or r['error'][:60]}", file=sys.stderr, flush=True)
     for a, b in (("flashtile", "flex"), ("flashtile_causal", "sdpa_cudnn")):  # one mask, two implementations
         if a in grads and b in grads:
             diff = max((x.float() - y.float()).abs().max().item() for x, y in zip(grads[a], grads[b]))
-            assert diff < GRAD_TOLERANCE, f"{a} and {b} gradients differ by {diff} at T={T}, W={W}"
+            assert diff < GRAD_TOLERANCE, f"{a} and {b} gradients differ by {diff} on {label}"
             for r in rows:
                 if r["pass"] == "backward" and r["provider"] in (a, b) and r["ms"] is not None:
                     r[f"max_abs_grad_diff_vs_{b if r['provider'] == a else a}"] = round(diff, 5)
     return rows
+
+
+def measure(T: int, W: int, names) -> list[dict]:
+    """Forward and backward rows for every provider at (T, W)."""
+    s = shape(1, 16, T, 128, True)
+    q, k, v = make_inputs(s)
+    do = torch.randn_like(q)
+
+    def window_row(name, which, ms=None, error=None, **extra):
+        return row(s, name, W, which, ms, error, **extra)
+
+    provider = lambda name: build(name, T, W, q.device)
+    truth = window_truth(q, k, v, W)
+    return measure_case(names, provider, window_row, s, (q, k, v, do), truth, f"W={W} {describe(s)}")
 
 
 # --- packed documents -----------------------------------------------------------------------------------------
@@ -261,44 +278,13 @@ def measure_documents(names, lengths=None) -> list[dict]:
     s = shape(1, 16, sum(lengths), 128, True)
     q, k, v = make_inputs(s)
     do = torch.randn_like(q)
-    truths = {"documents": documents_truth(q, k, v, lengths)}
-    if any(n not in WINDOWED for n in names):
-        truths["causal"] = reference_output(q, k, v, True)
-    rows, grads = [], {}
-    for name in names:
-        try:
-            fn = build_documents(name, lengths, q.device)
-            with torch.no_grad():
-                o = fn(q, k, v)
-            err = check_output(name, o, truths["documents" if name in WINDOWED else "causal"], s["dtype"])
-            with torch.no_grad():
-                ms = median_ms(lambda fn=fn: fn(q, k, v))
-            rows.append(documents_row(s, name, lengths, "forward", ms, max_abs_error_vs_fp32=round(err, 5)))
-            leaves = [t.detach().requires_grad_() for t in (q, k, v)]
-            o = fn(*leaves)
-            o.backward(do, retain_graph=True)
-            grads[name] = [t.grad.clone() for t in leaves]
-            ms = median_ms(lambda o=o: o.backward(do, retain_graph=True), grad_to_none=leaves)
-            rows.append(documents_row(s, name, lengths, "backward", ms))
-            del leaves, o, fn
-        except (RuntimeError, torch.OutOfMemoryError) as exc:
-            if name.startswith("flashtile") and not isinstance(exc, torch.OutOfMemoryError):
-                raise
-            rows.append(documents_row(s, name, lengths, "forward", error=error_reason(exc)))
-            rows.append(documents_row(s, name, lengths, "backward", error=error_reason(exc)))
-            free_memory(q.device)
-        for r in rows[-2:]:
-            speed = "" if r["ms"] is None else f"{r['ms']:.3f} ms {r['tflops']:.1f} TFLOP/s"
-            print(f"{name:>17} {r['pass']:>8} documents {lengths} {speed or r['error'][:60]}", file=sys.stderr,
-                  flush=True)  # fmt: skip
-    for a, b in (("flashtile", "flex"), ("flashtile_causal", "sdpa_cudnn")):
-        if a in grads and b in grads:
-            diff = max((x.float() - y.float()).abs().max().item() for x, y in zip(grads[a], grads[b]))
-            assert diff < GRAD_TOLERANCE, f"{a} and {b} gradients differ by {diff} on documents {lengths}"
-            for r in rows:
-                if r["pass"] == "backward" and r["provider"] in (a, b) and r["ms"] is not None:
-                    r[f"max_abs_grad_diff_vs_{b if r['provider'] == a else a}"] = round(diff, 5)
-    return rows
+
+    def document_row(name, which, ms=None, error=None, **extra):
+        return documents_row(s, name, lengths, which, ms, error, **extra)
+
+    provider = lambda name: build_documents(name, lengths, q.device)
+    truth = documents_truth(q, k, v, lengths)
+    return measure_case(names, provider, document_row, s, (q, k, v, do), truth, f"documents {lengths}")
 
 
 def parse_names(text: str, known, what: str) -> list[str]:
