@@ -84,3 +84,13 @@ def cache_argument(model) -> str:
 def token_ids(B: int, T: int, seed: int = 1) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed)
     return torch.randint(1, VOCAB, (B, T), generator=gen)
+
+
+def max_rel_grad_error(truth, ours) -> tuple[float, str]:
+    """(error, name): the largest max |ours' grad - truth's grad| / max |truth's grad| over the parameters, in
+    float64, and the parameter it is at; the two models' parameters are paired in order."""
+    worst = (0.0, "")
+    for (param_name, p), q in zip(truth.named_parameters(), ours.parameters()):
+        err = ((q.grad.double() - p.grad.double()).abs().max() / p.grad.abs().max().clamp_min(1e-30)).item()
+        worst = max(worst, (err, param_name))
+    return worst

@@ -14,7 +14,15 @@ import torch
 
 pytest.importorskip("transformers")
 
-from _hf_models import build, cache_argument, llama_config, qwen2_config, token_ids, twins  # noqa: E402
+from _hf_models import (  # noqa: E402
+    build,
+    cache_argument,
+    llama_config,
+    max_rel_grad_error,
+    qwen2_config,
+    token_ids,
+    twins,
+)
 from transformers import AttentionInterface  # noqa: E402
 from transformers.masking_utils import AttentionMaskInterface  # noqa: E402
 
@@ -33,14 +41,6 @@ GRAD_RTOL = 2e-4  # max |grad error| / max |grad|, per parameter
 @pytest.fixture(scope="module")
 def name():
     return register()
-
-
-def max_rel_grad_error(truth, ours) -> tuple[float, str]:
-    worst = (0.0, "")
-    for (param_name, p), q in zip(truth.named_parameters(), ours.parameters()):
-        err = ((q.grad.double() - p.grad).abs().max() / p.grad.abs().max().clamp_min(1e-30)).item()
-        worst = max(worst, (err, param_name))
-    return worst
 
 
 def test_register_returns_the_name_and_is_idempotent():

@@ -23,6 +23,7 @@ from _hf_models import (  # noqa: E402
     cache_argument,
     gemma2_config,
     llama_config,
+    max_rel_grad_error,
     mistral_config,
     qwen2_window_config,
     token_ids,
@@ -42,14 +43,6 @@ GREEDY = dict(do_sample=False, pad_token_id=0)
 @pytest.fixture(scope="module")
 def name():
     return register()
-
-
-def max_rel_grad_error(truth, ours) -> tuple[float, str]:
-    worst = (0.0, "")
-    for (param_name, p), q in zip(truth.named_parameters(), ours.parameters()):
-        err = ((q.grad.double() - p.grad.double()).abs().max() / p.grad.abs().max().clamp_min(1e-30)).item()
-        worst = max(worst, (err, param_name))
-    return worst
 
 
 def assert_step_matches(truth, ours, ids, **inputs):
