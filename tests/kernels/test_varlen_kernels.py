@@ -192,24 +192,29 @@ GPU_CASES = [  # (lengths, H, H_kv, D, mask): the first two are the masks benchm
 gpu_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
-@pytest.mark.gpu
-@gpu_only
-@pytest.mark.parametrize("case", range(len(GPU_CASES)))
-def test_varlen_forward_bf16_on_gpu(case):
+def each_gpu_case(test):
+    """``test(case)`` once for every entry of ``GPU_CASES``, marked gpu and skipped without a CUDA device."""
+    return pytest.mark.gpu(gpu_only(pytest.mark.parametrize("case", range(len(GPU_CASES)))(test)))
+
+
+def gpu_case(case: int):
+    """(lengths, mask, q, k, v, cu_q, cu_k): ``GPU_CASES[case]`` as packed bf16 tensors, seeded by ``case``."""
     lengths, H, H_kv, D, mask = GPU_CASES[case]
-    q, k, v, cu_q, cu_k = packed(lengths, lengths, H, H_kv, D, torch.bfloat16, seed=case)
+    return lengths, mask, *packed(lengths, lengths, H, H_kv, D, torch.bfloat16, seed=case)
+
+
+@each_gpu_case
+def test_varlen_forward_bf16_on_gpu(case):
+    lengths, mask, q, k, v, cu_q, cu_k = gpu_case(case)
     o, lse, _ = flash_attention_varlen(q, k, v, cu_q, cu_k, max(lengths), max(lengths), **mask_kwargs(mask))
     o_ref, lse_ref = varlen_truth_by_document(q, k, v, cu_q, cu_k, **mask_kwargs(mask))
     assert_close_to_truth(o.double(), o_ref, "o", **FORWARD_TOL[torch.bfloat16])
     assert_close_to_truth(lse.double(), lse_ref, "lse", **LSE_TOL[torch.bfloat16])
 
 
-@pytest.mark.gpu
-@gpu_only
-@pytest.mark.parametrize("case", range(len(GPU_CASES)))
+@each_gpu_case
 def test_varlen_backward_bf16_on_gpu_is_right_and_deterministic(case):
-    lengths, H, H_kv, D, mask = GPU_CASES[case]
-    q, k, v, cu_q, cu_k = packed(lengths, lengths, H, H_kv, D, torch.bfloat16, seed=case)
+    lengths, mask, q, k, v, cu_q, cu_k = gpu_case(case)
     do = torch.randn(q.shape, generator=torch.Generator().manual_seed(case)).to(device=DEVICE, dtype=q.dtype)
     args = (cu_q, cu_k, max(lengths), max(lengths))
     o, lse, stats = flash_attention_varlen(q, k, v, *args, **mask_kwargs(mask))
