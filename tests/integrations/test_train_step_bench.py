@@ -47,21 +47,14 @@ def test_padded_train_step_rows_carry_the_lengths_and_match_eager_on_the_real_to
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_padded_train_step_is_as_accurate_as_sdpa_on_the_gpu():
-    """Issue 36's case: B = 8, lengths 512 to 2048, bf16, against a float32 eager truth with the same mask."""
-    rows = {row["provider"]: row for row in train_step.measure(train_step.PADDED_SHAPE, check=True)}
+@pytest.mark.parametrize("case", ["main", "padded"])
+def test_train_step_is_as_accurate_as_sdpa_on_the_gpu(case):
+    """bf16 against a float32 eager truth with the same mask, for the benchmark model (main: B = 2, T = 2048) and
+    issue 36's padded case (B = 8, lengths 512 to 2048): flashtile's error may exceed SDPA's by at most 10 %."""
+    shape = {"main": train_step.MAIN_SHAPE, "padded": train_step.PADDED_SHAPE}[case]
+    rows = {row["provider"]: row for row in train_step.measure(shape, check=True)}
     ours, sdpa = rows["flashtile"], rows["sdpa"]
     assert ours["logits_max_abs_err"] <= 1.1 * sdpa["logits_max_abs_err"] + 1e-3
     assert ours["grad_rel_err"] <= 1.1 * sdpa["grad_rel_err"] + 1e-4
-    print(f"padded: sdpa_ms / flashtile_ms = {sdpa['ms'] / ours['ms']:.3f}")  # the target (>= 1.0) is a report
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_train_step_of_the_benchmark_model_is_as_accurate_as_sdpa_on_the_gpu():
-    rows = {row["provider"]: row for row in train_step.measure(train_step.MAIN_SHAPE, check=True)}
-    ours, sdpa = rows["flashtile"], rows["sdpa"]
-    # bf16 against a float32 eager truth: flashtile's error may not exceed SDPA's by more than 10 %
-    assert ours["logits_max_abs_err"] <= 1.1 * sdpa["logits_max_abs_err"] + 1e-3
-    assert ours["grad_rel_err"] <= 1.1 * sdpa["grad_rel_err"] + 1e-4
-    print(f"sdpa_ms / flashtile_ms = {sdpa['ms'] / ours['ms']:.3f}")  # the speed target (>= 0.9) is a report
+    # the speed targets (main >= 0.9, padded >= 1.0) are a report, not a test
+    print(f"{case}: sdpa_ms / flashtile_ms = {sdpa['ms'] / ours['ms']:.3f}")
