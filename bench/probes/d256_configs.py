@@ -13,7 +13,8 @@ flashtile; ``o.backward(do, retain_graph=True)`` for SDPA. Forward: ``flash_atte
 
     OUT=/some/folder PYTHONPATH=src python bench/probes/d256_configs.py
 
-``D256_ROUND=2`` searches around round 1's best (TMA on). Writes ``$OUT/d256-configs-round<N>.json``. A settings row that fails to compile (shared memory) records the error.
+``D256_ROUND=2`` searches around round 1's best (TMA on). Writes ``$OUT/d256-configs-round<N>.json``. A
+settings row that fails to compile (shared memory) records the error.
 """
 
 from __future__ import annotations
@@ -143,13 +144,14 @@ def main(out: Path) -> None:
         for name in ("sdpa_cudnn", "sdpa_flash"):
             run = build(name, s)
             with torch.no_grad():
-                ms_f = median_ms(lambda: run(q, k, v))
+                ms_f = median_ms(lambda run=run, q=q, k=k, v=v: run(q, k, v))
             leaves = [x.clone().requires_grad_() for x in (q, k, v)]
             o_s = run(*leaves)
-            ms_b = median_ms(lambda: o_s.backward(do, retain_graph=True), grad_to_none=leaves)
+            ms_b = median_ms(lambda o_s=o_s, do=do: o_s.backward(do, retain_graph=True), grad_to_none=leaves)
             for pass_, ms, mode in (("forward", ms_f, "fwd"), ("backward", ms_b, "bwd")):
+                fields = {key: s[key] for key in ("B", "H", "Tq", "D", "causal")}
                 rows.append({"pass": pass_, "provider": name, "stage": "shapes", "ms": ms,
-                             "tflops": attention_tflops(s, ms, mode), **{key: s[key] for key in ("B", "H", "Tq", "D", "causal")}})  # fmt: skip
+                             "tflops": attention_tflops(s, ms, mode), **fields})  # fmt: skip
             print(s["Tq"], s["causal"], name, rows[-2]["tflops"], rows[-1]["tflops"], flush=True)
         bwd_row(s, default_at(s), None, "shapes-package")
         bwd_row(s, best, False, "shapes-best")

@@ -5,10 +5,10 @@ kernels live in ``flashtile.kernels`` and the SDPA-shaped entry point is ``flash
 """
 
 from .api import attention
-from .varlen import attention_varlen
 from .decode import decode_attention
 from .reference import *  # noqa: F403  (the reference tier's __all__ is the public surface)
 from .reference import __all__ as _reference_all
+from .varlen import attention_varlen
 
 __version__ = "0.1.0"
 

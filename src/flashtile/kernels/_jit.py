@@ -324,8 +324,9 @@ def varlen_program(CU_Q, CU_K, doc, total_q, total_k, alignment, left, right, BL
     HEAVY_TILE_LAST numbers the tiles from the document's own last one (the causal forward's and dQ's
     heaviest), so each document's heaviest tile takes program 0 and the idle programs come last.
     total_q and total_k are the packed tensors' token counts. ``alignment`` is 0 (upper_left) or 1
-    (lower_right): offset = alignment * (Tk - Tq). (left, right) is the window, -1 unbounded, the right side already capped at 0 under causal by the launcher; the band
-    lo <= j - i <= hi is ``reference.masks.window_band``'s for this document's Tq and Tk.
+    (lower_right): offset = alignment * (Tk - Tq). (left, right) is the window, -1 unbounded, the right
+    side already capped at 0 under causal by the launcher; the band lo <= j - i <= hi is
+    ``reference.masks.window_band``'s for this document's Tq and Tk.
     """
     # The launcher checked cu_seqlens on the host; the clamps keep every read and write inside the packed
     # tensors even for values it could not see (a write behind torch's back after the check): a document
