@@ -83,8 +83,10 @@ lint: install
 # The docs' claims first: some of them are the longest single items (a training run, a ring of two
 # processes), and pytest-xdist deals the first quarter of the items out in turn, so both workers get a
 # share of them at the start instead of one worker running the last of them while the other waits.
+# --dist loadgroup: tests marked with one xdist_group run on one worker (the gloo ring's process groups are
+# started once, not once per worker); everything else is dealt out as with the default.
 test-unit: install
-	$(PY) -m pytest -n 2 -m "not site" --codeblocks docs tests
+	$(PY) -m pytest -n 2 --dist loadgroup -m "not site" --codeblocks docs tests
 
 test-docs: install
 	$(PY) -m pytest --codeblocks docs -q

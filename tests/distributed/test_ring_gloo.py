@@ -49,6 +49,11 @@ def inputs(case, world_size):
     return (*random_qkv(B, H, H_kv, T, D, seed=len(name) + world_size), is_causal, scale)
 
 
+# One worker takes every test of this file (make test runs pytest-xdist with --dist loadgroup): with the tests
+# dealt out to both workers, each would start both process groups of the module fixture below.
+pytestmark = pytest.mark.xdist_group("gloo-ring")
+
+
 @pytest.fixture(scope="module", params=[2, 3], ids=["world2", "world3"])
 def ring_results(request):
     """One process group per world size runs every scenario of this file that needs a healthy group."""
