@@ -98,15 +98,20 @@ def commit() -> str:
         return "unknown"
 
 
+def save_cpu_result(out: str, rows: list[dict], method: str) -> None:
+    """The rows as bench-schema JSON with a CPU provenance (no GPU: these probes run the float64 emulation)."""
+    provenance = dict(gpu=None, device="cpu", torch=torch.__version__, python=platform.python_version(),
+                      date_utc=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                      commit=commit(), method=method)  # fmt: skip
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(dict(provenance=provenance, rows=rows), indent=1) + "\n")
+
+
 def main(out: str) -> None:
     torch.set_num_threads(2)
     rows = [row for kind in ("normal", "outliers") for D in HEAD_DIMS for causal in (False, True) for seed in SEEDS
             for row in rows_for(kind, D, causal, seed)]  # fmt: skip
-    provenance = dict(gpu=None, device="cpu", torch=torch.__version__, python=platform.python_version(),
-                      date_utc=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                      commit=commit(), method=METHOD)  # fmt: skip
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
-    Path(out).write_text(json.dumps(dict(provenance=provenance, rows=rows), indent=1) + "\n")
+    save_cpu_result(out, rows, METHOD)
 
 
 if __name__ == "__main__":

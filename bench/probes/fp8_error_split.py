@@ -18,23 +18,16 @@ CPU only, float64 (about eight minutes on two cores):
 
 from __future__ import annotations
 
-import datetime
-import json
-import platform
-import subprocess
 import sys
-from pathlib import Path
 
 import torch
+from fp8_error import BLOCK, SEEDS, B, H, T, draw, rmse, save_cpu_result  # the first probe's inputs and output
 
 from flashtile.fp8 import hadamard_rotation, quantize
 from flashtile.reference.fp8 import E4M3_MAX, P_SCALE, fp8_attention_forward, to_e4m3
 from flashtile.reference.naive import naive_attention
 from flashtile.reference.online_softmax import safe_exp_diff
 
-B, H, T = 2, 4, 1024
-BLOCK = 64  # rows per factor with granularity "block", and the key tile
-SEEDS = (34, 35)
 # (granularity of q and k, of v, rotate q and k): the issue's baseline, its target setting, FlashAttention-3's
 # (v per head), and the rotation per tensor
 SETTINGS = (("tensor", "tensor", False), ("block", "block", True), ("block", "head", True), ("tensor", "tensor", True))
@@ -47,14 +40,6 @@ METHOD = (
     f"N(0, 1) with 0.1 % of entries redrawn from N(0, 10^2); B = {B}, H = H_kv = {H}, T = {T}, block = {BLOCK}, "
     f"block_k = {BLOCK}, seeds {SEEDS}"
 )
-
-
-def draw(kind: str, D: int, gen: torch.Generator) -> torch.Tensor:
-    x = torch.randn(B, H, T, D, generator=gen, dtype=torch.float64)
-    if kind == "outliers":
-        pick = torch.rand(B, H, T, D, generator=gen, dtype=torch.float64) < 1e-3
-        x = torch.where(pick, 10 * torch.randn(B, H, T, D, generator=gen, dtype=torch.float64), x)
-    return x
 
 
 def scaled(x: torch.Tensor, granularity: str, rotate: bool):
@@ -88,10 +73,6 @@ def emulation(q, k, v_codes, descale_v, causal, round_p):
     return acc * (v_scale[..., None] / E4M3_MAX) / l[..., None]
 
 
-def rmse(o, o_exact) -> float:
-    return (o - o_exact).pow(2).mean().sqrt().item()
-
-
 def rows_for(kind: str, D: int, causal: bool, seed: int) -> list[dict]:
     gen = torch.Generator().manual_seed(seed * 1000 + D + 2 * causal + (kind == "outliers"))
     q, k, v = (draw(kind, D, gen) for _ in range(3))
@@ -118,23 +99,11 @@ def rows_for(kind: str, D: int, causal: bool, seed: int) -> list[dict]:
     return rows
 
 
-def commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()  # fmt: skip
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def main(out: str) -> None:
     torch.set_num_threads(1)
     rows = [row for D in (64, 128) for causal in (False, True) for seed in SEEDS
             for row in rows_for("outliers", D, causal, seed)]  # fmt: skip
-    provenance = dict(gpu=None, device="cpu", torch=torch.__version__, python=platform.python_version(),
-                      date_utc=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                      commit=commit(), method=METHOD)  # fmt: skip
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
-    Path(out).write_text(json.dumps(dict(provenance=provenance, rows=rows), indent=1) + "\n")
+    save_cpu_result(out, rows, METHOD)
 
 
 if __name__ == "__main__":
