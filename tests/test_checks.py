@@ -139,3 +139,24 @@ def test_online_softmax_rejects_bad_block_and_empty_rows():
         online_softmax_stats(x[:, :0], 2)
     with pytest.raises(TypeError, match="x must be a torch.Tensor"):
         online_softmax_stats([1.0, 2.0], 2)
+
+
+def test_a_remembered_fact_lasts_until_its_tensor_is_written_to():
+    from flashtile._checks import _facts, recall_fact, remember_fact
+
+    x = torch.arange(6, dtype=torch.int32)
+    remember_fact("values", x, [0, 1, 2, 3, 4, 5])
+    assert recall_fact("values", x) == [0, 1, 2, 3, 4, 5]
+    assert recall_fact("checked", x, "none") == "none"  # each kind of fact on its own
+    assert recall_fact("values", x.clone()) is None  # another tensor with the same values
+    x[2:4].add_(1)  # an in-place write through a view advances the version count x shares
+    assert recall_fact("values", x) is None
+    with torch.inference_mode():
+        y = torch.ones(3)
+    remember_fact("values", y, [1.0, 1.0, 1.0])  # no version count to watch: not kept
+    assert recall_fact("values", y) is None
+    z = torch.zeros(2)
+    remember_fact("values", z, [0.0, 0.0])
+    key = id(z)
+    del z  # the fact leaves with its tensor, so a new tensor given the same id cannot inherit it
+    assert not any(k[1] == key for k in _facts)

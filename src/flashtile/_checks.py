@@ -466,30 +466,55 @@ def check_max_seqlen(name: str, value, longest: int) -> int:
     return value
 
 
-HOST_VALUES_KEPT = 64  # device tensors whose values host_values keeps; past that it starts over
-_host_values: dict[int, tuple] = {}  # id -> (weak reference, version, address, values)
+KEPT_FACTS = 256  # facts remember_fact keeps; past that it starts over
+_facts: dict[tuple, tuple] = {}  # (what, id) -> (weak reference, version, address, fact)
+
+
+def remember_fact(what: str, x: torch.Tensor, fact) -> None:
+    """Keep ``fact`` (something learned by reading x's values: the values themselves, or that they passed a
+    check) until x is written to. Reading a device tensor on the host waits for every kernel queued before
+    it, so a fact read once per tensor and write saves a wait per call.
+
+    ``recall_fact`` gives the fact back while it is the same tensor object (a weak reference: a new tensor at
+    a reused id never matches) with the same version count (advanced by every in-place write through PyTorch,
+    through any view of its memory) and address. Writes that bypass the version count (``.data``, a NumPy
+    view, a kernel of one's own) are not seen: whoever relies on a fact must stay safe when it is stale.
+    Tensors made under ``torch.inference_mode`` keep no version count: nothing is kept for them.
+    """
+    if x.is_inference():
+        return
+    key = (what, id(x))
+
+    def forget(ref, key=key):  # the tensor is gone; its id may be given to another one
+        if _facts.get(key, (None,))[0] is ref:
+            del _facts[key]
+
+    if len(_facts) >= KEPT_FACTS:
+        _facts.clear()
+    _facts[key] = (weakref.ref(x, forget), x._version, x.data_ptr(), fact)
+
+
+def recall_fact(what: str, x: torch.Tensor, default=None):
+    """The fact ``remember_fact(what, x, fact)`` kept, if x is unchanged since; ``default`` otherwise."""
+    entry = _facts.get((what, id(x)))
+    if entry is None or entry[0]() is not x or x.is_inference() or (x._version, x.data_ptr()) != entry[1:3]:
+        return default
+    return entry[3]
 
 
 def host_values(x: torch.Tensor) -> list:
-    """``x.tolist()``, read from the device once per unchanged tensor.
+    """``x.tolist()``, read from the device once per unchanged tensor (``remember_fact``).
 
-    Reading a CUDA tensor on the host waits for every kernel queued before it: called once per attention
-    layer on the same cu_seqlens, that would drain the GPU's queue at every layer. So the values of a device
-    tensor are kept, and given back while the same tensor object (a weak reference, so a new tensor at a
-    reused id never matches) has the same version counter (bumped by every in-place torch operation) and
-    address. A write that bypasses torch's version counter (``.data``, a raw kernel) is not seen: the
-    values, and so the checks, are then those of the first read; the varlen kernels clamp every document
-    to the packed tensors' tokens (``kernels._jit.varlen_program``), so such values can never make them
-    read or write outside the tensors. CPU tensors, and calls under
-    ``torch.compile``, read every time.
+    Called once per attention layer on the same cu_seqlens, a read every call would drain the GPU's queue
+    at every layer. Values written behind PyTorch's back are not seen: the checks are then those of the
+    first read; the varlen kernels clamp every document to the packed tensors' tokens
+    (``kernels._jit.varlen_program``), so such values can never make them read or write outside the tensors.
+    CPU tensors, and calls under ``torch.compile``, read every time.
     """
     if x.device.type == "cpu" or torch.compiler.is_compiling():
         return x.tolist()
-    entry = _host_values.get(id(x))
-    if entry is not None and entry[0]() is x and entry[1] == x._version and entry[2] == x.data_ptr():
-        return entry[3]
-    values = x.tolist()
-    if len(_host_values) >= HOST_VALUES_KEPT:
-        _host_values.clear()
-    _host_values[id(x)] = (weakref.ref(x), x._version, x.data_ptr(), values)
+    values = recall_fact("values", x)
+    if values is None:
+        values = x.tolist()
+        remember_fact("values", x, values)
     return values

@@ -27,8 +27,6 @@ The checks of the FP8 contract (E4M3 tensors and their factors) live here, below
 
 from __future__ import annotations
 
-import weakref
-
 import torch
 
 from .._checks import (
@@ -39,6 +37,8 @@ from .._checks import (
     check_causal,
     check_tensor,
     check_values_in_memory,
+    recall_fact,
+    remember_fact,
     resolve_neg_bits,
     resolve_scale,
 )
@@ -57,32 +57,17 @@ def to_e4m3(x: torch.Tensor) -> torch.Tensor:
     return x.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
 
 
-_CHECKED_FACTORS: dict[int, tuple[weakref.ref, int]] = {}  # id -> (the tensor, its version when its values passed)
-
-
 def vouch_for_factors(descale: torch.Tensor) -> None:
     """Record that descale's values are positive and finite as they stand (its maker knows, or a check just
-    read them), so that ``check_descale`` need not read them again until they are written to through
-    PyTorch (writes that bypass its version count, through ``.data``, a NumPy view or a kernel of one's own,
-    are not seen). Tensors made under ``torch.inference_mode`` keep no version count and are not recorded:
-    they are read on every call."""
-    if descale.is_inference():
-        return
-    key = id(descale)
-
-    def forget(ref, key=key):  # the tensor is gone; its id may be given to another one
-        if _CHECKED_FACTORS.get(key, (None,))[0] is ref:
-            del _CHECKED_FACTORS[key]
-
-    _CHECKED_FACTORS[key] = (weakref.ref(descale, forget), descale._version)
+    read them), so that ``check_descale`` need not read them again until they are written to
+    (``_checks.remember_fact``: writes through PyTorch are seen, writes behind its back are not; tensors
+    made under ``torch.inference_mode`` are read on every call)."""
+    remember_fact("positive finite factors", descale, True)
 
 
 def vouched_for(descale: torch.Tensor) -> bool:
-    """descale is the very tensor recorded by ``vouch_for_factors`` and has not been written to since (an
-    in-place write, through any view of its memory, advances the version count they share)."""
-    entry = _CHECKED_FACTORS.get(id(descale))
-    return entry is not None and entry[0]() is descale and not descale.is_inference() and (
-        descale._version == entry[1])  # fmt: skip
+    """descale is the very tensor recorded by ``vouch_for_factors`` and has not been written to since."""
+    return recall_fact("positive finite factors", descale, False)
 
 
 def check_descale(name: str, descale, x: torch.Tensor, x_name: str) -> torch.Tensor:
