@@ -17,8 +17,9 @@ Providers (``--providers``; the first three by default):
 
 ``--shapes documents`` measures the issue's packed case: 8 documents of 512-4096 tokens (``document_lengths``,
 a fixed seed, 16,384 tokens in all), causal within each, B = 1, H = 16, D = 128, bf16: ``flashtile`` is
-``flashtile.attention_varlen`` on the packed (16384, 16, 128) view of the same tensors (its checks read
-cu_seqlens on the host on every call, and that is timed too), ``flex`` the same document-causal block mask,
+``flashtile.attention_varlen`` on contiguous packed (16384, 16, 128) copies of the same values, the layout a
+packed model's projections produce and the function's own (its checks of cu_seqlens are timed too),
+``flex`` the same document-causal block mask on the (1, 16, 16384, 128) tensors, its own layout,
 and ``sdpa_cudnn`` full causal on the 16k row, the context. Those rows carry ``mask: "documents:8"`` and
 every row of a case its ``case`` (the window rows' is their window), so that a table tells the 16k window
 rows from the 16k document rows.
@@ -125,7 +126,9 @@ def measure_case(names, provider, row_of, s: dict, inputs, truth, label: str) ->
     error=None, **extra)`` its schema row; ``s`` is the case's shape, ``inputs`` its (q, k, v, do) and ``truth``
     the float32 output under the case's own mask, which the ``WINDOWED`` providers are checked against (the
     others run full causal and are checked against ``reference_output``); ``label`` names the case on the
-    progress line and in a gradient mismatch."""
+    progress line and in a gradient mismatch. A provider with a ``layout`` attribute, (to_own, from_own), runs
+    on the inputs moved into its own layout by ``to_own`` (outside the timing), and ``from_own`` brings its
+    output and gradients back for the checks."""
     q, k, v, do = inputs
     truths = {"mask": truth}
     if any(n not in WINDOWED for n in names):
@@ -134,19 +137,21 @@ def measure_case(names, provider, row_of, s: dict, inputs, truth, label: str) ->
     for name in names:
         try:
             fn = provider(name)
+            to_own, from_own = getattr(fn, "layout", (lambda x: x, lambda x: x))
+            own = [to_own(x) for x in (q, k, v, do)]  # the same values in the provider's own layout
             with torch.no_grad():
-                o = fn(q, k, v)
+                o = from_own(fn(*own[:3]))
             err = check_output(name, o, truths["mask" if name in WINDOWED else "causal"], s["dtype"])
             with torch.no_grad():
-                ms = median_ms(lambda fn=fn: fn(q, k, v))
+                ms = median_ms(lambda fn=fn, own=own: fn(*own[:3]))
             rows.append(row_of(name, "forward", ms, max_abs_error_vs_fp32=round(err, 5)))
-            leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+            leaves = [t.detach().requires_grad_() for t in own[:3]]
             o = fn(*leaves)
-            o.backward(do, retain_graph=True)
-            grads[name] = [t.grad.clone() for t in leaves]
-            ms = median_ms(lambda o=o: o.backward(do, retain_graph=True), grad_to_none=leaves)
+            o.backward(own[3], retain_graph=True)
+            grads[name] = [from_own(t.grad.clone()) for t in leaves]
+            ms = median_ms(lambda o=o, do=own[3]: o.backward(do, retain_graph=True), grad_to_none=leaves)
             rows.append(row_of(name, "backward", ms))
-            del leaves, o, fn
+            del leaves, o, fn, own
         except (RuntimeError, torch.OutOfMemoryError) as exc:
             if name.startswith("flashtile") and not isinstance(exc, torch.OutOfMemoryError):
                 raise
@@ -238,10 +243,10 @@ def build_documents(name: str, lengths, device):
         cu = cu_seqlens(lengths, device)
         longest = max(lengths)
 
-        def packed(q, k, v):  # (1, H, T, D) -> the (T, H, D) views attention_varlen takes, and back
-            views = [x[0].transpose(0, 1) for x in (q, k, v)]
-            return attention_varlen(*views, cu, cu, longest, longest, is_causal=True).transpose(0, 1)[None]
+        def packed(q, k, v):  # on contiguous (T, H, D) tensors, as a packed model holds them
+            return attention_varlen(q, k, v, cu, cu, longest, longest, is_causal=True)
 
+        packed.layout = (lambda x: x[0].transpose(0, 1).contiguous(), lambda x: x.transpose(0, 1)[None])
         return packed
     if name == "flex":
         return flex_documents(lengths, device)

@@ -491,14 +491,10 @@ def forward_with_plan(plan: ForwardPlan, q, k, v) -> tuple[torch.Tensor, torch.T
 def varlen_forward_config(head_dim: int, dtype: torch.dtype, interpreted: bool, causal: bool,
                           max_seqlen_q: int) -> dict:  # fmt: skip
     """The packed documents' launch settings: ``forward_config``'s for the pointer path at the longest document's
-    length class, except 128 x 64 tiles where it says 128 x 128 at D = 128 (16-bit): through pointers those
-    spill 100 bytes a thread on sm_90 with VARLEN (ptxas), 128 x 64 none. Chosen by the spill count, not yet
-    timed: ``bench/probes/varlen_configs.py`` times the alternatives on the H200."""
+    length class. On the benchmark's packed case (8 documents in 16k, D = 128, bf16) its 128 x 128 tiles ran
+    fastest of seven settings, 3.5 % ahead of 128 x 64 (bench/results/sweeps/varlen-configs.json)."""
     length_class = 512 if max_seqlen_q <= 512 else (1024 if max_seqlen_q <= 1024 else 4096)
-    config = forward_config(head_dim, dtype, interpreted, causal, length_class, tma=False)
-    if not interpreted and dtype != torch.float32 and head_dim_pad(head_dim) == 128 and config["block_k"] == 128:
-        config = dict(config, block_k=64)
-    return config
+    return forward_config(head_dim, dtype, interpreted, causal, length_class, tma=False)
 
 
 def flash_attention_varlen(
