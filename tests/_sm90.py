@@ -31,7 +31,7 @@ PRELUDE = textwrap.dedent(
 
     def with_defaults(fn, types, constexprs):
         # A parameter with a default that the caller leaves out takes it, as a launch that omits it does
-        # (the kernels' varlen switches: CU_Q=None, CU_K=None, VARLEN=False)
+        # (the kernels' varlen switches: CU_Q=None, CU_K=None, ORDER=None, VARLEN=False)
         params = inspect.signature(fn.fn).parameters
         defaults = {n: p.default for n, p in params.items() if p.default is not inspect.Parameter.empty
                     and n not in types and n not in constexprs}

@@ -269,3 +269,19 @@ def test_a_mask_written_in_place_is_read_again():
     mask[0, 0, :, :2] = False  # left padding of 2 in sequence 0
     again = integration.segment_plan(mask, None, q, q, None, True)
     assert again.whole is None and again.cu_seqlens_q.tolist() == [0, 4, 10]
+
+
+def test_every_layer_of_a_forward_shares_one_plan():
+    """The next layer's call with the same mask (or the same positions) gets the plan the first one made, the
+    very tensors: attention_varlen then reads its cu_seqlens on the host once, not once per layer."""
+    q = torch.randn(2, 4, 6, 8)
+    mask = torch.ones(2, 1, 6, 6, dtype=torch.bool).tril()
+    mask[1, 0, :, :3] = False  # left padding of 3 in sequence 1
+    plan = integration.segment_plan(mask, None, q, q, None, True)
+    assert integration.segment_plan(mask, None, q, q, None, True) is plan
+    positions = torch.tensor([[0, 1, 2, 0, 1, 2]])  # two packed documents of 3 tokens
+    found = [integration.document_starts(q, q, dict(position_ids=positions)) for _ in range(2)]
+    assert found[0] is found[1] and found[0].tolist() == [[True, False, False, True, False, False]] * 2
+    plan = integration.segment_plan(None, found[0], q, q, None, True)
+    assert integration.segment_plan(None, found[1], q, q, None, True) is plan
+    assert plan.cu_seqlens_q.tolist() == [0, 3, 6, 9, 12]

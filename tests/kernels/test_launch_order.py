@@ -1,4 +1,5 @@
-"""The causal launch order: ``_jit.program_tile`` renumbers programs, never changes what they compute.
+"""The launch orders: ``_jit.program_tile`` renumbers programs under causal, ``_host.document_order`` orders
+packed documents; neither changes what the programs compute.
 
 The numbering is checked against a plain-Python list of the launch order (the grid's first axis
 fastest); the kernels are checked to give the same bits with the heaviest tiles first or not, and the
@@ -14,10 +15,16 @@ from _truth import attention_truth
 from flashtile import _plans
 from flashtile._env import H200_SM_COUNT
 from flashtile.kernels import backward, forward
-from flashtile.kernels._host import HEAVIEST_FIRST_BYTES, HEAVIEST_FIRST_WAVES, heaviest_first_chunk, resident_programs
+from flashtile.kernels._host import (
+    HEAVIEST_FIRST_BYTES,
+    HEAVIEST_FIRST_WAVES,
+    document_order,
+    heaviest_first_chunk,
+    resident_programs,
+)
 from flashtile.kernels._jit import program_tile
-from flashtile.kernels.backward import flash_attention_backward
-from flashtile.kernels.forward import flash_attention
+from flashtile.kernels.backward import flash_attention_backward, flash_attention_varlen_backward
+from flashtile.kernels.forward import flash_attention, flash_attention_varlen
 
 from ._helpers import DEVICE, FORWARD_TOL, randn
 
@@ -124,3 +131,49 @@ def test_heaviest_first_gives_the_same_bits_and_the_float64_gradients(shape, mon
     for got, want in zip(results[1][2:], truth):
         torch.testing.assert_close(got.double().cpu(), want, atol=2e-2 if dtype == torch.float16 else 1e-4,
                                    rtol=2e-2 if dtype == torch.float16 else 1e-4)  # fmt: skip
+
+
+def _cu(lengths):
+    return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=DEVICE)
+
+
+@pytest.mark.parametrize("lengths_q, lengths_k", [((5, 40, 17, 40), (5, 40, 17, 40)), ((3, 0, 8, 4), (9, 6, 2, 6)),
+                                                  ((7,), (7,)), ((), ())])  # fmt: skip
+def test_document_order_puts_the_most_pairs_first_ties_in_packing_order(lengths_q, lengths_k):
+    want = sorted(range(len(lengths_q)), key=lambda d: -lengths_q[d] * lengths_k[d])  # sorted() is stable
+    order = document_order(_cu(lengths_q), _cu(lengths_k))
+    assert order.dtype == torch.int32 and order.device == _cu(()).device and order.tolist() == want
+
+
+def test_document_order_follows_a_write_to_either_cu_seqlens():
+    cu_q, cu_k = _cu((4, 9, 6)), _cu((4, 9, 6))
+    assert document_order(cu_q, cu_k).tolist() == [1, 2, 0]
+    cu_k[1:] = torch.tensor([12, 14, 16], dtype=torch.int32)  # key lengths 12, 2, 2: now document 0 has most pairs
+    assert document_order(cu_q, cu_k).tolist() == [0, 1, 2]
+    cu_q[1:] = torch.tensor([1, 2, 19], dtype=torch.int32)  # query lengths 1, 1, 17
+    assert document_order(cu_q, cu_k).tolist() == [2, 0, 1]
+    assert document_order(cu_q, _cu((20, 1, 1))).tolist() == [0, 2, 1]  # another key tensor: worked out again
+
+
+def test_the_document_order_changes_no_bit_of_the_varlen_kernels(monkeypatch):
+    """The same packed call with the documents launched in packing order and most pairs first (which differ
+    here): every output and gradient bit for bit."""
+    lengths = (5, 40, 17, 33)
+    dtype = torch.float16 if DEVICE == "cuda" else torch.float32
+    gen = torch.Generator().manual_seed(7)
+    q, k, v, do = (randn(sum(lengths), 2, 16, dtype=dtype, generator=gen) for _ in range(4))
+    cu = _cu(lengths)
+    assert document_order(cu, cu).tolist() == [1, 3, 2, 0]
+    results = []
+    for packing_order in (True, False):
+        with monkeypatch.context() as patch:
+            if packing_order:
+                plain = lambda cu_q, cu_k: torch.arange(cu_q.shape[0] - 1, dtype=torch.int32, device=cu_q.device)
+                patch.setattr(forward, "document_order", plain)
+                patch.setattr(backward, "document_order", plain)
+            o, lse, stats = flash_attention_varlen(q, k, v, cu, cu, 40, 40, True, block_q=16, block_k=16)
+            grads = flash_attention_varlen_backward(q, k, v, o, lse, do, cu, cu, 40, 40, True, block_q=16,
+                                                    block_k=16, stats=stats)  # fmt: skip
+        results.append((o, lse, stats, *grads))
+    for before, after in zip(*results):
+        assert torch.equal(before, after)

@@ -208,8 +208,11 @@ def document_starts(query: torch.Tensor, key: torch.Tensor, kwargs: dict) -> tor
     positions = kwargs.get("position_ids")
     if not isinstance(positions, torch.Tensor) or positions.dim() != 2 or positions.shape[-1] != Tq:
         return None
-    starts = remembered(positions, "_flashtile_starts", lambda: starts_from_positions(positions))
-    return None if starts is None else starts.expand(B, Tq)
+    def expanded():  # one (B, Tq) tensor for every layer: segment_plan keeps its plan on it
+        starts = starts_from_positions(positions)
+        return None if starts is None else starts.expand(B, Tq)
+
+    return remembered(positions, f"_flashtile_starts_{B}", expanded)
 
 
 def starts_from_positions(positions: torch.Tensor) -> torch.Tensor | None:
@@ -294,20 +297,26 @@ def segment_plan(mask, documents, query, key, window, causal: bool) -> Segments:
     real rows are in one segment when the second may see the first's key (and no document starts there);
     a segment's keys start at the first key its first row may see. The mask is then rebuilt from the segments,
     causal and windowed, and must equal the model's on every real row: padding rows come out as zeros.
+    Every layer of one forward gets the same mask (or document starts) tensor, so the plan is worked out in
+    the first layer and kept on that tensor: its host reads, and those of the varlen call's cu_seqlens, happen
+    once per forward and window, not once per layer.
     """
+    if mask is not None and not causal:
+        raise ValueError("flashtile supports masks on causal layers only; use attn_implementation='sdpa'")
+    find = lambda: find_segments(mask, documents, query, key, window)  # noqa: E731
+    if torch.compiler.is_compiling() or (mask is not None and documents is not None):
+        return find()  # no attributes on traced tensors; a mask with documents: two tensors, nowhere to keep it
+    return remembered(documents if mask is None else mask, f"_flashtile_plan_{window}", find)
+
+
+def find_segments(mask, documents, query, key, window) -> Segments:
     B, _, Tq, _ = query.shape
     Tk = key.shape[2]
     if mask is None:  # packed rows without a mask: every token real, off = 0 (document_starts needs Tq == Tk)
         real = torch.ones(B, Tq, dtype=torch.bool, device=query.device)
         starts, k0, off = documents.clone(), torch.arange(Tq, device=query.device).expand(B, Tq), 0
     else:
-        if not causal:
-            raise ValueError("flashtile supports masks on causal layers only; use attn_implementation='sdpa'")
-        if torch.compiler.is_compiling():  # no attributes on traced tensors
-            real, starts, k0, off = mask_segments(mask, query, key, window)
-        else:  # one reading per mask and window, shared by the layers that get this mask
-            found = lambda: mask_segments(mask, query, key, window)  # noqa: E731
-            real, starts, k0, off = remembered(mask, f"_flashtile_segments_{window}", found)
+        real, starts, k0, off = mask_segments(mask, query, key, window)
         if documents is not None and off == 0:  # documents the mask does not know of (a cache was in use)
             documents = documents & real
             starts = starts | documents

@@ -313,13 +313,15 @@ def soft_cap(u, unit, softcap):
 
 # --8<-- [start:varlen_program]
 @triton.jit
-def varlen_program(CU_Q, CU_K, doc, total_q, total_k, alignment, left, right, BLOCK: tl.constexpr,
+def varlen_program(CU_Q, CU_K, ORDER, b, total_q, total_k, alignment, left, right, BLOCK: tl.constexpr,
                    OWN_KEYS: tl.constexpr, HEAVY_TILE_LAST: tl.constexpr):  # fmt: skip
     """(tile, q_doc, k_doc, Tq, Tk, offset, band_lo, band_hi) of a program of packed documents: document
     ``doc`` owns queries CU_Q[doc] .. CU_Q[doc + 1] - 1 and keys CU_K[doc] .. CU_K[doc + 1] - 1, and is
     attended as a sequence of its own, with its own Tq, Tk, diagonal offset and band.
 
-    The grid is (tiles of the longest document, heads, documents): ``tile`` is this program's query tile
+    The grid is (tiles of the longest document, heads, documents); the program's third index b picks its
+    document from ORDER (``_host.document_order``: the documents with the most pairs launch first, so the
+    longest ones do not start last and leave a tail). ``tile`` is this program's query tile
     (its key tile with OWN_KEYS, for the dK/dV kernel), -1 for a program past its document's tiles.
     HEAVY_TILE_LAST numbers the tiles from the document's own last one (the causal forward's and dQ's
     heaviest), so each document's heaviest tile takes program 0 and the idle programs come last.
@@ -331,6 +333,7 @@ def varlen_program(CU_Q, CU_K, doc, total_q, total_k, alignment, left, right, BL
     # The launcher checked cu_seqlens on the host; the clamps keep every read and write inside the packed
     # tensors even for values it could not see (a write behind torch's back after the check): a document
     # then runs on the tokens that exist, and nothing outside (total_q, total_k) is ever touched.
+    doc = tl.load(ORDER + b)
     q_doc = tl.minimum(tl.maximum(tl.load(CU_Q + doc), 0), total_q)
     Tq = tl.minimum(tl.maximum(tl.load(CU_Q + doc + 1), q_doc), total_q) - q_doc
     k_doc = tl.minimum(tl.maximum(tl.load(CU_K + doc), 0), total_k)

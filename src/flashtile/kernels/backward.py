@@ -53,6 +53,7 @@ from ._host import (
     check_kernel_device,
     check_launch,
     check_tile_size,
+    document_order,
     dot_precision,
     head_batch_grid,
     head_dim_pad,
@@ -242,7 +243,7 @@ def backward_dkdv_kernel(
     HEAD_DIM_PAD: tl.constexpr, SIGN: tl.constexpr, DOT_PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr,
     WIDE: tl.constexpr, INTERPRETED: tl.constexpr, USE_TMA: tl.constexpr,
     SPLIT: tl.constexpr, HEAVIEST_FIRST: tl.constexpr, BAND: tl.constexpr, SOFTCAP: tl.constexpr,
-    CU_Q=None, CU_K=None, VARLEN: tl.constexpr = False,
+    CU_Q=None, CU_K=None, ORDER=None, VARLEN: tl.constexpr = False,
 ):  # fmt: skip
     """One program per (key tile, kv head, batch): dk, dv for that tile, summed over the group's heads.
     ROWS is (3, B, H, Tq) float32, planes n_rows = B * H * Tq apart: delta, m, log2 l of every query row,
@@ -264,7 +265,7 @@ def backward_dkdv_kernel(
     k_index, plane, b = program_tile(chunk, HEAVY_TILE_LAST=False, HEAVIEST_FIRST=HEAVIEST_FIRST)
     if VARLEN:  # packed documents: this program's key tile of document b, the tensors moved to its first token
         k_index, q_doc, k_doc, Tq, Tk, offset, band_lo, band_hi = varlen_program(
-            CU_Q, CU_K, b, Tq, Tk, offset, band_lo, band_hi, BLOCK_K, OWN_KEYS=True, HEAVY_TILE_LAST=False)
+            CU_Q, CU_K, ORDER, b, Tq, Tk, offset, band_lo, band_hi, BLOCK_K, OWN_KEYS=True, HEAVY_TILE_LAST=False)
         if k_index < 0:
             return
         Q += q_doc.to(tl.int64) * stride_qt
@@ -391,7 +392,7 @@ def backward_dq_kernel(
     CAUSAL: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr, SIGN: tl.constexpr, DOT_PRECISION: tl.constexpr, WIDE: tl.constexpr,
     USE_TMA: tl.constexpr, HEAVIEST_FIRST: tl.constexpr, BAND: tl.constexpr, SOFTCAP: tl.constexpr,
-    CU_Q=None, CU_K=None, VARLEN: tl.constexpr = False,
+    CU_Q=None, CU_K=None, ORDER=None, VARLEN: tl.constexpr = False,
 ):  # fmt: skip
     """One program per (query tile, head, batch): dq for that tile, a sum over its key tiles.
 
@@ -405,7 +406,7 @@ def backward_dq_kernel(
     q_index, h, b = program_tile(chunk, HEAVY_TILE_LAST=CAUSAL, HEAVIEST_FIRST=HEAVIEST_FIRST)
     if VARLEN:  # packed documents: this program's query tile of document b, the tensors moved to its first token
         q_index, q_doc, k_doc, Tq, Tk, offset, band_lo, band_hi = varlen_program(
-            CU_Q, CU_K, b, Tq, Tk, offset, band_lo, band_hi, BLOCK_Q, OWN_KEYS=False, HEAVY_TILE_LAST=CAUSAL)
+            CU_Q, CU_K, ORDER, b, Tq, Tk, offset, band_lo, band_hi, BLOCK_Q, OWN_KEYS=False, HEAVY_TILE_LAST=CAUSAL)
         if q_index < 0:
             return
         Q += q_doc.to(tl.int64) * stride_qt
@@ -646,7 +647,7 @@ def wide_offsets(rows: int, pad: int, *tensors: torch.Tensor) -> bool:
     return any(rows * x.stride(2) + pad * x.stride(3) >= 2**31 for x in tensors)
 
 
-NO_DOCUMENTS = dict(CU_Q=None, CU_K=None, VARLEN=False)  # the kernels' varlen switches off: compiled out
+NO_DOCUMENTS = dict(CU_Q=None, CU_K=None, ORDER=None, VARLEN=False)  # the kernels' varlen switches off: compiled out
 
 
 class BackwardPlan(NamedTuple):
@@ -910,7 +911,7 @@ def flash_attention_varlen_backward(
     common = dict(CAUSAL=causal_mask, HEAD_DIM=D, HEAD_DIM_PAD=pad, SIGN=units.sign,
                   DOT_PRECISION=precision, WIDE=wide_offsets(max(dkdv_q, dkdv_k, dq_q, dq_k), pad, *as_4d),
                   USE_TMA=False, HEAVIEST_FIRST=False, BAND=banded, SOFTCAP=softcap is not None, CU_Q=cu_seqlens_q,
-                  CU_K=cu_seqlens_k, VARLEN=True)  # fmt: skip
+                  CU_K=cu_seqlens_k, ORDER=document_order(cu_seqlens_q, cu_seqlens_k), VARLEN=True)  # fmt: skip
     sizes = (H, H_kv, total_q, total_k)
     alignment_flag = int(alignment == "lower_right")  # the kernels' offset under VARLEN: 0 or 1 (varlen_program)
     cap = 1.0 if softcap is None else softcap

@@ -54,6 +54,7 @@ from ._host import (
     LOG2E,
     KernelLaunch,
     check_kernel_device,
+    document_order,
     dot_precision,
     head_batch_grid,
     head_dim_pad,
@@ -170,7 +171,7 @@ def _forward_kernel(
     BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr, SIGN: tl.constexpr,
     USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr, INTERPRETED: tl.constexpr,
     HEAVIEST_FIRST: tl.constexpr, MASKED_TILES: tl.constexpr, BAND: tl.constexpr, SOFTCAP: tl.constexpr,
-    CU_Q=None, CU_K=None, VARLEN: tl.constexpr = False,
+    CU_Q=None, CU_K=None, ORDER=None, VARLEN: tl.constexpr = False,
 ):
     # --8<-- [start:program]
     # under causal, the longest query tiles (most key tiles) launch first, so the short ones fill the tail
@@ -184,7 +185,7 @@ def _forward_kernel(
     # --8<-- [start:varlen]
     if VARLEN:  # packed documents: the grid's third axis is the document, read from cu_seqlens (varlen_program)
         q_index, q_doc, k_doc, Tq, Tk, offset, band_lo, band_hi = varlen_program(
-            CU_Q, CU_K, b, Tq, Tk, offset, band_lo, band_hi, BLOCK_Q, OWN_KEYS=False, HEAVY_TILE_LAST=CAUSAL)
+            CU_Q, CU_K, ORDER, b, Tq, Tk, offset, band_lo, band_hi, BLOCK_Q, OWN_KEYS=False, HEAVY_TILE_LAST=CAUSAL)
         if q_index < 0:  # past this document's query tiles (or a document without queries): nothing to do
             return
         q_start = q_index * BLOCK_Q
@@ -421,7 +422,7 @@ def make_forward_plan(q, k, v, causal, scale, alignment, block_q, block_k, num_w
                             HEAVIEST_FIRST=chunk > 0,
                             MASKED_TILES=causal or Tk % block_k != 0, BAND=mask.banded,
                             SOFTCAP=softcap is not None,
-                            CU_Q=None, CU_K=None, VARLEN=False),  # None and False compile varlen out  # fmt: skip
+                            CU_Q=None, CU_K=None, ORDER=None, VARLEN=False),  # None, False: no varlen code  # fmt: skip
             num_warps=num_warps,
             num_stages=num_stages,
             maxnreg=maxnreg,
@@ -558,7 +559,7 @@ def flash_attention_varlen(
         HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D), BLOCK_Q=block_q, BLOCK_K=block_k, CAUSAL=causal_mask,
         SIGN=units.sign, USE_TMA=False, DOT_PRECISION=dot_precision(q.dtype), INTERPRETED=q.device.type == "cpu",
         HEAVIEST_FIRST=False, MASKED_TILES=True, BAND=banded, SOFTCAP=softcap is not None,
-        CU_Q=cu_seqlens_q, CU_K=cu_seqlens_k, VARLEN=True,
+        CU_Q=cu_seqlens_q, CU_K=cu_seqlens_k, ORDER=document_order(cu_seqlens_q, cu_seqlens_k), VARLEN=True,
         num_warps=num_warps, num_stages=num_stages, **({"maxnreg": maxnreg} if maxnreg else {}),
     )  # fmt: skip
     return o, row_stats[0], row_stats[1:]
