@@ -330,6 +330,8 @@ def train_step_table(result: dict) -> list[str]:
             for name in ("logits_max_abs_err", "grad_rel_err")
         ]
         model = f"{layers} layers, hidden {hidden}, {H} / {H_kv} heads, d = {D}"
+        if ours.get("lengths"):  # a padded batch: its sequences' lengths, padded to T
+            model += f", lengths {min(ours['lengths'])}-{max(ours['lengths'])} padded to T"
         lines.append(_line([f"{sdpa['ms'] / ours['ms']:.2f}", model, B, T, f"{ours['ms']:.2f}", f"{sdpa['ms']:.2f}",
                             *errors]))  # fmt: skip
     return lines
@@ -370,6 +372,7 @@ TABLES = {
     "softmax": ("softmax.json", softmax_table, "python -m flashtile.bench softmax"),
     "decode": ("decode.json", decode_table, "python -m flashtile.bench decode"),
     "train-step": ("train_step.json", train_step_table, "python -m flashtile.bench.train_step"),
+    "train-step-padded": ("train_step_padded.json", train_step_table, "python -m flashtile.bench.train_step --padded"),
     "masks": ("masks.json", masks_table, "python -m flashtile.bench masks"),
 }
 

@@ -48,7 +48,7 @@ def test_results_carry_provenance_and_every_provider(name):
         masks = {row["mask"] for row in result["rows"] if row["provider"] != "sdpa_cudnn"}
         assert masks and all(m.startswith(("window:", "documents:")) for m in masks)
         assert all(row["mask"] == row["case"] for row in result["rows"] if row["provider"] != "sdpa_cudnn")
-    elif name in ("overhead", "overhead-decode", "train-step"):
+    elif name in ("overhead", "overhead-decode", "train-step", "train-step-padded"):
         assert providers >= {"flashtile", "sdpa"}
     elif name.startswith("backward"):
         attention = set(render_tables.ATTENTION_PROVIDERS)
