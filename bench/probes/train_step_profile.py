@@ -1,12 +1,13 @@
-"""A measured probe, not part of the package: where the padded-batch train step spends its time.
+"""A measured probe, not part of the package: where the small model's train step spends its time.
 
 The train-step table's padded case (``bench.train_step.PADDED_SHAPE``: the 8-layer model, B = 8 sequences of
-512-2048 tokens right-padded to 2048, bf16) for flashtile and SDPA: the step's wall time in a plain loop
-(host and GPU together), the GPU's busy time in the same steps, and each kernel's GPU time per step from
+512-2048 tokens right-padded to 2048, bf16), or with ``main`` as a second argument its main case
+(``MAIN_SHAPE``: the same model at B = 2, T = 2048, no padding), for flashtile and SDPA: the step's wall time
+in a plain loop (host and GPU together), the GPU's busy time in the same steps, and each kernel's GPU time per step from
 torch.profiler (the 15 largest, names cut to 60 characters), summed into attention and everything else.
 A step whose wall time is well above its GPU time waits on the host (launches, reads of device values).
 
-``PYTHONPATH=src python bench/probes/train_step_padded_profile.py OUT.json`` on an H200 (about a minute).
+``PYTHONPATH=src python bench/probes/train_step_profile.py OUT.json [main]`` on an H200 (about a minute).
 """
 
 import collections
@@ -17,7 +18,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from flashtile.bench.common import save_result
-from flashtile.bench.train_step import PADDED_SHAPE, build, forward_backward, padding_mask, token_ids
+from flashtile.bench.train_step import MAIN_SHAPE, PADDED_SHAPE, build, forward_backward, padding_mask, token_ids
 from flashtile.integrations.transformers import register
 
 STEPS = 5
@@ -46,10 +47,10 @@ def profile_steps(model, ids, mask) -> dict:
                 top_kernels_ms={name: round(ms, 3) for name, ms in kernels.most_common(15)})  # fmt: skip
 
 
-def main(out: str) -> None:
-    shape = PADDED_SHAPE
+def main(out: str, which: str = "padded") -> None:
+    shape = MAIN_SHAPE if which == "main" else PADDED_SHAPE
     ids = token_ids(shape, "cuda")
-    mask, lengths = padding_mask(shape, "cuda")
+    mask, lengths = padding_mask(shape, "cuda") if which != "main" else (None, None)
     rows = []
     for provider, implementation in (("flashtile", register()), ("sdpa", "sdpa")):
         model = build(shape, implementation, "cuda", torch.bfloat16)
@@ -57,9 +58,9 @@ def main(out: str) -> None:
         print(rows[-1], file=sys.stderr, flush=True)
         del model
         torch.cuda.empty_cache()
-    save_result(out, rows, f"padded train step: wall time of {STEPS} steps in a loop, GPU time per kernel from "
+    save_result(out, rows, f"{which} train step: wall time of {STEPS} steps in a loop, GPU time per kernel from "
                 "torch.profiler over another 5 (ms per step)", shape=shape)  # fmt: skip
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:3])
