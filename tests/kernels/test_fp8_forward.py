@@ -25,8 +25,8 @@ from _grids import LONG
 from _sm90 import compile_in_fresh_process
 from _truth import attention_truth
 from flashtile.fp8 import GRANULARITIES, quantize
-from flashtile.kernels.fp8_forward import fp8_forward, keys_contiguous
-from flashtile.reference.fp8 import fp8_attention_forward
+from flashtile.kernels.fp8_forward import fp8_config, fp8_forward, keys_contiguous, one_per_head
+from flashtile.reference.fp8 import fp8_attention_forward, fp8_block_k
 
 ON_GPU = torch.cuda.is_available()
 gpu = [pytest.mark.gpu, pytest.mark.skipif(not ON_GPU, reason="needs a CUDA device")]
@@ -77,6 +77,77 @@ def test_kernel_equals_the_emulation_for_negative_and_vanishing_scales(scale):
     o_e, lse_e = fp8_attention_forward(*args, True, scale, 32, "lower_right")
     torch.testing.assert_close(lse.double(), lse_e, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(o.double(), o_e, rtol=1e-5, atol=1e-6)
+
+
+def per_head(B, H, T, values, gen):
+    """(B, H, T) factors one per (batch, head), drawn from ``values``, laid out as ``quantize`` lays out per-head
+    factors: a (B, H, 1) tensor expanded, stride 0 along T."""
+    pick = torch.randint(0, len(values), (B, H, 1), generator=gen)
+    pick[0, 0] = 0  # the first head takes the first value
+    return torch.tensor(values)[pick].expand(B, H, T)
+
+
+def exact_case_per_head(B, H, H_kv, Tq, Tk, seed, k_per_head, v_per_head):
+    """``exact_case`` with k's and/or V's factors one per (batch, head), stride 0 along T. k's head factor is
+    1 or 2 and q's row factors are 1 or 2 divided by it, so every score is still an integer of at most 6 in
+    log2 units; V's head factor is 1/2 or 1 (every ratio exactly 1). Nothing rounds."""
+    q8, k8, v8, dq, dk, dv = exact_case(B, H, H_kv, Tq, Tk, seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    if k_per_head:
+        dk = per_head(B, H_kv, Tk, [2.0, 1.0], gen)
+        dq = dq / dk[:, :, :1].repeat_interleave(H // H_kv, 1)  # dq dk in {1, 2}, powers of two: exact
+    if v_per_head:
+        dv = per_head(B, H_kv, Tk, [0.5, 1.0], gen)
+    return [q8, k8, v8, dq, dk, dv]
+
+
+STEPS = [(True, False), (False, True), (True, True)]  # (k's factors one per head, V's): the kernel's other steps
+
+
+@cpu_only
+@pytest.mark.parametrize("k_per_head, v_per_head", STEPS)
+@pytest.mark.parametrize("B, H, H_kv, Tq, Tk, causal, alignment", CPU_CASES[1:3])
+def test_each_step_of_the_kernel_equals_the_emulation_where_nothing_rounds(B, H, H_kv, Tq, Tk, causal, alignment,
+                                                                          k_per_head, v_per_head):  # fmt: skip
+    """Factors one per head (the layout ``quantize`` gives per tensor and per head) take the kernel's cheaper
+    steps: k's factor folded into q's row factor (no multiply of the scores), no ratio on P. Each gives the
+    emulation's answer, at the kernel's own key tile (``block_k=None``: 128 at this head dim) and at 32."""
+    args = exact_case_per_head(B, H, H_kv, Tq, 3 * Tk, Tq + Tk, k_per_head, v_per_head)
+    assert one_per_head(args[4]) == k_per_head and one_per_head(args[5]) == v_per_head
+    for block_k in (None, 32):
+        o, lse = fp8_forward(*args, causal, math.log(2), alignment=alignment, out_dtype=torch.float32, block_k=block_k)
+        o_e, lse_e = fp8_attention_forward(*args, causal, math.log(2), block_k, alignment)
+        assert torch.equal(torch.isneginf(lse), torch.isneginf(lse_e))
+        torch.testing.assert_close(lse.double(), lse_e, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(o.double(), o_e, rtol=1e-5, atol=1e-6)
+        assert o_e.abs().max() > 0.1
+
+
+@cpu_only
+def test_the_key_tile_follows_the_head_dim_in_kernel_and_emulation():
+    """P is rounded against the running max of each key tile, so kernel and emulation take the same tile by
+    default: 128 keys to D = 128, 64 above (``fp8_block_k``; the kernel's ``fp8_config`` says the same)."""
+    assert [fp8_block_k(D) for D in (6, 64, 96, 128, 129, 256)] == [128, 128, 128, 128, 64, 64]
+    assert all(fp8_config(D)["block_k"] == fp8_block_k(D) for D in (16, 64, 128, 256))
+    args = exact_case(1, 2, 2, 40, 300, seed=11)
+    o, _ = fp8_forward(*args, True, math.log(2), alignment="lower_right", out_dtype=torch.float32)
+    o_128, _ = fp8_attention_forward(*args, True, math.log(2), 128, "lower_right")
+    o_default, _ = fp8_attention_forward(*args, True, math.log(2), None, "lower_right")
+    assert torch.equal(o_default, o_128)
+    torch.testing.assert_close(o.double(), o_128, rtol=1e-5, atol=1e-6)
+
+
+@cpu_only
+def test_no_ratio_on_p_is_bit_identical_to_ratios_of_one():
+    """V's factors one per head skip the ratios (every one is exactly 1): the same bits as the general step
+    given the same factors laid out one per row, on random inputs (where P does round)."""
+    gen = torch.Generator().manual_seed(12)
+    (q8, dq), (k8, dk), (v8, dv) = (quantize(torch.randn(1, 2, 150, 32, generator=gen), g)
+                                    for g in ("block", "block", "head"))  # fmt: skip
+    assert one_per_head(dv) and not one_per_head(dk)
+    skipped = fp8_forward(q8, k8, v8, dq, dk, dv, True, out_dtype=torch.float32)
+    multiplied = fp8_forward(q8, k8, v8, dq, dk, dv.contiguous(), True, out_dtype=torch.float32)
+    assert torch.equal(skipped[0], multiplied[0]) and torch.equal(skipped[1], multiplied[1])
 
 
 @cpu_only
@@ -135,13 +206,17 @@ fn = f8.fp8_forward_kernel
 names = list(inspect.signature(fn.fn).parameters)
 E4M3_TILE = r"tensor<\\d+x\\d+x!tt\\.ptr<f8E4M3FN>"  # a 2-D tile of E4M3 pointers
 out = []
-for D, causal, v_unit_stride in ((128, True, "stride_vt"), (64, False, "stride_vt"), (256, True, "stride_vt"),
-                                 (128, False, "stride_vd")):
+for D, causal, v_unit_stride, per_head in ((128, True, "stride_vt", True), (128, True, "stride_vt", False),
+                                           (64, False, "stride_vt", True), (64, False, "stride_vt", False),
+                                           (256, True, "stride_vt", True), (256, True, "stride_vt", False),
+                                           (128, False, "stride_vd", False)):
     # a launch's specialisation: unit strides (V's along the keys, as keys_contiguous lays it out, or, the
-    # control, along D as a row-major V has it), 16-divisible pointers, other strides and lengths
+    # control, along D as a row-major V has it), 16-divisible pointers, other strides and lengths; factors
+    # one per head (stride 0 along T: no factor on the scores, no ratio on P) or one per row
     config = f8.fp8_config(D)
-    constexprs = dict(HEAD_DIM=D, HEAD_DIM_PAD=D, BLOCK_Q=config["block_q"], BLOCK_K=64, CAUSAL=causal, SIGN=1,
-                      HEAVIEST_FIRST=causal, INTERPRETED=False, stride_qd=1, stride_kd=1, stride_od=1,
+    constexprs = dict(HEAD_DIM=D, HEAD_DIM_PAD=D, BLOCK_Q=config["block_q"], BLOCK_K=config["block_k"],
+                      CAUSAL=causal, SIGN=1, HEAVIEST_FIRST=causal, INTERPRETED=False, K_ROWS=not per_head,
+                      V_RATIOS=not per_head, stride_qd=1, stride_kd=1, stride_od=1, stride_dqt=0 if per_head else 1,
                       **{v_unit_stride: 1})
     types = {n: "*fp8e4nv" for n in ("Q", "K", "V")}
     types.update(DQ="*fp32", DK="*fp32", VR="*fp32", VS="*fp32", O="*bf16", LSE="*fp32", qk_scale="fp32")
@@ -159,12 +234,14 @@ for D, causal, v_unit_stride in ((128, True, "stride_vt"), (64, False, "stride_v
         log = subprocess.run([triton.knobs.nvidia.ptxas.path, "-v", "--gpu-name=sm_90a", f"{tmp}/k.ptx", "-o",
                               f"{tmp}/k.o"], capture_output=True, text=True, check=True).stderr
     spills = int(re.search(r"(\\d+) bytes spill stores", log).group(1))
-    out.append(dict(D=D, v_unit_stride=v_unit_stride, shared=kernel.metadata.shared, spills=spills,
-                    serialized="C7514" in log,
+    out.append(dict(D=D, v_unit_stride=v_unit_stride, per_head=per_head, block_k=config["block_k"],
+                    shared=kernel.metadata.shared, spills=spills, serialized="C7514" in log,
+                    registers=int(re.search(r"Used (\\d+) registers", log).group(1)),
                     imprecise=sorted({int(n) for n in re.findall(r"warp_group_dot [^\\n]*maxNumImpreciseAcc = (\\d+)",
                                                                   ttgir)}),
                     mma=sorted(set(re.findall(r"wgmma\\.mma_async[.a-z0-9]*", ptx))),
                     casts=len(re.findall(r"cvt\\.rn\\.satfinite\\.e4m3x2\\.f32", ptx)),
+                    fp32_multiplies=len(re.findall(r"\\bmul\\.f32", ptx)),
                     tile_loads=len(re.findall(r"tt\\.load [^\\n]*" + E4M3_TILE, ttgir)),
                     tile_copies=len(re.findall(r"async_copy_global_to_local [^\\n]*" + E4M3_TILE, ttgir))))
 print(json.dumps({"kernels": out}))
@@ -174,12 +251,15 @@ print(json.dumps({"kernels": out}))
 @pytest.mark.skipif(not LONG, reason="compiling for sm_90 takes about a minute of CPU: make test-long runs it")
 def test_both_dots_compile_to_e4m3_tensor_core_instructions_for_sm90():
     """Compiled for the H200 without a GPU (tests/_sm90.py): QKᵀ and PV are E4M3 x E4M3 warpgroup MMAs with
-    float32 accumulators, P's cast rounds to nearest and saturates, no register spills. With V's keys
-    contiguous (what keys_contiguous gives the kernel) the only E4M3 tile loaded through registers is q's:
-    the k and v tiles are copied to shared memory ahead. The control: a row-major V is loaded into registers
-    in every key step (the first version, which ran at a quarter of the bf16 forward's speed).
+    float32 accumulators, P's cast rounds to nearest and saturates, no register spills, within the 255
+    registers a thread may hold and the shared memory of an SM (two programs of 4 warps an SM to D = 128:
+    at most half of it each). With V's keys contiguous (what keys_contiguous gives the kernel) the only
+    E4M3 tile loaded through registers is q's: the k and v tiles are copied to shared memory ahead. The
+    control: a row-major V is loaded into registers in every key step (the first version, which ran at a
+    quarter of the bf16 forward's speed). Factors one per head compile to fewer float32 multiplies than
+    factors one per row (no factor on the scores, no ratio on P).
 
-    The PV dot is the shipped form: acc passed in, its product added in float32 every BLOCK_K = 64 keys
+    The PV dot is the shipped form: acc passed in, its product added in float32 every BLOCK_K keys
     (``max_num_imprecise_acc``), and ptxas serialises the kernel's wgmmas for it (C7514). A measured trade,
     not a bug: the same sums written outside the dot compile without C7514 (the control below) and ran 9-16 %
     slower on the H200 (sweeps/fp8-forward-steps-pv-outside-dot.json). If C7514 goes away, time both forms
@@ -187,9 +267,14 @@ def test_both_dots_compile_to_e4m3_tensor_core_instructions_for_sm90():
     kernels = compile_in_fresh_process(SM90_BODY)["kernels"]
     for kernel in kernels:
         assert kernel["mma"] and all(m.endswith(".f32.e4m3.e4m3") for m in kernel["mma"]), kernel
-        assert kernel["casts"] > 0 and kernel["spills"] == 0 and kernel["shared"] <= 227 * 1024, kernel
-        assert 64 in kernel["imprecise"], kernel  # the PV dot: acc in, a float32 add every 64 keys
+        assert kernel["casts"] > 0 and kernel["spills"] == 0 and kernel["registers"] <= 255, kernel
+        shared_limit = 227 * 1024 // (2 if kernel["D"] <= 128 else 1)
+        assert kernel["shared"] <= shared_limit, kernel
+        assert kernel["block_k"] == (128 if kernel["D"] <= 128 else 64), kernel
+        assert kernel["block_k"] in kernel["imprecise"], kernel  # the PV dot: acc in, a float32 add a key tile
         assert kernel["serialized"], kernel  # ptxas's C7514 for that form: the trade measured and taken
+    for head, rows in zip(kernels[0:6:2], kernels[1:6:2]):
+        assert head["fp32_multiplies"] < rows["fp32_multiplies"], (head, rows)
     keys, *_, rows = kernels
     assert keys["tile_loads"] == 1 and keys["tile_copies"] >= 4, keys  # q; k and v, before and in the loop
     assert rows["tile_loads"] > 1, rows

@@ -34,7 +34,6 @@ from .._checks import (
     resolve_scale,
 )
 from ..reference.fp8 import (
-    DEFAULT_BLOCK_K,
     FP8_DTYPES,
     check_descale,
     fp8_attention_forward,
@@ -61,12 +60,13 @@ def row_factors(name: str, descale, x: torch.Tensor, x_name: str) -> torch.Tenso
     """x's factors as one float32 per row, (B, H, T), the layout both tiers read.
 
     Accepted: None (the codes are the values: every factor 1), a 0-dim float32 tensor (one factor for the
-    tensor) or a (B, H, T) float32 tensor (what ``flashtile.fp8.quantize`` returns, whatever its granularity).
+    tensor; both come back as a view with stride 0, which the kernel reads as one factor a head) or a (B, H, T)
+    float32 tensor (what ``flashtile.fp8.quantize`` returns, whatever its granularity).
     Factors must be positive and finite; a tensor from ``quantize`` (or checked by an earlier call and not
     written to since) is not read again, so the call waits on nothing the device computes.
     """
-    if descale is None:
-        ones = torch.ones(x.shape[:-1], dtype=torch.float32, device=x.device)
+    if descale is None:  # one 1 laid out for every row (stride 0): the kernel reads it as one per head
+        ones = torch.ones((), dtype=torch.float32, device=x.device).expand(x.shape[:-1])
         vouch_for_factors(ones)
         return ones
     check_tensor(name, descale, dtypes=(torch.float32,))
@@ -79,7 +79,7 @@ def row_factors(name: str, descale, x: torch.Tensor, x_name: str) -> torch.Tenso
         if not bool((descale > 0) & torch.isfinite(descale)):
             raise ValueError(f"{name} must be a positive finite factor, got {descale.item()!r}")
         vouch_for_factors(descale)
-    rows = descale.expand(x.shape[:-1]).contiguous()  # (B, H, T), copies of a checked factor
+    rows = descale.expand(x.shape[:-1])  # (B, H, T), a view of a checked factor (stride 0: one per head)
     vouch_for_factors(rows)
     return rows
 # --8<-- [end:row-factors]
@@ -157,7 +157,7 @@ def fp8_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fa
 
         o, lse = fp8_forward(query, key, value, *factors, is_causal, scale, alignment=alignment, out_dtype=out_dtype)
     else:
-        o, lse = fp8_attention_forward(query, key, value, *factors, is_causal, scale, DEFAULT_BLOCK_K, alignment)
+        o, lse = fp8_attention_forward(query, key, value, *factors, is_causal, scale, None, alignment)
         o, lse = o.to(out_dtype), lse.float()
     if torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value, *factors)):
         o = _ForwardOnly.apply(o, *(t for t in (query, key, value, *factors) if t.requires_grad))

@@ -9,7 +9,8 @@ group is the whole tensor, one (batch, head), or a block of ``block`` consecutiv
 Whatever the group, ``descale`` comes back with one factor per row, shape (B, H, T): a row's factor
 leaves a dot product over the head dimension exactly, q_i · k_j = (q8_i · k8_j) dq_i dk_j, so the
 kernel needs no knowledge of the group. Per tensor and per head every row of the group holds the same
-factor; the factors cost 4 bytes a row, 4 / D of the codes' size.
+factor, stored once per (batch, head) (stride 0 along T), a layout the kernel reads as "one per head";
+per block the factors cost 4 bytes a row, 4 / D of the codes' size.
 
 ``rotate=True`` multiplies the head dimension by R = diag(signs) H_D / sqrt(D) first, H_D the Sylvester
 Hadamard matrix and the signs drawn once from a fixed seed: one R per D, so q and k rotated in separate
@@ -84,7 +85,9 @@ def quantize(x, granularity="tensor", rotate=False, block=None, *, keys_contiguo
 
     Returns:
         x8 (B, H, T, D) float8_e4m3fn, contiguous (or keys-contiguous), and descale (B, H, T) float32, one
-        positive finite factor per row, which the FP8 forward takes without reading it again.
+        positive finite factor per row, which the FP8 forward takes without reading it again. Per tensor and
+        per head, descale is a view with stride 0 along T (one value per (batch, head) in memory): the FP8
+        kernel sees the granularity in that layout and takes its cheaper step.
         |x8 * descale - x| <= max(2^-4 |x|, 2^-10 descale) for every entry (x rotated, if asked).
     """
     (x,) = resolve_neg_bits(x)
@@ -105,10 +108,14 @@ def quantize(x, granularity="tensor", rotate=False, block=None, *, keys_contiguo
         raise ValueError("x has inf or NaN entries; E4M3 has no infinity, and one NaN would poison a whole group")
     if rotate:
         x = x @ hadamard_rotation(x.shape[-1], c, x.device)  # (B, H, T, D), the outliers spread over D
-    descale = (row_amax(x, granularity, block) / E4M3_MAX).float()  # the group's largest value lands on 448
+    amax = row_amax(x, granularity, block)
+    if granularity != "block":  # one value per (batch, head): computed once, laid out with stride 0 along T
+        amax = amax[..., :1]
+    descale = (amax / E4M3_MAX).float()  # the group's largest value lands on 448
     if not bool(torch.isfinite(descale).all()):
         raise ValueError("x has values too large for a float32 factor (|x| / 448 overflows float32)")
     descale = descale.clamp(min=FLOAT32_TINY)  # an all-zero group (or one below 448 * 2^-126) gets a usable factor
+    descale = descale.expand(x.shape[:-1])  # (B, H, T); per tensor or head a view of (B, H, 1), stride 0 along T
     x8 = to_e4m3(x / descale[..., None].to(c))  # saturating: rounding x / descale up past 448 stays at 448
     vouch_for_factors(descale)  # positive and finite by construction: the kernel need not read them again
     if keys_contiguous:

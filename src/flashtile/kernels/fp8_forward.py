@@ -47,22 +47,24 @@ import triton.language as tl
 
 from .._checks import check_alignment, check_block, check_causal, resolve_neg_bits, resolve_scale
 from ..reference.causal import diagonal_offset
-from ..reference.fp8 import DEFAULT_BLOCK_K, P_SCALE, check_fp8_inputs
+from ..reference.fp8 import P_SCALE, check_fp8_inputs, fp8_block_k
 from ._host import check_kernel_device, head_batch_grid, heaviest_first_chunk, kernel_scale, resident_programs
 from ._jit import full_key_tiles, last_key_tile, multiply_subtract, program_tile
 
 LOG2E = math.log2(math.e)
 LN2 = tl.constexpr(math.log(2.0))
 P_SCALE_JIT = tl.constexpr(P_SCALE)
+LOG2_P_SCALE = tl.constexpr(math.log2(P_SCALE))  # 448 p = exp2(x + log2 448): P's scale in the shift
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 MIN_FP8_DOT = 32  # an E4M3 tensor-core dot reduces over at least 32 elements
 
 
 # --8<-- [start:fp8-key-step]
 @triton.jit
-def fold_fp8_key_tile(acc, l, m, q, dq, K, V, DK, VR, stride_kt, stride_kd, stride_vt, stride_vd, i, d, k_start,
-                      Tk, offset, HEAD_DIM: tl.constexpr, BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr,
-                      MASKED: tl.constexpr, INTERPRETED: tl.constexpr):  # fmt: skip
+def fold_fp8_key_tile(acc, l, m, q, dq, K, V, DK, VR, stride_kt, stride_kd, stride_vt, stride_vd, stride_dkt, i, d,
+                      k_start, Tk, offset, HEAD_DIM: tl.constexpr, BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr,
+                      MASKED: tl.constexpr, K_ROWS: tl.constexpr, V_RATIOS: tl.constexpr,
+                      INTERPRETED: tl.constexpr):  # fmt: skip
     """One step of the online softmax over keys k_start .. k_start + BLOCK_K - 1, with E4M3 operands."""
     j = k_start + tl.arange(0, BLOCK_K).to(tl.int64)
     kv_mask = (j[:, None] < Tk) & (d[None, :] < HEAD_DIM)
@@ -72,11 +74,11 @@ def fold_fp8_key_tile(acc, l, m, q, dq, K, V, DK, VR, stride_kt, stride_kd, stri
     # to shared memory ahead of use like k; row-major V would be loaded, then transposed, every step
     v_t_mask = (d[:, None] < HEAD_DIM) & (j[None, :] < Tk)
     v_t = tl.load(V + d[:, None] * stride_vd + j[None, :] * stride_vt, mask=v_t_mask, other=0.0)  # (D_PAD, BLOCK_K)
-    dk = tl.load(DK + j, mask=j < Tk, other=0.0)  # (BLOCK_K,) k's row factors
-    v_ratio = tl.load(VR + j, mask=j < Tk, other=0.0)  # (BLOCK_K,) descale_v / v_scale, in (0, 1]
     # the raw dot is summed in the E4M3 dot's accumulator (fewer bits than float32 on sm_90); s = t dq with
     # t = raw dk: dq > 0, so the row max of s is dq times the row max of t, and s - m is one fused multiply-add
-    t = tl.dot(q, tl.trans(k)) * dk[None, :]  # (BLOCK_Q, BLOCK_K), log2 units once times dq (τ log2 e is in dq)
+    t = tl.dot(q, tl.trans(k))  # (BLOCK_Q, BLOCK_K), log2 units once times dq (τ log2 e is in dq)
+    if K_ROWS:  # k's factors one per key; one per head is already in dq (the launcher's K_ROWS=False)
+        t = t * tl.load(DK + j * stride_dkt, mask=j < Tk, other=0.0)[None, :]
     if MASKED:  # a padded key, or one past the diagonal, scores -inf (p = 0)
         visible = j[None, :] < Tk
         if CAUSAL:
@@ -84,10 +86,15 @@ def fold_fp8_key_tile(acc, l, m, q, dq, K, V, DK, VR, stride_kt, stride_kd, stri
         t = tl.where(visible, t, float("-inf"))
     m_new = tl.maximum(m, tl.max(t, 1) * dq)
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no key yet: alpha = p = 0, not NaN
-    alpha = tl.math.exp2(m - m_safe)
-    p = tl.math.exp2(multiply_subtract(t, dq[:, None], m_safe[:, None], INTERPRETED))  # exp2(s - m), in [0, 1]
-    l = alpha * l + tl.sum(p, 1)  # the normaliser sums the unrounded p
-    p8 = (p * (v_ratio[None, :] * P_SCALE_JIT)).to(tl.float8e4nv)  # P rounded to E4M3, V's factors on it
+    # P's scale 448 rides in the shift: 448 p = exp2(s - shift) with shift = m - log2 448, so P needs no
+    # multiply; alpha is taken between the shifts as rounded and used, so their rounding cancels in o and lse
+    shift = m_safe - LOG2_P_SCALE
+    alpha = tl.math.exp2((m - LOG2_P_SCALE) - shift)
+    p = tl.math.exp2(multiply_subtract(t, dq[:, None], shift[:, None], INTERPRETED))  # 448 exp2(s - m), in [0, 448]
+    l = alpha * l + tl.sum(p, 1)  # the normaliser (times 448) sums the unrounded p
+    if V_RATIOS:  # V's factors one per key: r_j = descale_v[j] / v_scale on P; one per head, every r_j is 1
+        p = p * tl.load(VR + j, mask=j < Tk, other=0.0)[None, :]
+    p8 = p.to(tl.float8e4nv)  # P rounded to E4M3
     # max_num_imprecise_acc: the tile's product is summed in the E4M3 dot's own accumulator, then added to acc
     # in float32 (on sm_90 that accumulator keeps fewer bits than float32; acc runs over every key tile).
     # ptxas serialises the wgmmas of this form (C7514); `acc * alpha + tl.dot(p8, v)` computes the same sums
@@ -103,13 +110,18 @@ def fp8_forward_kernel(
     Q, K, V, DQ, DK, VR, VS, O, LSE,
     stride_qb, stride_qh, stride_qt, stride_qd, stride_kb, stride_kh, stride_kt, stride_kd,
     stride_vb, stride_vh, stride_vt, stride_vd, stride_ob, stride_oh, stride_ot, stride_od,
+    stride_dqb, stride_dqh, stride_dqt, stride_dkb, stride_dkh, stride_dkt, stride_vsb, stride_vsh,
     H, H_kv, Tq, Tk, offset, qk_scale, chunk,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
-    CAUSAL: tl.constexpr, SIGN: tl.constexpr, HEAVIEST_FIRST: tl.constexpr, INTERPRETED: tl.constexpr,
+    CAUSAL: tl.constexpr, SIGN: tl.constexpr, HEAVIEST_FIRST: tl.constexpr, K_ROWS: tl.constexpr,
+    V_RATIOS: tl.constexpr, INTERPRETED: tl.constexpr,
 ):  # fmt: skip
     """One program: query tile q_index of head h of batch b; grid (cdiv(Tq, BLOCK_Q), H, B), each head's
-    heaviest tile first under a causal mask (``program_tile``). DQ (B, H, Tq), DK and VR (B, H_kv, Tk) and
-    VS (B, H_kv) are contiguous float32; τ's sign is SIGN (folded into q), qk_scale = |τ| log2 e."""
+    heaviest tile first under a causal mask (``program_tile``). DQ (B, H, Tq) and DK (B, H_kv, Tk) are read
+    through their strides (0 along T: one factor a head), VR (B, H_kv, Tk) is contiguous, VS (B, H_kv), all
+    float32. K_ROWS: k's factors differ along the keys (else DK's first key holds the head's, folded into dq);
+    V_RATIOS: V's too (else every ratio is 1 and VR is not read). τ's sign is SIGN (folded into q),
+    qk_scale = |τ| log2 e."""
     q_index, h, b = program_tile(chunk, HEAVY_TILE_LAST=CAUSAL, HEAVIEST_FIRST=HEAVIEST_FIRST)
     h, b = h.to(tl.int64), b.to(tl.int64)
     h_kv = h // (H // H_kv)  # GQA: the key/value head this query head reads
@@ -120,14 +132,16 @@ def fp8_forward_kernel(
     K += b * stride_kb + h_kv * stride_kh
     V += b * stride_vb + h_kv * stride_vh
     O += b * stride_ob + h * stride_oh
-    DK += (b * H_kv + h_kv) * Tk
+    DK += b * stride_dkb + h_kv * stride_dkh
     VR += (b * H_kv + h_kv) * Tk
     q_mask = (i[:, None] < Tq) & (d[None, :] < HEAD_DIM)
     q = tl.load(Q + i[:, None] * stride_qt + d[None, :] * stride_qd, mask=q_mask, other=0.0)  # (BLOCK_Q, D_PAD) e4m3
     if SIGN != 1:  # τ < 0 (or 0) on q's codes, exactly, so that dq > 0 and a row's max of s is dq times t's
         q = (q.to(tl.float32) * SIGN).to(tl.float8e4nv)
     # (BLOCK_Q,) q's factors times |τ| log2 e; a padded row gets 1, not 0, so that its -inf scores stay -inf
-    dq = tl.load(DQ + (b * H + h) * Tq + i, mask=i < Tq, other=1.0) * qk_scale
+    dq = tl.load(DQ + b * stride_dqb + h * stride_dqh + i * stride_dqt, mask=i < Tq, other=1.0) * qk_scale
+    if not K_ROWS:  # one k factor for the head: into dq once, not into every score
+        dq = dq * tl.load(DK)
 
     m = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)
     l = tl.zeros([BLOCK_Q], dtype=tl.float32)
@@ -139,46 +153,56 @@ def fp8_forward_kernel(
         n_full, n_visit = Tk // BLOCK_K, tl.cdiv(Tk, BLOCK_K)
     for k_index in range(0, n_full):  # FULL tiles: no mask
         acc, l, m = fold_fp8_key_tile(acc, l, m, q, dq, K, V, DK, VR, stride_kt, stride_kd, stride_vt, stride_vd,
-                                      i, d, k_index * BLOCK_K, Tk, offset, HEAD_DIM, BLOCK_K, CAUSAL,
-                                      False, INTERPRETED)  # fmt: skip
+                                      stride_dkt, i, d, k_index * BLOCK_K, Tk, offset, HEAD_DIM, BLOCK_K, CAUSAL,
+                                      False, K_ROWS, V_RATIOS, INTERPRETED)  # fmt: skip
     for k_index in range(n_full, n_visit):  # DIAGONAL tiles and a ragged last tile
         acc, l, m = fold_fp8_key_tile(acc, l, m, q, dq, K, V, DK, VR, stride_kt, stride_kd, stride_vt, stride_vd,
-                                      i, d, k_index * BLOCK_K, Tk, offset, HEAD_DIM, BLOCK_K, CAUSAL,
-                                      True, INTERPRETED)  # fmt: skip
+                                      stride_dkt, i, d, k_index * BLOCK_K, Tk, offset, HEAD_DIM, BLOCK_K, CAUSAL,
+                                      True, K_ROWS, V_RATIOS, INTERPRETED)  # fmt: skip
 
-    o_scale = tl.load(VS + b * H_kv + h_kv) / P_SCALE_JIT  # P's factor 1/448 and V's largest factor
+    v_scale = tl.load(VS + b * stride_vsb + h_kv * stride_vsh)  # V's largest factor; acc and l both carry 448
     empty = l == 0.0
     l_safe = tl.where(empty, 1.0, l)
-    o = acc * (o_scale / l_safe)[:, None]
-    lse = tl.where(empty, float("-inf"), (m + tl.math.log2(l_safe)) * LN2)
+    o = acc * (v_scale / l_safe)[:, None]
+    # the shift as the last step rounded it: its rounding cancels against l's, so lse is m + log2(l / 448)
+    lse = tl.where(empty, float("-inf"), ((m - LOG2_P_SCALE) + tl.math.log2(l_safe)) * LN2)
     tl.store(O + i[:, None] * stride_ot + d[None, :] * stride_od, o.to(O.dtype.element_ty), mask=q_mask)
     tl.store(LSE + (b * H + h) * Tq + i, lse, mask=i < Tq)
 # --8<-- [end:fp8-forward]
 
 
 def fp8_config(head_dim: int) -> dict:
-    """Launch settings by head dim, one plain choice from the measured tiles (sweeps/fp8-forward-speed-v-keys-
-    contiguous.json): 128 x 64 tiles, 8 warps, 3 stages to D = 128; 64 x 64 with 8 warps above (wider q tiles
-    spill there). block_k stays 64, the emulation's: P is rounded tile by tile."""
+    """Launch settings by head dim, from the measured tiles (sweeps/fp8-forward-ablation-levers.json): to D = 128,
+    64 x 128 tiles with 4 warps and 3 stages (one warpgroup a program, two programs an SM); above, 64 x 64 with
+    8 warps and 2 stages (wider tiles spill there). block_k is the emulation's (``fp8_block_k``): P is rounded
+    tile by tile."""
     if head_dim <= 128:
-        return dict(block_q=128, num_warps=8, num_stages=3)
-    return dict(block_q=64, num_warps=8, num_stages=2)
+        return dict(block_q=64, block_k=fp8_block_k(head_dim), num_warps=4, num_stages=3)
+    return dict(block_q=64, block_k=fp8_block_k(head_dim), num_warps=8, num_stages=2)
+
+
+def one_per_head(descale: torch.Tensor) -> bool:
+    """descale (B, H, T) holds one factor per (batch, head) by its layout: stride 0 along T (as ``quantize``
+    returns per-tensor and per-head factors, and ``flashtile.attention`` a 0-dim one), or a single row."""
+    return descale.stride(-1) == 0 or descale.shape[-1] == 1
 
 
 def fp8_forward(q8, k8, v8, descale_q, descale_k, descale_v, causal=False, scale=None, *, alignment="upper_left",
-                out_dtype=torch.bfloat16, block_k=DEFAULT_BLOCK_K):  # fmt: skip
+                out_dtype=torch.bfloat16, block_k=None):  # fmt: skip
     """(o, lse) of E4M3 q8, k8, v8 with their per-row float32 factors (as ``flashtile.fp8.quantize`` returns
     them): o (B, H, Tq, D) in ``out_dtype``, contiguous; lse (B, H, Tq) float32, natural log.
 
-    ``block_k`` (a power of two, at least 32) is the key tile, the emulation's ``block_k``. Factors that
-    ``quantize`` made, or that an earlier call checked and that were not written to since, are not read
-    again: the call then waits on nothing the GPU computes (``check_fp8_inputs``). V with its keys
-    contiguous (``quantize(v, ..., keys_contiguous=True)``) is read as it is; another layout is copied."""
+    ``block_k`` (a power of two, at least 32; None: ``fp8_block_k(D)``, the emulation's default) is the key
+    tile. Factors that ``quantize`` made, or that an earlier call checked and that were not written to since,
+    are not read again: the call then waits on nothing the GPU computes (``check_fp8_inputs``). k's or V's
+    factors laid out one per head (stride 0 along T, ``one_per_head``) take the kernel's cheaper step: no
+    factor on each score, no ratio on P. V with its keys contiguous (``quantize(v, ..., keys_contiguous=True)``)
+    is read as it is; another layout is copied."""
     q8, k8, v8, descale_q, descale_k, descale_v = resolve_neg_bits(q8, k8, v8, descale_q, descale_k, descale_v)
     B, H, H_kv, Tq, Tk, D = check_fp8_inputs(q8, k8, v8, descale_q, descale_k, descale_v)
     check_causal(causal)
     check_alignment(alignment)
-    block_k = check_block("block_k", block_k)
+    block_k = check_block("block_k", fp8_block_k(D) if block_k is None else block_k)
     if block_k < MIN_FP8_DOT or block_k & (block_k - 1):
         raise ValueError(f"block_k must be a power of two of at least {MIN_FP8_DOT} for E4M3 dots, got {block_k}")
     if out_dtype not in OUT_DTYPES:
@@ -190,18 +214,24 @@ def fp8_forward(q8, k8, v8, descale_q, descale_k, descale_v, causal=False, scale
         raise TypeError("out_dtype=torch.bfloat16 on the CPU: the Triton interpreter computes bfloat16 wrongly (Triton "
                         "issue 11584); pass out_dtype=torch.float32 there")  # fmt: skip
     config = fp8_config(D)
+    config.pop("block_k")
     return launch_fp8_forward(q8, k8, v8, descale_q, descale_k, descale_v, causal, scale,
                               diagonal_offset(Tq, Tk, alignment), out_dtype, block_k, **config)  # fmt: skip
 
 
 def launch_fp8_forward(q8, k8, v8, descale_q, descale_k, descale_v, causal, scale, offset, out_dtype, block_k,
                        block_q, num_warps, num_stages):  # fmt: skip
-    """The launch alone, on arguments ``fp8_forward`` has checked, at the given tiles, warps and stages."""
+    """The launch alone, on arguments ``fp8_forward`` has checked, at the given tiles, warps and stages. The
+    factors' layout picks the step (``one_per_head``): with V's one per head every ratio is exactly 1, so
+    none is made or read; with k's, the head's factor is folded into dq."""
     B, H, Tq, D = q8.shape
     H_kv, Tk = k8.shape[1], k8.shape[2]
-    v_scale = descale_v.amax(dim=-1).contiguous()  # (B, H_kv): each head's largest V factor
-    v_ratio = (descale_v / v_scale[..., None]).contiguous()  # (B, H_kv, Tk), in (0, 1]
-    descale_q, descale_k = descale_q.contiguous(), descale_k.contiguous()
+    v_ratios = not one_per_head(descale_v)
+    if v_ratios:
+        v_scale = descale_v.amax(dim=-1)  # (B, H_kv): each head's largest V factor
+        v_ratio = (descale_v / v_scale[..., None]).contiguous()  # (B, H_kv, Tk), in (0, 1]
+    else:  # every ratio is 1: the head's one factor is its largest, and no ratio is read
+        v_scale, v_ratio = descale_v[..., 0], descale_v
     v8 = keys_contiguous(v8)
     o = torch.empty((B, H, Tq, D), dtype=out_dtype, device=q8.device)
     lse = torch.empty((B, H, Tq), dtype=torch.float32, device=q8.device)
@@ -212,9 +242,10 @@ def launch_fp8_forward(q8, k8, v8, descale_q, descale_k, descale_v, causal, scal
                                  resident_programs(num_warps, None), q8.device, group)  # fmt: skip
     fp8_forward_kernel[head_batch_grid(n_tiles, H, B)](
         q8, k8, v8, descale_q, descale_k, v_ratio, v_scale, o, lse, *q8.stride(), *k8.stride(), *v8.stride(),
-        *o.stride(), H, H_kv, Tq, Tk, offset, units.unit * LOG2E, max(chunk, 1),
-        HEAD_DIM=D, HEAD_DIM_PAD=max(MIN_FP8_DOT, 1 << (D - 1).bit_length()), BLOCK_Q=block_q, BLOCK_K=block_k,
-        CAUSAL=causal, SIGN=units.sign, HEAVIEST_FIRST=chunk > 0, INTERPRETED=q8.device.type == "cpu",
+        *o.stride(), *descale_q.stride(), *descale_k.stride(), *v_scale.stride(), H, H_kv, Tq, Tk, offset,
+        units.unit * LOG2E, max(chunk, 1), HEAD_DIM=D, HEAD_DIM_PAD=max(MIN_FP8_DOT, 1 << (D - 1).bit_length()),
+        BLOCK_Q=block_q, BLOCK_K=block_k, CAUSAL=causal, SIGN=units.sign, HEAVIEST_FIRST=chunk > 0,
+        K_ROWS=not one_per_head(descale_k), V_RATIOS=v_ratios, INTERPRETED=q8.device.type == "cpu",
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     return o, lse

@@ -13,12 +13,15 @@ float64, so that its answer is "exact attention of the quantised inputs":
 * V's per-row factors cannot leave the sum over keys the way q's and k's leave a dot product, so each
   column of P is multiplied by ``descale_v[j] / v_scale`` (at most 1) before P is rounded, where
   ``v_scale`` is the largest V factor of the head, multiplied back after the sum. With one factor per
-  tensor or per head that ratio is exactly 1 and P is rounded as it stands.
+  tensor or per head that ratio is exactly 1 and P is rounded as it stands (the kernel then reads no ratio).
 
 l sums the unrounded p (the kernel keeps it in float32 registers): the normaliser is the exact one,
 and only the PV product sees rounded probabilities. P is rounded tile by tile against the running max
 of that moment, so the answer depends on ``block_k``; the kernel must use the same ``block_k`` for the
-two to agree to float32 rounding. ``torch``'s cast to float8_e4m3fn goes through float32, as the
+two to agree to float32 rounding (``fp8_block_k(D)``, the default of both). The kernel's float32 steps
+come in its own order (448 p as exp2(s - m + log2 448); a per-head k factor folded into q's row factor
+before the scores, not after): every such order is float64 arithmetic here, and the two agree to float32
+rounding of s, which moves a code of P only where 448 r p lies within that rounding of an E4M3 midpoint. ``torch``'s cast to float8_e4m3fn goes through float32, as the
 kernel's float32 P does, and saturates at 448.
 
 The checks of the FP8 contract (E4M3 tensors and their factors) live here, below the kernel and
@@ -49,7 +52,14 @@ from .online_softmax import lse_from_stats, safe_exp_diff
 FP8_DTYPES = (torch.float8_e4m3fn,)
 E4M3_MAX = 448.0  # the largest finite E4M3 value: 1.75 * 2^8 (e4m3fn has no infinity)
 P_SCALE = E4M3_MAX  # P in [0, 1] is stored as P * 448; its factor is the fixed 1 / 448
-DEFAULT_BLOCK_K = 64  # the FP8 kernel's key tile; P is rounded tile by tile, so the two must agree
+SMALL_HEAD_BLOCK_K, LARGE_HEAD_BLOCK_K = 128, 64  # the FP8 kernel's key tiles, to D = 128 and above
+
+
+def fp8_block_k(head_dim: int) -> int:
+    """The FP8 kernel's key tile at head dim D: 128 keys to D = 128, 64 above (where 128 x D tiles of k and V
+    crowd shared memory and registers). P is rounded tile by tile against the running max, so the emulation
+    rounds it in the same tiles by default."""
+    return SMALL_HEAD_BLOCK_K if head_dim <= 128 else LARGE_HEAD_BLOCK_K
 
 
 def to_e4m3(x: torch.Tensor) -> torch.Tensor:
@@ -108,7 +118,7 @@ def check_fp8_inputs(q8, k8, v8, descale_q, descale_k, descale_v):
 
 # --8<-- [start:fp8-emulation]
 def fp8_attention_forward(q8, k8, v8, descale_q, descale_k, descale_v, causal=False, scale=None,
-                          block_k=DEFAULT_BLOCK_K, alignment="upper_left"):  # fmt: skip
+                          block_k=None, alignment="upper_left"):  # fmt: skip
     """Attention of E4M3 inputs as the FP8 kernel computes it, every step but the roundings in float64.
 
     Args:
@@ -116,7 +126,8 @@ def fp8_attention_forward(q8, k8, v8, descale_q, descale_k, descale_v, causal=Fa
         descale_q: (B, H, Tq), descale_k and descale_v: (B, H_kv, Tk), float32, positive: row r of x
             stands for ``x8[r] * descale[r]`` (what ``flashtile.fp8.quantize`` returns).
         causal, alignment, scale: as ``flashtile.attention``; scale τ defaults to 1/sqrt(D).
-        block_k: the key tile; P is rounded tile by tile against the running max, as in the kernel.
+        block_k: the key tile; P is rounded tile by tile against the running max, as in the kernel. None:
+            the kernel's own, ``fp8_block_k(D)``.
 
     Returns:
         o (B, H, Tq, D) and lse (B, H, Tq), float64. A row that sees no key gets o = 0, lse = -inf.
@@ -125,7 +136,7 @@ def fp8_attention_forward(q8, k8, v8, descale_q, descale_k, descale_v, causal=Fa
     shape = check_fp8_inputs(q8, k8, v8, descale_q, descale_k, descale_v)
     check_causal(causal)
     check_alignment(alignment)
-    block_k = check_block("block_k", block_k)
+    block_k = check_block("block_k", fp8_block_k(shape.D) if block_k is None else block_k)
     scale = resolve_scale(scale, shape.D, torch.float32)  # the kernel's statistics are float32
     q = q8.double() * descale_q.double()[..., None]  # (B, H, Tq, D): the values the codes stand for
     k = expand_kv_heads(k8.double() * descale_k.double()[..., None], shape.H)  # (B, H, Tk, D)
