@@ -160,3 +160,16 @@ def test_keys_contiguous_lays_the_same_codes_out_along_t():
     assert torch.equal(laid_out.view(torch.uint8), x8.view(torch.uint8)) and torch.equal(descale_again, descale)
     with pytest.raises(TypeError, match="keys_contiguous must be a bool"):
         quantize(x, keys_contiguous="yes")
+
+
+def test_factors_one_per_head_are_stored_once_per_head():
+    """Per tensor and per head, descale is (B, H, T) with stride 0 along T: one value per (batch, head) in memory,
+    the layout the FP8 kernel reads as "one factor a head" (its step without a factor on each score or a
+    ratio on P); per block, one factor a row, contiguous. The values are the same either way."""
+    x = torch.randn(2, 3, 40, 16, generator=torch.Generator().manual_seed(21))
+    for granularity in ("tensor", "head"):
+        _, descale = quantize(x, granularity)
+        assert descale.shape == (2, 3, 40) and descale.stride(-1) == 0, granularity
+        assert torch.equal(descale.contiguous(), descale[..., :1].expand(2, 3, 40).contiguous())
+    _, descale = quantize(x, "block")
+    assert descale.is_contiguous()

@@ -326,13 +326,26 @@ GPU_CASES = {  # name: (B, H, H_kv, Tq, Tk, D, causal, alignment)
     "gqa-lower-right": (1, 8, 2, 700, 1500, 128, True, "lower_right"),
     "ragged-d256": (1, 2, 2, 1037, 1037, 256, True, "upper_left"),
     "tall-lower-right-d96": (1, 2, 1, 300, 200, 96, True, "lower_right"),
+    "full-1k-d64": (2, 4, 2, 1000, 1000, 64, False, "upper_left"),
+    "full-1k-d256": (1, 4, 4, 1000, 1000, 256, False, "upper_left"),
 }
+# (q's and k's granularity, V's): each of the kernel's steps (k or V one per head, or per row) at each granularity
+GRANULARITY_PAIRS = [("tensor", "tensor"), ("head", "head"), ("block", "head"), ("head", "block"),
+                     ("block", "block")]
 
 
 def outlier_inputs(B, H, T, D, gen):
     x = torch.randn(B, H, T, D, generator=gen, dtype=torch.float64)
     pick = torch.rand(B, H, T, D, generator=gen, dtype=torch.float64) < 1e-3
     return torch.where(pick, 10 * torch.randn(B, H, T, D, generator=gen, dtype=torch.float64), x)
+
+
+def on_gpu(x):
+    """x on the GPU in its layout: factors one per head keep their stride 0 along T (``.cuda()`` would lay
+    them out one per row, and the kernel would take its general step)."""
+    if x.dim() == 3 and x.stride(-1) == 0:
+        return x[..., :1].cuda().expand(x.shape)
+    return x.cuda()
 
 
 def rmse(a, b):
@@ -415,21 +428,23 @@ def test_the_model_without_short_accumulators_is_the_emulation():
     assert 0 < rmse(o_short, o_e) < 0.5 * rmse(o_e, attention_truth(q, k, v, True, None, "lower_right")[0])
 
 
-@pytest.mark.parametrize("granularity", GRANULARITIES)
+@pytest.mark.parametrize("granularity, v_granularity", GRANULARITY_PAIRS)
 @pytest.mark.parametrize("name", list(GPU_CASES))
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs a CUDA device")
-def test_kernel_tracks_the_emulation_on_outlier_inputs(name, granularity):
+def test_kernel_tracks_the_emulation_on_outlier_inputs(name, granularity, v_granularity):
     B, H, H_kv, Tq, Tk, D, causal, alignment = GPU_CASES[name]
     gen = torch.Generator().manual_seed(len(name) + D)
     q, k, v = outlier_inputs(B, H, Tq, D, gen), outlier_inputs(B, H_kv, Tk, D, gen), outlier_inputs(B, H_kv, Tk, D, gen)
     rotate = D & (D - 1) == 0
     (q8, dq), (k8, dk) = (quantize(x, granularity, rotate=rotate) for x in (q, k))
-    v8, dv = quantize(v, "head" if granularity == "block" else granularity)
-    o_e, lse_e = fp8_attention_forward(q8, k8, v8, dq, dk, dv, causal, None, 64, alignment)
+    v8, dv = quantize(v, v_granularity)
+    block_k = fp8_block_k(D)  # the kernel's key tile, and the emulation's default
+    o_e, lse_e = fp8_attention_forward(q8, k8, v8, dq, dk, dv, causal, None, None, alignment)
     o_truth, lse_truth = attention_truth(q, k, v, causal, None, alignment)
-    inputs = [x.cuda() for x in (q8, k8, v8, dq, dk, dv)]
-    model_distance = rmse(short_accumulator_model(*inputs, causal, alignment, MODEL_BITS), o_e)
+    inputs = [on_gpu(x) for x in (q8, k8, v8, dq, dk, dv)]
+    assert one_per_head(inputs[4]) == (granularity != "block") and one_per_head(inputs[5]) == (v_granularity != "block")
+    model_distance = rmse(short_accumulator_model(*inputs, causal, alignment, MODEL_BITS, block_k), o_e)
     for out_dtype in (torch.float32, torch.bfloat16):
         o, lse = fp8_forward(*inputs, causal, alignment=alignment, out_dtype=out_dtype)
         assert o.dtype == out_dtype and torch.isfinite(o).all()
@@ -448,33 +463,54 @@ def test_kernel_tracks_the_emulation_on_outlier_inputs(name, granularity):
         assert rmse(o, o_e) < 1.5 * model_distance + 2 * rounding, (rmse(o, o_e), model_distance, rounding)
 
 
-def exact_score_case(B, H, Tq, Tk, D, seed):
+def exact_score_case(B, H, Tq, Tk, D, seed, per_head=False):
     """Codes of q and k in {-3, ..., 3}, so that every raw dot and each of its partial sums is an integer
     below 9 D <= 2^11, which a 13-bit accumulator holds exactly: the scores are the emulation's to float32.
-    The factors are random (positive) and V is quantised per block of rows, so P does round, with r != 1."""
+    The factors are random (positive) and V is quantised per block of rows, so P does round, with r != 1;
+    ``per_head``: k's factors one per head and V quantised per head (the kernel's other step: k's factor in
+    q's row factor, no ratio on P)."""
     gen = torch.Generator().manual_seed(seed)
     q8, k8 = (torch.randint(-3, 4, (B, H, T, D), generator=gen).float().to(torch.float8_e4m3fn) for T in (Tq, Tk))
     dq = 0.3 + 0.3 * torch.rand(B, H, Tq, generator=gen)
-    dk = 0.3 + 0.3 * torch.rand(B, H, Tk, generator=gen)
-    v8, dv = quantize(torch.randn(B, H, Tk, D, generator=gen, dtype=torch.float64), "block", keys_contiguous=True)
-    return [q8, k8, v8, dq, dk, dv]
+    dk = 0.3 + 0.3 * torch.rand(B, H, 1 if per_head else Tk, generator=gen)
+    v8, dv = quantize(torch.randn(B, H, Tk, D, generator=gen, dtype=torch.float64), "head" if per_head else "block",
+                      keys_contiguous=True)  # fmt: skip
+    return [q8, k8, v8, dq, dk.expand(B, H, Tk), dv]
 
 
+@pytest.mark.parametrize("per_head", [False, True])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs a CUDA device")
-def test_kernel_equals_the_emulation_where_scores_are_exact(causal):
+def test_kernel_equals_the_emulation_where_scores_are_exact(causal, per_head):
     """With exact raw dots the kernel's lse is the emulation's to float32 (a wrong l, say one that sums the
-    rounded P, moves it by 1e-3), and its o is off by no more than the PV accumulator allows."""
-    inputs = [x.cuda() for x in exact_score_case(2, 4, 1000, 1000, 128, seed=7)]
+    rounded P, moves it by 1e-3), and its o is off by no more than the PV accumulator allows; with k's
+    factor folded into q's row factor too (one rounding of a float32 product apart from the emulation's
+    order, 2^-24 of s)."""
+    inputs = [on_gpu(x) for x in exact_score_case(2, 4, 1000, 1000, 128, seed=7, per_head=per_head)]
+    assert one_per_head(inputs[4]) == one_per_head(inputs[5]) == per_head
     o_e, lse_e = fp8_attention_forward(*inputs, causal)
     o, lse = fp8_forward(*inputs, causal, out_dtype=torch.float32)
     torch.testing.assert_close(lse.double(), lse_e, rtol=0, atol=2e-5)
     # here o's distance is the PV sums' alone; their rounding direction is not known (toward zero would bias
     # them), so the model keeps one bit fewer: P not rounded still lands about 40x past the bar, a key too many 600x
-    model_distance = rmse(short_accumulator_model(*inputs, causal, "upper_left", MODEL_BITS - 1), o_e)
+    model_distance = rmse(short_accumulator_model(*inputs, causal, "upper_left", MODEL_BITS - 1, fp8_block_k(128)), o_e)
     assert rmse(o, o_e) < 1.5 * model_distance + 1e-6, (rmse(o, o_e), model_distance)
     assert o_e.abs().max() > 0.1
+
+
+@pytest.mark.parametrize("D", [64, 128, 256])
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA device")
+def test_no_ratio_on_p_is_bit_identical_to_ratios_of_one_on_the_gpu(D):
+    """The compiled step without V's ratios gives the bits of the general step given ratios of exactly 1."""
+    gen = torch.Generator(device="cuda").manual_seed(D)
+    (q8, dq), (k8, dk) = (quantize(torch.randn(2, 4, 700, D, generator=gen, device="cuda"), "block") for _ in range(2))
+    v8, dv = quantize(torch.randn(2, 4, 700, D, generator=gen, device="cuda"), "head", keys_contiguous=True)
+    for causal in (False, True):
+        skipped = fp8_forward(q8, k8, v8, dq, dk, dv, causal)
+        multiplied = fp8_forward(q8, k8, v8, dq, dk, dv.contiguous(), causal)
+        assert torch.equal(skipped[0], multiplied[0]) and torch.equal(skipped[1], multiplied[1])
 
 
 @pytest.mark.gpu
