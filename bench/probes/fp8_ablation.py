@@ -8,8 +8,12 @@ nothing but their operands.
 
 Variants (``variant`` in the rows; the letters are issue 34's ablation list):
 
-* ``a_package``: the package's FP8 kernel as shipped; ``fp8_copy``: the probe's copy, every part on (its
-  output is compared with the package's, bit for bit or not, in ``copy_bit_equal``); ``pv_outside_dot``: the
+* ``a_package``: the package's FP8 launch as shipped (its tiles; with these factors, one per head, its step
+  without a factor on each score or a ratio on P); ``package_rows_64``: the package's general step (factors
+  laid out one per row) at the copy's tiles, 128 x 64 (64 x 64 above D = 128), 8 warps; ``fp8_copy``: the
+  probe's copy, every part on: the package's kernel before it took the levers (its output is compared with
+  ``package_rows_64``, bit for bit or not, in ``copy_bit_equal``: the package now carries P's 448 in exp2's
+  shift, so to float32 rounding, not bits); ``pv_outside_dot``: the
   copy with each tile's PV product summed from zero and added to acc in float32 outside the dot, instead of
   acc passed into the dot with ``max_num_imprecise_acc`` as the package does (the same sums; ptxas
   serialises every wgmma of the package's form, C7514, not of this one, yet this one measured 9-16 % slower
@@ -78,7 +82,7 @@ import triton.language as tl
 from flashtile.fp8 import quantize
 from flashtile.kernels._host import heaviest_first_chunk, kernel_scale, resident_programs
 from flashtile.kernels._jit import full_key_tiles, last_key_tile, multiply_subtract, program_tile
-from flashtile.kernels.fp8_forward import LOG2E, MIN_FP8_DOT, P_SCALE_JIT, fp8_config, fp8_forward_kernel
+from flashtile.kernels.fp8_forward import LOG2E, MIN_FP8_DOT, P_SCALE_JIT, fp8_config, launch_fp8_forward
 
 LN2 = tl.constexpr(math.log(2.0))
 LOG2_P_SCALE = tl.constexpr(math.log2(448.0))
@@ -412,7 +416,8 @@ INTERPRETER_SKIPS = ("lever_ex2_f16x2", "lever_warp_specialize")  # inline PTX; 
 
 
 def prepared(B, H, T, D, device, seed):
-    """Inputs of both precisions: bf16 q, k, v (float32 on the CPU) and their E4M3 codes, factors ('head') and
+    """Inputs of both precisions: bf16 q, k, v (float32 on the CPU) and their E4M3 codes, factors ('head', as
+    quantize lays them out, one per head: ``quantized``; laid out one per row for the copy: ``factors``) and
     V's ratios."""
     gen = torch.Generator(device=device).manual_seed(seed)
     dtype = torch.float32 if device == "cpu" else torch.bfloat16  # the interpreter's bf16 is wrong (issue 11584)
@@ -421,9 +426,9 @@ def prepared(B, H, T, D, device, seed):
     v8, dv = quantize(v, "head", keys_contiguous=True)
     v_scale = dv.amax(dim=-1).contiguous()
     v_ratio = (dv / v_scale[..., None]).contiguous()
-    ones = torch.ones_like(dq)  # bf16 operands: every factor 1, and V's 448 so that o_scale = 448 / 448 = 1
-    return dict(bf16=(q, k, v), fp8=(q8, k8, v8), factors=(dq, dk, v_ratio, v_scale), ones=(ones, ones, ones,
-                torch.full_like(v_scale, 448.0)), dv=dv)  # fmt: skip
+    ones = torch.ones(dq.shape, dtype=torch.float32, device=device)  # bf16 operands: every factor 1, V's 448
+    return dict(bf16=(q, k, v), fp8=(q8, k8, v8), factors=(dq.contiguous(), dk.contiguous(), v_ratio, v_scale),
+                quantized=(dq, dk, dv), ones=(ones, ones, ones, torch.full_like(v_scale, 448.0)), dv=dv)  # fmt: skip
 
 
 def launch(name, inputs, causal, out_dtype=torch.bfloat16):
@@ -431,7 +436,14 @@ def launch(name, inputs, causal, out_dtype=torch.bfloat16):
     q8, k8, v8 = inputs["fp8"]
     B, H, T, D = q8.shape
     config = fp8_config(D)
-    block_q, num_warps, num_stages = config["block_q"], config["num_warps"], config["num_stages"]
+    # the copy's tiles: the package's before it took the levers (128 x 64, 8 warps, 3 stages; 64 x 64, 2 above D 128)
+    block_q, num_warps, num_stages = (128, 8, 3) if D <= 128 else (64, 8, 2)
+    dq, dk, v_ratio, v_scale = inputs["factors"]
+    if name == "a_package":  # the shipped launch: its tiles, its steps for factors one per head (as quantized)
+        return launch_fp8_forward(q8, k8, v8, *inputs["quantized"], causal, D**-0.5, 0, out_dtype, **config)
+    if name == "package_rows_64":  # the package's general step at the copy's tiles, factors laid out one per row
+        return launch_fp8_forward(q8, k8, v8, dq, dk, inputs["dv"].contiguous(), causal, D**-0.5, 0, out_dtype, 64,
+                                  block_q, num_warps, num_stages)  # fmt: skip
     o = torch.empty((B, H, T, D), dtype=out_dtype, device=q8.device)
     lse = torch.empty((B, H, T), dtype=torch.float32, device=q8.device)
     n_tiles = triton.cdiv(T, block_q)
@@ -439,15 +451,6 @@ def launch(name, inputs, causal, out_dtype=torch.bfloat16):
                                  q8.device)  # fmt: skip
     qk_scale = kernel_scale(D**-0.5).unit * LOG2E
     d_pad = max(MIN_FP8_DOT, 1 << (D - 1).bit_length())
-    dq, dk, v_ratio, v_scale = inputs["factors"]
-    if name == "a_package":
-        fp8_forward_kernel[(n_tiles, H, B)](
-            q8, k8, v8, dq, dk, v_ratio, v_scale, o, lse, *q8.stride(), *k8.stride(), *v8.stride(), *o.stride(),
-            H, H, T, T, 0, qk_scale, max(chunk, 1), HEAD_DIM=D, HEAD_DIM_PAD=d_pad, BLOCK_Q=block_q, BLOCK_K=64,
-            CAUSAL=causal, SIGN=1, HEAVIEST_FIRST=chunk > 0, INTERPRETED=q8.device.type == "cpu",
-            num_warps=num_warps, num_stages=num_stages,
-        )  # fmt: skip
-        return o, lse
     qk8, pv8, softmax, exp, two, ws, block_k, maxnreg, flags, *tiles = VARIANTS[name]
     block_q, num_warps, num_stages = (own or shipped for own, shipped in zip(tiles, (block_q, num_warps, num_stages)))
     n_tiles = triton.cdiv(T, block_q)
@@ -483,7 +486,7 @@ def interpret_check() -> None:
     for causal in (False, True):
         inputs = prepared(1, 2, 160, 32, "cpu", 1)
         o_e, _ = fp8_attention_forward(*inputs["fp8"], inputs["factors"][0], inputs["factors"][1], inputs["dv"], causal)
-        o_package = launch("a_package", inputs, causal, out_dtype=torch.float32)[0]
+        o_package = launch("package_rows_64", inputs, causal, out_dtype=torch.float32)[0]
         for name in VARIANTS:
             if name in INTERPRETER_SKIPS:
                 continue
@@ -506,7 +509,7 @@ def interpret_check() -> None:
 def names_for(D: int) -> list[str]:
     """The kernels timed at head dim D: the package's, then every variant that applies."""
     every = os.environ.get("FP8_ABLATION_LEVERS") == "all"
-    return [name for name in ("a_package", *VARIANTS) if (D == 64 or name not in ONLY_D64)
+    return [name for name in ("a_package", "package_rows_64", *VARIANTS) if (D == 64 or name not in ONLY_D64)
             and (every or name not in MEASURED)]  # fmt: skip
 
 
@@ -596,7 +599,7 @@ def main(out: Path) -> None:
         q, k, v = inputs["bf16"]
         times = {"flashtile": median_ms(functools.partial(build("flashtile", shape), q, k, v), warmup=25, rep=100)}
         rows.append(row("package_bf16", shape, times["flashtile"], dtype="bf16", provider="flashtile"))
-        o_package = launch("a_package", inputs, causal)[0]
+        o_package = launch("package_rows_64", inputs, causal)[0]
         for name in names_for(D):
             extra = {}
             try:

@@ -76,8 +76,9 @@ def launch(q8, k8, v8_keys, dq, dk, dv, causal, block_q, block_k, num_warps, num
     lse = torch.empty((B, H, T), dtype=torch.float32, device=q8.device)
     fp8_forward_kernel[(triton.cdiv(T, block_q), H, B)](
         q8, k8, v8_keys, dq, dk, v_ratio, v_scale, o, lse, *q8.stride(), *k8.stride(), *v8_keys.stride(), *o.stride(),
-        H, k8.shape[1], T, T, 0, D**-0.5 * LOG2E, 1, HEAD_DIM=D, HEAD_DIM_PAD=max(MIN_FP8_DOT, D), BLOCK_Q=block_q,
-        BLOCK_K=block_k, CAUSAL=causal, SIGN=1, HEAVIEST_FIRST=False, INTERPRETED=False, num_warps=num_warps,
+        *dq.stride(), *dk.stride(), *v_scale.stride(), H, k8.shape[1], T, T, 0, D**-0.5 * LOG2E, 1, HEAD_DIM=D,
+        HEAD_DIM_PAD=max(MIN_FP8_DOT, D), BLOCK_Q=block_q, BLOCK_K=block_k, CAUSAL=causal, SIGN=1,
+        HEAVIEST_FIRST=False, K_ROWS=True, V_RATIOS=True, INTERPRETED=False, num_warps=num_warps,
         num_stages=num_stages,
     )  # fmt: skip
     return o

@@ -47,11 +47,15 @@ from flashtile.bench.providers import build
 from flashtile.fp8 import quantize
 from flashtile.kernels._host import heaviest_first_chunk, kernel_scale, resident_programs
 from flashtile.kernels._jit import full_key_tiles, last_key_tile, multiply_subtract, program_tile
-from flashtile.kernels.fp8_forward import LOG2E, MIN_FP8_DOT, P_SCALE_JIT, fp8_config, fp8_forward, fp8_forward_kernel
+from flashtile.kernels.fp8_forward import LOG2E, MIN_FP8_DOT, P_SCALE_JIT, fp8_forward, fp8_forward_kernel
 from flashtile.reference.fp8 import fp8_attention_forward
 
 SHAPES = ((64, True, 16384), (128, False, 16384), (128, True, 4096), (128, True, 16384))  # (D, causal, T)
 FIRST_TILES = dict(block_q=64, num_warps=4, num_stages=2)  # the first kernel's launch
+# 128 x 64 tiles, 8 warps, 3 stages: the package's launch when this probe was run, before it took the ablation's
+# levers (bench/probes/fp8_ablation.py; 64 x 128 tiles since); the package kernel is launched here with factors
+# one per row and 64-key tiles, its general step of that time but for P's 448, now carried in exp2's shift
+SHIPPED_THEN = dict(block_q=128, num_warps=8, num_stages=3)
 LN2 = tl.constexpr(0.6931471805599453)
 METHOD = (
     "flashtile.bench.common.median_ms (triton.testing.do_bench median, warmup 50 ms, rep 200 ms); FLOPs "
@@ -168,10 +172,13 @@ def launch(kernel, q8, k8, v8, dq, dk, v_ratio, v_scale, causal, block_q, num_wa
     n_tiles = triton.cdiv(T, block_q)
     chunk = heaviest_first_chunk(causal, 2 * T * D, B * H, B * H * n_tiles, resident_programs(num_warps, None),
                                  q8.device)  # fmt: skip
-    extra = dict(SIGN=1, INTERPRETED=False) if kernel is fp8_forward_kernel else switches
+    extra = dict(SIGN=1, INTERPRETED=False, K_ROWS=True, V_RATIOS=True) if kernel is fp8_forward_kernel else switches
+    # the package kernel reads its factors through their strides (since it took the ablation's levers); the
+    # probe's copy, contiguous: both get contiguous factors, the package's general step (a ratio, k per key)
+    factor_strides = (*dq.stride(), *dk.stride(), *v_scale.stride()) if kernel is fp8_forward_kernel else ()
     kernel[(n_tiles, H, B)](
         q8, k8, v8, dq, dk, v_ratio, v_scale, o, lse, *q8.stride(), *k8.stride(), *v8.stride(), *o.stride(),
-        H, H, T, T, 0, kernel_scale(D**-0.5).unit * LOG2E, max(chunk, 1), HEAD_DIM=D,
+        *factor_strides, H, H, T, T, 0, kernel_scale(D**-0.5).unit * LOG2E, max(chunk, 1), HEAD_DIM=D,
         HEAD_DIM_PAD=max(MIN_FP8_DOT, D), BLOCK_Q=block_q, BLOCK_K=64, CAUSAL=causal, HEAVIEST_FIRST=chunk > 0,
         num_warps=num_warps, num_stages=num_stages, **extra,
     )  # fmt: skip
@@ -197,8 +204,8 @@ def main(out: Path) -> None:
         v8, dv = quantize(v, "head", keys_contiguous=True)
         v_scale = dv.amax(dim=-1).contiguous()
         v_ratio = (dv / v_scale[..., None]).contiguous()
-        ready = (q8, k8, v8, dq, dk, v_ratio, v_scale, causal)
-        shipped = fp8_config(D)
+        ready = (q8, k8, v8, dq.contiguous(), dk.contiguous(), v_ratio, v_scale, causal)  # one per row: as before
+        shipped = SHIPPED_THEN  # the package's tiles when these steps were timed (fp8_config has moved on since)
         o_package = launch(fp8_forward_kernel, *ready, **shipped)
         o_steps = launch(steps_kernel, *ready, **shipped, FMA=True, ORDER=True, PV_OUTSIDE=False)
         copy_is_exact = torch.equal(o_package, o_steps)  # the probe's copy with every step on: the same bits?

@@ -24,7 +24,7 @@ import torch
 from _grids import LONG
 from _sm90 import compile_in_fresh_process
 from _truth import attention_truth
-from flashtile.fp8 import GRANULARITIES, quantize
+from flashtile.fp8 import quantize
 from flashtile.kernels.fp8_forward import fp8_config, fp8_forward, keys_contiguous, one_per_head
 from flashtile.reference.fp8 import fp8_attention_forward, fp8_block_k
 

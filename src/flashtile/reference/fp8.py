@@ -21,8 +21,8 @@ of that moment, so the answer depends on ``block_k``; the kernel must use the sa
 two to agree to float32 rounding (``fp8_block_k(D)``, the default of both). The kernel's float32 steps
 come in its own order (448 p as exp2(s - m + log2 448); a per-head k factor folded into q's row factor
 before the scores, not after): every such order is float64 arithmetic here, and the two agree to float32
-rounding of s, which moves a code of P only where 448 r p lies within that rounding of an E4M3 midpoint. ``torch``'s cast to float8_e4m3fn goes through float32, as the
-kernel's float32 P does, and saturates at 448.
+rounding of s, which moves a code of P only where 448 r p lies within that rounding of an E4M3 midpoint.
+``torch``'s cast to float8_e4m3fn goes through float32, as the kernel's float32 P does, and saturates at 448.
 
 The checks of the FP8 contract (E4M3 tensors and their factors) live here, below the kernel and
 ``flashtile.fp8``, which both check with them.
