@@ -100,7 +100,7 @@ def pick_backend(q: torch.Tensor) -> str:
         return forced
     if q.dtype == torch.float64:
         return "reference"
-    if q.device.type == "cuda":
+    if q.is_cuda:  # a flag read, not a device object made and compared: every call passes here
         return "triton"
     if is_interpreting() and q.dtype != torch.bfloat16:  # the interpreter's bf16 is wrong: Triton issue 11584
         return "triton"
@@ -495,7 +495,7 @@ def plain_inputs(q, k, v) -> bool:
     takes the custom op, whose fake implementation serves it."""
     return (
         type(q) in PLAIN_TENSORS and type(k) in PLAIN_TENSORS and type(v) in PLAIN_TENSORS
-        and q.device.type in ("cuda", "cpu")
+        and (q.is_cuda or q.is_cpu)
     )  # fmt: skip
 
 

@@ -145,7 +145,7 @@ def decode_attention(
         window = check_window(window)
     call = cached_plan(check_decode_call, (query, key_cache, value_cache, cache_seqlens, block_table), scale,
                        num_splits, return_lse, window, softcap)  # fmt: skip
-    if query.device.type == "meta":  # shapes only, nothing computed (and no values to check)
+    if query.is_meta:  # shapes only, nothing computed (and no values to check)
         o, lse = query.new_empty(query.shape), query.new_empty(query.shape[:-1], dtype=stats_dtype(query.dtype))
         return (o, lse) if call.return_lse else o
     if cache_seqlens is not None or block_table is not None:  # their values: one copy to the host
