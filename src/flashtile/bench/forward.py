@@ -115,7 +115,8 @@ def measure_provider(name: str, shape: dict, q, k, v, truth, *, timer, device="c
     if reason is not None:  # out of the except block, so the traceback no longer holds the tensors
         free_memory(device)
         return schema_row(shape, name, error=reason)
-    err = prov.check_output(name, o, truth, shape["dtype"])  # raises WrongAnswer: a wrong answer is never timed
+    dtype = prov.provider_dtype(name, shape)
+    err = prov.check_output(name, o, truth, dtype)  # raises WrongAnswer: a wrong answer is never timed
     del o
     try:
         ms = timer(lambda: fn(q, k, v))
@@ -125,6 +126,8 @@ def measure_provider(name: str, shape: dict, q, k, v, truth, *, timer, device="c
         free_memory(device)
         return schema_row(shape, name, error="OOM")
     extra = dict(launch) if launch and name == "flashtile" else {}
+    if dtype != shape["dtype"]:  # FP8: the row says what was computed, and from what
+        extra.update(dtype=dtype, input_dtype=shape["dtype"], granularity="head")
     return schema_row(shape, name, ms, max_abs_err_vs_fp32=float(f"{err:.3g}"), **extra)
 # --8<-- [end:measure]
 
@@ -203,8 +206,8 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m flashtile.bench forward", description=__doc__.splitlines()[0])
     parser.add_argument("--set", dest="sets", type=parse_list(tuple(SETS)), default=list(SETS),
                         help=f"comma list of shape sets (default: all): {', '.join(SETS)}")  # fmt: skip
-    parser.add_argument("--providers", type=parse_list(prov.PROVIDERS), default=list(prov.PROVIDERS),
-                        help=f"comma list (default: all): {', '.join(prov.PROVIDERS)}")  # fmt: skip
+    parser.add_argument("--providers", type=parse_list(prov.PROVIDERS), default=list(prov.DEFAULT_PROVIDERS),
+                        help=f"comma list (default: all but flashtile_fp8): {', '.join(prov.PROVIDERS)}")  # fmt: skip
     parser.add_argument("--config", type=parse_config, help="flashtile launch config block_q,block_k,warps,stages")
     parser.add_argument("--sweep", action="store_true", help="time launch configs of our kernel instead")
     parser.add_argument("--sweep-d256", action="store_true", help="the sweep, for head dim 256")

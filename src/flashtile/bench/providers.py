@@ -12,7 +12,11 @@ shape's layout, returning o (B, H, Tq, D) in the inputs' dtype (any strides):
   (``enable_gqa=True`` where H_kv < H); a backend that refuses a shape raises, and the row says why;
 - ``flex``: ``torch.nn.attention.flex_attention`` compiled by ``torch.compile`` for each shape, with a
   causal block mask where the shape is causal;
-- ``naive``: softmax(Q Kᵀ τ) V in plain PyTorch, the (B, H, Tq, Tk) scores materialised.
+- ``naive``: softmax(Q Kᵀ τ) V in plain PyTorch, the (B, H, Tq, Tk) scores materialised;
+- ``flashtile_fp8`` (not in the default list: ``--providers`` names it): ``flashtile.attention`` on E4M3
+  copies of the inputs, ``flashtile.fp8.quantize`` per head (V keys-contiguous, the layout the FP8 kernel
+  reads), o in bf16. The copies are made once per set of inputs, outside the timing, as a model that keeps
+  its cache in FP8 would; its rows say ``dtype: fp8_e4m3`` and are checked with ``TOLERANCE["fp8_e4m3"]``.
 
 ``sdpa_math`` is skipped (``Skip``) where its float32 scores would exceed ``MATH_BUDGET_BYTES``; the
 naive provider is never skipped, so that the scale-up table shows where it runs out of memory.
@@ -24,8 +28,10 @@ import math
 
 import torch
 
-PROVIDERS = ("flashtile", "flashtile_textbook", "sdpa_cudnn", "sdpa_flash", "sdpa_efficient", "sdpa_math", "flex",
-             "naive")
+DEFAULT_PROVIDERS = ("flashtile", "flashtile_textbook", "sdpa_cudnn", "sdpa_flash", "sdpa_efficient", "sdpa_math",
+                     "flex", "naive")  # fmt: skip
+PROVIDERS = (*DEFAULT_PROVIDERS, "flashtile_fp8")
+PROVIDER_DTYPES = {"flashtile_fp8": "fp8_e4m3"}  # a provider that computes in another dtype than its inputs'
 SDPA_BACKENDS = {
     "sdpa_cudnn": "CUDNN_ATTENTION",
     "sdpa_flash": "FLASH_ATTENTION",
@@ -38,7 +44,10 @@ MATH_BUDGET_BYTES = 8 * 2**30  # the math backend's float32 (B, H, Tq, Tk) score
 # A provider passes when both its largest error and its error relative to the truth's size are small.
 # Relative: at T = 16k without a mask every output row is an average of 16k values, so |o| is ~0.01 and
 # an absolute bound alone would let a wrong scale or a missing mask through.
-TOLERANCE = {"bf16": (5e-2, 2e-2), "fp16": (1e-2, 5e-3), "fp32": (1e-3, 1e-4)}  # (max abs, relative L2)
+# FP8: E4M3 keeps 3 mantissa bits, so each input carries up to 2^-4 = 6.25 % relative error, and o about that
+# (docs/part-c/fp8.md derives it); 10 % relative L2 still refuses a wrong scale, mask or factor, which give O(1)
+TOLERANCE = {"bf16": (5e-2, 2e-2), "fp16": (1e-2, 5e-3), "fp32": (1e-3, 1e-4),
+             "fp8_e4m3": (0.5, 0.1)}  # (max abs, relative L2)  # fmt: skip
 
 
 class Skip(Exception):
@@ -164,6 +173,26 @@ def _flex(shape: dict, device):
     return lambda q, k, v: compiled(q, k, v, block_mask=mask, enable_gqa=gqa)
 
 
+def _fp8(causal: bool, gqa: bool):
+    from ..api import attention
+    from ..fp8 import quantize
+
+    kept = {}  # the E4M3 copies of the last inputs: quantised once, not on every timed call
+
+    def run(q, k, v):
+        if any(a is not b for a, b in zip(kept.get("inputs", ()), (q, k, v))) or not kept:  # other tensors
+            (q8, dq), (k8, dk), (v8, dv) = (quantize(x, "head", keys_contiguous=x is v) for x in (q, k, v))
+            kept.update(inputs=(q, k, v), args=(q8, k8, v8), factors=dict(descale_q=dq, descale_k=dk, descale_v=dv))
+        return attention(*kept["args"], is_causal=causal, enable_gqa=gqa, out_dtype=q.dtype, **kept["factors"])
+
+    return run
+
+
+def provider_dtype(name: str, shape: dict) -> str:
+    """The dtype a provider computes in: its inputs' (the shape's), or FP8's for ``flashtile_fp8``."""
+    return PROVIDER_DTYPES.get(name, shape["dtype"])
+
+
 def build(name: str, shape: dict, device="cuda", launch: dict | None = None):
     """The provider ``name`` for ``shape`` as a function (q, k, v) -> o; raises ``Skip`` where it is not run.
 
@@ -189,4 +218,6 @@ def build(name: str, shape: dict, device="cuda", launch: dict | None = None):
         return _flex(shape, device)
     if name == "naive":
         return lambda q, k, v: naive_attention(q, k, v, causal)
+    if name == "flashtile_fp8":
+        return _fp8(causal, gqa)
     raise ValueError(f"unknown provider {name!r}; known: {', '.join(PROVIDERS)}")
