@@ -24,27 +24,12 @@ from flashtile.kernels.backward import flash_attention_varlen_backward
 from flashtile.kernels.forward import flash_attention_varlen
 from flashtile.reference.masks import document_visible_pairs
 
-FORWARD = [
-    None,
-    (128, 128, 8, 3),
-    (128, 64, 8, 2),
-    (128, 64, 4, 3),
-    (64, 64, 4, 3),
-    (64, 128, 4, 3),
-    (128, 32, 8, 3),
-]  # (block_q, block_k, num_warps, num_stages)
+# (block_q, block_k, num_warps, num_stages); None: the launcher's default
+FORWARD = [None, (128, 128, 8, 3), (128, 64, 8, 2), (128, 64, 4, 3), (64, 64, 4, 3), (64, 128, 4, 3), (128, 32, 8, 3)]
 # The backward's two kernels, each (block_q, block_k, num_warps, num_stages), the other kernel at its default:
 # set through a stand-in for kernels.backward.backward_config (the launcher takes tile sizes only)
-DKDV = [
-    (32, 64, 4, 3),
-    (64, 64, 4, 3),
-    (32, 128, 4, 3),
-    (64, 128, 8, 2),
-    (64, 64, 8, 2),
-    (32, 64, 4, 2),
-    (16, 64, 4, 3),
-    (64, 32, 4, 3),
-]
+DKDV = [(32, 64, 4, 3), (64, 64, 4, 3), (32, 128, 4, 3), (64, 128, 8, 2), (64, 64, 8, 2), (32, 64, 4, 2),
+        (16, 64, 4, 3), (64, 32, 4, 3)]  # fmt: skip
 DQ = [(64, 64, 4, 3), (128, 64, 8, 2), (64, 128, 4, 3), (128, 32, 8, 3), (64, 64, 4, 2), (32, 64, 4, 3)]
 
 
