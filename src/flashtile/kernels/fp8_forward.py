@@ -13,10 +13,13 @@ names in the same order; what changes from ``kernels/textbook.py`` is only what 
   V that is not laid out so, on every call;
 * each row's factor leaves the QKᵀ dot exactly: the raw dot is multiplied by descale_k (per key column),
   the row max of that by descale_q (positive: τ's sign is folded into q's codes), and s - m is one
-  multiply-add per score;
+  multiply-add per score. k's factors one per head (stride 0 along T, as ``quantize`` lays out
+  granularity "tensor" and "head") are folded into descale_q once instead (``K_ROWS=False``);
 * P is rounded to E4M3 before the PV dot, as 448 · r_j · p with r_j = descale_v[j] / v_scale (at most 1:
-  V's factors ride on P) and p = exp2(s - m) in [0, 1]; the factor v_scale / 448 is applied once in the
-  epilogue. l sums the unrounded p, in float32.
+  V's factors ride on P) and p = exp2(s - m) in [0, 1]; 448 rides in exp2's shift (448 p = exp2(s - m +
+  log2 448)), so with V's factors one per head (every r_j exactly 1, ``V_RATIOS=False``) P takes no
+  multiply at all; the factor v_scale is applied once in the epilogue. l sums the unrounded 448 p, in
+  float32. The launcher picks both steps from the factors' layout (``one_per_head``), not from a switch.
 
 What it supports: q (B, H, Tq, D), k and v (B, H_kv, Tk, D) with H a multiple of H_kv (GQA reads the
 shared head, no copy), any strides, any Tq and Tk, 1 <= D <= 256, causal with both alignments, any
@@ -27,12 +30,15 @@ What it does not do (yet): it is forward only (inference and prefill), has no TM
 autotuning and no overlap of softmax and matmuls. ``flashtile.attention`` runs it for E4M3 inputs on CUDA
 (``flashtile.fp8.attention``). Measured
 speeds are in bench/PERF_LOG.md and sweeps/fp8-forward-speed-*.json. P is rounded tile by tile against
-the running max, so ``block_k`` must equal the emulation's for the two to agree. Under the Triton
+the running max, so ``block_k`` must equal the emulation's for the two to agree (``fp8_block_k``). Under the Triton
 interpreter the float32 -> E4M3 cast loses the carry when rounding reaches a power of two, so the CPU
 tests (tests/kernels/test_fp8_forward.py) feed it inputs on which nothing rounds.
 
-Launch settings (``fp8_config``): 128 x 64 tiles, 8 warps, 3 stages to D = 128, 64 x 64 above, each
-head's heaviest query tile first under a causal mask (``program_tile``, shared with the bf16 forward);
+Launch settings (``fp8_config``): 64 x 128 tiles, 4 warps (two programs an SM), 3 stages to D = 128; 64 x 64,
+8 warps, 2 stages above (128-key tiles spill there); each head's heaviest query tile first under a causal
+mask (``program_tile``, shared with the bf16 forward); the settings and the steps without factors on the
+scores or ratios on P are the levers bench/probes/fp8_ablation.py measured (sweeps/fp8-forward-ablation-
+levers.json);
 E4M3 tensor-core dots need operand widths of at least 32 along the reduced dimension, so the head dim
 is padded to at least 32. bench/probes/fp8_forward_steps.py times each step against the kernel without it.
 """
@@ -69,15 +75,11 @@ def fold_fp8_key_tile(acc, l, m, q, dq, K, V, DK, VR, stride_kt, stride_kd, stri
     j = k_start + tl.arange(0, BLOCK_K).to(tl.int64)
     kv_mask = (j[:, None] < Tk) & (d[None, :] < HEAD_DIM)
     k = tl.load(K + j[:, None] * stride_kt + d[None, :] * stride_kd, mask=kv_mask, other=0.0)  # (BLOCK_K, D_PAD) e4m3
-    # V is read as its transpose (D_PAD, BLOCK_K), keys contiguous: an E4M3 tensor-core dot takes its second
-    # operand with the reduced dimension (here the keys) contiguous, and a tile stored that way is copied
-    # to shared memory ahead of use like k; row-major V would be loaded, then transposed, every step
+    # V's transpose (D_PAD, BLOCK_K), keys contiguous: the layout an E4M3 dot's second operand needs
     v_t_mask = (d[:, None] < HEAD_DIM) & (j[None, :] < Tk)
-    v_t = tl.load(V + d[:, None] * stride_vd + j[None, :] * stride_vt, mask=v_t_mask, other=0.0)  # (D_PAD, BLOCK_K)
-    # the raw dot is summed in the E4M3 dot's accumulator (fewer bits than float32 on sm_90); s = t dq with
-    # t = raw dk: dq > 0, so the row max of s is dq times the row max of t, and s - m is one fused multiply-add
-    t = tl.dot(q, tl.trans(k))  # (BLOCK_Q, BLOCK_K), log2 units once times dq (τ log2 e is in dq)
-    if K_ROWS:  # k's factors one per key; one per head is already in dq (the launcher's K_ROWS=False)
+    v_t = tl.load(V + d[:, None] * stride_vd + j[None, :] * stride_vt, mask=v_t_mask, other=0.0)
+    t = tl.dot(q, tl.trans(k))  # (BLOCK_Q, BLOCK_K); s = t dq in log2 units (τ log2 e is in dq, > 0)
+    if K_ROWS:  # k's factors per key; one per head is in dq already
         t = t * tl.load(DK + j * stride_dkt, mask=j < Tk, other=0.0)[None, :]
     if MASKED:  # a padded key, or one past the diagonal, scores -inf (p = 0)
         visible = j[None, :] < Tk
@@ -86,20 +88,14 @@ def fold_fp8_key_tile(acc, l, m, q, dq, K, V, DK, VR, stride_kt, stride_kd, stri
         t = tl.where(visible, t, float("-inf"))
     m_new = tl.maximum(m, tl.max(t, 1) * dq)
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no key yet: alpha = p = 0, not NaN
-    # P's scale 448 rides in the shift: 448 p = exp2(s - shift) with shift = m - log2 448, so P needs no
-    # multiply; alpha is taken between the shifts as rounded and used, so their rounding cancels in o and lse
-    shift = m_safe - LOG2_P_SCALE
-    alpha = tl.math.exp2((m - LOG2_P_SCALE) - shift)
-    p = tl.math.exp2(multiply_subtract(t, dq[:, None], shift[:, None], INTERPRETED))  # 448 exp2(s - m), in [0, 448]
-    l = alpha * l + tl.sum(p, 1)  # the normaliser (times 448) sums the unrounded p
-    if V_RATIOS:  # V's factors one per key: r_j = descale_v[j] / v_scale on P; one per head, every r_j is 1
+    shift = m_safe - LOG2_P_SCALE  # 448 p = exp2(s - shift): P's scale rides in the shift
+    alpha = tl.math.exp2((m - LOG2_P_SCALE) - shift)  # between shifts as rounded: that rounding cancels
+    p = tl.math.exp2(multiply_subtract(t, dq[:, None], shift[:, None], INTERPRETED))  # 448 p, in [0, 448]
+    l = alpha * l + tl.sum(p, 1)  # sums the unrounded 448 p
+    if V_RATIOS:  # r_j = descale_v[j] / v_scale on P; with V's factors one per head every r_j is 1
         p = p * tl.load(VR + j, mask=j < Tk, other=0.0)[None, :]
-    p8 = p.to(tl.float8e4nv)  # P rounded to E4M3
-    # max_num_imprecise_acc: the tile's product is summed in the E4M3 dot's own accumulator, then added to acc
-    # in float32 (on sm_90 that accumulator keeps fewer bits than float32; acc runs over every key tile).
-    # ptxas serialises the wgmmas of this form (C7514); `acc * alpha + tl.dot(p8, v)` computes the same sums
-    # without the note and measured 9-16 % slower on the H200 (bench/PERF_LOG.md): this form is kept
-    acc = tl.dot(p8, tl.trans(v_t), acc * alpha[:, None], max_num_imprecise_acc=BLOCK_K)  # (BLOCK_Q, D_PAD)
+    # P rounded to E4M3; the tile's product summed in the E4M3 dot's short accumulator, added to acc in float32
+    acc = tl.dot(p.to(tl.float8e4nv), tl.trans(v_t), acc * alpha[:, None], max_num_imprecise_acc=BLOCK_K)
     return acc, l, m_new
 # --8<-- [end:fp8-key-step]
 
