@@ -357,7 +357,7 @@ def rmse(a, b):
 # The kernel computes every step of the emulation in float32, and rounds q, k, v and P where the emulation
 # does; float32 alone would put the two 1e-6 apart. What is left is the sm_90 E4M3 dot: it sums its products
 # in the tensor core's own accumulator, which keeps about 13 to 14 significant bits, not float32's 24 (the
-# raw q8 . k8 over the head dim, and each tile's P8 V8 over its 64 keys; acc then adds the tile in float32).
+# raw q8 . k8 over the head dim, and each tile's P8 V8 over its block_k keys; acc then adds the tile in float32).
 # An error δs in a score moves 448 r p by 448 r p δs; the E4M3 code of P changes only where that crosses a
 # rounding midpoint, and then by one step of E4M3 (2^-4 to 2^-3 of it). So o moves by whole E4M3 steps of P
 # on the few entries near a midpoint, a perturbation whose size depends on the inputs: per tensor with an
