@@ -13,6 +13,9 @@ from pathlib import Path
 # tests/_truth.py (the independent float64 truth) is imported as ``_truth`` from every test directory.
 sys.path.insert(0, str(Path(__file__).parent / "tests"))
 
+# How the suite is dealt out to pytest-xdist workers: xdist_group honoured, the longest tests first.
+pytest_plugins = ["_xdist_plan"]
+
 
 def _has_cuda() -> bool:
     try:

@@ -8,7 +8,9 @@ fail on the first GPU call. A fresh process, without TRITON_INTERPRET, compiles 
 
 from __future__ import annotations
 
-from _sm90 import compile_in_fresh_process
+import pytest
+
+from _sm90 import compiled, register
 
 BODY = """
 from flashtile.kernels import decode
@@ -50,19 +52,22 @@ for paged, page in [(False, 1), (True, 16), (True, 256)]:
     buffers[f"paged={paged}, page={page}"] = sorted(set(int(n) for n in found))
 print(json.dumps({"shared": shared, "buffers": buffers}))
 """
+register("decode", BODY)
+# one worker runs every sm_90 compile test, one after the other (tests/_sm90.py)
+pytestmark = pytest.mark.xdist_group("sm90")
 
 
-def test_decode_kernels_compile_for_sm90_without_a_gpu():
-    out = compile_in_fresh_process(BODY)
+def test_decode_kernels_compile_for_sm90_without_a_gpu(tmp_path_factory):
+    out = compiled("decode", tmp_path_factory)
     shared = out["shared"]
     assert len(shared) == 5
     assert all(0 <= n <= 227 * 1024 for n in shared.values()), shared
 
 
-def test_paged_caches_keep_as_many_tiles_in_flight_as_contiguous_ones():
+def test_paged_caches_keep_as_many_tiles_in_flight_as_contiguous_ones(tmp_path_factory):
     """The block table is read one tile ahead. Read in the same iteration as the K and V loads it
     addresses, it left the pipeliner one buffer of K and V at num_stages = 3, against two for a
     contiguous cache: half the loads in flight, and paged caches read 10-20% slower (PERF_LOG)."""
-    buffers = compile_in_fresh_process(BODY)["buffers"]
+    buffers = compiled("decode", tmp_path_factory)["buffers"]
     assert buffers["paged=False, page=1"] == [2], buffers
     assert buffers["paged=True, page=16"] == buffers["paged=True, page=256"] == [2], buffers

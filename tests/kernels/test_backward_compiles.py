@@ -21,9 +21,7 @@ import re
 
 import pytest
 
-from _sm90 import compile_in_fresh_process
-
-from ._helpers import once_per_run
+from _sm90 import compiled, register
 
 BODY = """
 import re, subprocess, tempfile
@@ -80,6 +78,9 @@ for D in (64, 128):
     POINTERS.update(K="*bf16", V="*bf16")
 print(json.dumps(out))
 """
+register("backward", BODY)
+# one worker runs every sm_90 compile test, one after the other (tests/_sm90.py)
+pytestmark = pytest.mark.xdist_group("sm90")
 ATOMIC_ADD_F32 = re.compile(r"\b(red|atom)\.[\w.]*add\.(v\d\.)?f32")
 H200_SHARED_BYTES = 227 * 1024  # the most shared memory one block may use on the H100 and H200
 
@@ -87,8 +88,8 @@ H200_SHARED_BYTES = 227 * 1024  # the most shared memory one block may use on th
 @pytest.fixture(scope="module")
 def sm90(tmp_path_factory) -> dict:
     """{"ptx": dQ mode -> PTX of the bf16, D = 64 dK/dV kernel, "stats": [kernel, D, config, spills, regs, shared]};
-    compiled once per run, whichever worker asks first."""
-    return once_per_run(tmp_path_factory, "sm90-backward", lambda: compile_in_fresh_process(BODY))
+    compiled once per run, with the other sm_90 bodies."""
+    return compiled("backward", tmp_path_factory)
 
 
 def test_atomic_dq_compiles_to_float32_atomic_adds_and_the_default_has_none(sm90):

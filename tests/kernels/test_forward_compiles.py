@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import pytest
 
-from _sm90 import compile_in_fresh_process
-
-from ._helpers import once_per_run
+from _sm90 import compiled, register
 
 BODY = """
 from flashtile.kernels import forward
@@ -37,13 +35,16 @@ for use_tma in (False, True):
     out["tma" if use_tma else "pointers"] = kernel.asm["ptx"]
 print(json.dumps(out))
 """
+register("forward", BODY)
+# one worker runs every sm_90 compile test, one after the other (tests/_sm90.py)
+pytestmark = pytest.mark.xdist_group("sm90")
 
 
 @pytest.fixture(scope="module")
 def sm90_ptx(tmp_path_factory) -> dict[str, str]:
     """load path ("pointers", "tma") -> PTX of the bf16, D = 64 forward kernel for sm_90; compiled once per
-    run, whichever worker asks first."""
-    return once_per_run(tmp_path_factory, "sm90-forward", lambda: compile_in_fresh_process(BODY))
+    run, with the other sm_90 bodies."""
+    return compiled("forward", tmp_path_factory)
 
 
 @pytest.mark.parametrize("path", ["pointers", "tma"])

@@ -17,7 +17,7 @@ import torch
 
 import flashtile
 from _grids import covering
-from _sm90 import compile_in_fresh_process
+from _sm90 import compiled, register
 from _truth import assert_close_to_truth, truth_with_grads
 from flashtile.kernels import textbook
 from flashtile.kernels.textbook import textbook_backward, textbook_forward
@@ -307,13 +307,15 @@ for fn, dtype, D, backward in ((tb.textbook_forward_kernel, torch.bfloat16, 128,
     out.append([str(dtype), D, fn.fn.__name__, kernel.metadata.shared, spill_bytes(kernel)])
 print(json.dumps({"kernels": out}))
 """
+register("textbook", SM90_BODY)
 
 
-def test_the_kernels_compile_for_sm90_at_their_settings_without_spills():
+@pytest.mark.xdist_group("sm90")  # one worker runs every sm_90 compile test, one after the other (tests/_sm90.py)
+def test_the_kernels_compile_for_sm90_at_their_settings_without_spills(tmp_path_factory):
     """The interpreter never compiles; this does (tests/_sm90.py), for the H200, at the tiles the launchers
     pick, causal (the larger kernels): shared memory within the 227 KiB an sm_90 block may have, and no
     register spills."""
-    kernels = compile_in_fresh_process(SM90_BODY)["kernels"]
+    kernels = compiled("textbook", tmp_path_factory)["kernels"]
     assert len(kernels) == 3
     for dtype, D, name, shared, spilled in kernels:
         assert shared <= 227 * 1024, (dtype, D, name, shared)
