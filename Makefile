@@ -80,11 +80,10 @@ test-long: test
 lint: install
 	$(VENV)/bin/ruff check src tests bench hooks conftest.py
 
-# The docs' claims first: some of them are the longest single items (a training run, a ring of two
-# processes), and pytest-xdist deals the first quarter of the items out in turn, so both workers get a
-# share of them at the start instead of one worker running the last of them while the other waits.
-# --dist loadgroup: tests marked with one xdist_group run on one worker (the gloo ring's process groups are
-# started once, not once per worker); everything else is dealt out as with the default.
+# --dist loadgroup: tests marked with one xdist_group run on one worker, one after the other (the gloo
+# ring's process groups start once, the sm_90 kernels compile in one process), and these groups are dealt
+# out first; then the single tests one at a time to whichever worker is free, the longest first (the list
+# in tests/_xdist_plan.py, which also makes pytest 9.2 honour xdist_group), so both workers end together.
 test-unit: install
 	$(PY) -m pytest -n 2 --dist loadgroup -m "not site" --codeblocks docs tests
 
