@@ -25,9 +25,17 @@ def wall_clock_ms(fn) -> float:
 
 
 def test_train_step_rows_follow_the_schema_on_a_toy_model():
-    rows = train_step.measure(TOY, check=True, device="cpu", dtype=torch.float32, timer=wall_clock_ms)
+    order = []  # which model each timing ran: the providers take turns, each round in the other order
+
+    def timer(fn):
+        order.append(fn.__defaults__[0].config._attn_implementation)
+        return wall_clock_ms(fn)
+
+    rows = train_step.measure(TOY, check=True, device="cpu", dtype=torch.float32, timer=timer)
     assert [row["provider"] for row in rows] == ["flashtile", "sdpa"]
+    assert order[1:3] == ["sdpa", "sdpa"] and order[0] == order[3] != "sdpa" and len(order) == 2 * train_step.ROUNDS
     for row in rows:
+        assert len(row["ms_rounds"]) == train_step.ROUNDS and row["ms"] == sorted(row["ms_rounds"])[1]
         assert SCHEMA_FIELDS <= row.keys() and row["pass"] == "train_step" and row["layout"] == "bthd"
         assert row["ms"] > 0 and isinstance(row["tflops"], float)  # a toy model rounds to 0.0 TFLOP/s
         assert 0 < row["logits_max_abs_err"] < 1e-4 and 0 < row["grad_rel_err"] < 1e-4  # float32 vs float32

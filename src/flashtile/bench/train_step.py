@@ -4,7 +4,9 @@ Both providers are the same model (same weights, random, no downloads) with a di
 ``attn_implementation``: ``flashtile`` (``flashtile.integrations.transformers.register()``) and
 ``sdpa`` (transformers' SDPA path, which lets torch pick its backend: cuDNN or flash on an H100/H200).
 A step is ``zero_grad(set_to_none=True)``, ``model(ids, labels=ids).loss.backward()``; no optimizer, so
-the difference between rows is attention. Measured in the same process, the same run.
+the difference between rows is attention. Measured in the same process, the same run, the providers taking
+turns over ``ROUNDS`` rounds (a row's ``ms`` is the median of its ``ms_rounds``): a step of the small model
+is mostly host time, and the host's speed drifts within a process.
 
 Accuracy (``--check``, main shape only): logits and parameter gradients of each bf16 provider against
 the same weights in float32 with transformers' eager attention (matmul + softmax, independent of both).
@@ -46,12 +48,14 @@ EXTRA_SHAPES = [  # a Llama-3-8B-shaped stack, a few layers of it
 # The padded batch of issue 36: the main model, 8 sequences of 512 to 2048 tokens padded to 2048
 PADDED_SHAPE = dict(MAIN_SHAPE, B=8, T=2048, min_length=512)
 PROVIDERS = ("flashtile", "sdpa")
+ROUNDS = 3  # each provider timed this many times, taking turns (``measure``)
 WARMUP_MS, REP_MS = 200, 2000
 METHOD = (
     "one training step (zero_grad, forward with labels, loss.backward; no optimizer) of a transformers "
     "LlamaForCausalLM built from a config, bf16, random weights and tokens; triton.testing.do_bench median "
     f"(warmup {WARMUP_MS} ms, rep {REP_MS} ms); TFLOP/s = (6 * linear params * tokens + "
-    "3.5 * layers * 2 * B * H * T^2 * D) / time"
+    "3.5 * layers * 2 * B * H * T^2 * D) / time; the providers take turns over 3 rounds (alternating order) and "
+    "ms is the median of a provider's rounds (ms_rounds)"
 )
 
 
@@ -134,7 +138,7 @@ def measure(shape: dict, check: bool = False, device="cuda", dtype=torch.bfloat1
         eager = build(shape, "eager", device, torch.float32)
         truth = forward_backward(eager, ids, mask)[0], [p.grad.float() for p in eager.parameters()]
         del eager
-    rows = []
+    rows, models = [], {}
     for provider in PROVIDERS:
         row = {"pass": "train_step"}
         row.update(provider=provider, B=shape["B"], H=shape["H"], H_kv=shape["H_kv"],
@@ -145,20 +149,33 @@ def measure(shape: dict, check: bool = False, device="cuda", dtype=torch.bfloat1
         if lengths is not None:
             row.update(lengths=lengths, padding="right")
         try:
-            model = build(shape, names[provider], device, dtype)
+            models[provider] = build(shape, names[provider], device, dtype)
             if truth is not None:
-                row.update(accuracy(model, ids, *truth, mask=mask))
-            ms = timer(lambda model=model: forward_backward(model, ids, mask))
-            row.update(ms=round(ms, 3), tflops=round(step_flops(shape, model, lengths) / (ms * 1e-3) / 1e12, 1))
+                row.update(accuracy(models[provider], ids, *truth, mask=mask))
         except torch.OutOfMemoryError:
+            models.pop(provider, None)
             row.update(ms=None, tflops=None, error="OOM")
-        finally:
-            model = None
-            if device == "cuda":
-                torch.cuda.empty_cache()
         rows.append(row)
-        print(f"{provider:>10} {shape} {row.get('ms')} ms {row.get('tflops')} TFLOP/s "
-              f"{ {k: row[k] for k in ('logits_max_abs_err', 'grad_rel_err') if k in row} }", flush=True)  # fmt: skip
+    # The providers take turns, ROUNDS times, each round in the other order: a step of these models is mostly
+    # host time, and the host's speed drifts within a process, so timing one provider after the other would
+    # give the first and the second different hosts. Each row's ms is the median of its rounds.
+    times = {provider: [] for provider in models}
+    for round_ in range(ROUNDS):
+        for provider in (PROVIDERS if round_ % 2 == 0 else PROVIDERS[::-1]):
+            if provider in models:
+                model = models[provider]
+                times[provider].append(timer(lambda model=model: forward_backward(model, ids, mask)))
+    for row in rows:
+        if row["provider"] in models:
+            ms = sorted(times[row["provider"]])[len(times[row["provider"]]) // 2]
+            row.update(ms=round(ms, 3), ms_rounds=[round(t, 3) for t in times[row["provider"]]],
+                       tflops=round(step_flops(shape, models[row["provider"]], lengths) / (ms * 1e-3) / 1e12, 1))
+        print(f"{row['provider']:>10} {shape} {row.get('ms')} ms {row.get('tflops')} TFLOP/s "
+              f"{ {k: row[k] for k in ('logits_max_abs_err', 'grad_rel_err', 'ms_rounds') if k in row} }",
+              flush=True)  # fmt: skip
+    models.clear()
+    if device == "cuda":
+        torch.cuda.empty_cache()
     by = {row["provider"]: row for row in rows}
     if by["flashtile"]["ms"] and by["sdpa"]["ms"]:
         ratio, target = by["sdpa"]["ms"] / by["flashtile"]["ms"], "1.0" if lengths else "0.9"
