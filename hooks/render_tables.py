@@ -355,6 +355,24 @@ def masks_table(result: dict) -> list[str]:
     return lines
 
 
+def fp8_forward_table(result: dict) -> list[str]:
+    """The FP8 forward (E4M3 inputs, per-head factors) beside flashtile's bf16 forward and cuDNN's, same run."""
+    lines = [
+        _line(["FP8 / bf16", "FP8 / cuDNN", "D", "T", "causal", "B", "H", "FP8 ms", "TFLOP/s", "bf16 ms", "TFLOP/s",
+               "cuDNN ms", "FP8 max error"]),  # fmt: skip
+        _line(["---"] * 13),
+    ]
+    key = lambda r: (r["D"], r["Tq"], r["causal"], r["B"], r["H"])
+    for (D, T, causal, B, H), by in _group(result["rows"], key).items():
+        fp8, bf16, cudnn = by.get("flashtile_fp8"), by.get("flashtile"), by.get("sdpa_cudnn")
+        lines.append(_line([_ratio(fp8, bf16), _ratio(fp8, cudnn), D, T, "yes" if causal else "no", B, H,
+                            f"{fp8['ms']:.3f}" if _ok(fp8) else short_reason(fp8), _tflops(fp8),
+                            f"{bf16['ms']:.3f}" if _ok(bf16) else short_reason(bf16), _tflops(bf16),
+                            f"{cudnn['ms']:.3f}" if _ok(cudnn) else short_reason(cudnn),
+                            fp8.get("max_abs_err_vs_fp32", "—") if fp8 else "—"]))  # fmt: skip
+    return lines
+
+
 # name in the page marker -> (JSON file, renderer, the command that measures it)
 TABLES = {
     "forward": ("forward.json", forward_table, "python -m flashtile.bench forward --set main"),
@@ -374,6 +392,8 @@ TABLES = {
     "train-step": ("train_step.json", train_step_table, "python -m flashtile.bench.train_step"),
     "train-step-padded": ("train_step_padded.json", train_step_table, "python -m flashtile.bench.train_step --padded"),
     "masks": ("masks.json", masks_table, "python -m flashtile.bench masks"),
+    "forward-fp8": ("forward-fp8.json", fp8_forward_table,
+                    "python -m flashtile.bench forward --set main --providers flashtile,flashtile_fp8,sdpa_cudnn"),
 }
 
 

@@ -48,6 +48,9 @@ def test_results_carry_provenance_and_every_provider(name):
         masks = {row["mask"] for row in result["rows"] if row["provider"] != "sdpa_cudnn"}
         assert masks and all(m.startswith(("window:", "documents:")) for m in masks)
         assert all(row["mask"] == row["case"] for row in result["rows"] if row["provider"] != "sdpa_cudnn")
+    elif name == "forward-fp8":  # FP8 beside flashtile's bf16 forward and cuDNN, no other provider
+        assert providers == {"flashtile", "flashtile_fp8", "sdpa_cudnn"}
+        assert {row["dtype"] for row in result["rows"] if row["provider"] == "flashtile_fp8"} == {"fp8_e4m3"}
     elif name in ("overhead", "overhead-decode", "train-step", "train-step-padded"):
         assert providers >= {"flashtile", "sdpa"}
     elif name.startswith("backward"):
