@@ -60,7 +60,10 @@ def resolve_neg_bits(*xs):
     arguments (non-tensors, tensors without the bit) come back as they are, for the checks to judge."""
     if torch.compiler.is_compiling():  # torch.compile cannot trace is_neg(); resolve_neg() is an alias when unset
         return tuple(x.resolve_neg() if isinstance(x, torch.Tensor) else x for x in xs)
-    return tuple(x.resolve_neg() if isinstance(x, torch.Tensor) and x.is_neg() else x for x in xs)
+    for x in xs:  # every call passes here, and almost none has the bit: a plain loop, then xs as they came
+        if isinstance(x, torch.Tensor) and x.is_neg():
+            return tuple(x.resolve_neg() if isinstance(x, torch.Tensor) else x for x in xs)
+    return xs
 
 
 def check_tensor(name: str, x, *, rank: int | None = None, dtypes=FLOAT_DTYPES) -> torch.Tensor:

@@ -33,7 +33,7 @@ def cached_plan(make_plan, tensors, *flags):
     straight to ``make_plan``, whose checks say what is wrong.
     """
     try:
-        key = (make_plan, *map(layout_key, tensors), *((type(f), f) for f in flags))
+        key = (make_plan, *map(layout_key, tensors), *map(type, flags), *flags)  # flat: one tuple to hash
         plan = _plans.get(key)
     except (AttributeError, TypeError, RuntimeError):
         return make_plan(*tensors, *flags)

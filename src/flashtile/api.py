@@ -400,7 +400,7 @@ def attention(
     else:  # eager: the checks run once per layout and flags
         call = cached_plan(check_attention_call, (query, key, value), *flags)
         refuse_unsupported_autograd_modes()
-    device = query.device.type
+    device = "cuda" if query.is_cuda else query.device.type  # the flag first: no device object on the GPU's path
     if autocast_on(device):
         uncast = query
         query, key, value = autocast_inputs(query, key, value, device)  # all three cast, or none
