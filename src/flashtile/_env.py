@@ -18,7 +18,17 @@ _TRUE = ("1", "true", "on", "yes", "y")  # Triton's own reading, for Triton buil
 
 
 # --8<-- [start:interpret]
-@torch.compiler.assume_constant_result  # torch.compile reads it once, at trace time: Triton's knob is C code
+def constant_under_compile(fn):
+    """``torch.compiler.assume_constant_result(fn)``: torch.compile calls fn once while tracing and keeps
+    its answer as a constant of the graph. That function imports torch._dynamo first (about 1.4 s of CPU in
+    every process that imports flashtile, most of which never compile), then only sets this mark on fn;
+    setting the mark ourselves defers the import to the first compile. tests/test_env.py checks that the two
+    mark a function alike on the installed torch."""
+    fn._dynamo_marked_constant = True
+    return fn
+
+
+@constant_under_compile  # torch.compile reads it once, at trace time: Triton's knob is C code
 def is_interpreting() -> bool:
     """True when TRITON_INTERPRET asks for the interpreter, read the way Triton reads it."""
     try:

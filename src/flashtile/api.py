@@ -56,7 +56,7 @@ from ._checks import (
     resolve_scale,
     stats_dtype,
 )
-from ._env import is_interpreting
+from ._env import constant_under_compile, is_interpreting
 from ._layouts import empty_like_layout, strides_like
 from ._plans import cached_plan
 from .reference.decode import decode_band
@@ -80,7 +80,7 @@ def use_backend(name: str):
         _forced_backend.reset(token)
 
 
-@torch.compiler.assume_constant_result  # torch.compile reads it once, at trace time, like the rest of the dispatch
+@constant_under_compile  # torch.compile reads it once, at trace time, like the rest of the dispatch
 def forced_backend() -> str | None:
     """The backend a ``use_backend`` block forces in this thread or task, or None."""
     return _forced_backend.get()
