@@ -488,9 +488,9 @@ def remember_fact(what: str, x: torch.Tensor, fact) -> None:
         return
     key = (what, id(x))
 
-    def forget(ref, key=key):  # the tensor is gone; its id may be given to another one
-        if _facts.get(key, (None,))[0] is ref:
-            del _facts[key]
+    def forget(ref, key=key, facts=_facts):  # the tensor is gone; its id may be given to another one
+        if facts.get(key, (None,))[0] is ref:  # (facts bound here: at interpreter exit the global may be None)
+            del facts[key]
 
     if len(_facts) >= KEPT_FACTS:
         _facts.clear()

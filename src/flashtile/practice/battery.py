@@ -299,6 +299,20 @@ def with_symptom(check: Callable[[], None], symptom: Callable[[], str | None]) -
 # ---------------------------------------------------------------------------------------------------
 # Memory: the largest tensor an implementation creates, and the peak of Python's own allocations
 # ---------------------------------------------------------------------------------------------------
+class _PassThrough(TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+def warm_up() -> None:
+    """Enter a dispatch mode once in this process, so that the modules torch imports for the first one (tens
+    of MB, seconds on a busy machine) are loaded before any case's memory or time is measured."""
+    if not Footprint.warmed:
+        Footprint.warmed = True
+        with _PassThrough():
+            torch.zeros(1).add_(1)
+
+
 class Footprint(TorchDispatchMode):
     """Inside ``with Footprint() as f``: f.largest_tensor is the largest storage (bytes) any torch operation
     produced, f.python_peak the peak of memory traced by tracemalloc (numpy arrays and Python objects)."""
@@ -315,7 +329,10 @@ class Footprint(TorchDispatchMode):
                 self.largest_tensor = max(self.largest_tensor, t.untyped_storage().nbytes())
         return out
 
+    warmed = False  # the first dispatch mode of a process imports torch's modules for it: tens of MB
+
     def __enter__(self):
+        warm_up()  # before tracing starts: those imports are torch's, not the reader's
         self._started = not tracemalloc.is_tracing()
         if self._started:
             tracemalloc.start()
