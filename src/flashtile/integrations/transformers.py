@@ -315,8 +315,10 @@ def find_segments(mask, documents, query, key, window) -> Segments:
     if mask is None:  # packed rows without a mask: every token real, off = 0 (document_starts needs Tq == Tk)
         real = torch.ones(B, Tq, dtype=torch.bool, device=query.device)
         starts, k0, off = documents.clone(), torch.arange(Tq, device=query.device).expand(B, Tq), 0
-    else:
-        real, starts, k0, off = mask_segments(mask, query, key, window)
+    else:  # the mask's reading is kept on it even where the plan cannot be (a mask with documents)
+        found = lambda: mask_segments(mask, query, key, window)  # noqa: E731
+        compiling = torch.compiler.is_compiling()  # no attributes on traced tensors
+        real, starts, k0, off = found() if compiling else remembered(mask, f"_flashtile_segments_{window}", found)
         if documents is not None and off == 0:  # documents the mask does not know of (a cache was in use)
             documents = documents & real
             starts = starts | documents
