@@ -21,6 +21,8 @@ is not a custom op (it runs in eager mode only).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, NamedTuple
+
 import torch
 
 from .._checks import (
@@ -33,17 +35,22 @@ from .._checks import (
     resolve_neg_bits,
     resolve_scale,
 )
+from .._plans import cached_plan
 from ..reference.fp8 import (
     FP8_DTYPES,
-    check_descale,
+    check_descale_layout,
+    check_descale_values,
     fp8_attention_forward,
     vouch_for_factors,
-    vouched_for,
 )
+
+if TYPE_CHECKING:
+    from ..kernels.fp8_forward import Fp8Plan
 
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)  # what the kernel can store
 DEFAULT_OUT_DTYPE = torch.bfloat16
 NAMES = ("query", "key", "value")
+FACTOR_NAMES = ("descale_q", "descale_k", "descale_v")
 
 
 def check_out_dtype(out_dtype) -> torch.dtype:
@@ -56,32 +63,35 @@ def check_out_dtype(out_dtype) -> torch.dtype:
 
 
 # --8<-- [start:row-factors]
-def row_factors(name: str, descale, x: torch.Tensor, x_name: str) -> torch.Tensor:
-    """x's factors as one float32 per row, (B, H, T), the layout both tiers read.
-
-    Accepted: None (the codes are the values: every factor 1), a 0-dim float32 tensor (one factor for the
-    tensor; both come back as a view with stride 0, which the kernel reads as one factor a head) or a (B, H, T)
-    float32 tensor (what ``flashtile.fp8.quantize`` returns, whatever its granularity).
-    Factors must be positive and finite; a tensor from ``quantize`` (or checked by an earlier call and not
-    written to since) is not read again, so the call waits on nothing the device computes.
-    """
-    if descale is None:  # one 1 laid out for every row (stride 0): the kernel reads it as one per head
-        ones = torch.ones((), dtype=torch.float32, device=x.device).expand(x.shape[:-1])
-        vouch_for_factors(ones)
-        return ones
+def check_factor_layout(name: str, descale, x: torch.Tensor, x_name: str) -> None:
+    """What a factor argument may be, read from its layout alone: None (the codes are the values: every factor
+    1), a 0-dim float32 tensor (one factor for the tensor) or a (B, H, T) float32 tensor (what
+    ``flashtile.fp8.quantize`` returns, whatever its granularity), on x's device."""
+    if descale is None:
+        return
     check_tensor(name, descale, dtypes=(torch.float32,))
-    if descale.dim() != 0:  # one per row: the shape, device and values are check_descale's
-        return check_descale(name, descale, x, x_name)
+    if descale.dim() != 0:  # one per row: shape and device
+        check_descale_layout(name, descale, x, x_name)
+        return
     check_values_in_memory(name, descale)
     if descale.device != x.device:
         raise ValueError(f"{name} is on {descale.device} but {x_name} is on {x.device}; they must match")
-    if not vouched_for(descale):  # read once; not again until it is written to
-        if not bool((descale > 0) & torch.isfinite(descale)):
-            raise ValueError(f"{name} must be a positive finite factor, got {descale.item()!r}")
-        vouch_for_factors(descale)
-    rows = descale.expand(x.shape[:-1])  # (B, H, T), a view of a checked factor (stride 0: one per head)
-    vouch_for_factors(rows)
-    return rows
+
+
+def row_factors(name: str, descale, rows: tuple, ones: torch.Tensor | None) -> torch.Tensor:
+    """A factor argument (its layout checked) as one float32 per row, (B, H, T) = ``rows``, the layout both
+    tiers read: None as ``ones``, a 0-dim factor as a view of it with stride 0 (which the kernel reads as one
+    factor a head), a (B, H, T) tensor as it is. Factors must be positive and finite; a tensor from
+    ``quantize`` (or checked by an earlier call and not written to since) is not read again, so the call
+    waits on nothing the device computes (``check_descale_values``)."""
+    if descale is None:
+        return ones
+    check_descale_values(name, descale)
+    if descale.dim() != 0:
+        return descale
+    expanded = descale.expand(rows)  # a view of a checked factor: the same values
+    vouch_for_factors(expanded)
+    return expanded
 # --8<-- [end:row-factors]
 
 
@@ -132,10 +142,43 @@ def fp8_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fa
             "tensors with flashtile.fp8.quantize (descale_q, descale_k, descale_v and out_dtype are for FP8 inputs "
             "only)"
         )
-    shape = check_attention_inputs(query, key, value, dtypes=FP8_DTYPES, names=NAMES)
     if attn_mask is not None or window is not None or softcap is not None:
         raise ValueError("attn_mask, window and softcap are not supported with float8_e4m3fn inputs; pass "
                          "is_causal=True for a causal mask")  # fmt: skip
+    # the checks of the layouts and flags, and the kernel's launch, once per layout (``check_fp8_call``)
+    call = cached_plan(check_fp8_call, (query, key, value, descale_q, descale_k, descale_v), dropout_p, is_causal,
+                       scale, enable_gqa, alignment, return_lse, out_dtype, backend)  # fmt: skip
+    factors = [row_factors(name, d, rows, ones) for name, d, rows, ones in
+               zip(FACTOR_NAMES, (descale_q, descale_k, descale_v), call.rows, call.ones)]  # fmt: skip
+    if call.kernel_plan is not None:
+        o, lse = call.kernel_plan.run(query, key, value, *factors)
+    else:
+        o, lse = fp8_attention_forward(query, key, value, *factors, call.is_causal, call.scale, None, alignment)
+        o, lse = o.to(call.out_dtype), lse.float()
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value, *factors)):
+        o = _ForwardOnly.apply(o, *(t for t in (query, key, value, *factors) if t.requires_grad))
+    return (o, lse) if call.return_lse else o
+# --8<-- [end:fp8-attention]
+
+
+class Fp8Call(NamedTuple):
+    """An FP8 ``flashtile.attention`` call's checked flags and what follows from its layouts, worked out once
+    per layout of (query, key, value and the factors) and flag values (``_plans.cached_plan``)."""
+
+    is_causal: bool
+    scale: float
+    return_lse: bool
+    out_dtype: torch.dtype
+    rows: tuple  # (B, H, Tq), (B, H_kv, Tk), (B, H_kv, Tk): the factors' shapes, one per row
+    ones: tuple  # for a factor given as None, an all-ones (B, H, T) view (stride 0) to stand for it; else None
+    kernel_plan: Fp8Plan | None  # the Triton tier's launch; None on the emulation's tier
+
+
+def check_fp8_call(query, key, value, descale_q, descale_k, descale_v, dropout_p, is_causal, scale, enable_gqa,
+                   alignment, return_lse, out_dtype, backend) -> Fp8Call:  # fmt: skip
+    """Every check of an FP8 call but the factors' values, and its tier: the kernel's plan on CUDA (or under
+    ``use_backend("triton")``), the emulation otherwise."""
+    shape = check_attention_inputs(query, key, value, dtypes=FP8_DTYPES, names=NAMES)
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)) or dropout_p != 0.0:
         raise ValueError(f"dropout_p must be 0.0: flashtile.attention has no dropout, got {dropout_p!r}")
     is_causal = check_causal(is_causal, "is_causal")
@@ -147,19 +190,25 @@ def fp8_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fa
     check_alignment(alignment)
     out_dtype = check_out_dtype(out_dtype)
     scale = resolve_scale(scale, shape.D, torch.float32)  # the statistics are float32 on both tiers
-    factors = [row_factors(name, d, x, x_name) for name, d, x, x_name in
-               (("descale_q", descale_q, query, "query"), ("descale_k", descale_k, key, "key"),
-                ("descale_v", descale_v, value, "value"))]  # fmt: skip
+    inputs = (query, key, value)
+    descales = (descale_q, descale_k, descale_v)
+    for name, descale, x, x_name in zip(FACTOR_NAMES, descales, inputs, NAMES):
+        check_factor_layout(name, descale, x, x_name)
+    rows = tuple(tuple(x.shape[:-1]) for x in inputs)
+    ones = tuple(unit_factors(x) if d is None else None for d, x in zip(descales, inputs))
     if backend is None:
         backend = "triton" if query.device.type == "cuda" else "reference"
+    kernel_plan = None
     if backend == "triton":
-        from ..kernels.fp8_forward import fp8_forward
+        from ..kernels.fp8_forward import make_fp8_forward_plan
 
-        o, lse = fp8_forward(query, key, value, *factors, is_causal, scale, alignment=alignment, out_dtype=out_dtype)
-    else:
-        o, lse = fp8_attention_forward(query, key, value, *factors, is_causal, scale, None, alignment)
-        o, lse = o.to(out_dtype), lse.float()
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value, *factors)):
-        o = _ForwardOnly.apply(o, *(t for t in (query, key, value, *factors) if t.requires_grad))
-    return (o, lse) if return_lse else o
-# --8<-- [end:fp8-attention]
+        factors = [o if d is None else (d if d.dim() else d.expand(r)) for d, r, o in zip(descales, rows, ones)]
+        kernel_plan = make_fp8_forward_plan(query, key, value, *factors, is_causal, scale, alignment, out_dtype, None)
+    return Fp8Call(is_causal, scale, return_lse, out_dtype, rows, ones, kernel_plan)
+
+
+def unit_factors(x: torch.Tensor) -> torch.Tensor:
+    """Factor 1 for every row of x, (B, H, T) with stride 0 (one factor a head to the kernel), vouched for."""
+    ones = torch.ones((), dtype=torch.float32, device=x.device).expand(x.shape[:-1])
+    vouch_for_factors(ones)
+    return ones

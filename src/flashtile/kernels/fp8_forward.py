@@ -46,15 +46,24 @@ is padded to at least 32. bench/probes/fp8_forward_steps.py times each step agai
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
 from .._checks import check_alignment, check_block, check_causal, resolve_neg_bits, resolve_scale
+from .._plans import cached_plan
 from ..reference.causal import diagonal_offset
-from ..reference.fp8 import P_SCALE, check_fp8_inputs, fp8_block_k
-from ._host import check_kernel_device, head_batch_grid, heaviest_first_chunk, kernel_scale, resident_programs
+from ..reference.fp8 import P_SCALE, check_descale_values, check_fp8_inputs, fp8_block_k
+from ._host import (
+    KernelLaunch,
+    check_kernel_device,
+    head_batch_grid,
+    heaviest_first_chunk,
+    kernel_scale,
+    resident_programs,
+)
 from ._jit import full_key_tiles, last_key_tile, multiply_subtract, program_tile
 
 LOG2E = math.log2(math.e)
@@ -78,7 +87,12 @@ def fold_fp8_key_tile(acc, l, m, q, dq, K, V, DK, VR, stride_kt, stride_kd, stri
     # V's transpose (D_PAD, BLOCK_K), keys contiguous: the layout an E4M3 dot's second operand needs
     v_t_mask = (d[:, None] < HEAD_DIM) & (j[None, :] < Tk)
     v_t = tl.load(V + d[:, None] * stride_vd + j[None, :] * stride_vt, mask=v_t_mask, other=0.0)
-    t = tl.dot(q, tl.trans(k))  # (BLOCK_Q, BLOCK_K); s = t dq in log2 units (τ log2 e is in dq, > 0)
+    # (BLOCK_Q, BLOCK_K); s = t dq in log2 units (τ log2 e is in dq, > 0). Past 128 dims the raw dot's short
+    # accumulator is emptied into float32 every 128 products, so a score at D = 256 is summed as two at D = 128
+    if HEAD_DIM > 128:
+        t = tl.dot(q, tl.trans(k), max_num_imprecise_acc=128)
+    else:
+        t = tl.dot(q, tl.trans(k))
     if K_ROWS:  # k's factors per key; one per head is in dq already
         t = t * tl.load(DK + j * stride_dkt, mask=j < Tk, other=0.0)[None, :]
     if MASKED:  # a padded key, or one past the diagonal, scores -inf (p = 0)
@@ -189,13 +203,24 @@ def fp8_forward(q8, k8, v8, descale_q, descale_k, descale_v, causal=False, scale
     them): o (B, H, Tq, D) in ``out_dtype``, contiguous; lse (B, H, Tq) float32, natural log.
 
     ``block_k`` (a power of two, at least 32; None: ``fp8_block_k(D)``, the emulation's default) is the key
-    tile. Factors that ``quantize`` made, or that an earlier call checked and that were not written to since,
-    are not read again: the call then waits on nothing the GPU computes (``check_fp8_inputs``). k's or V's
-    factors laid out one per head (stride 0 along T, ``one_per_head``) take the kernel's cheaper step: no
-    factor on each score, no ratio on P. V with its keys contiguous (``quantize(v, ..., keys_contiguous=True)``)
-    is read as it is; another layout is copied."""
+    tile. The checks of the layouts and flags, and the launch they lead to, are worked out once per layout
+    (``make_fp8_forward_plan``, kept by ``_plans.cached_plan``). Factors that ``quantize`` made, or that an
+    earlier call checked and that were not written to since, are not read again: the call then waits on
+    nothing the GPU computes (``check_descale_values``). k's or V's factors laid out one per head (stride 0
+    along T, ``one_per_head``) take the kernel's cheaper step: no factor on each score, no ratio on P. V with
+    its keys contiguous (``quantize(v, ..., keys_contiguous=True)``) is read as it is; another layout is copied."""
     q8, k8, v8, descale_q, descale_k, descale_v = resolve_neg_bits(q8, k8, v8, descale_q, descale_k, descale_v)
-    B, H, H_kv, Tq, Tk, D = check_fp8_inputs(q8, k8, v8, descale_q, descale_k, descale_v)
+    plan = cached_plan(make_fp8_forward_plan, (q8, k8, v8, descale_q, descale_k, descale_v), causal, scale, alignment,
+                       out_dtype, block_k)  # fmt: skip
+    for name, descale in (("descale_q", descale_q), ("descale_k", descale_k), ("descale_v", descale_v)):
+        check_descale_values(name, descale)
+    return plan.run(q8, k8, v8, descale_q, descale_k, descale_v)
+
+
+def make_fp8_forward_plan(q8, k8, v8, descale_q, descale_k, descale_v, causal, scale, alignment, out_dtype,
+                          block_k) -> Fp8Plan:  # fmt: skip
+    """``fp8_forward``'s checks of everything but the factors' values, and its launch at ``fp8_config``'s settings."""
+    B, H, H_kv, Tq, Tk, D = check_fp8_inputs(q8, k8, v8, descale_q, descale_k, descale_v, values=False)
     check_causal(causal)
     check_alignment(alignment)
     block_k = check_block("block_k", fp8_block_k(D) if block_k is None else block_k)
@@ -211,40 +236,74 @@ def fp8_forward(q8, k8, v8, descale_q, descale_k, descale_v, causal=False, scale
                         "issue 11584); pass out_dtype=torch.float32 there")  # fmt: skip
     config = fp8_config(D)
     config.pop("block_k")
-    return launch_fp8_forward(q8, k8, v8, descale_q, descale_k, descale_v, causal, scale,
-                              diagonal_offset(Tq, Tk, alignment), out_dtype, block_k, **config)  # fmt: skip
+    return fp8_launch_plan(q8, k8, v8, descale_q, descale_k, descale_v, causal, scale,
+                           diagonal_offset(Tq, Tk, alignment), out_dtype, block_k, **config)  # fmt: skip
 
 
-def launch_fp8_forward(q8, k8, v8, descale_q, descale_k, descale_v, causal, scale, offset, out_dtype, block_k,
-                       block_q, num_warps, num_stages):  # fmt: skip
-    """The launch alone, on arguments ``fp8_forward`` has checked, at the given tiles, warps and stages. The
+class Fp8Plan(NamedTuple):
+    """One FP8 launch, worked out from the inputs' layouts: which per-call work the factors' layout needs,
+    and the kernel's grid, scalars and settings (``KernelLaunch``)."""
+
+    out_shape: tuple  # (B, H, Tq, D) of o; lse drops the last dim
+    out_dtype: torch.dtype
+    copy_v: bool  # V's keys are not contiguous: copied on every call (``keys_contiguous``)
+    v_ratios: bool  # V's factors differ along the keys: the ratios and the head's largest are made per call
+    launch: KernelLaunch
+
+    def run(self, q8, k8, v8, descale_q, descale_k, descale_v) -> tuple[torch.Tensor, torch.Tensor]:
+        """o and lse of one call on inputs the plan was made for, their factors' values checked."""
+        if self.copy_v:
+            v8 = keys_contiguous(v8)
+        if self.v_ratios:
+            v_scale = descale_v.amax(dim=-1)  # (B, H_kv): each head's largest V factor
+            v_ratio = (descale_v / v_scale[..., None]).contiguous()  # (B, H_kv, Tk), in (0, 1]
+        else:  # every ratio is 1, so none is read; the head's factor is read through descale_v's own strides
+            v_scale = v_ratio = descale_v
+        o = torch.empty(self.out_shape, dtype=self.out_dtype, device=q8.device)
+        lse = torch.empty(self.out_shape[:3], dtype=torch.float32, device=q8.device)
+        self.launch(q8, k8, v8, descale_q, descale_k, v_ratio, v_scale, o, lse)
+        return o, lse
+
+
+def fp8_launch_plan(q8, k8, v8, descale_q, descale_k, descale_v, causal, scale, offset, out_dtype, block_k,
+                    block_q, num_warps, num_stages) -> Fp8Plan:  # fmt: skip
+    """The launch of arguments ``make_fp8_forward_plan`` has checked, at the given tiles, warps and stages. The
     factors' layout picks the step (``one_per_head``): with V's one per head every ratio is exactly 1, so
     none is made or read; with k's, the head's factor is folded into dq."""
     B, H, Tq, D = q8.shape
     H_kv, Tk = k8.shape[1], k8.shape[2]
     v_ratios = not one_per_head(descale_v)
-    if v_ratios:
-        v_scale = descale_v.amax(dim=-1)  # (B, H_kv): each head's largest V factor
-        v_ratio = (descale_v / v_scale[..., None]).contiguous()  # (B, H_kv, Tk), in (0, 1]
-    else:  # every ratio is 1: the head's one factor is its largest, and no ratio is read
-        v_scale, v_ratio = descale_v[..., 0], descale_v
-    v8 = keys_contiguous(v8)
-    o = torch.empty((B, H, Tq, D), dtype=out_dtype, device=q8.device)
-    lse = torch.empty((B, H, Tq), dtype=torch.float32, device=q8.device)
+    copy_v = not (v8.stride(2) == 1 or Tk == 1)
+    v_strides = (H_kv * Tk * D, Tk * D, 1, Tk) if copy_v else v8.stride()  # as keys_contiguous copies it
+    v_scale_strides = (H_kv, 1) if v_ratios else descale_v.stride()[:2]  # amax's (B, H_kv), or descale_v's
     units = kernel_scale(scale)
-    n_tiles, group = triton.cdiv(Tq, block_q), H // H_kv
+    n_tiles, group = -(-Tq // block_q), H // H_kv
     # the programs of one query head stream its kv head's K and V (one byte an entry), which the group shares
     chunk = heaviest_first_chunk(causal, 2 * Tk * D // group, B * H, B * H * n_tiles,
                                  resident_programs(num_warps, None), q8.device, group)  # fmt: skip
-    fp8_forward_kernel[head_batch_grid(n_tiles, H, B)](
-        q8, k8, v8, descale_q, descale_k, v_ratio, v_scale, o, lse, *q8.stride(), *k8.stride(), *v8.stride(),
-        *o.stride(), *descale_q.stride(), *descale_k.stride(), *v_scale.stride(), H, H_kv, Tq, Tk, offset,
-        units.unit * LOG2E, max(chunk, 1), HEAD_DIM=D, HEAD_DIM_PAD=max(MIN_FP8_DOT, 1 << (D - 1).bit_length()),
-        BLOCK_Q=block_q, BLOCK_K=block_k, CAUSAL=causal, SIGN=units.sign, HEAVIEST_FIRST=chunk > 0,
-        K_ROWS=not one_per_head(descale_k), V_RATIOS=v_ratios, INTERPRETED=q8.device.type == "cpu",
-        num_warps=num_warps, num_stages=num_stages,
-    )  # fmt: skip
-    return o, lse
+    o_strides = (H * Tq * D, Tq * D, D, 1)  # o contiguous
+    launch = KernelLaunch(
+        fp8_forward_kernel,
+        grid=head_batch_grid(n_tiles, H, B),
+        scalars=(*q8.stride(), *k8.stride(), *v_strides, *o_strides, *descale_q.stride(), *descale_k.stride(),
+                 *v_scale_strides, H, H_kv, Tq, Tk, offset, units.unit * LOG2E, max(chunk, 1)),  # fmt: skip
+        constexprs=dict(HEAD_DIM=D, HEAD_DIM_PAD=max(MIN_FP8_DOT, 1 << (D - 1).bit_length()), BLOCK_Q=block_q,
+                        BLOCK_K=block_k, CAUSAL=causal, SIGN=units.sign, HEAVIEST_FIRST=chunk > 0,
+                        K_ROWS=not one_per_head(descale_k), V_RATIOS=v_ratios,
+                        INTERPRETED=q8.device.type == "cpu"),  # fmt: skip
+        num_warps=num_warps,
+        num_stages=num_stages,
+        fresh_outputs=2,
+    )
+    return Fp8Plan((B, H, Tq, D), out_dtype, copy_v, v_ratios, launch)
+
+
+def launch_fp8_forward(q8, k8, v8, descale_q, descale_k, descale_v, causal, scale, offset, out_dtype, block_k,
+                       block_q, num_warps, num_stages):  # fmt: skip
+    """``fp8_launch_plan``'s launch, run once: for probes that time other settings than ``fp8_config``'s."""
+    plan = fp8_launch_plan(q8, k8, v8, descale_q, descale_k, descale_v, causal, scale, offset, out_dtype, block_k,
+                           block_q, num_warps, num_stages)  # fmt: skip
+    return plan.run(q8, k8, v8, descale_q, descale_k, descale_v)
 
 
 def keys_contiguous(v8: torch.Tensor) -> torch.Tensor:

@@ -82,10 +82,16 @@ def vouched_for(descale: torch.Tensor) -> bool:
 
 def check_descale(name: str, descale, x: torch.Tensor, x_name: str) -> torch.Tensor:
     """descale holds x's per-row factors: float32, shape x.shape[:-1] = (B, H, T), on x's device, every
-    factor positive and finite (a factor of 0, inf or NaN would turn every value of its row into garbage).
+    factor positive and finite (a factor of 0, inf or NaN would turn every value of its row into garbage):
+    ``check_descale_layout``, then ``check_descale_values``."""
+    check_descale_layout(name, descale, x, x_name)
+    check_descale_values(name, descale)
+    return descale
 
-    Reading the values waits for the device (a host synchronisation); it is done once per tensor and write:
-    factors from ``flashtile.fp8.quantize``, or checked by an earlier call and unchanged, are not read."""
+
+def check_descale_layout(name: str, descale, x: torch.Tensor, x_name: str) -> None:
+    """What ``check_descale`` reads without the values: type, dtype, shape (B, H, T) and device; a launcher
+    keeps this part in its plan, per layout."""
     check_tensor(name, descale, rank=3, dtypes=(torch.float32,))
     check_values_in_memory(name, descale)
     if tuple(descale.shape) != tuple(x.shape[:-1]):
@@ -95,16 +101,24 @@ def check_descale(name: str, descale, x: torch.Tensor, x_name: str) -> torch.Ten
         )
     if descale.device != x.device:
         raise ValueError(f"{name} is on {descale.device} but {x_name} is on {x.device}; they must match")
+
+
+def check_descale_values(name: str, descale: torch.Tensor) -> None:
+    """Every factor of descale (of any shape) positive and finite. Reading the values waits for the device (a
+    host synchronisation); it is done once per tensor and write: factors from ``flashtile.fp8.quantize``, or
+    checked by an earlier call and unchanged, are not read."""
     if vouched_for(descale):
-        return descale
+        return
     if not bool(((descale > 0) & torch.isfinite(descale)).all()):
+        if descale.dim() == 0:
+            raise ValueError(f"{name} must be a positive finite factor, got {descale.item()!r}")
         raise ValueError(f"{name} must hold positive finite factors; it has a zero, negative, inf or NaN entry")
     vouch_for_factors(descale)
-    return descale
 
 
-def check_fp8_inputs(q8, k8, v8, descale_q, descale_k, descale_v):
-    """Validate E4M3 q, k, v (the attention contract, with dtype float8_e4m3fn) and their factors."""
+def check_fp8_inputs(q8, k8, v8, descale_q, descale_k, descale_v, values: bool = True):
+    """Validate E4M3 q, k, v (the attention contract, with dtype float8_e4m3fn) and their factors; with
+    ``values=False`` the factors' layouts only (``check_descale_layout``), as a launcher's plan keeps them."""
     try:
         shape = check_attention_inputs(q8, k8, v8, dtypes=FP8_DTYPES)
     except TypeError as error:  # say how to get there from a float tensor
@@ -112,7 +126,7 @@ def check_fp8_inputs(q8, k8, v8, descale_q, descale_k, descale_v):
         raise TypeError(f"{error}; quantise float tensors with flashtile.fp8.quantize (got {dtypes})") from None
     for name, descale, x, x_name in (("descale_q", descale_q, q8, "q"), ("descale_k", descale_k, k8, "k"),
                                      ("descale_v", descale_v, v8, "v")):  # fmt: skip
-        check_descale(name, descale, x, x_name)
+        (check_descale if values else check_descale_layout)(name, descale, x, x_name)
     return shape
 
 
