@@ -479,3 +479,125 @@ def test_the_decode_op_passes_opcheck():
 
     q, k, v = (t.detach() for t in make_qkv(1, 4, 2, 2, 30, 16, seed=31))
     torch.library.opcheck(attention_decode, (q, k, v, 0.25, -4, 0, 2.0))  # a window (4, 0) and a cap
+
+
+# --- the kept call (issue 35): a layout and flags seen before skip the checks, never what may change ---------
+
+
+def fresh_plans(monkeypatch):
+    """An empty plan table: the next call of any layout runs every check, as in a new process."""
+    from flashtile import _plans
+
+    monkeypatch.setattr(_plans, "_plans", {})
+
+
+def outcome(fn):
+    """fn()'s tensors (detached), or its error's type and message."""
+    try:
+        out = fn()
+    except Exception as error:  # noqa: BLE001 - the error itself is the outcome compared
+        return type(error), str(error)
+    return tuple(t.detach() for t in (out if isinstance(out, tuple) else (out,)))
+
+
+def same_outcome(a, b) -> bool:
+    if isinstance(a[0], type) or isinstance(b[0], type):
+        return a == b
+    return len(a) == len(b) and all(x.dtype == y.dtype and torch.equal(x, y) for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("mode", ["grad", "no_grad", "reference", "neg_bit", "autocast", "forward_ad", "vmap"])
+def test_a_kept_call_gives_what_a_first_call_gives_whatever_changed_since(mode, monkeypatch):
+    """attention's fast path finds the checked call by its key and reads again only what may change between
+    two calls of one key: whether autograd records, the forced tier, a negative bit, autocast, forward-mode
+    AD, torch.func. Each state runs on an empty plan table (every check runs) and again after a plain call
+    of the same layout and flags kept its call and kernel plan: the same answer, or the same error."""
+    q, k, v = make_qkv(1, 4, 2, 19, 21, 16, seed=60)
+    do = torch.randn(q.shape, generator=torch.Generator().manual_seed(61)).to(DEVICE)
+    kwargs = dict(is_causal=True, enable_gqa=True, alignment="lower_right", return_lse=True)
+
+    def call():
+        if mode == "grad":  # o, lse and the three gradients through the kept backward plan
+            o, lse = attention(q, k, v, **kwargs)
+            return (o, lse, *torch.autograd.grad(o, (q, k, v), do))
+        if mode == "no_grad":
+            with torch.no_grad():
+                return attention(q, k, v, **kwargs)
+        if mode == "reference":
+            with use_backend("reference"):
+                return attention(q.detach(), k.detach(), v.detach(), **kwargs)
+        if mode == "neg_bit":  # a view with the negative bit, holding q's values, in q's own layout
+            return attention(torch._neg_view(-q.detach()), k.detach(), v.detach(), **kwargs)
+        if mode == "autocast":
+            with torch.autocast(DEVICE, dtype=torch.float16 if DEVICE == "cuda" else torch.bfloat16):
+                return attention(q.detach(), k.detach(), v.detach(), **kwargs)
+        if mode == "forward_ad":
+            import torch.autograd.forward_ad as fwAD
+
+            with fwAD.dual_level():
+                return attention(fwAD.make_dual(q.detach(), torch.ones_like(q)), k.detach(), v.detach(), **kwargs)
+        fn = lambda x: attention(x, k.detach(), v.detach(), **kwargs)[0]  # noqa: E731
+        return torch.func.vmap(fn)(q.detach().unsqueeze(0).expand(2, *q.shape))
+
+    fresh_plans(monkeypatch)
+    first = outcome(call)
+    fresh_plans(monkeypatch)
+    attention(q.detach(), k.detach(), v.detach(), **kwargs)  # keeps the call and its kernel plan
+    attention(q, k, v, **kwargs)[0].backward(do)  # and a backward plan
+    again = outcome(call)
+    if mode in ("forward_ad", "vmap"):
+        assert first[0] is NotImplementedError, first
+    else:
+        assert not isinstance(first[0], type), first
+    assert same_outcome(first, again), (first, again)
+    if mode == "neg_bit":
+        assert same_outcome(first, outcome(lambda: attention(q.detach(), k.detach(), v.detach(), **kwargs)))
+    if mode == "autocast":
+        assert first[0].dtype == (torch.float16 if DEVICE == "cuda" else torch.bfloat16)
+
+
+def test_the_eager_backward_keeps_one_plan_per_layout_of_do_and_every_gradient_is_right(monkeypatch):
+    """A call run from its kept forward plan keeps its backward plans by do's layout alone (q, k, v are the
+    call's, o and the row statistics the forward's fresh outputs): a new layout of do makes a plan, a seen
+    one reuses it, and every gradient matches the float64 truth."""
+    import flashtile.kernels.backward as backward
+
+    if pick_backend(torch.empty(1, device=DEVICE)) != "triton":
+        pytest.skip("the reference tier runs here: no kernel plan to keep")
+    fresh_plans(monkeypatch)
+    made = []
+    real_plan = backward.make_backward_plan
+    monkeypatch.setattr(backward, "make_backward_plan", lambda *a, **kw: made.append(1) or real_plan(*a, **kw))
+    q, k, v = make_qkv(1, 4, 2, 23, 37, 16, seed=62)
+    gen = torch.Generator().manual_seed(63)
+    layouts = []
+    for layout in ("contiguous", "contiguous", "bthd", "negative", "bthd"):
+        do = torch.randn(q.shape, generator=gen).to(DEVICE)
+        if layout == "bthd":  # a (B, H, T, D) view of (B, T, H, D) memory
+            do = do.transpose(1, 2).contiguous().transpose(1, 2)
+        if layout == "negative":  # resolved to a contiguous copy: the contiguous layout's plan
+            do = torch._neg_view(-do)
+        o, grads = run_attention(lambda a, b, c: attention(a, b, c, is_causal=True, enable_gqa=True), q, k, v, do)
+        o_truth, grads_truth = float64_truth(q, k, v, do.resolve_neg(), True, "upper_left")
+        torch.testing.assert_close(o.double(), o_truth, **TOL[F32])
+        for name, g, g_truth in zip(("dq", "dk", "dv"), grads, grads_truth):
+            torch.testing.assert_close(g.double(), g_truth, **TOL[F32], msg=lambda m, name=name: f"{name}: {m}")
+        layouts.append(len(made))
+    assert layouts == [1, 1, 2, 2, 2], layouts
+
+
+def test_a_kept_call_refuses_new_tensors_that_differ_in_one_thing():
+    q, k, v = (t.detach() for t in make_qkv(1, 4, 2, 21, 33, 16, seed=64))
+    attention(q, k, v, enable_gqa=True)  # kept now
+    with pytest.raises(TypeError, match="dtype"):
+        attention(q, k.double(), v, enable_gqa=True)
+    with pytest.raises(ValueError, match="head dim"):
+        attention(q, k[..., :8], v[..., :8], enable_gqa=True)
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        attention(q, k.tolist(), v, enable_gqa=True)
+    with pytest.raises(ValueError, match="enable_gqa"):
+        attention(q, k, v)
+    with pytest.raises(ValueError, match="dropout_p"):
+        attention(q, k, v, dropout_p=0.1, enable_gqa=True)
+    with pytest.raises(ValueError, match="attn_mask"):
+        attention(q, k, v, attn_mask=torch.ones(21, 33, dtype=torch.bool), enable_gqa=True)

@@ -62,3 +62,37 @@ def test_the_plan_table_starts_over_when_full(monkeypatch):
     for n in (17, 18, 19):
         _plans.cached_plan(make_plan, (torch.randn(n),), False)
     assert 1 <= len(_plans._plans) <= 2
+
+
+def test_a_key_built_by_its_caller_is_kept_and_found_and_none_or_an_unhashable_one_never_is(monkeypatch):
+    monkeypatch.setattr(_plans, "_plans", {})
+    plan = object()
+    assert _plans.keep(("call", 1), plan) is plan and _plans.kept(("call", 1)) is plan
+    assert _plans.kept(("call", True)) is plan  # equal keys are one key: callers put each flag's type in theirs
+    assert _plans.keep(None, plan) is plan and _plans.kept(None) is None
+    assert _plans.keep(("call", [1]), plan) is plan and _plans.kept(("call", [1])) is None
+    assert list(_plans._plans) == [("call", 1)]
+
+
+def test_a_launch_its_plan_keys_finds_its_kernel_by_the_device_alone():
+    """``KernelLaunch(plan_keyed=True)``: the plan that holds it is kept under every input's dtype and alignment,
+    so the compiled kernel is kept per device, and a call reads no tensor for it."""
+    from types import SimpleNamespace
+
+    from flashtile.kernels import _host
+
+    class StandIn(_host.KernelLaunch):  # Triton's full path stood in for: compiles nothing
+        __slots__ = ()
+
+        def _full_launch(self, tensors):
+            return SimpleNamespace(run=None, function=None, packed_metadata=None)
+
+    kernel = SimpleNamespace(arg_names=["x", "out"])
+    keyed = StandIn(kernel, (1,), (), {}, 4, 3, fresh_outputs=1, plan_keyed=True)
+    unkeyed = StandIn(kernel, (1,), (), {}, 4, 3, fresh_outputs=1)
+    x, out = torch.empty(8), torch.empty(8)
+    for launch in (keyed, unkeyed):
+        launch._compile_and_launch((x, out), 0)
+    assert list(keyed._compiled) == [0]
+    assert list(unkeyed._compiled) == [(0, _host.specialization(x))]
+    assert not keyed.direct and not unkeyed.direct  # not a JITFunction: every call takes Triton's full path

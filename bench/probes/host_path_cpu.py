@@ -18,7 +18,8 @@ the launcher ``flash_attention`` alone; the backward launcher alone; SDPA on the
 Counts per call: Python-level torch calls (a ``TorchFunctionMode``: functions, tensor methods and
 attribute reads such as ``.shape``), and ATen ops that reach the dispatcher (a ``TorchDispatchMode``:
 allocations, views, copies). Times are medians of interleaved loops (``bench.overhead``), so a machine
-slowing down falls on every path alike; on a shared machine compare counts first, times second.
+slowing down falls on every path alike, and they are this thread's CPU time unless ``--wall`` is given
+(another process holding the core is then left out); on a shared machine compare counts first, times second.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import collections
 import os
+import time
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
@@ -88,6 +90,8 @@ def main(argv=None) -> None:
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--detail", action="store_true", help="list the kinds of torch calls of each path")
+    parser.add_argument("--wall", action="store_true", help="wall time (default: this thread's CPU time, which "
+                        "leaves out the time other processes hold the core: steadier on a shared machine)")
     args = parser.parse_args(argv)
     stub_launches()
     gen = torch.Generator().manual_seed(0)
@@ -121,10 +125,11 @@ def main(argv=None) -> None:
         "launcher flash_attention": (lambda: flash_attention(q, k, v, causal=True), args.calls),
         "launcher flash_attention_backward": (
             lambda: flash_attention_backward(q, k, v, o, lse, do, True, stats=stats), args.calls),
-        "sdpa fwd (CPU math, for scale)": (lambda: sdpa(q, k, v, is_causal=True), args.calls // 4),
-        "sdpa fwd + autograd.grad (CPU)": (sdpa_bwd, args.calls // 8),
+        "sdpa fwd (CPU math, for scale)": (lambda: sdpa(q, k, v, is_causal=True), max(args.calls // 8, 1)),
+        "sdpa fwd + autograd.grad (CPU)": (sdpa_bwd, max(args.calls // 40, 1)),
     }
-    us = interleaved_us_per_call(cases, repeats=args.repeats, warmup=50, sync=lambda: None)
+    clock = time.perf_counter if args.wall else time.thread_time
+    us = interleaved_us_per_call(cases, repeats=args.repeats, warmup=50, sync=lambda: None, clock=clock)
     print(f"{'path':>36} {'us/call':>8} {'torch fn':>8} {'aten ops':>8}")
     for name, (fn, _) in cases.items():
         n_fn, fns, n_aten, atens = counted(fn)

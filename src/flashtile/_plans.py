@@ -38,7 +38,26 @@ def cached_plan(make_plan, tensors, *flags):
     except (AttributeError, TypeError, RuntimeError):
         return make_plan(*tensors, *flags)
     if plan is None:
-        plan = make_plan(*tensors, *flags)
+        plan = keep(key, make_plan(*tensors, *flags))
+    return plan
+
+
+def kept(key):
+    """The plan kept under a key a caller built itself (``api.call_key``), or None: for a key never kept,
+    for None (no key could be formed), and for a key that cannot be hashed (a list among the flags)."""
+    try:
+        return _plans.get(key)
+    except TypeError:
+        return None
+
+
+def keep(key, plan):
+    """Keep ``plan`` under ``key`` and return it; nothing is kept under None or under a key that cannot be hashed."""
+    try:
+        hash(key)
+    except TypeError:
+        return plan
+    if key is not None:
         if len(_plans) >= MAX_PLANS:
             _plans.clear()
         _plans[key] = plan

@@ -43,6 +43,8 @@ import numbers
 from typing import NamedTuple
 
 import torch
+from torch._functorch.utils import unwrap_dead_wrappers
+from torch.autograd import forward_ad as _forward_ad
 
 from ._checks import (
     MAX_NEW_TOKENS,
@@ -58,7 +60,7 @@ from ._checks import (
 )
 from ._env import constant_under_compile, is_interpreting
 from ._layouts import empty_like_layout, strides_like
-from ._plans import cached_plan
+from ._plans import cached_plan, keep, kept, layout_key
 from .reference.decode import decode_band
 
 BACKENDS = ("triton", "reference")
@@ -236,49 +238,67 @@ class _EagerAttention(torch.autograd.Function):
     autograd function; under ``torch.compile`` the op is traced as one node, as before. Both save the
     same tensors and give the same numbers. With ``create_graph=True`` the backward goes through the
     backward op, whose own backward refuses a second derivative with a clear error.
+
+    ``config`` is the ops' arguments after the tensors (causal, scale, alignment, backend, window_left,
+    window_right, softcap), as one tuple: autograd handles each argument of ``apply`` in turn. The outputs
+    are o, and lse only where the caller returns it: every output costs autograd work, and (m, l) never
+    leaves the function.
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale, alignment, backend, window_left=-1, window_right=-1, softcap=None,
-                call=None):  # fmt: skip
+    def forward(ctx, q, k, v, config, return_lse, call=None):
         if call is not None:  # a flashtile.attention call with its kept kernel plan: no second plan lookup
-            o, row_stats = forward_kernel(q, k, v, call, alignment)
-            lse, stats = row_stats[0], row_stats[1:]
+            o, row_stats = forward_kernel(q, k, v, call, config[2])
+            ctx.save_for_backward(q, k, v, o, row_stats)  # (lse, m, l) in one buffer: views only where needed
+            lse = row_stats[0] if return_lse else None
         else:
-            o, lse, stats = forward_impl(q, k, v, causal, scale, alignment, backend, window_left, window_right,
-                                         softcap)  # fmt: skip
-        ctx.save_for_backward(q, k, v, o, lse, stats)
-        ctx.config = (causal, scale, alignment, backend, window_left, window_right, softcap)
-        ctx.mark_non_differentiable(lse, stats)
-        # lse and stats never carry a gradient, and by default the engine would still fill a zero
-        # tensor for each before every backward (two allocations and two fill kernels per call).
-        # o is the only differentiable output, so the engine calls backward only when do exists.
-        ctx.set_materialize_grads(False)
-        return o, lse, stats
+            o, lse, stats = forward_impl(q, k, v, *config)
+            ctx.save_for_backward(q, k, v, o, lse, stats)
+        ctx.config, ctx.call = config, call
+        if return_lse:
+            ctx.mark_non_differentiable(lse)
+            # o is the only differentiable output, so the engine calls backward only when do exists; by
+            # default it would still fill a zero tensor for lse's gradient before every backward.
+            ctx.set_materialize_grads(False)
+            return o, lse
+        return o
 
     @staticmethod
-    def backward(ctx, do, _dlse, _dstats):
-        q, k, v, o, lse, stats = ctx.saved_tensors
-        args = (do, q, k, v, o, lse, stats, *ctx.config)
+    def backward(ctx, do, *_dlse):
         # Grad mode is on inside a backward only under create_graph=True: then take the op, whose
         # registered backward raises at the second derivative instead of returning a wrong one.
-        dq, dk, dv = attention_bwd(*args) if torch.is_grad_enabled() else backward_impl(*args)
-        return dq, dk, dv, None, None, None, None, None, None, None, None
+        graph = torch.is_grad_enabled()
+        if ctx.call is not None:
+            q, k, v, o, row_stats = ctx.saved_tensors
+            if not graph:  # the call's kept backward plan: straight to the kernels
+                return (*backward_kernel(do, q, k, v, o, row_stats, ctx.call), None, None, None)
+            lse, stats = row_stats[0], row_stats[1:]
+        else:
+            q, k, v, o, lse, stats = ctx.saved_tensors
+        args = (do, q, k, v, o, lse, stats, *ctx.config)
+        dq, dk, dv = attention_bwd(*args) if graph else backward_impl(*args)
+        return dq, dk, dv, None, None, None
 
+
+# Function.apply without its Python layer: that layer sends calls under torch.func transforms elsewhere and
+# unwraps inputs a finished transform left wrapped ("dead wrappers"). Every caller below has refused the
+# transforms already (``refuse_unsupported_autograd_modes``, ``unusual_mode``), and ``attention`` unwraps
+# dead wrappers itself before its checks, so the C function is called directly.
+_eager_apply = super(torch.autograd.Function, _EagerAttention).apply
 
 PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 
 
 def run_forward(q, k, v, causal, scale, alignment, backend, window_left=-1, window_right=-1, softcap=None):
-    """(o, lse, stats) through the custom op when compiling or for anything but plain CPU or CUDA
-    tensors (meta tensors, fake tensors, subclasses: the op's fake implementation serves them);
-    through ``_EagerAttention`` otherwise, and straight to the implementation when no gradient can flow."""
-    masks = (window_left, window_right, softcap)
+    """(o, lse) through the custom op when compiling or for anything but plain CPU or CUDA tensors (meta
+    tensors, fake tensors, subclasses: the op's fake implementation serves them); through ``_EagerAttention``
+    otherwise, and straight to the implementation when no gradient can flow."""
+    config = (causal, scale, alignment, backend, window_left, window_right, softcap)
     if torch.compiler.is_compiling() or not plain_inputs(q, k, v):
-        return attention_fwd(q, k, v, causal, scale, alignment, backend, *masks)
+        return attention_fwd(q, k, v, *config)[:2]
     if records_gradient(q, k, v):
-        return _EagerAttention.apply(q, k, v, causal, scale, alignment, backend, *masks)
-    return forward_impl(q, k, v, causal, scale, alignment, backend, *masks)
+        return _eager_apply(q, k, v, config, True)
+    return forward_impl(q, k, v, *config)[:2]
 # --8<-- [end:eager]
 
 
@@ -295,15 +315,20 @@ attention_bwd.register_autograd(_no_double_backward, setup_context=lambda ctx, i
 
 class AttentionCall(NamedTuple):
     """A ``flashtile.attention`` call's checked flags, worked out once per layout of (query, key, value)
-    and flag values (``_plans.cached_plan``)."""
+    and flag values, and kept (``call_key``)."""
 
     is_causal: bool
     scale: float  # τ resolved: float64 or not is all it reads of the dtype, and autocast never changes that
     return_lse: bool
-    kernel_plan: list  # [the Triton forward's plan, the decode kernels' plan], each filled by its first eager call
+    # [the Triton forward's plan, the decode kernels' plan, {layout of do: the Triton backward's plan}],
+    # each filled by the first eager call that needs it
+    kernel_plan: list
     window: tuple[int, int]  # (left, right) checked; (-1, -1), unbounded, without a window
     softcap: float | None
     decode_band: tuple[int, int] | None  # Tq <= 16: the mask as the decode kernels take it (``decode_route``)
+    alignment: str
+    plain: bool  # plain_inputs(query, key, value): their types and device are part of the key
+    kernel_config: tuple  # the ops' arguments after the tensors on the Triton tier (``_EagerAttention``)
 
 
 def check_attention_call(query, key, value, is_causal, scale, enable_gqa, alignment, return_lse, window=None,
@@ -325,8 +350,37 @@ def check_attention_call(query, key, value, is_causal, scale, enable_gqa, alignm
     band = None
     if shape.Tq <= MAX_NEW_TOKENS:
         band = decode_band(shape.Tq, shape.Tk, op_window(*window), is_causal, alignment)
-    return AttentionCall(is_causal, resolve_scale(scale, shape.D, query.dtype), return_lse, [None, None], window,
-                         softcap, band)  # fmt: skip
+    scale = resolve_scale(scale, shape.D, query.dtype)
+    return AttentionCall(is_causal, scale, return_lse, [None, None, {}], window, softcap, band, alignment,
+                         plain_inputs(query, key, value),
+                         (is_causal, scale, alignment, "triton", *window, softcap))  # fmt: skip
+
+
+def call_key(query, key, value, flags: tuple) -> tuple | None:
+    """The key a checked call is kept under: everything ``check_attention_call`` and the kernel plans read
+    (``_plans.layout_key`` of each tensor, flat in one tuple: one hash, no nested tuples to build), each flag
+    with its type, and the types inside a window (``(True, 0) == (1, 0)``, but only one is valid); None
+    for what cannot form a key (a non-tensor, a list), which the checks then judge."""
+    try:
+        return (type(query), query.shape, query.stride(), query.dtype, query.device, query.data_ptr() % 16 == 0,
+                query.is_neg(), type(key), key.shape, key.stride(), key.dtype, key.device, key.data_ptr() % 16 == 0,
+                key.is_neg(), type(value), value.shape, value.stride(), value.dtype, value.device,
+                value.data_ptr() % 16 == 0, value.is_neg(), *map(type, flags), *flags,
+                flags[5] if flags[5] is None else tuple(map(type, flags[5])))  # fmt: skip
+    except (AttributeError, TypeError, RuntimeError):
+        return None
+
+
+def unusual_mode() -> bool:
+    """Whether a mode a kept call does not serve is on: torch.func transforms and forward-mode AD (refused
+    by ``refuse_unsupported_autograd_modes``), or autocast on any device (which may cast the inputs).
+    Three reads of torch's state, each one C call or one attribute."""
+    return _functorch_active() or _forward_ad._current_level >= 0 or _any_autocast()
+
+
+_functorch_active = torch._C._are_functorch_transforms_active
+_any_autocast = getattr(torch._C, "_is_any_autocast_enabled", None) or (
+    lambda: torch.is_autocast_enabled("cuda") or torch.is_autocast_enabled("cpu"))  # fmt: skip
 
 
 # --8<-- [start:attention]
@@ -376,6 +430,16 @@ def attention(
         query is dense (a model's (B, H, T, D) view of (B, T, H, D) gives o that view too), contiguous
         otherwise; or (o, lse) if return_lse.
     """
+    flags = (is_causal, scale, enable_gqa, alignment, return_lse, window, softcap)
+    # The common eager call first: no mask, no dropout, no FP8 argument, and a layout and flags seen before.
+    # Its key finds the call the checks below kept for it, and only what may change between two calls of
+    # one key is read again (modes, autocast, the forced tier, whether autograd records); a call with
+    # anything else, and the first call of a key, goes through every check below.
+    if attn_mask is descale_q is descale_k is descale_v is out_dtype is None and dropout_p.__class__ is float \
+            and dropout_p == 0.0 and not torch.compiler.is_compiling():  # fmt: skip
+        call = kept(call_key(query, key, value, flags))
+        if call is not None and not unusual_mode():
+            return dispatch(query, key, value, call, kept=True)
     if descale_q is not None or descale_k is not None or descale_v is not None or out_dtype is not None or getattr(
             query, "dtype", None) is torch.float8_e4m3fn:  # FP8 inputs: forward only, their own checks and tiers
         from .fp8.attention import fp8_attention
@@ -391,43 +455,45 @@ def attention(
         raise ValueError("attn_mask is not supported by flashtile.attention; pass is_causal=True for a causal mask")
     if dropout_p.__class__ is not float or dropout_p != 0.0:  # the default, 0.0, passes on this one comparison
         check_no_dropout(dropout_p)
-    if window is not None:  # checked before it keys the plans: (True, 0) and (1, 0) hash alike
-        window = check_window(window)
-    flags = (is_causal, scale, enable_gqa, alignment, return_lse, window, softcap)
+    if window is not None:  # the window's own error before any other: its checks read no tensor
+        check_window(window)
     compiling = torch.compiler.is_compiling()
     if compiling:  # traced once: no table of plans inside the graph
         call = check_attention_call(query, key, value, *flags)
-    else:  # eager: the checks run once per layout and flags
-        call = cached_plan(check_attention_call, (query, key, value), *flags)
+    else:  # eager: the checks run once per layout and flags, then the call is kept under its key
+        query, key, value = unwrap_dead_wrappers((query, key, value))  # as Function.apply would (_eager_apply)
+        plan_key = call_key(query, key, value, flags)
+        call = kept(plan_key)
+        if call is None:
+            call = check_attention_call(query, key, value, *flags)
+            keep(plan_key, call)
         refuse_unsupported_autograd_modes()
     device = "cuda" if query.is_cuda else query.device.type  # the flag first: no device object on the GPU's path
     if autocast_on(device):
         uncast = query
         query, key, value = autocast_inputs(query, key, value, device)  # all three cast, or none
         with torch.autocast(device, enabled=False):  # the tiers choose their own precision
-            return dispatch(query, key, value, call, alignment, kept=not compiling and query is uncast)
-    return dispatch(query, key, value, call, alignment, kept=not compiling)
+            return dispatch(query, key, value, call, kept=not compiling and query is uncast)
+    return dispatch(query, key, value, call, kept=not compiling)
 # --8<-- [end:attention]
 
 
 # --8<-- [start:dispatch_call]
-def dispatch(query, key, value, call: AttentionCall, alignment: str, kept: bool):
+def dispatch(query, key, value, call: AttentionCall, kept: bool):
     """Run one checked call on its tier: on the decode kernels where ``decode_route`` says so; else from the
     call's kept kernel plan where it fits (``kept``: eager, and the inputs are the call's own, not autocast
     copies), through ``run_forward`` otherwise."""
     backend = pick_backend(query)
-    if decode_route(query, key, value, call, backend):
+    if call.decode_band is not None and decode_route(query, key, value, call, backend):  # Tq <= 16 rows only
         o, lse = decode_forward(query, key, value, call, kept)
         return (o, lse) if call.return_lse else o
-    if kept and plain_kernel_call(query, key, value, backend):
+    if kept and call.plain and backend == "triton":
         if records_gradient(query, key, value):
-            o, lse, _stats = _EagerAttention.apply(query, key, value, call.is_causal, call.scale, alignment, backend,
-                                                   *call.window, call.softcap, call)  # fmt: skip
-            return (o, lse) if call.return_lse else o
-        o, row_stats = forward_kernel(query, key, value, call, alignment)
+            return _eager_apply(query, key, value, call.kernel_config, call.return_lse, call)
+        o, row_stats = forward_kernel(query, key, value, call, call.alignment)
         return (o, row_stats[0]) if call.return_lse else o
-    o, lse, _stats = run_forward(query, key, value, call.is_causal, call.scale, alignment, backend, *call.window,
-                                 call.softcap)  # fmt: skip
+    o, lse = run_forward(query, key, value, call.is_causal, call.scale, call.alignment, backend, *call.window,
+                         call.softcap)  # fmt: skip
     return (o, lse) if call.return_lse else o
 # --8<-- [end:dispatch_call]
 
@@ -499,11 +565,6 @@ def plain_inputs(q, k, v) -> bool:
     )  # fmt: skip
 
 
-def plain_kernel_call(q, k, v, backend: str) -> bool:
-    """Whether an eager call can run the Triton forward from the call's kept plan."""
-    return backend == "triton" and plain_inputs(q, k, v)
-
-
 def records_gradient(q, k, v) -> bool:
     """Whether autograd records this call: grad mode on and an input that requires a gradient."""
     return torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
@@ -520,6 +581,31 @@ def forward_kernel(q, k, v, call: AttentionCall, alignment: str):
                                                        None, None, None, True, op_window(*call.window),
                                                        call.softcap)  # fmt: skip
     return plan.run(q, k, v)  # a method of the plan: no import on every call
+
+
+MAX_GRADIENT_LAYOUTS = 8  # layouts of do whose backward plans one kept call holds; past that it starts over
+
+
+def backward_kernel(do, q, k, v, o, row_stats, call: AttentionCall):
+    """(dq, dk, dv) from the call's kept backward plan, for a call ``_EagerAttention`` ran from its kept
+    forward plan. The call's key fixes the layouts of q, k and v, and o and the row statistics are that
+    forward's fresh outputs, so the one input whose layout can change is do: the plans are kept by its
+    layout alone (one ``layout_key``, where the launcher's own lookup reads seven tensors)."""
+    if do.is_neg():  # an upstream gradient may be a negative view: the kernels read memory
+        do = do.resolve_neg()
+    plans = call.kernel_plan[2]
+    do_key = layout_key(do)
+    plan = plans.get(do_key)
+    stats = row_stats[1:]  # the forward's (m, l): the exact hand-off
+    if plan is None:  # the first backward of this call with this layout of do: every launcher check runs
+        from .kernels.backward import make_backward_plan
+
+        plan = make_backward_plan(q, k, v, o, row_stats[0], do, stats, call.is_causal, call.scale, call.alignment,
+                                  None, None, None, True, None, op_window(*call.window), call.softcap)  # fmt: skip
+        if len(plans) >= MAX_GRADIENT_LAYOUTS:
+            plans.clear()
+        plans[do_key] = plan
+    return plan.run(q, k, v, o, do, stats)
 
 
 def autocast_on(device: str) -> bool:

@@ -286,30 +286,43 @@ class KernelLaunch:
     the compiled kernel kept for them, and hands its arguments straight to that kernel's launcher. The
     first call of each specialisation takes Triton's full path and keeps what it compiled. An interpreted
     kernel (TRITON_INTERPRET=1), and a launch a profiler hooks, always take the full path.
+
+    ``plan_keyed``: the plan holding this launch is kept under a key with the dtype and the 16-byte alignment
+    of every tensor it passes that the caller did not allocate for the call (``_plans.layout_key``), and the
+    ones it did allocate are fresh blocks of the caching allocator (512-byte aligned) in dtypes the plan
+    fixes. Then every call of this launch has one specialisation per device, and the kept kernel is found
+    by the device alone, with no per-tensor read.
     """
 
     __slots__ = ("kernel", "grid", "scalars", "constexprs", "num_warps", "num_stages", "options", "keyed",
-                 "_compiled")  # fmt: skip
+                 "plan_keyed", "direct", "_compiled")  # fmt: skip
 
     def __init__(self, kernel, grid: tuple, scalars: tuple, constexprs: dict, num_warps: int, num_stages: int,
-                 maxnreg: int | None = None, fresh_outputs: int = 0):  # fmt: skip
+                 maxnreg: int | None = None, fresh_outputs: int = 0, plan_keyed: bool = False):  # fmt: skip
         self.kernel, self.grid, self.scalars, self.constexprs = kernel, grid, scalars, constexprs
         self.num_warps, self.num_stages = num_warps, num_stages
         # The last ``fresh_outputs`` tensors are outputs the caller allocates on every call, in dtypes
         # its plan fixes; the caching allocator aligns every block to 512 bytes, so their specialisation
         # never changes and is left out of the key (two fewer reads of an address per call).
         self.keyed = slice(None, -fresh_outputs if fresh_outputs else None)
+        self.plan_keyed = plan_keyed
+        # An interpreted kernel (TRITON_INTERPRET=1 when it was defined) is another type, for good: asked once
+        self.direct = type(kernel) is triton.JITFunction
         # An option only NVIDIA's backend knows, passed only when set: maxnreg, a cap on registers per
         # thread, so that as many programs share an SM as the settings were measured with.
         self.options = {"maxnreg": maxnreg} if maxnreg else {}
-        self._compiled = {}  # (device, specialisation of each tensor) -> the compiled kernel's launcher
+        self._compiled = {}  # (device, specialisation of each tensor), or the device alone -> the kernel's launcher
+
+    def key(self, tensors, device: int):
+        """Which compiled kernel serves these tensors on ``device``: see the class docstring."""
+        return device if self.plan_keyed else (device, *map(specialization, tensors[self.keyed]))
 
     def __call__(self, *tensors) -> None:
-        if type(self.kernel) is not triton.JITFunction or _launch_hooked():
+        if not self.direct or _launch_hooked():
             self._full_launch(tensors)
             return
-        device = torch.cuda.current_device()
-        entry = self._compiled.get((device, *map(specialization, tensors[self.keyed])))
+        device = _current_device()
+        entry = self._compiled.get(device if self.plan_keyed else self.key(tensors, device))
         if entry is None:
             self._compile_and_launch(tensors, device)
             return
@@ -327,14 +340,23 @@ class KernelLaunch:
         tail = tuple(self.constexprs[name] for name in self.kernel.arg_names[n_args:])  # in declared order
         if len(self._compiled) >= MAX_COMPILED:
             self._compiled.clear()
-        self._compiled[(device, *map(specialization, tensors[self.keyed]))] = (compiled.run, compiled.function,
-                                                                    compiled.packed_metadata, tail)  # fmt: skip
+        self._compiled[self.key(tensors, device)] = (compiled.run, compiled.function, compiled.packed_metadata, tail)
+
+
+# torch's own C functions where this build has them (a CUDA build): a launch only runs on tensors already on
+# the GPU, so CUDA is initialised and torch.cuda.current_device's lazy-init check has nothing to do
+_get_device = getattr(torch._C, "_cuda_getDevice", None)
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def _current_device() -> int:
+    """The current CUDA device's index, as Triton's own launch path asks for it."""
+    return _get_device() if _get_device is not None else torch.cuda.current_device()
 
 
 def _current_stream(device: int) -> int:
     """The raw handle of the current CUDA stream, as Triton's own launch path asks for it."""
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    return raw(device) if raw is not None else torch.cuda.current_stream(device).cuda_stream
+    return _raw_stream(device) if _raw_stream is not None else torch.cuda.current_stream(device).cuda_stream
 
 
 # --8<-- [end:launch]

@@ -541,7 +541,7 @@ def split_sum_launch(B: int, H_kv: int, Tk: int, D: int, kv_split: int, dk_strid
     plane = Tk * D
     return KernelLaunch(sum_split_kernel, head_batch_grid(-(-plane // SPLIT_SUM_BLOCK), H_kv, 2 * B),
                         (plane, H_kv, B, D, *dk_strides, *dv_strides), dict(SPLIT=kv_split, BLOCK=SPLIT_SUM_BLOCK),
-                        4, 1)  # fmt: skip
+                        4, 1, plan_keyed=True)  # its tensors are all allocated per call  # fmt: skip
 # --8<-- [end:split_sum]
 
 
@@ -665,6 +665,14 @@ class BackwardPlan(NamedTuple):
     kv_split: int  # programs per (key tile, kv head): > 1 writes float32 partials of dk, dv (see the kernel)
     split_sum: KernelLaunch | None  # with kv_split > 1: the partials summed into dk and dv
     grad_strides: tuple  # of dq, dk, dv: each laid out like its input where that is dense (``strides_like``)
+    grads_like_inputs: tuple  # (dq, dk, dv): whether torch.empty_like of its input gives those strides
+    stats_contiguous: bool  # whether the stats passed in are contiguous already (None: made contiguous)
+    rows_shape: tuple  # (3, B, H, Tq): the row terms (delta, m, log2 l)
+    device: torch.device  # q's, kept: reading q.device makes a new device object on every call
+
+    def run(self, q, k, v, o, do, stats) -> tuple:
+        """``backward_with_plan(self, q, k, v, o, do, stats)``."""
+        return backward_with_plan(self, q, k, v, o, do, stats)
 
 
 def make_backward_plan(q, k, v, o, lse, do, stats, causal, scale, alignment, block_q, block_k, config,
@@ -745,6 +753,7 @@ def make_backward_plan(q, k, v, o, lse, do, stats, causal, scale, alignment, blo
                             HEAVIEST_FIRST=dkdv_chunk > 0, **masks, **NO_DOCUMENTS),  # fmt: skip
             num_warps=dkdv_warps,
             num_stages=dkdv_stages,
+            plan_keyed=True,  # kept under every input's layout (flash_attention_backward, attention's kept call)
         ),
         dq=KernelLaunch(
             backward_dq_kernel,
@@ -755,12 +764,20 @@ def make_backward_plan(q, k, v, o, lse, do, stats, causal, scale, alignment, blo
                             HEAVIEST_FIRST=dq_chunk > 0, **masks, **NO_DOCUMENTS),
             num_warps=dq_warps,
             num_stages=dq_stages,
+            plan_keyed=True,
         ),
         tma_dkdv=tma_dkdv,
         tma_dq=tma_dq,
         kv_split=kv_split,
         split_sum=split_sum_launch(shape.B, shape.H_kv, shape.Tk, shape.D, kv_split, *grad_strides[1:]),
         grad_strides=grad_strides,
+        # torch.empty_like(x) is the cheapest allocation (no shape, strides, dtype or device to pass), and for
+        # a dense plain tensor it gives exactly x's strides, which are then what strides_like chose
+        grads_like_inputs=tuple(type(x) in (torch.Tensor, torch.nn.Parameter) and s == tuple(x.stride())
+                                for x, s in zip((q, k, v), grad_strides)),  # fmt: skip
+        stats_contiguous=stats is None or stats.is_contiguous(),
+        rows_shape=(3, shape.B, shape.H, shape.Tq),
+        device=q.device,
     )
 
 
@@ -804,24 +821,34 @@ def flash_attention_backward(
         window = check_window(window)
     plan = cached_plan(make_backward_plan, (q, k, v, o, lse, do, stats), causal, scale, alignment, block_q, block_k,
                        config, deterministic, tma, window, softcap)  # fmt: skip
-    stats = stats_from_lse(lse, plan.scale, plan.softcap) if stats is None else stats
-    if not stats.is_contiguous():  # contiguous() is a dispatched call even when it returns stats itself
+    if stats is None:
+        stats = stats_from_lse(lse, plan.scale, plan.softcap)
+    elif not plan.stats_contiguous:  # the plan knows: contiguous() is a dispatched call even when it returns stats
         stats = stats.contiguous()
+    return backward_with_plan(plan, q, k, v, o, do, stats)
+
+
+def backward_with_plan(plan: BackwardPlan, q, k, v, o, do, stats) -> tuple:
+    """Run one backward call's kernels from its plan: (dq, dk, dv). ``stats`` is the forward's (m, l),
+    (2, B, H, Tq) float32, contiguous. Every tensor is allocated from what the plan kept (shapes, strides,
+    the device), not read again from the inputs."""
+    like_q, like_k, like_v = plan.grads_like_inputs
     if plan.deterministic:  # dQ first: its kernel also stores every row's (delta, m, log2 l) for the dK/dV kernel
-        rows = torch.empty((3, *q.shape[:3]), dtype=torch.float32, device=q.device)
-        dq = empty_like_layout(q, plan.grad_strides[0])
+        rows = torch.empty(plan.rows_shape, dtype=torch.float32, device=plan.device)
+        dq = torch.empty_like(q) if like_q else empty_like_layout(q, plan.grad_strides[0])
         k_tiles, v_tiles = (k, v) if plan.tma_dq is None else tile_descriptors(plan.tma_dq, k, v, plan.pad)
         plan.dq(q, k_tiles, v_tiles, do, o, stats, rows, dq)
         dq_acc = dq  # the dK/dV kernel ignores this argument
     else:  # the row terms from their own kernel, and a float32 dQ accumulator that every key tile adds into
         rows = backward_preprocess(o, do, stats, plan.preprocess)
-        dq_acc = torch.zeros((*q.shape[:3], plan.pad), dtype=torch.float32, device=q.device)
-    dk = empty_like_layout(k, plan.grad_strides[1])  # two tensors, never views of one buffer: a custom
-    dv = empty_like_layout(v, plan.grad_strides[2])  # op's outputs may not share memory
+        dq_acc = torch.zeros((*q.shape[:3], plan.pad), dtype=torch.float32, device=plan.device)
+    # dk and dv: two tensors, never views of one buffer (a custom op's outputs may not share memory)
+    dk = torch.empty_like(k) if like_k else empty_like_layout(k, plan.grad_strides[1])
+    dv = torch.empty_like(v) if like_v else empty_like_layout(v, plan.grad_strides[2])
     dk_out, dv_out = dk, dv  # where the dK/dV kernel writes
     if plan.kv_split > 1:  # float32 partials of dk and dv in one buffer: one allocation for both
         B, H_kv, Tk, D = k.shape
-        partials = torch.empty((2, B, H_kv * plan.kv_split, Tk, D), dtype=torch.float32, device=k.device)
+        partials = torch.empty((2, B, H_kv * plan.kv_split, Tk, D), dtype=torch.float32, device=plan.device)
         dk_out, dv_out = partials[0], partials[1]
     q_tiles, do_tiles = (q, do) if plan.tma_dkdv is None else tile_descriptors(plan.tma_dkdv, q, do, plan.pad)
     plan.dkdv(q_tiles, k, v, do_tiles, rows, dk_out, dv_out, dq_acc)

@@ -365,7 +365,9 @@ def forward_config(head_dim: int, dtype: torch.dtype, interpreted: bool = False,
 class ForwardPlan(NamedTuple):
     """Everything about a launch that follows from the inputs' layout and the flags, worked out once."""
 
-    out_shape: tuple  # (B, H, Tq, D) of o; lse and stats drop the last dim
+    out_shape: tuple  # (B, H, Tq, D) of o
+    stats_shape: tuple  # (3, B, H, Tq) of the row statistics (lse, m, l)
+    device: torch.device  # q's, kept: reading q.device makes a new device object on every call
     o_like_q: bool  # o laid out as q is (``_layouts.strides_like``): torch.empty_like(q) gives it; else contiguous
     launch: KernelLaunch  # grid, the arguments after the tensors (strides, sizes, offset, qk_scale, rows), settings
     tma: tuple | None  # (strides, tile rows) of each of q, k, v's descriptors, or None for pointers
@@ -409,6 +411,8 @@ def make_forward_plan(q, k, v, causal, scale, alignment, block_q, block_k, num_w
                                  shape.group)  # fmt: skip
     return ForwardPlan(
         out_shape=(B, H, Tq, D),
+        stats_shape=(3, B, H, Tq),
+        device=q.device,
         o_like_q=o_strides == tuple(q.stride()),
         launch=KernelLaunch(
             _forward_kernel,
@@ -427,6 +431,7 @@ def make_forward_plan(q, k, v, causal, scale, alignment, block_q, block_k, num_w
             num_stages=num_stages,
             maxnreg=maxnreg,
             fresh_outputs=2,  # o and the row statistics, allocated on every call (forward_with_plan)
+            plan_keyed=True,  # kept under q, k and v's layouts (flash_attention, and attention's kept call)
         ),
         tma=None if strides is None else tuple(zip(strides, (block_q, block_k, block_k))),
         return_stats=return_stats,
@@ -482,8 +487,8 @@ def forward_with_plan(plan: ForwardPlan, q, k, v) -> tuple[torch.Tensor, torch.T
         loads = tuple(tile_descriptor(x, strides, rows, pad) for x, (strides, rows) in zip(loads, plan.tma))
     # torch.empty_like is the cheapest allocation a call can make (no size or dtype to parse), and where q
     # is dense it gives exactly q's strides, which the plan passed to the kernel
-    o = torch.empty_like(q) if plan.o_like_q else torch.empty(plan.out_shape, dtype=q.dtype, device=q.device)
-    row_stats = torch.empty((3, *plan.out_shape[:3]), dtype=torch.float32, device=q.device)
+    o = torch.empty_like(q) if plan.o_like_q else torch.empty(plan.out_shape, dtype=q.dtype, device=plan.device)
+    row_stats = torch.empty(plan.stats_shape, dtype=torch.float32, device=plan.device)
     plan.launch(*loads, o, row_stats)
     return o, row_stats
 # --8<-- [end:launcher]
