@@ -5,7 +5,8 @@ names in the same order; what changes from ``kernels/textbook.py`` is only what 
 
 * q, k and v are float8_e4m3fn codes, and both ``tl.dot`` take E4M3 operands. On sm_90 an E4M3 dot sums
   in the tensor core's own accumulator, which keeps fewer bits than float32 (Triton's default there lets
-  every add of a dot run imprecise): the raw dot of QKᵀ is summed that way, the PV product of each tile
+  every add of a dot run imprecise): the raw dot of QKᵀ is summed that way (past D = 128 emptied into
+  float32 every 128 products, so that D = 256 sums as two D = 128 halves), the PV product of each tile
   too, but the running acc is added to in float32, once a tile (``max_num_imprecise_acc``; ptxas
   serialises the wgmmas of that form, C7514, yet it measured faster than the add written outside the dot);
 * V is read with its keys contiguous, the layout an E4M3 dot needs for its second operand (the reduced
