@@ -75,3 +75,38 @@ def test_gqa_attention_matches_sdpa_enable_gqa_on_the_gpu():
     ours = attention(q, k, v, is_causal=True, enable_gqa=True)
     sdpa = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
     torch.testing.assert_close(ours, sdpa, atol=3e-3, rtol=3e-3)
+
+
+def test_kept_calls_repeat_the_first_call_bit_for_bit_and_keep_their_kernels_by_device():
+    """The overhead table's shape (B1 H1 T128 D64, causal, bf16), forward and backward through autograd. The
+    first call compiles through Triton's full launch path; later calls take the kept call, its forward plan
+    and its backward plan, whose launches find the compiled kernel by the device alone (``plan_keyed``).
+    Every call repeats the first bit for bit and matches SDPA; inputs 2 bytes off a 16-byte boundary get a
+    call, plans and kernels of their own, and the same answer."""
+    from flashtile import _plans
+    from flashtile.api import AttentionCall
+
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    q, k, v, do = (torch.randn(1, 1, 128, 64, device="cuda", generator=gen, dtype=torch.bfloat16) for _ in range(4))
+
+    def step(fn, tensors):
+        leaves = [t.detach().requires_grad_() for t in tensors]
+        o = fn(*leaves, is_causal=True)
+        return (o.detach(), *torch.autograd.grad(o, leaves, do))
+
+    first = step(attention, (q, k, v))
+    for _ in range(3):
+        assert all(torch.equal(a, b) for a, b in zip(step(attention, (q, k, v)), first))
+    for ours, theirs in zip(first, step(F.scaled_dot_product_attention, (q, k, v))):
+        torch.testing.assert_close(ours, theirs, atol=2e-2, rtol=2e-2)
+    calls = [p for p in _plans._plans.values() if isinstance(p, AttentionCall) and p.kernel_plan[2]]
+    assert calls
+    for call in calls:
+        launches = [call.kernel_plan[0].launch] + [p.dq for p in call.kernel_plan[2].values()]
+        assert all(list(launch._compiled) == [torch.cuda.current_device()] for launch in launches)
+    storage = torch.randn(3 * q.numel() + 8, device="cuda", generator=gen).to(torch.bfloat16)
+    shifted = [storage[1 + i * q.numel() : 1 + (i + 1) * q.numel()].view(q.shape) for i in range(3)]
+    assert all(x.data_ptr() % 16 for x in shifted)
+    for _ in range(2):
+        for ours, theirs in zip(step(attention, shifted), step(F.scaled_dot_product_attention, shifted)):
+            torch.testing.assert_close(ours, theirs, atol=2e-2, rtol=2e-2)
