@@ -28,6 +28,8 @@ import torch
 
 import flashtile
 from flashtile.bench.common import attention_tflops, median_ms, save_result
+from flashtile.bench.providers import make_inputs
+from flashtile.bench.shapes import shape as make_shape
 from flashtile.fp8 import quantize
 from flashtile.kernels import fp8_forward as fp8k
 from flashtile.kernels.forward import flash_attention
@@ -48,11 +50,8 @@ def main(out: Path) -> None:
         for D in (128, 64):
             for causal in (True, False):
                 for T in LENGTHS:
-                    B, H = 16384 // T, 2048 // D
-                    shape = dict(B=B, H=H, H_kv=H, Tq=T, Tk=T, D=D, causal=causal, layout="bhtd")
-                    gen = torch.Generator(device="cuda").manual_seed(T + D)
-                    q, k, v = (torch.randn(B, H, T, D, generator=gen, device="cuda", dtype=torch.bfloat16)
-                               for _ in range(3))  # fmt: skip
+                    shape = make_shape(16384 // T, 2048 // D, T, D, causal)
+                    q, k, v = make_inputs(shape, seed=T + D)
                     (q8, dq), (k8, dk) = quantize(q, "head"), quantize(k, "head")
                     v8, dv = quantize(v, "head", keys_contiguous=True)
                     timed = {"bf16": functools.partial(flash_attention, q, k, v, causal=causal),
