@@ -8,14 +8,16 @@ The shape is the overhead table's (B1 H1 T128 D64, causal), in float16 CPU tenso
 setting sends down the Triton tier's host path. ``KernelLaunch.__call__`` returns at once, so no kernel runs
 and what is timed is the Python and PyTorch work around the launches: checks, plan lookups, allocations,
 views, autograd's bookkeeping. ``forward_config`` is asked for the GPU's settings (not the interpreter's,
-which would build TMA descriptors the H200 does not build at this shape), so the plans are the GPU's.
+which would build TMA descriptors the H200 does not build at this shape), so the plans are the GPU's; and
+``api.pick_backend`` answers as for CUDA tensors (the interpreter's knob, which CPU tensors read, is left out).
 
 Paths: ``attention`` without grad; ``attention`` with grad recorded (the forward alone, the graph dropped);
 forward + ``torch.autograd.grad`` (on CPU tensors the engine runs the backward on the calling thread, so
 the device thread's extra cost is not in these numbers: the PyTorch-call counts are the proxy for it);
 the launcher ``flash_attention`` alone; the backward launcher alone; SDPA on the same tensors for scale.
 
-Counts per call: Python-level torch calls (a ``TorchFunctionMode``: functions, tensor methods and
+Counts per call: Python calls (function frames and calls of built-ins, ``sys.setprofile``), Python-level
+torch calls (a ``TorchFunctionMode``: functions, tensor methods and
 attribute reads such as ``.shape``), and ATen ops that reach the dispatcher (a ``TorchDispatchMode``:
 allocations, views, copies). Times are medians of interleaved loops (``bench.overhead``), so a machine
 slowing down falls on every path alike, and they are this thread's CPU time unless ``--wall`` is given
@@ -27,6 +29,7 @@ from __future__ import annotations
 import argparse
 import collections
 import os
+import sys
 import time
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -37,6 +40,7 @@ from torch.overrides import TorchFunctionMode  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 import flashtile  # noqa: E402
+from flashtile import api  # noqa: E402
 from flashtile.bench.overhead import interleaved_us_per_call  # noqa: E402
 from flashtile.kernels import _host  # noqa: E402
 from flashtile.kernels import forward as kforward  # noqa: E402
@@ -64,19 +68,40 @@ class DispatchCount(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+def python_calls(fn) -> int:
+    """Python function calls and calls of built-in functions during one call of fn (``sys.setprofile``): the
+    same count on every run, where times on a shared machine are not."""
+    count = [0]
+
+    def profile(frame, event, arg):
+        if event in ("call", "c_call"):
+            count[0] += 1
+
+    sys.setprofile(profile)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return count[0] - 1  # the call of sys.setprofile(None) itself
+
+
 def counted(fn):
-    """(torch function calls, their kinds, ATen ops, their kinds) of one call of fn (``counted_form`` where
-    the timed form hides work from the function mode)."""
+    """(Python calls, torch function calls, their kinds, ATen ops, their kinds) of one call of fn
+    (``counted_form`` where the timed form hides work from the function mode)."""
     fn = getattr(fn, "counted_form", fn)
     with FunctionCount() as f:
         fn()
     with DispatchCount() as d:
         fn()
-    return sum(f.calls.values()), f.calls, sum(d.calls.values()), d.calls
+    return python_calls(fn), sum(f.calls.values()), f.calls, sum(d.calls.values()), d.calls
 
 
 def stub_launches() -> None:
     _host.KernelLaunch.__call__ = lambda self, *tensors: None  # no kernel runs: the host path alone
+    # the tier as CUDA tensors get it: a forced tier or "triton", without the interpreter's knob, which only
+    # CPU tensors read (on the GPU's path pick_backend returns at q.is_cuda)
+    real_pick = api.pick_backend
+    api.pick_backend = lambda q: api.forced_backend() or ("triton" if q.dtype != torch.float64 else real_pick(q))
     real_config = kforward.forward_config
 
     def gpu_config(head_dim, dtype, interpreted, causal, length_class, tma=True):
@@ -130,10 +155,10 @@ def main(argv=None) -> None:
     }
     clock = time.perf_counter if args.wall else time.thread_time
     us = interleaved_us_per_call(cases, repeats=args.repeats, warmup=50, sync=lambda: None, clock=clock)
-    print(f"{'path':>36} {'us/call':>8} {'torch fn':>8} {'aten ops':>8}")
+    print(f"{'path':>36} {'us/call':>8} {'py calls':>8} {'torch fn':>8} {'aten ops':>8}")
     for name, (fn, _) in cases.items():
-        n_fn, fns, n_aten, atens = counted(fn)
-        print(f"{name:>36} {us[name]:8.2f} {n_fn:8d} {n_aten:8d}", flush=True)
+        n_py, n_fn, fns, n_aten, atens = counted(fn)
+        print(f"{name:>36} {us[name]:8.2f} {n_py:8d} {n_fn:8d} {n_aten:8d}", flush=True)
         if args.detail and not name.startswith("sdpa"):
             print("      torch fn:", dict(fns.most_common()))
             print("      aten    :", dict(atens.most_common()))
