@@ -29,7 +29,9 @@ The forward and the backward are two custom ops, ``flashtile::attention_fwd`` an
 Triton launches or Python tile loops, and it learns output shapes from the fake implementations below.
 Eager calls on plain CPU or CUDA tensors run the same implementations without the op's dispatcher
 (``run_forward``), which costs a fraction of the op's host time per call (bench/PERF_LOG.md, v5;
-``bench/results/overhead.json``).
+``bench/results/overhead.json``). An eager call whose layout and flags were seen before finds its checked
+call by one key (``call_key``) and reads again only what may change between two such calls; its backward
+runs from a plan kept with the call (``backward_kernel``).
 Reverse-mode autograd is supported once (no double backward); forward-mode AD and ``torch.func``
 transforms raise ``NotImplementedError`` rather than return a wrong tangent. Under ``torch.autocast``
 the inputs are cast to the autocast dtype first, as ``scaled_dot_product_attention`` does.
