@@ -85,7 +85,7 @@ def preprocess_launch(o: torch.Tensor, do: torch.Tensor, block_q: int) -> Kernel
     return KernelLaunch(backward_preprocess_kernel, head_batch_grid(triton.cdiv(Tq, block_q), H, B),
                         (*o.stride(), *do.stride(), H, Tq, D, B * H * Tq),
                         dict(BLOCK_Q=block_q, HEAD_DIM_PAD=head_dim_pad(D)), 4, 3,  # Triton's defaults
-                        plan_keyed=True)  # o, do and stats are keyed by the backward's plan, rows allocated  # fmt: skip
+                        plan_keyed=True)  # o, do, stats keyed by the backward plan, rows allocated  # fmt: skip
 
 
 def backward_preprocess(o: torch.Tensor, do: torch.Tensor, stats: torch.Tensor, launch: KernelLaunch) -> torch.Tensor:
