@@ -1,10 +1,10 @@
 """Runs pytest on one copy of the package after another, in one Python process (torch imported once).
 
 Called by tests/test_mutants.py as ``python tests/_mutant_driver.py JOBS RESULTS``: JOBS is a JSON list of
-{"name", "src", "node"}; for each job, everything imported from the previous copy, from tests/ and from
-the root conftest is forgotten, the copy goes first on sys.path, pytest runs the one test ``node``, and
-{"name", "exit", "imported"} (pytest's exit code, and the flashtile package that was imported) is
-written to RESULTS as a JSON list.
+{"name", "src", "nodes"}; for each job, everything imported from the previous copy, from tests/ and from
+the root conftest is forgotten, the copy goes first on sys.path, pytest runs the tests ``nodes`` (pytest
+node ids) in one session, and {"name", "exit", "imported"} (pytest's exit code, and the flashtile package
+that was imported) is written to RESULTS as a JSON list.
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ def main(jobs_file: str, results_file: str) -> None:
     for job in jobs:
         forget(copies)
         sys.path[:] = [job["src"], *base_path]
-        code = pytest.main(["-x", "-q", "-p", "no:cacheprovider", "--rootdir", str(ROOT), str(ROOT / job["node"])])
+        nodes = [str(ROOT / node) for node in job["nodes"]]
+        code = pytest.main(["-x", "-q", "-p", "no:cacheprovider", "--rootdir", str(ROOT), *nodes])
         import flashtile
 
         results.append({"name": job["name"], "exit": int(code), "imported": flashtile.__file__})
