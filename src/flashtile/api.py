@@ -593,10 +593,11 @@ def backward_kernel(do, q, k, v, o, row_stats, call: AttentionCall):
     forward plan. The call's key fixes the layouts of q, k and v, and o and the row statistics are that
     forward's fresh outputs, so the one input whose layout can change is do: the plans are kept by its
     layout alone (one ``layout_key``, where the launcher's own lookup reads seven tensors)."""
-    if do.is_neg():  # an upstream gradient may be a negative view: the kernels read memory
-        do = do.resolve_neg()
-    plans = call.kernel_plan[2]
     do_key = layout_key(do)
+    if do_key[-1]:  # do.is_neg(): an upstream gradient may be a negative view, and the kernels read memory
+        do = do.resolve_neg()
+        do_key = layout_key(do)
+    plans = call.kernel_plan[2]
     plan = plans.get(do_key)
     stats = row_stats[1:]  # the forward's (m, l): the exact hand-off
     if plan is None:  # the first backward of this call with this layout of do: every launcher check runs
@@ -607,7 +608,7 @@ def backward_kernel(do, q, k, v, o, row_stats, call: AttentionCall):
         if len(plans) >= MAX_GRADIENT_LAYOUTS:
             plans.clear()
         plans[do_key] = plan
-    return plan.run(q, k, v, o, do, stats)
+    return plan.run(q, k, v, o, do, stats, torch.empty_like(row_stats))  # the row terms: row_stats' shape and dtype
 
 
 def autocast_on(device: str) -> bool:

@@ -343,20 +343,17 @@ class KernelLaunch:
         self._compiled[self.key(tensors, device)] = (compiled.run, compiled.function, compiled.packed_metadata, tail)
 
 
-# torch's own C functions where this build has them (a CUDA build): a launch only runs on tensors already on
-# the GPU, so CUDA is initialised and torch.cuda.current_device's lazy-init check has nothing to do
-_get_device = getattr(torch._C, "_cuda_getDevice", None)
-_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-
-
-def _current_device() -> int:
-    """The current CUDA device's index, as Triton's own launch path asks for it."""
-    return _get_device() if _get_device is not None else torch.cuda.current_device()
-
-
-def _current_stream(device: int) -> int:
+def _stream_handle(device: int) -> int:
     """The raw handle of the current CUDA stream, as Triton's own launch path asks for it."""
-    return _raw_stream(device) if _raw_stream is not None else torch.cuda.current_stream(device).cuda_stream
+    return torch.cuda.current_stream(device).cuda_stream
+
+
+# The current device's index and the raw handle of its current stream, as Triton's own launch path asks for
+# them: torch's C functions themselves where this build has them (a CUDA build), with no Python frame around
+# them. A launch only runs on tensors already on the GPU, so CUDA is initialised and the lazy-init check of
+# torch.cuda.current_device has nothing to do.
+_current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
+_current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or _stream_handle
 
 
 # --8<-- [end:launch]

@@ -670,9 +670,9 @@ class BackwardPlan(NamedTuple):
     rows_shape: tuple  # (3, B, H, Tq): the row terms (delta, m, log2 l)
     device: torch.device  # q's, kept: reading q.device makes a new device object on every call
 
-    def run(self, q, k, v, o, do, stats) -> tuple:
-        """``backward_with_plan(self, q, k, v, o, do, stats)``."""
-        return backward_with_plan(self, q, k, v, o, do, stats)
+    def run(self, q, k, v, o, do, stats, rows=None) -> tuple:
+        """``backward_with_plan(self, q, k, v, o, do, stats, rows)``."""
+        return backward_with_plan(self, q, k, v, o, do, stats, rows)
 
 
 def make_backward_plan(q, k, v, o, lse, do, stats, causal, scale, alignment, block_q, block_k, config,
@@ -828,13 +828,16 @@ def flash_attention_backward(
     return backward_with_plan(plan, q, k, v, o, do, stats)
 
 
-def backward_with_plan(plan: BackwardPlan, q, k, v, o, do, stats) -> tuple:
+def backward_with_plan(plan: BackwardPlan, q, k, v, o, do, stats, rows=None) -> tuple:
     """Run one backward call's kernels from its plan: (dq, dk, dv). ``stats`` is the forward's (m, l),
-    (2, B, H, Tq) float32, contiguous. Every tensor is allocated from what the plan kept (shapes, strides,
-    the device), not read again from the inputs."""
+    (2, B, H, Tq) float32, contiguous; ``rows``, where given, a new (3, B, H, Tq) float32 contiguous tensor
+    for the deterministic mode's row terms (a caller holding the forward's row statistics makes it with
+    ``torch.empty_like``, the cheapest allocation). Every tensor is allocated from what the plan kept (shapes, strides, the device),
+    not read again from the inputs."""
     like_q, like_k, like_v = plan.grads_like_inputs
     if plan.deterministic:  # dQ first: its kernel also stores every row's (delta, m, log2 l) for the dK/dV kernel
-        rows = torch.empty(plan.rows_shape, dtype=torch.float32, device=plan.device)
+        if rows is None:
+            rows = torch.empty(plan.rows_shape, dtype=torch.float32, device=plan.device)
         dq = torch.empty_like(q) if like_q else empty_like_layout(q, plan.grad_strides[0])
         k_tiles, v_tiles = (k, v) if plan.tma_dq is None else tile_descriptors(plan.tma_dq, k, v, plan.pad)
         plan.dq(q, k_tiles, v_tiles, do, o, stats, rows, dq)
