@@ -832,8 +832,8 @@ def backward_with_plan(plan: BackwardPlan, q, k, v, o, do, stats, rows=None) -> 
     """Run one backward call's kernels from its plan: (dq, dk, dv). ``stats`` is the forward's (m, l),
     (2, B, H, Tq) float32, contiguous; ``rows``, where given, a new (3, B, H, Tq) float32 contiguous tensor
     for the deterministic mode's row terms (a caller holding the forward's row statistics makes it with
-    ``torch.empty_like``, the cheapest allocation). Every tensor is allocated from what the plan kept (shapes, strides, the device),
-    not read again from the inputs."""
+    ``torch.empty_like``, the cheapest allocation). Every tensor is allocated from what the plan kept
+    (shapes, strides, the device), not read again from the inputs."""
     like_q, like_k, like_v = plan.grads_like_inputs
     if plan.deterministic:  # dQ first: its kernel also stores every row's (delta, m, log2 l) for the dK/dV kernel
         if rows is None:
