@@ -7,6 +7,7 @@ several tiles, ragged last tiles and diagonal tiles even at T = 37.
 import pytest
 import torch
 
+from _grids import covering_rows
 from _truth import attention_truth
 from flashtile.kernels._host import tma_strides
 from flashtile.kernels.forward import flash_attention, forward_config
@@ -41,8 +42,21 @@ def _run_and_check(q, k, v, causal, alignment, **blocks):
     return o, lse
 
 
-@pytest.mark.parametrize("tma", [True, False], ids=["tma", "pointers"])
-@pytest.mark.parametrize("case", CASES, ids=case_id)
+def _features(run):
+    """What a run varies, for the pairwise choice of runs (tests/_grids.py): the load path, B, the GQA ratio,
+    whether each length is ragged (not a multiple of the 16-row tiles), Tq against Tk, D, the mask, dtype."""
+    (B, H, H_kv, Tq, Tk, D, causal, alignment, dtype), tma = run
+    return (tma, B, H // H_kv, Tq % 16 == 0, Tk % 16 == 0, (Tq > Tk) - (Tq < Tk), D,
+            alignment if causal else "full", dtype)
+
+
+# Each case on both load paths would be 24 interpreter runs; the runs kept pair every feature value with every
+# other one, the path included, and run every case on one path at least (make test-long runs all 24).
+RUNS = covering_rows([(case, tma) for case in CASES for tma in (True, False)], _features)
+RUNS += [(case, n % 2 == 0) for n, case in enumerate(c for c in CASES if c not in {c for c, _ in RUNS})]
+
+
+@pytest.mark.parametrize("case,tma", RUNS, ids=[f"{case_id(c)}-{'tma' if t else 'pointers'}" for c, t in RUNS])
 def test_forward_matches_naive_on_ragged_causal_and_gqa_shapes(case, tma):
     B, H, H_kv, Tq, Tk, D, causal, alignment, dtype = case
     gen = torch.Generator().manual_seed(Tq * 1000 + Tk + D)
