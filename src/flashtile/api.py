@@ -284,7 +284,7 @@ class _EagerAttention(torch.autograd.Function):
 
 # Function.apply without its Python layer: that layer sends calls under torch.func transforms elsewhere and
 # unwraps inputs a finished transform left wrapped ("dead wrappers"). Every caller below has refused the
-# transforms already (``refuse_unsupported_autograd_modes``, ``unusual_mode``), and ``attention`` unwraps
+# transforms already (``refuse_unsupported_autograd_modes``, ``refused_mode``), and ``attention`` unwraps
 # dead wrappers itself before its checks, so the C function is called directly.
 _eager_apply = super(torch.autograd.Function, _EagerAttention).apply
 
@@ -373,11 +373,10 @@ def call_key(query, key, value, flags: tuple) -> tuple | None:
         return None
 
 
-def unusual_mode() -> bool:
-    """Whether a mode a kept call does not serve is on: torch.func transforms and forward-mode AD (refused
-    by ``refuse_unsupported_autograd_modes``), or autocast on any device (which may cast the inputs).
-    Three reads of torch's state, each one C call or one attribute."""
-    return _functorch_active() or _forward_ad._current_level >= 0 or _any_autocast()
+def refused_mode() -> bool:
+    """Whether torch.func transforms or forward-mode AD are on, which ``refuse_unsupported_autograd_modes``
+    refuses: one C call and one attribute, for the kept call's path (which then takes the full one)."""
+    return _functorch_active() or _forward_ad._current_level >= 0
 
 
 _functorch_active = torch._C._are_functorch_transforms_active
@@ -440,8 +439,8 @@ def attention(
     if attn_mask is descale_q is descale_k is descale_v is out_dtype is None and dropout_p.__class__ is float \
             and dropout_p == 0.0 and not torch.compiler.is_compiling():  # fmt: skip
         call = kept(call_key(query, key, value, flags))
-        if call is not None and not unusual_mode():
-            return dispatch(query, key, value, call, kept=True)
+        if call is not None and not refused_mode():
+            return cast_and_dispatch(query, key, value, call, compiling=False)
     if descale_q is not None or descale_k is not None or descale_v is not None or out_dtype is not None or getattr(
             query, "dtype", None) is torch.float8_e4m3fn:  # FP8 inputs: forward only, their own checks and tiers
         from .fp8.attention import fp8_attention
@@ -470,12 +469,19 @@ def attention(
             call = check_attention_call(query, key, value, *flags)
             keep(plan_key, call)
         refuse_unsupported_autograd_modes()
-    device = "cuda" if query.is_cuda else query.device.type  # the flag first: no device object on the GPU's path
-    if autocast_on(device):
-        uncast = query
-        query, key, value = autocast_inputs(query, key, value, device)  # all three cast, or none
-        with torch.autocast(device, enabled=False):  # the tiers choose their own precision
-            return dispatch(query, key, value, call, kept=not compiling and query is uncast)
+    return cast_and_dispatch(query, key, value, call, compiling)
+
+
+def cast_and_dispatch(query, key, value, call: AttentionCall, compiling: bool):
+    """``dispatch``, on the inputs cast to the autocast dtype where torch.autocast is on for their device;
+    the kept plans only for the call's own inputs (eager, and not cast copies)."""
+    if compiling or _any_autocast():  # eagerly, one C call where no autocast is on (torch.compile traces the rest)
+        device = "cuda" if query.is_cuda else query.device.type  # the flag first: no device object on the GPU
+        if autocast_on(device):
+            uncast = query
+            query, key, value = autocast_inputs(query, key, value, device)  # all three cast, or none
+            with torch.autocast(device, enabled=False):  # the tiers choose their own precision
+                return dispatch(query, key, value, call, kept=not compiling and query is uncast)
     return dispatch(query, key, value, call, kept=not compiling)
 # --8<-- [end:attention]
 
