@@ -20,23 +20,25 @@ from __future__ import annotations
 import pytest
 
 # node id, its part before "[" (every parametrisation), or its file (every item of it, for the docs' claims,
-# whose ids are line numbers): seconds of one worker in a full ``make test-unit`` run at 5777842
+# whose ids are line numbers): seconds of one worker in a full ``make test-unit`` run at 69d05a6 (one thread
+# per worker, see the root conftest); the groups (the gloo ring, the sm_90 compiles) are dealt out first anyway
 LONGEST = {
-    "tests/kernels/test_properties.py::test_forward_and_backward_match_float64_for_any_input": 18.5,
-    "tests/test_mutants.py::test_each_planted_bug_fails_the_test_that_guards_it": 16.5,
-    "tests/practice/test_cli.py::test_the_readers_code_cannot_stop_or_hang_the_checker": 13.3,
-    "docs/practice/practice-mode.md": 8.8,  # a run of the checker
-    "docs/part-c/ring-attention.md": 8.8,  # a ring of two processes
-    "tests/practice/test_cli.py::test_check_on_the_untouched_skeleton_fails_every_step_with_help": 7.4,
-    "tests/practice/test_cli.py::test_check_passes_when_the_packages_functions_are_copied_in": 7.0,
-    "tests/bench/test_ring_parts.py::test_cpu_smoke_writes_one_schema_row_per_part": 6.6,
-    "tests/test_api.py::test_output_is_laid_out_like_a_dense_query_on_every_tier": 5.4,
-    "docs/part-c/in-a-model.md": 5.3,
-    "tests/practice/test_cli.py::test_check_names_the_failing_case_of_a_planted_bug_and_exits_nonzero": 5.1,
-    "docs/part-c/decode.md": 3.7,
+    "tests/kernels/test_properties.py::test_forward_and_backward_match_float64_for_any_input": 25.0,
+    "tests/test_mutants.py::test_each_planted_bug_fails_the_test_that_guards_it": 9.7,
+    "docs/practice/practice-mode.md": 8.2,  # a run of the checker
+    "tests/practice/test_cli.py::test_the_readers_code_cannot_stop_or_hang_the_checker": 8.1,
+    "docs/part-c/ring-attention.md": 5.4,  # a ring of two processes
+    "tests/practice/test_cli.py::test_check_on_skeletons_and_a_planted_bug_fails_every_step_with_help": 4.9,
+    "docs/part-c/decode.md": 4.8,
+    "docs/part-c/in-a-model.md": 4.2,
+    "tests/practice/test_cli.py::test_check_passes_when_the_packages_functions_are_copied_in": 3.9,
+    "tests/test_api.py::test_output_is_laid_out_like_a_dense_query_on_every_tier[triton]": 3.6,
+    "tests/bench/test_ring_parts.py::test_cpu_smoke_writes_one_schema_row_per_part": 3.4,
+    "docs/part-b/forward-kernel.md": 2.5,
     "tests/integrations/test_transformers.py::"
-    "test_left_padded_batch_matches_eager_on_real_tokens_and_generates_the_same": 3.7,
-    "tests/integrations/test_training_curves.py": 3.3,
+    "test_left_padded_batch_matches_eager_on_real_tokens_and_generates_the_same": 2.2,
+    "docs/part-b/backward-kernel.md": 2.1,
+    "tests/integrations/test_train_step_bench.py::test_train_step_rows_follow_the_schema_on_a_toy_model": 2.0,
 }
 
 
