@@ -170,3 +170,27 @@ def test_cuda_runs_the_kernel_and_use_backend_reference_the_emulation(causal):
                                 causal, alignment="lower_right")  # fmt: skip
     gap = (o.cpu().double() - o_e).pow(2).mean().sqrt()
     assert gap < 0.5 * (o_e - o_true).pow(2).mean().sqrt() + 2.0**-9 * o_e.abs().mean()
+
+
+def test_a_kept_call_still_reads_new_or_rewritten_factors():
+    """The checks of a layout run once (``check_fp8_call`` is kept per layout), the factors' values on every
+    call they may have changed: a fresh tensor of bad factors in a layout seen before, and a checked factor
+    written to in place, are refused like a first call's; a None factor and a 0-dim one keep their meaning."""
+    q8, k8, v8, dq, dk, dv = quantised(seed=7)
+    o = flashtile.attention(q8, k8, v8, descale_q=dq, descale_k=dk, descale_v=dv, out_dtype=torch.float32)
+    again = flashtile.attention(q8, k8, v8, descale_q=dq, descale_k=dk, descale_v=dv, out_dtype=torch.float32)
+    assert torch.equal(o, again)
+    with pytest.raises(ValueError, match="descale_k must hold positive finite factors"):
+        flashtile.attention(q8, k8, v8, descale_q=dq, descale_k=torch.zeros_like(dk), descale_v=dv)
+    written = dv.clone()
+    flashtile.attention(q8, k8, v8, descale_q=dq, descale_k=dk, descale_v=written, out_dtype=torch.float32)
+    written[0, 0, 3] = float("nan")  # after a call checked it: its version moves, so the next call reads it
+    with pytest.raises(ValueError, match="descale_v must hold positive finite factors"):
+        flashtile.attention(q8, k8, v8, descale_q=dq, descale_k=dk, descale_v=written, out_dtype=torch.float32)
+    one = torch.tensor(0.5, dtype=torch.float32)
+    for _ in range(2):  # the first call makes the plan, the second runs from it
+        halved = flashtile.attention(q8, k8, v8, descale_q=one, descale_k=None, descale_v=None, out_dtype=torch.float32)
+        rows = flashtile.attention(q8, k8, v8, descale_q=torch.full(dq.shape, 0.5), out_dtype=torch.float32)
+        torch.testing.assert_close(halved, rows, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="descale_q must be a positive finite factor"):
+        flashtile.attention(q8, k8, v8, descale_q=torch.tensor(-1.0), out_dtype=torch.float32)
