@@ -113,3 +113,19 @@ def test_kept_calls_repeat_the_first_call_bit_for_bit_and_keep_their_kernels_by_
     for _ in range(2):
         for ours, truth in zip(step(attention, shifted), (o_true, *grads_true)):
             torch.testing.assert_close(ours.double(), truth, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("D, causal", [(64, True), (128, False)])
+def test_a_call_that_keeps_no_statistics_gives_the_same_o_bit_for_bit(D, causal):
+    """Without a gradient recorded and without lse returned the forward launches without its row statistics
+    (STATS=False, both load paths across these shapes); o equals the recorded call's, and lse, where asked for
+    again without a gradient, equals the recorded call's too."""
+    gen = torch.Generator(device="cuda").manual_seed(D)
+    q, k, v = (torch.randn(2, 4, 300, D, device="cuda", generator=gen, dtype=torch.bfloat16) for _ in range(3))
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    o_recorded, lse_recorded = attention(*leaves, is_causal=causal, return_lse=True)
+    with torch.no_grad():
+        for _ in range(2):  # the first call compiles the launch without statistics, the second reuses it
+            assert torch.equal(attention(q, k, v, is_causal=causal), o_recorded.detach())
+        o, lse = attention(q, k, v, is_causal=causal, return_lse=True)
+    assert torch.equal(o, o_recorded.detach()) and torch.equal(lse, lse_recorded)

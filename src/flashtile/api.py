@@ -498,7 +498,7 @@ def dispatch(query, key, value, call: AttentionCall, kept: bool):
     if kept and call.plain and backend == "triton":
         if records_gradient(query, key, value):
             return _eager_apply(query, key, value, call.kernel_config, call.return_lse, call)
-        o, row_stats = forward_kernel(query, key, value, call, call.alignment)
+        o, row_stats = forward_kernel(query, key, value, call, call.alignment, stats=call.return_lse)
         return (o, row_stats[0]) if call.return_lse else o
     o, lse = run_forward(query, key, value, call.is_causal, call.scale, call.alignment, backend, *call.window,
                          call.softcap)  # fmt: skip
@@ -578,9 +578,10 @@ def records_gradient(q, k, v) -> bool:
     return torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
 
 
-def forward_kernel(q, k, v, call: AttentionCall, alignment: str):
+def forward_kernel(q, k, v, call: AttentionCall, alignment: str, stats: bool = True):
     """The Triton forward from the call's kept plan (worked out by the launcher's own checks the first
-    time): o and the row statistics (lse, m, l), with no view made that the caller does not ask for."""
+    time): o and the row statistics (lse, m, l), with no view made that the caller does not ask for; without
+    ``stats``, o and None (the kernel then stores no statistics)."""
     plan = call.kernel_plan[0]
     if plan is None:  # the first kernel call of this layout and these flags
         from .kernels.forward import make_forward_plan
@@ -588,7 +589,7 @@ def forward_kernel(q, k, v, call: AttentionCall, alignment: str):
         plan = call.kernel_plan[0] = make_forward_plan(q, k, v, call.is_causal, call.scale, alignment, None, None,
                                                        None, None, None, True, op_window(*call.window),
                                                        call.softcap)  # fmt: skip
-    return plan.run(q, k, v)  # a method of the plan: no import on every call
+    return plan.run(q, k, v, stats)  # a method of the plan: no import on every call
 
 
 MAX_GRADIENT_LAYOUTS = 8  # layouts of do whose backward plans one kept call holds; past that it starts over

@@ -269,3 +269,21 @@ def test_tma_strides_free_size_one_dims_and_refuse_what_the_copy_engine_cannot_s
     assert tma_strides(torch.empty(2, 3, 5, 25, dtype=torch.float16)[..., 1:]) is None  # base off by 2 bytes
     assert tma_strides(torch.empty(2, 3, 5, 24).transpose(-1, -2)) is None  # head dim not contiguous
     assert tma_strides(torch.empty(2, 3, 0, 24)) is None  # nothing to describe
+
+
+@pytest.mark.parametrize("causal, alignment", [(True, "lower_right"), (False, "upper_left")])
+def test_a_call_without_statistics_writes_the_same_o_and_nothing_else(causal, alignment):
+    """The launch for calls that keep no lse (STATS=False: no gradient recorded, no lse returned) stores o
+    exactly as the launch with the statistics does, and no statistics: o stands in for their pointer, and
+    every element of o is the output, not a statistic written over it."""
+    from flashtile.kernels.forward import make_forward_plan
+
+    q, k, v = randn(1, 2, 37, 32, dtype=torch.float32), randn(1, 1, 50, 32, dtype=torch.float32), randn(
+        1, 1, 50, 32, dtype=torch.float32)  # fmt: skip
+    plan = make_forward_plan(q, k, v, causal, None, alignment, 16, 16, None, None, None, True)
+    o, row_stats = plan.run(q, k, v)
+    o_only, nothing = plan.run(q, k, v, stats=False)
+    assert nothing is None and row_stats.shape == (3, 1, 2, 37)
+    assert torch.equal(o_only, o)
+    o_ref, _ = attention_truth(q.double(), k.double(), v.double(), causal=causal, alignment=alignment)
+    torch.testing.assert_close(o_only.double(), o_ref, rtol=1e-5, atol=1e-5)

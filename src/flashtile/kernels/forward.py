@@ -171,7 +171,7 @@ def _forward_kernel(
     BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr, SIGN: tl.constexpr,
     USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr, INTERPRETED: tl.constexpr,
     HEAVIEST_FIRST: tl.constexpr, MASKED_TILES: tl.constexpr, BAND: tl.constexpr, SOFTCAP: tl.constexpr,
-    CU_Q=None, CU_K=None, ORDER=None, VARLEN: tl.constexpr = False,
+    CU_Q=None, CU_K=None, ORDER=None, VARLEN: tl.constexpr = False, STATS: tl.constexpr = True,
 ):
     # --8<-- [start:program]
     # under causal, the longest query tiles (most key tiles) launch first, so the short ones fill the tail
@@ -275,7 +275,7 @@ def _forward_kernel(
     rows = ROW_STATS + program_offset(b * H + h, Tq) + i  # ROW_STATS is (3, B, H, Tq), contiguous: lse, m, l
     if VARLEN:  # ROW_STATS is (3, H, total_q): n_rows = H * total_q, the document's rows from q_doc on
         rows = ROW_STATS + program_offset(h, n_rows // H) + q_doc + i
-    _write_rows(acc, l, m, delta, qk_scale, out, rows, n_rows, q_mask, i < Tq)  # the fast result, written at once
+    _write_rows(acc, l, m, delta, qk_scale, out, rows, n_rows, q_mask, i < Tq, STATS)  # the fast result, at once
     if tl.max(largest, 0) >= SHIFT_LIMIT:  # a score past about 10^7, where 2^delta is no longer harmless
         # Rare, decided once per program, after the fast rows are on their way: the check then waits for
         # nothing (deciding first and writing in each branch was slower, bench/PERF_LOG.md). Start over
@@ -292,14 +292,16 @@ def _forward_kernel(
             BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, MASKED=True, CAUSAL=CAUSAL, USE_TMA=USE_TMA,
             DOT_PRECISION=DOT_PRECISION, FUSED=False, INTERPRETED=INTERPRETED, BAND=BAND, SOFTCAP=SOFTCAP,
         )
-        _write_rows(acc, l, m, tl.zeros([BLOCK_Q], dtype=tl.float32), qk_scale, out, rows, n_rows, q_mask, i < Tq)
+        _write_rows(acc, l, m, tl.zeros([BLOCK_Q], dtype=tl.float32), qk_scale, out, rows, n_rows, q_mask, i < Tq,
+                    STATS)
     # --8<-- [end:exact_rerun]
 
 
 # --8<-- [start:epilogue]
 @triton.jit
-def _write_rows(acc, l, m, delta, qk_scale, out, rows, n_rows, q_mask, row_ok):
-    """o = acc / l into ``out``; lse, m and l into ROW_STATS at ``rows`` (the 3 planes n_rows apart).
+def _write_rows(acc, l, m, delta, qk_scale, out, rows, n_rows, q_mask, row_ok, STATS: tl.constexpr):
+    """o = acc / l into ``out``; with STATS, lse, m and l into ROW_STATS at ``rows`` (the 3 planes n_rows
+    apart). A call that keeps no statistics (no gradient recorded, no lse returned) launches without them.
 
     (acc, l) carry a factor 2^delta, the fused path's rounding of its shift (``delta_of_shift``; 0 after
     the exact path): it cancels in o = acc / l, and l * 2^-delta is l in the units of lse and the stats.
@@ -313,9 +315,10 @@ def _write_rows(acc, l, m, delta, qk_scale, out, rows, n_rows, q_mask, row_ok):
     lse = tl.where(m == float("inf"), m, lse)  # a +inf score: lse = +inf, as torch.logsumexp says
     lse = tl.where(empty, float("-inf"), lse)
     tl.store(out, o.to(out.dtype.element_ty), mask=q_mask)
-    tl.store(rows, lse, mask=row_ok)
-    tl.store(rows + n_rows, m, mask=row_ok)  # for the backward: the final (m, l), m in raw-dot units
-    tl.store(rows + n_rows + n_rows, l, mask=row_ok)
+    if STATS:
+        tl.store(rows, lse, mask=row_ok)
+        tl.store(rows + n_rows, m, mask=row_ok)  # for the backward: the final (m, l), m in raw-dot units
+        tl.store(rows + n_rows + n_rows, l, mask=row_ok)
 # --8<-- [end:epilogue]
 
 
@@ -370,12 +373,13 @@ class ForwardPlan(NamedTuple):
     device: torch.device  # q's, kept: reading q.device makes a new device object on every call
     o_like_q: bool  # o laid out as q is (``_layouts.strides_like``): torch.empty_like(q) gives it; else contiguous
     launch: KernelLaunch  # grid, the arguments after the tensors (strides, sizes, offset, qk_scale, rows), settings
+    launch_without_stats: KernelLaunch  # the same kernel storing o only (STATS=False), for calls that keep no lse
     tma: tuple | None  # (strides, tile rows) of each of q, k, v's descriptors, or None for pointers
     return_stats: bool
 
-    def run(self, q, k, v) -> tuple[torch.Tensor, torch.Tensor]:
-        """``forward_with_plan(self, q, k, v)``."""
-        return forward_with_plan(self, q, k, v)
+    def run(self, q, k, v, stats: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``forward_with_plan(self, q, k, v, stats)``."""
+        return forward_with_plan(self, q, k, v, stats)
 
 
 def make_forward_plan(q, k, v, causal, scale, alignment, block_q, block_k, num_warps, num_stages, tma,
@@ -409,12 +413,8 @@ def make_forward_plan(q, k, v, causal, scale, alignment, block_q, block_k, num_w
     chunk = heaviest_first_chunk(causal, 2 * Tk * D * q.element_size() // shape.group, B * H,
                                  B * H * n_tiles, resident_programs(num_warps, maxnreg), q.device,
                                  shape.group)  # fmt: skip
-    return ForwardPlan(
-        out_shape=(B, H, Tq, D),
-        stats_shape=(3, B, H, Tq),
-        device=q.device,
-        o_like_q=o_strides == tuple(q.stride()),
-        launch=KernelLaunch(
+    def launch(stats: bool) -> KernelLaunch:
+        return KernelLaunch(
             _forward_kernel,
             grid=head_batch_grid(n_tiles, H, B),
             scalars=(*q.stride(), *k.stride(), *v.stride(), *o_strides, H, shape.group, Tq,
@@ -426,13 +426,21 @@ def make_forward_plan(q, k, v, causal, scale, alignment, block_q, block_k, num_w
                             HEAVIEST_FIRST=chunk > 0,
                             MASKED_TILES=causal or Tk % block_k != 0, BAND=mask.banded,
                             SOFTCAP=softcap is not None,
-                            CU_Q=None, CU_K=None, ORDER=None, VARLEN=False),  # None, False: no varlen code  # fmt: skip
+                            CU_Q=None, CU_K=None, ORDER=None, VARLEN=False, STATS=stats),  # fmt: skip
             num_warps=num_warps,
             num_stages=num_stages,
             maxnreg=maxnreg,
-            fresh_outputs=2,  # o and the row statistics, allocated on every call (forward_with_plan)
+            fresh_outputs=2,  # o and the row statistics (o again without them), allocated on every call
             plan_keyed=True,  # kept under q, k and v's layouts (flash_attention, and attention's kept call)
-        ),
+        )
+
+    return ForwardPlan(
+        out_shape=(B, H, Tq, D),
+        stats_shape=(3, B, H, Tq),
+        device=q.device,
+        o_like_q=o_strides == tuple(q.stride()),
+        launch=launch(True),
+        launch_without_stats=launch(False),
         tma=None if strides is None else tuple(zip(strides, (block_q, block_k, block_k))),
         return_stats=return_stats,
     )
@@ -475,8 +483,10 @@ def flash_attention(
     return (o, row_stats[0], row_stats[1:]) if plan.return_stats else (o, row_stats[0])
 
 
-def forward_with_plan(plan: ForwardPlan, q, k, v) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run one call's kernel from its plan: o, and row_stats (3, B, H, Tq) float32 = (lse, m, l).
+def forward_with_plan(plan: ForwardPlan, q, k, v, stats: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Run one call's kernel from its plan: o, and row_stats (3, B, H, Tq) float32 = (lse, m, l), or None
+    without ``stats`` (a call that records no gradient and returns no lse: one allocation, three stores
+    fewer a row).
 
     One buffer for the three row statistics costs one allocation where three tensors would cost three;
     lse = row_stats[0] and stats = row_stats[1:] are views of it, made only where a caller needs them.
@@ -488,6 +498,9 @@ def forward_with_plan(plan: ForwardPlan, q, k, v) -> tuple[torch.Tensor, torch.T
     # torch.empty_like is the cheapest allocation a call can make (no size or dtype to parse), and where q
     # is dense it gives exactly q's strides, which the plan passed to the kernel
     o = torch.empty_like(q) if plan.o_like_q else torch.empty(plan.out_shape, dtype=q.dtype, device=plan.device)
+    if not stats:
+        plan.launch_without_stats(*loads, o, o)  # o stands in for ROW_STATS, which this kernel never touches
+        return o, None
     row_stats = torch.empty(plan.stats_shape, dtype=torch.float32, device=plan.device)
     plan.launch(*loads, o, row_stats)
     return o, row_stats
