@@ -166,6 +166,7 @@ def dkdv_query_tiles(
     BLOCK_Q: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, MASKED: tl.constexpr,
     CAUSAL: tl.constexpr, SIGN: tl.constexpr, DOT_PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr,
     INTERPRETED: tl.constexpr, USE_TMA: tl.constexpr, BAND: tl.constexpr = False, SOFTCAP: tl.constexpr = False,
+    DQ_REDUCE: tl.constexpr = False,
 ):  # fmt: skip
     """Fold query tiles t = first .. end - 1 of one head into (dk, dv), on transposed tiles; a t from
     jump_at on stands for tile t + jump_by, so one loop can walk two separate runs of tiles.
@@ -221,11 +222,14 @@ def dkdv_query_tiles(
         dk += tl.dot(dsT.to(qT.dtype), tl.trans(qT), input_precision=DOT_PRECISION)
         if ATOMIC_DQ:  # this key tile's share of dQ = τ dS K; other key tiles add theirs concurrently
             dq_share = tl.dot(tl.trans(dsT.to(k.dtype)), k, input_precision=DOT_PRECISION) * scale
-            dq_ptrs = DQ_ACC + q_start.to(tl.int64) * HEAD_DIM_PAD + acc_offsets
-            if MASKED:  # the buffer is HEAD_DIM_PAD wide: only rows past Tq are out of range
-                tl.atomic_add(dq_ptrs, dq_share, mask=rows[:, None] < Tq, sem="relaxed")
+            if DQ_REDUCE:  # DQ_ACC is a descriptor: the copy engine adds the whole tile (rows past Tq dropped)
+                DQ_ACC.atomic_add([b, h, q_start, 0], dq_share.reshape(1, 1, BLOCK_Q, HEAD_DIM_PAD))
             else:
-                tl.atomic_add(dq_ptrs, dq_share, sem="relaxed")
+                dq_ptrs = DQ_ACC + q_start.to(tl.int64) * HEAD_DIM_PAD + acc_offsets
+                if MASKED:  # the buffer is HEAD_DIM_PAD wide: only rows past Tq are out of range
+                    tl.atomic_add(dq_ptrs, dq_share, mask=rows[:, None] < Tq, sem="relaxed")
+                else:
+                    tl.atomic_add(dq_ptrs, dq_share, sem="relaxed")
     return dk, dv
 
 
@@ -243,7 +247,7 @@ def backward_dkdv_kernel(
     HEAD_DIM_PAD: tl.constexpr, SIGN: tl.constexpr, DOT_PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr,
     WIDE: tl.constexpr, INTERPRETED: tl.constexpr, USE_TMA: tl.constexpr,
     SPLIT: tl.constexpr, HEAVIEST_FIRST: tl.constexpr, BAND: tl.constexpr, SOFTCAP: tl.constexpr,
-    CU_Q=None, CU_K=None, ORDER=None, VARLEN: tl.constexpr = False,
+    CU_Q=None, CU_K=None, ORDER=None, VARLEN: tl.constexpr = False, DQ_REDUCE: tl.constexpr = False,
 ):  # fmt: skip
     """One program per (key tile, kv head, batch): dk, dv for that tile, summed over the group's heads.
     ROWS is (3, B, H, Tq) float32, planes n_rows = B * H * Tq apart: delta, m, log2 l of every query row,
@@ -256,7 +260,9 @@ def backward_dkdv_kernel(
 
     With ATOMIC_DQ the same program also adds this key tile's share of dq, τ dS K, into DQ_ACC, a float32
     (B, H, Tq, HEAD_DIM_PAD) buffer, with atomic adds: one kernel and five matmuls per tile instead of
-    seven over two kernels, at the price of a summation order that changes from run to run.
+    seven over two kernels, at the price of a summation order that changes from run to run. With DQ_REDUCE
+    (USE_TMA on a GPU) DQ_ACC is a TMA descriptor of that buffer, and each share goes in as one bulk add
+    of the whole tile, done in L2 by the copy engine, instead of one atomic instruction per element.
 
     With VARLEN (packed documents) the batch axis is the document (``_jit.varlen_program``): Tq, Tk, the
     offset and the band become the document's, the tensors start at its first token, and ROWS is
@@ -319,18 +325,18 @@ def backward_dkdv_kernel(
         if VARLEN:  # ROWS planes are (H, total_q): the document's rows from q_doc on
             row_base = h * (n_rows // H) + q_doc
         delta_ptr, m_ptr, l_ptr = ROWS + row_base, ROWS + n_rows + row_base, ROWS + 2 * n_rows + row_base
-        acc_ptr = DQ_ACC + row_base * HEAD_DIM_PAD
+        acc_ptr = DQ_ACC if DQ_REDUCE else DQ_ACC + row_base * HEAD_DIM_PAD  # a descriptor: tiles by coordinates
         dk, dv = dkdv_query_tiles(  # the interior, unmasked
             dk, dv, k_tile, v_tile, q_ptr, do_ptr, m_ptr, l_ptr, delta_ptr, acc_ptr, q_offsets, do_offsets,
             acc_offsets, rows0, cols, keys, stride_qt, stride_dot, mid, hi, hi, 0, Tq, Tk, offset,
             scale, qk_scale, b.to(tl.int32), h.to(tl.int32), band_lo, band_hi, unit, softcap, BLOCK_Q, HEAD_DIM,
-            HEAD_DIM_PAD, False, CAUSAL, SIGN, DOT_PRECISION, ATOMIC_DQ, INTERPRETED, USE_TMA, BAND, SOFTCAP,
+            HEAD_DIM_PAD, False, CAUSAL, SIGN, DOT_PRECISION, ATOMIC_DQ, INTERPRETED, USE_TMA, BAND, SOFTCAP, DQ_REDUCE,
         )  # fmt: skip
         dk, dv = dkdv_query_tiles(  # one masked loop: the band [lo, mid), then the tail [hi, n)
             dk, dv, k_tile, v_tile, q_ptr, do_ptr, m_ptr, l_ptr, delta_ptr, acc_ptr, q_offsets, do_offsets,
             acc_offsets, rows0, cols, keys, stride_qt, stride_dot, lo, mid + n - hi, mid, hi - mid, Tq, Tk, offset,
             scale, qk_scale, b.to(tl.int32), h.to(tl.int32), band_lo, band_hi, unit, softcap, BLOCK_Q, HEAD_DIM,
-            HEAD_DIM_PAD, True, CAUSAL, SIGN, DOT_PRECISION, ATOMIC_DQ, INTERPRETED, USE_TMA, BAND, SOFTCAP,
+            HEAD_DIM_PAD, True, CAUSAL, SIGN, DOT_PRECISION, ATOMIC_DQ, INTERPRETED, USE_TMA, BAND, SOFTCAP, DQ_REDUCE,
         )  # fmt: skip
     dk = dk * unit  # S = τ Q K^T = unit (sign Q) K^T, so dK = unit * dS^T (sign Q)
     store_tile(DK + b * stride_dkb + plane * stride_dkh, stride_dkt, stride_dkd, keys, cols, Tk, HEAD_DIM, dk)
@@ -662,6 +668,7 @@ class BackwardPlan(NamedTuple):
     dq: KernelLaunch  # one program per query tile: dQ, and the row terms (delta, m, log2 l) of its rows
     tma_dkdv: tuple | None  # (strides of q, strides of do, tile rows): descriptors the dK/dV kernel loads through
     tma_dq: tuple | None  # (strides of k, strides of v, tile rows): likewise for the dQ kernel
+    dq_reduce_rows: int  # atomic mode through TMA: the rows of the dQ accumulator's descriptor tiles; 0 without
     kv_split: int  # programs per (key tile, kv head): > 1 writes float32 partials of dk, dv (see the kernel)
     split_sum: KernelLaunch | None  # with kv_split > 1: the partials summed into dk and dv
     grad_strides: tuple  # of dq, dk, dv: each laid out like its input where that is dense (``strides_like``)
@@ -727,6 +734,8 @@ def make_backward_plan(q, k, v, o, lse, do, stats, causal, scale, alignment, blo
     strides = use_tma(tma, q, do, k, v)  # the streamed tiles: q and do for dK/dV, k and v for dQ
     tma_dkdv = None if strides is None else (strides[0], strides[1], dkdv_q)
     tma_dq = None if strides is None else (strides[2], strides[3], dq_k)
+    # the atomic mode's dQ shares as bulk adds: TMA on a GPU (the interpreter has no bulk add; it adds per element)
+    dq_reduce = not deterministic and tma_dkdv is not None and q.device.type == "cuda"
     # heaviest tiles first, in chunks of heads whose streamed tiles fit in L2: a dK/dV program streams q and
     # do of its share of the group's query heads, a dQ program k and v of the kv head its group shares
     share_bytes = 2 * shape.D * q.element_size()
@@ -750,7 +759,7 @@ def make_backward_plan(q, k, v, o, lse, do, stats, causal, scale, alignment, blo
                      units.unit, scale, qk_scale, offset, max(dkdv_chunk, 1), *cap),  # fmt: skip
             constexprs=dict(BLOCK_Q=dkdv_q, BLOCK_K=dkdv_k, **common, ATOMIC_DQ=not deterministic, SPLIT=kv_split,
                             INTERPRETED=q.device.type == "cpu", USE_TMA=tma_dkdv is not None,
-                            HEAVIEST_FIRST=dkdv_chunk > 0, **masks, **NO_DOCUMENTS),  # fmt: skip
+                            HEAVIEST_FIRST=dkdv_chunk > 0, **masks, **NO_DOCUMENTS, DQ_REDUCE=dq_reduce),  # fmt: skip
             num_warps=dkdv_warps,
             num_stages=dkdv_stages,
             plan_keyed=True,  # kept under every input's layout (flash_attention_backward, attention's kept call)
@@ -768,6 +777,7 @@ def make_backward_plan(q, k, v, o, lse, do, stats, causal, scale, alignment, blo
         ),
         tma_dkdv=tma_dkdv,
         tma_dq=tma_dq,
+        dq_reduce_rows=dkdv_q if dq_reduce else 0,
         kv_split=kv_split,
         split_sum=split_sum_launch(shape.B, shape.H_kv, shape.Tk, shape.D, kv_split, *grad_strides[1:]),
         grad_strides=grad_strides,
@@ -841,10 +851,12 @@ def backward_with_plan(plan: BackwardPlan, q, k, v, o, do, stats, rows=None) -> 
         dq = torch.empty_like(q) if like_q else empty_like_layout(q, plan.grad_strides[0])
         k_tiles, v_tiles = (k, v) if plan.tma_dq is None else tile_descriptors(plan.tma_dq, k, v, plan.pad)
         plan.dq(q, k_tiles, v_tiles, do, o, stats, rows, dq)
-        dq_acc = dq  # the dK/dV kernel ignores this argument
+        dq_acc = dq_acc_arg = dq  # the dK/dV kernel ignores this argument
     else:  # the row terms from their own kernel, and a float32 dQ accumulator that every key tile adds into
         rows = backward_preprocess(o, do, stats, plan.preprocess)
-        dq_acc = torch.zeros((*q.shape[:3], plan.pad), dtype=torch.float32, device=plan.device)
+        dq_acc = dq_acc_arg = torch.zeros((*q.shape[:3], plan.pad), dtype=torch.float32, device=plan.device)
+        if plan.dq_reduce_rows:  # the kernel adds whole tiles into it through a descriptor
+            dq_acc_arg = tile_descriptor(dq_acc, list(dq_acc.stride()), plan.dq_reduce_rows, plan.pad)
     # dk and dv: two tensors, never views of one buffer (a custom op's outputs may not share memory)
     dk = torch.empty_like(k) if like_k else empty_like_layout(k, plan.grad_strides[1])
     dv = torch.empty_like(v) if like_v else empty_like_layout(v, plan.grad_strides[2])
@@ -854,7 +866,7 @@ def backward_with_plan(plan: BackwardPlan, q, k, v, o, do, stats, rows=None) -> 
         partials = torch.empty((2, B, H_kv * plan.kv_split, Tk, D), dtype=torch.float32, device=plan.device)
         dk_out, dv_out = partials[0], partials[1]
     q_tiles, do_tiles = (q, do) if plan.tma_dkdv is None else tile_descriptors(plan.tma_dkdv, q, do, plan.pad)
-    plan.dkdv(q_tiles, k, v, do_tiles, rows, dk_out, dv_out, dq_acc)
+    plan.dkdv(q_tiles, k, v, do_tiles, rows, dk_out, dv_out, dq_acc_arg)
     if plan.kv_split > 1:  # the partials of each kv head, summed in a fixed order and cast, in one launch
         plan.split_sum(partials, dk, dv)
     if not plan.deterministic:
