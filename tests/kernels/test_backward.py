@@ -332,3 +332,28 @@ def test_descriptor_loads_only_where_the_work_pays_for_them(monkeypatch):
     assert backward.backward_config(128, bf16, 4096, work=long_d128)["tma"] == "auto"
     assert backward.backward_config(64, bf16, 512, work=long_d128)["tma"] is False  # short: pointers anyway
     assert backward.backward_config(64, bf16, 2048)["tma"] == "auto"  # no work given: by length alone
+
+
+def test_the_atomic_mode_takes_larger_tiles_only_where_its_dq_shares_go_through_tma(monkeypatch):
+    # With TMA the dQ shares are bulk adds and larger dK/dV tiles ran fastest (sweeps/atomic-dq-reduce.json);
+    # where the tiles load through pointers (short calls, or a layout TMA cannot take) every share is added
+    # per element, and the plan keeps that path's smaller tiles.
+    from flashtile.kernels import backward
+
+    monkeypatch.setattr(backward, "is_interpreting", lambda: False)
+    bf16 = torch.bfloat16
+    for D, bulk, per_element in ((64, (64, 64, 4, 2), (32, 128, 4, 3)), (128, (64, 128, 8, 2), (32, 64, 4, 3)),
+                                 (256, (32, 64, 8, 2), (16, 32, 4, 2))):  # fmt: skip
+        assert backward.backward_config(D, bf16, 4096, atomic_dq=True) == dict(dkdv=bulk, dq=(64, 64, 4, 3), tma="auto")
+        assert backward.backward_config(D, bf16, 512, atomic_dq=True)["dkdv"] == per_element
+    # fp16, which the interpreter computes right; B * H * T^2 * D / 2 = 8.6e9 >= TMA_MIN_WORK: TMA's settings
+    q, k, v, do = (torch.randn(1, 8, 4096, 128, dtype=torch.float16) for _ in range(4))
+    o = torch.randn_like(q)
+    lse = torch.zeros(1, 8, 4096)
+    plan = lambda q: backward.make_backward_plan(q, k, v, o, lse, do, None, True, None, "upper_left", None, None, None,  # noqa: E731
+                                                 False, None)  # fmt: skip
+    tiles = lambda plan: (plan.dkdv.constexprs["BLOCK_Q"], plan.dkdv.constexprs["BLOCK_K"])  # noqa: E731
+    assert tiles(plan(q)) == (64, 128) and plan(q).tma_dkdv is not None  # (the interpreter emulates TMA)
+    strided = torch.randn(1, 8, 128, 4096, dtype=torch.float16).transpose(2, 3)  # head dim not contiguous: no TMA
+    assert tiles(plan(strided)) == (32, 64) and plan(strided).tma_dkdv is None
+    assert not plan(q).dkdv.constexprs["DQ_REDUCE"]  # the interpreter has no bulk add: it adds per element

@@ -553,6 +553,9 @@ def split_sum_launch(B: int, H_kv: int, Tk: int, D: int, kv_split: int, dk_strid
 
 # --8<-- [start:config]
 TMA_MIN_WORK = 8e9  # B * H * Tq * Tk * D (halved under causal) below which the backward loads through pointers
+# the atomic mode's dK/dV settings with bulk dQ adds, by head-dim pad (at least 64), 16-bit: the fastest of
+# four per head dim in sweeps/atomic-dq-reduce.json (D = 256: 64 x 64 needs 271 KB of shared memory)
+ATOMIC_BULK_DKDV = {64: (64, 64, 4, 2), 128: (64, 128, 8, 2), 256: (32, 64, 8, 2)}
 
 
 def backward_config(head_dim: int, dtype: torch.dtype, seq_len: int = 0, atomic_dq: bool = False,
@@ -572,8 +575,10 @@ def backward_config(head_dim: int, dtype: torch.dtype, seq_len: int = 0, atomic_
     ``TMA_MIN_WORK``): there the descriptors cost the host more than they save the GPU, timed through
     autograd, where the backward runs on autograd's device thread and every host call is slower
     (bench/PERF_LOG.md; bench/results/backward-models.json, sweeps/backward-descriptor-host-cost.json).
-    The atomic-dQ kernel also holds a dQ tile: with 64-row query tiles at D = 128 it spills 764 bytes,
-    so it keeps 32. At D = 256 a search (sweeps/backward-d256-configs.json) found 64 x 64 dK/dV tiles
+    The atomic-dQ kernel also holds a dQ tile: through pointers, with 64-row query tiles at D = 128 it
+    spills 764 bytes, so it keeps 32; where TMA loads the tiles it also adds each dQ share as one bulk
+    add (``DQ_REDUCE``), and larger tiles ran fastest (``ATOMIC_BULK_DKDV``, sweeps/atomic-dq-reduce.json).
+    At D = 256 a search (sweeps/backward-d256-configs.json) found 64 x 64 dK/dV tiles
     on 8 warps and 128 x 64 dQ tiles in one stage 2.2-2.4x faster than the 16 x 32 tiles kept before.
     fp32 inputs multiply on the CUDA cores, not the tensor cores, and need far smaller tiles.
     The interpreter runs programs one after another: fewer, larger tiles are faster there.
@@ -586,11 +591,13 @@ def backward_config(head_dim: int, dtype: torch.dtype, seq_len: int = 0, atomic_
         return dict(dkdv=(32, 32, 4, 2) if pad <= 64 else (16, 32, 8, 2), dq=(32, 32, 4, 2), tma=False)
     long = seq_len >= 1024
     tma = "auto" if long and work >= TMA_MIN_WORK else False
+    if atomic_dq and tma:  # dQ shares as bulk adds through TMA (DQ_REDUCE): larger dK/dV tiles fit
+        return dict(dkdv=ATOMIC_BULK_DKDV[max(pad, 64)], dq=(64, 64, 4, 3), tma=tma)  # (dq: the preprocess's rows)
     if pad <= 64:
         return dict(dkdv=(32, 128, 4, 3), dq=(64, 64, 4, 3), tma=tma)
     if pad == 128:
         return dict(dkdv=(64, 64, 4, 2) if long and not atomic_dq else (32, 64, 4, 3), dq=(128, 64, 8, 3), tma=tma)
-    if atomic_dq:  # D = 256: the atomic-dQ kernel's extra dQ tile leaves room for small tiles only
+    if atomic_dq:  # D = 256 through pointers: the per-element adds' dQ tile leaves room for small tiles only
         return dict(dkdv=(16, 32, 4, 2), dq=(64, 32, 8, 2), tma=False)
     return dict(dkdv=(64, 64, 8, 2), dq=(128, 64, 8, 1), tma=tma)  # D = 256 (sweeps/backward-d256-configs.json)
     # --8<-- [end:bwd_settings]
@@ -707,6 +714,8 @@ def make_backward_plan(q, k, v, o, lse, do, stats, causal, scale, alignment, blo
     else:  # a caller's config loads through pointers unless tma says otherwise
         config = dict(check_config(config), tma=False)
     tma = config["tma"] if tma is None else check_flag("tma", tma)
+    if not deterministic and config["tma"] and use_tma(tma, q, do, k, v) is None:  # only when it picked them:
+        config = backward_config(shape.D, q.dtype, 0, atomic_dq=True)  # the settings of per-element dQ adds
     if stats is not None:
         check_tensor("stats", stats, rank=4, dtypes=(torch.float32,))
         if tuple(stats.shape) != (2, *lse.shape) or stats.device != q.device:
