@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -59,7 +60,7 @@ def main(out: Path) -> None:
             run = build(name, s)
             leaves = [x.clone().requires_grad_() for x in (q, k, v)]
             o_s = run(*leaves)
-            ms = median_ms(lambda o_s=o_s: o_s.backward(do, retain_graph=True), grad_to_none=leaves)
+            ms = median_ms(partial(o_s.backward, do, retain_graph=True), grad_to_none=leaves)
             rows.append(dict(provider=name, ms=ms, tflops=attention_tflops(s, ms, "bwd"), **fields))
             print(s["Tq"], D, causal, name, round(rows[-1]["tflops"], 1), flush=True)
         o, lse, stats = flash_attention(q, k, v, causal=causal, return_stats=True)
@@ -70,8 +71,8 @@ def main(out: Path) -> None:
         for provider, config, tma, deterministic in runs:
             row = dict(provider=provider, dkdv=None if config is None else config["dkdv"], tma=tma, **fields)
             try:
-                fn = lambda: flash_attention_backward(q, k, v, o, lse, do, causal, stats=stats, config=config,  # noqa: E731
-                                                      tma=tma, deterministic=deterministic)  # fmt: skip
+                fn = partial(flash_attention_backward, q, k, v, o, lse, do, causal, stats=stats, config=config,
+                             tma=tma, deterministic=deterministic)  # fmt: skip
                 grads = fn()
                 row["max_err"] = max((a.float() - b.float()).abs().max().item() for a, b in zip(grads, truth))
                 row["ms"] = median_ms(fn)
