@@ -19,17 +19,17 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import statistics
 import sys
 import tempfile
 from functools import partial
 from pathlib import Path
 
 import torch
+from _rounds import interleaved_rows
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.functional import scaled_dot_product_attention
 
-from flashtile.bench.common import attention_tflops, median_ms, save_result
+from flashtile.bench.common import save_result
 from flashtile.bench.shapes import shape
 from flashtile.kernels import backward as package_backward
 from flashtile.kernels.forward import flash_attention
@@ -77,19 +77,11 @@ def measure(s: dict, versions: dict, rounds: int = 3) -> list[dict]:
     with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
         o_s = scaled_dot_product_attention(*leaves, is_causal=causal)
     calls["sdpa_cudnn"] = partial(o_s.backward, do, retain_graph=True)
-    times = {name: [] for name in calls}
-    for _ in range(rounds):
-        for name, call in calls.items():
-            times[name].append(median_ms(call, warmup=25, rep=100))
-    base = statistics.median(times["sdpa_cudnn"])
-    rows = []
-    for name, ms_list in times.items():
-        ms = statistics.median(ms_list)
-        rows.append(dict(provider=name if name == "sdpa_cudnn" else f"flashtile_{name}",
-                         **{key: s[key] for key in ("B", "H", "Tq", "Tk", "D", "causal")}, ms=round(ms, 4),
-                         tflops=round(attention_tflops(s, ms, "bwd"), 1), ratio_to_cudnn=round(base / ms, 3),
-                         ms_rounds=[round(t, 4) for t in ms_list],
-                         **({} if name == "sdpa_cudnn" else {"max_diff_vs_package": errors[name]})))  # fmt: skip
+    rows = interleaved_rows(s, calls, "bwd", rounds)
+    for row in rows:
+        name = row["provider"].removeprefix("flashtile_")
+        if name in errors:
+            row["max_diff_vs_package"] = errors[name]
     print(s["D"], s["Tq"], causal, "  ".join(f"{r['provider']} {r['tflops']} ({r['ratio_to_cudnn']})" for r in rows),
           errors, flush=True)  # fmt: skip
     return rows

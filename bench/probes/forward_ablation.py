@@ -23,7 +23,6 @@ Writes ``$OUT/forward-ablation.json``.
 from __future__ import annotations
 
 import os
-import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -34,9 +33,10 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.functional import scaled_dot_product_attention
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _rounds import interleaved_rows  # noqa: E402
 from forward_ab import absolute_imports, load  # noqa: E402
 
-from flashtile.bench.common import attention_tflops, median_ms, save_result  # noqa: E402
+from flashtile.bench.common import save_result  # noqa: E402
 from flashtile.bench.shapes import shape  # noqa: E402
 from flashtile.kernels import forward as package_forward  # noqa: E402
 
@@ -91,20 +91,9 @@ def measure(s: dict, modules: dict, rounds: int = 3) -> list[dict]:
     calls = {name: (lambda m=m: m.flash_attention(q, k, v, causal=causal)) for name, m in modules.items()}
     error = (calls["package"]()[0].float() - truth).abs().max().item()
     assert error < 0.05, error
-    times = {name: [] for name in ("sdpa_cudnn", *calls)}
-    for _ in range(rounds):
-        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-            times["sdpa_cudnn"].append(median_ms(cudnn, warmup=25, rep=100))
-        for name, call in calls.items():
-            times[name].append(median_ms(call, warmup=25, rep=100))
-    base = statistics.median(times["sdpa_cudnn"])
-    rows = []
-    for name, ms_list in times.items():
-        ms = statistics.median(ms_list)
-        rows.append(dict(pass_="forward", provider=name if name == "sdpa_cudnn" else f"flashtile_{name}",
-                         **{key: s[key] for key in ("B", "H", "Tq", "Tk", "D", "causal")}, ms=round(ms, 4),
-                         tflops=round(attention_tflops(s, ms), 1), ratio_to_cudnn=round(base / ms, 3),
-                         ms_rounds=[round(t, 4) for t in ms_list]))  # fmt: skip
+    calls = {"sdpa_cudnn": cudnn, **calls}
+    rows = [dict(row, pass_="forward") for row in interleaved_rows(s, calls, "fwd", rounds, contexts={
+        "sdpa_cudnn": lambda: sdpa_kernel([SDPBackend.CUDNN_ATTENTION])})]
     print(f"D{s['D']} T{s['Tq']} {'causal' if causal else 'nomask'}: "
           + "  ".join(f"{r['provider']} {r['tflops']} ({r['ratio_to_cudnn']})" for r in rows), flush=True)  # fmt: skip
     return [{("pass" if key == "pass_" else key): val for key, val in row.items()} for row in rows]
