@@ -6,7 +6,8 @@ score's P costs a subtract, a multiply-add and an exponential today: exp2((u - m
 magnitude of the logits. With one bias per row, b = m qk_scale + log2 l, it is one multiply-add and the
 exponential: exp2(u qk_scale - b), whose error grows with |m qk_scale| (the rounding of b), which is why the
 package does not do it. This probe asks what the instruction would buy before anything is built for the
-exactness: a copy of ``kernels/backward.py`` with that change in both loops (``fused``), timed beside the package
+exactness: a copy of ``kernels/backward.py`` with that change in both loops (``fused``, loaded as its own module
+as ``forward_ab.py`` loads its versions), timed beside the package
 in interleaved rounds with cuDNN at D = 64, 128 (T 2k and 8k, causal and not) and D = 256 (8k), gradients
 compared with the package's.
 
@@ -17,15 +18,14 @@ Writes ``$OUT/backward-fused-bias.json``.
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
 import tempfile
 from functools import partial
 from pathlib import Path
 
 import torch
 from _rounds import interleaved_rows
+from forward_ab import absolute_imports, load
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.functional import scaled_dot_product_attention
 
@@ -51,15 +51,8 @@ def fused_module(folder: Path):
     for old, new in EDITS:
         assert source.count(old) == 1, old
         source = source.replace(old, new)
-    source = (source.replace("from .._", "from flashtile._").replace("from ..reference", "from flashtile.reference")
-              .replace("from ._", "from flashtile.kernels._").replace("from .backward_preprocess", "from flashtile.kernels.backward_preprocess"))  # fmt: skip  # noqa: E501
-    path = folder / "backward_fused.py"
-    path.write_text(source)
-    spec = importlib.util.spec_from_file_location("backward_fused", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["backward_fused"] = module
-    spec.loader.exec_module(module)
-    return module
+    (folder / "backward_fused.py").write_text(absolute_imports(source))
+    return load("backward_fused", str(folder / "backward_fused.py"))
 
 
 def measure(s: dict, versions: dict, rounds: int = 3) -> list[dict]:

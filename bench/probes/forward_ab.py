@@ -19,6 +19,7 @@ the check costs.
 """
 import importlib.util
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -39,8 +40,8 @@ CHECK = "if tl.max(largest, 0) >= SHIFT_LIMIT:"  # the package's check (since a2
 
 def absolute_imports(source: str) -> str:
     """The module's relative imports, made absolute, so that a copy outside the package imports the package."""
-    return (source.replace("from .._", "from flashtile._").replace("from ..reference", "from flashtile.reference")
-            .replace("from ._", "from flashtile.kernels._"))  # fmt: skip
+    source = source.replace("from .._", "from flashtile._").replace("from ..reference", "from flashtile.reference")
+    return re.sub(r"^from \.(?=\w)", "from flashtile.kernels.", source, flags=re.M)  # siblings in kernels/
 
 
 def make_versions(folder: str, rev: str | None = None) -> None:
@@ -65,7 +66,7 @@ def load(name: str, path: str):
     folder = str(Path(path).resolve().parent)  # where a version's own helpers (base_common.py) lie
     if folder not in sys.path:
         sys.path.append(folder)
-    spec = importlib.util.spec_from_file_location(f"forward_{name}", path)
+    spec = importlib.util.spec_from_file_location(f"probe_{name}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
