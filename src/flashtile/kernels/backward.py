@@ -714,7 +714,8 @@ def make_backward_plan(q, k, v, o, lse, do, stats, causal, scale, alignment, blo
     else:  # a caller's config loads through pointers unless tma says otherwise
         config = dict(check_config(config), tma=False)
     tma = config["tma"] if tma is None else check_flag("tma", tma)
-    if not deterministic and config["tma"] and use_tma(tma, q, do, k, v) is None:  # only when it picked them:
+    strides = use_tma(tma, q, do, k, v)  # the streamed tiles: q and do for dK/dV, k and v for dQ
+    if not deterministic and config["tma"] and strides is None:  # it picked TMA's settings, and TMA is out:
         config = backward_config(shape.D, q.dtype, 0, atomic_dq=True)  # the settings of per-element dQ adds
     if stats is not None:
         check_tensor("stats", stats, rank=4, dtypes=(torch.float32,))
@@ -740,7 +741,6 @@ def make_backward_plan(q, k, v, o, lse, do, stats, causal, scale, alignment, blo
     dq_q, dq_k = block_q or dq_q, block_k or dq_k
     sizes = (shape.H, shape.H_kv, shape.Tq, shape.Tk)
     n_rows = shape.B * shape.H * shape.Tq  # the distance between the planes of stats and of the row terms
-    strides = use_tma(tma, q, do, k, v)  # the streamed tiles: q and do for dK/dV, k and v for dQ
     tma_dkdv = None if strides is None else (strides[0], strides[1], dkdv_q)
     tma_dq = None if strides is None else (strides[2], strides[3], dq_k)
     # the atomic mode's dQ shares as bulk adds: TMA on a GPU (the interpreter has no bulk add; it adds per element)
