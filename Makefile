@@ -18,23 +18,59 @@ export NO_MKDOCS_2_WARNING := 1
 # 2-core machine's install, most of them never imported); Python compiles what is imported, once, into
 # .venv/pycache (PYTHONPYCACHEPREFIX), which also keeps __pycache__ folders out of the checkout. The install
 # imports the core once so that parallel test workers do not all compile torch at the same moment.
-VENV_TARGETS := install browser serve build test test-long test-unit test-docs test-site lint
+VENV_TARGETS := install lock browser serve build test test-long test-unit test-docs test-site lint
 $(VENV_TARGETS) $(VENV)/.installed: export PYTHONPYCACHEPREFIX := $(abspath $(VENV))/pycache
 $(VENV_TARGETS) $(VENV)/.installed: export PYTHONDONTWRITEBYTECODE :=
 
-.PHONY: install browser serve build test test-long test-unit test-docs test-site lint gpu-test gpu-test-long bench clean
+.PHONY: install lock browser serve build test test-latest test-long test-unit test-docs test-site lint gpu-test gpu-test-long bench clean
 
-$(VENV)/.installed: pyproject.toml constraints-cpu.txt
+# The lock: every package the tests and the site need, at the exact version `make lock` resolved (uv pip
+# compile, from pyproject.toml and constraints-cpu.txt), so two fresh machines test the same set. With
+# LATEST=1 (make test-latest) the lock is ignored: the newest releases of everything but torch and triton,
+# which stay at constraints-cpu.txt's versions (a torch upgrade is a deliberate commit, with its CPU wheel).
+LOCK := requirements.lock
+LATEST ?=
+UV_VERSION := 0.13.9
+$(VENV)/.installed: pyproject.toml constraints-cpu.txt $(LOCK)
 	PYTHON=$(PYTHON) tools/system-deps.sh venv
 	$(PYTHON) -m venv $(VENV)
 ifneq ($(TORCH_INDEX),)
 	$(PY) -m pip install -q --no-compile --index-url $(TORCH_INDEX) -c constraints-cpu.txt torch
 endif
-	$(PY) -m pip install -q --no-compile -c constraints-cpu.txt -e ".[test,docs]"
+ifeq ($(LATEST),)
+	$(PY) -m pip install -q --no-compile -r $(LOCK)
+	$(PY) -m pip install -q --no-compile --no-deps -e .
+else
+	$(PY) -m pip install -q --no-compile --upgrade --upgrade-strategy eager -c constraints-cpu.txt -e ".[test,docs]"
+endif
+	$(PY) -m pip check
 	$(PY) -c "import torch, triton, numpy, flashtile"
 	touch $@
 
 install: $(VENV)/.installed
+
+# Resolve the lock again (newest releases allowed by pyproject.toml and constraints-cpu.txt) with uv; torch is
+# written without its local label (+cpu), so that the same pin takes the CPU wheel from TORCH_INDEX or a
+# configured wheel folder, and the CUDA wheel from plain PyPI. Before committing the new lock: make test.
+lock: install
+	$(PY) -m pip install -q uv==$(UV_VERSION)
+	$(VENV)/bin/uv pip compile pyproject.toml --extra test --extra docs -c constraints-cpu.txt \
+		$(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX) --index-strategy unsafe-best-match) \
+		--python-version 3.11.7 --python-platform x86_64-manylinux_2_28 --custom-compile-command "make lock" \
+		--no-header --quiet -o $(LOCK).new
+	( echo "# The exact set that make test installs (Python 3.11.7+, Linux x86_64). Written by make lock: do not edit;"; \
+	  echo "# see the README (\"The lock\") for how to refresh it and what to check before committing it."; \
+	  sed -E 's/^(torch==[^+ ]+)\+[a-z0-9.]+/\1/' $(LOCK).new ) > $(LOCK)
+	rm $(LOCK).new
+	@git diff --stat -- $(LOCK) || true
+
+# The same suite on the newest releases (the lock ignored), in a venv of its own; what differs from the lock
+# is printed first, so that a red run names the package that moved. Run weekly by .github/workflows/latest.yml.
+test-latest:
+	@mkdir -p artifacts
+	$(SUBMAKE) install VENV=.venv-latest LATEST=1
+	.venv-latest/bin/python tools/lock_diff.py $(LOCK) | tee artifacts/latest-versions.txt
+	$(SUBMAKE) test VENV=.venv-latest LATEST=1
 
 # Chromium for the browser test: Debian's, installed with apt if need be (see tools/system-deps.sh).
 browser: install
@@ -106,4 +142,4 @@ bench:
 	PYTHONPATH=src $(PYTHON) -m flashtile.bench
 
 clean:
-	rm -rf $(VENV) site artifacts .pytest_cache .hypothesis
+	rm -rf $(VENV) .venv-latest site artifacts .pytest_cache .hypothesis

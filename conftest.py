@@ -10,11 +10,22 @@ import os
 import sys
 from pathlib import Path
 
-# tests/_truth.py (the independent float64 truth) is imported as ``_truth`` from every test directory.
-sys.path.insert(0, str(Path(__file__).parent / "tests"))
+REPO = Path(__file__).resolve().parent
 
-# How the suite is dealt out to pytest-xdist workers: xdist_group honoured, the longest tests first.
-pytest_plugins = ["_xdist_plan"]
+
+def _repository_root_off_the_path() -> None:
+    """The repository's folders are never importable by a bare name in the test session.
+
+    ``python -m pytest`` (and ``python -c``) put the current folder first on ``sys.path``; run from the
+    repository root, that makes its folders ``hooks``, ``bench``, ``docs`` importable as top-level namespace
+    packages, where a package of the same name may be installed (the way ``tests/kernels`` once stood in for
+    Hugging Face's ``kernels``). The tests import their helpers by full name (``tests._truth``) through
+    pytest's ``importlib`` import mode, which needs no entry on the path; the package itself is installed.
+    pytest-xdist's workers copy this process's path, so they start without the entry too."""
+    sys.path[:] = [p for p in sys.path if Path(p or os.curdir).resolve() != REPO]
+
+
+_repository_root_off_the_path()
 
 
 def _threads_per_worker() -> None:

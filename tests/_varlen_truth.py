@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from _truth import definition_mask, masked_truth, truth_gradients
+from tests._truth import definition_mask, masked_truth, truth_gradients
 
 
 def packed_keep(cu_q, cu_k, window=None, causal=False, alignment="upper_left") -> torch.Tensor:

@@ -21,9 +21,9 @@ import pytest
 import torch
 
 import flashtile
-from _truth import attention_truth, decode_truth, truth_with_grads
 from flashtile.api import use_backend
 from flashtile.reference.autograd import reference_attention
+from tests._truth import attention_truth, decode_truth, truth_with_grads
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TIERS = ["reference", "triton"]

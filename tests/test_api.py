@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 
 import flashtile
-from _truth import attention_truth, definition_mask, masked_truth, truth_gradients, truth_with_grads
 from flashtile.api import attention, attention_bwd, attention_fwd, pick_backend, use_backend
+from tests._truth import attention_truth, definition_mask, masked_truth, truth_gradients, truth_with_grads
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 F32, F16 = torch.float32, torch.float16

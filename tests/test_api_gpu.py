@@ -4,9 +4,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from _truth import truth_with_grads
 from flashtile import attention
 from flashtile.api import pick_backend
+from tests._truth import truth_with_grads
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 

@@ -10,7 +10,6 @@ import pytest
 import torch
 
 import flashtile
-from _truth import attention_truth
 from flashtile.api import attention_fwd, use_backend
 from flashtile.kernels.backward import flash_attention_backward
 from flashtile.kernels.forward import flash_attention
@@ -24,6 +23,7 @@ from flashtile.reference import (
     online_softmax_update,
     visible_pairs,
 )
+from tests._truth import attention_truth
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TIERS = ["reference", "triton"]

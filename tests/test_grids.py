@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from _grids import covering, covering_indices, covering_rows
+from tests._grids import covering, covering_indices, covering_rows
 
 
 @pytest.mark.parametrize("sizes", [[3, 4, 2, 2], [3, 3, 2, 2], [3, 2, 2, 2], [2, 3, 3], [5, 2, 4], [4, 4, 4, 4, 4]])

@@ -20,8 +20,8 @@ import pytest
 import torch
 
 import flashtile
-from _truth import assert_close_to_truth, assert_same_nonfinite, truth_with_grads
 from flashtile.api import pick_backend, use_backend
+from tests._truth import assert_close_to_truth, assert_same_nonfinite, truth_with_grads
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TIERS = ["reference", "triton"]

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import flashtile
-from _truth import assert_close_to_truth, assert_same_nonfinite, truth_with_grads
+from tests._truth import assert_close_to_truth, assert_same_nonfinite, truth_with_grads
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 

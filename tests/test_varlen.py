@@ -7,9 +7,9 @@ import pytest
 import torch
 
 import flashtile
-from _truth import assert_close_to_truth
-from _varlen_truth import varlen_truth, varlen_truth_grads
 from flashtile.api import use_backend
+from tests._truth import assert_close_to_truth
+from tests._varlen_truth import varlen_truth, varlen_truth_grads
 
 TOL = {torch.float64: dict(atol=1e-10, rtol=1e-10), torch.float32: dict(atol=2e-5, rtol=2e-5),
        torch.float16: dict(atol=2e-3, rtol=2e-3)}  # fmt: skip

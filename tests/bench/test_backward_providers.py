@@ -8,8 +8,8 @@ through the independent float64 formula of tests/_truth.py.
 import pytest
 import torch
 
-from _truth import truth_with_grads
 from flashtile.bench.backward import LauncherBackward
+from tests._truth import truth_with_grads
 
 
 @pytest.mark.parametrize("options", [dict(deterministic=False), dict(tma=True)], ids=["atomic_dq", "tma"])

@@ -13,10 +13,10 @@ import warnings
 import pytest
 import torch
 
-from _truth import attention_truth
 from flashtile.bench import forward, overhead, progress, shapes
 from flashtile.bench import providers as prov
 from flashtile.bench.common import attention_flops, attention_tflops
+from tests._truth import attention_truth
 
 SCHEMA_FIELDS = ["pass", "provider", "B", "H", "H_kv", "Tq", "Tk", "D", "causal", "layout", "dtype", "ms", "tflops"]
 

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from _truth import definition_mask, masked_truth
 from flashtile.bench import masks
+from tests._truth import definition_mask, masked_truth
 
 
 def test_window_truth_is_the_definitions_softmax_under_the_causal_window():
@@ -116,7 +116,7 @@ def test_document_lengths_are_the_issues_case_and_fixed_by_the_seed():
 
 
 def test_documents_truth_is_causal_attention_within_each_document():
-    from _varlen_truth import packed_keep
+    from tests._varlen_truth import packed_keep
 
     gen = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(1, 2, 40, 16, generator=gen) for _ in range(3))
@@ -140,11 +140,9 @@ def test_document_rows_count_the_flops_of_the_pairs_their_mask_keeps(provider):
 
 
 def test_the_table_keeps_a_16k_window_and_16k_documents_apart():
-    import sys
-    from pathlib import Path
+    from tests._hooks import load_hook
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "hooks"))
-    import render_tables
+    render_tables = load_hook("render_tables")
 
     s = dict(B=1, H=16, H_kv=16, Tq=16384, Tk=16384, D=128, causal=True, layout="bhtd", dtype="bf16")
     rows = []

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from _truth import truth_with_grads
 from flashtile.bench import backward, forward, shapes
 from flashtile.bench import providers as prov
+from tests._truth import truth_with_grads
 
 
 class CountingTimer:

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _decode_cases import random_decode_inputs, to_pages
 
 import flashtile
-from _truth import assert_close_to_truth, decode_truth
 from flashtile._env import is_interpreting
 from flashtile.api import pick_backend, use_backend
 from flashtile.decode import H200_SM_COUNT, MIN_KEYS_PER_SPLIT, pick_num_splits
+from tests._truth import assert_close_to_truth, decode_truth
+from tests.decode._decode_cases import random_decode_inputs, to_pages
 
 
 def _seqlens(*n):

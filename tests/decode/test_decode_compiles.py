@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from _sm90 import compiled, register
+from tests._sm90 import compiled, register
 
 BODY = """
 from flashtile.kernels import decode

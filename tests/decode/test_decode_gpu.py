@@ -10,11 +10,11 @@ import zlib
 
 import pytest
 import torch
-from _decode_cases import to_pages
 
-from _truth import attention_truth
 from flashtile import decode_attention
 from flashtile.kernels.decode import flash_decode
+from tests._truth import attention_truth
+from tests.decode._decode_cases import to_pages
 
 pytestmark = [
     pytest.mark.gpu,
@@ -108,7 +108,7 @@ def test_windowed_decode_in_bf16_is_within_twice_the_rounding_of_its_inputs(vari
     """bf16 (the interpreter's bf16 is wrong, so only here): o against the float64 formula on the same rounded
     inputs, within the bar of the plain decode tests' SDPA error at these lengths (2e-2 absolute is what a
     bf16 output alone costs at |o| ~ 1)."""
-    from _truth import definition_mask, masked_truth
+    from tests._truth import definition_mask, masked_truth
 
     B, H, H_kv, Tq, T_max, lengths, page_size, window, softcap = WINDOWED[variant]
     gen = torch.Generator(device="cuda").manual_seed(zlib.crc32(variant.encode()))
@@ -133,7 +133,7 @@ def test_windowed_decode_in_bf16_is_within_twice_the_rounding_of_its_inputs(vari
                                                  (16, True, "upper_left")])  # fmt: skip
 def test_attention_routes_short_calls_to_the_decode_kernels_on_the_gpu(Tq, causal, alignment):
     import flashtile
-    from _truth import definition_mask, masked_truth
+    from tests._truth import definition_mask, masked_truth
 
     gen = torch.Generator(device="cuda").manual_seed(Tq)
     q = torch.randn(2, 32, Tq, 128, generator=gen, device="cuda").to(torch.bfloat16)

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _decode_cases import poison_past_lengths, random_decode_inputs, to_pages
 
-from _truth import assert_close_to_truth, decode_truth
 from flashtile._env import is_interpreting
 from flashtile.kernels.decode import flash_decode
+from tests._truth import assert_close_to_truth, decode_truth
+from tests.decode._decode_cases import poison_past_lengths, random_decode_inputs, to_pages
 
 pytestmark = pytest.mark.skipif(
     not (torch.cuda.is_available() or is_interpreting()), reason="needs CUDA or TRITON_INTERPRET=1"

@@ -6,9 +6,7 @@ import itertools
 
 import pytest
 import torch
-from _decode_cases import poison_past_lengths, random_decode_inputs, to_pages
 
-from _truth import assert_close_to_truth, decode_truth
 from flashtile.reference.decode import (
     attend_split,
     decode_attention_reference,
@@ -16,6 +14,8 @@ from flashtile.reference.decode import (
     split_bounds,
 )
 from flashtile.reference.merge import merge_partials
+from tests._truth import assert_close_to_truth, decode_truth
+from tests.decode._decode_cases import poison_past_lengths, random_decode_inputs, to_pages
 
 F64 = dict(rtol=1e-12, atol=1e-12)
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import flashtile
-from _truth import assert_close_to_truth, definition_mask, masked_truth
 from flashtile.api import check_attention_call, decode_route, pick_backend, use_backend
+from tests._truth import assert_close_to_truth, definition_mask, masked_truth
 
 
 def make(B, H, H_kv, Tq, Tk, D, dtype=torch.float32, seed=0):

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _decode_cases import random_decode_inputs, to_pages
 
 import flashtile
-from _truth import assert_close_to_truth, definition_mask, masked_truth
 from flashtile.api import use_backend
+from tests._truth import assert_close_to_truth, definition_mask, masked_truth
+from tests.decode._decode_cases import random_decode_inputs, to_pages
 
 TOL = {torch.float64: 1e-12, torch.float32: 2e-5}
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from _truth import truth_with_grads
+from tests._truth import truth_with_grads
 
 
 def attention_truth(q, k, v, do, is_causal: bool, scale: float | None = None):

@@ -7,12 +7,12 @@ import os
 import pytest
 import torch
 import torch.distributed as dist
-from _ring_cases import attention_truth, random_qkv
 
 import flashtile
 from flashtile.api import use_backend
 from flashtile.distributed import merge_into, ring_attention, shard_sequence, simulate_ring, unshard_sequence
 from flashtile.reference.merge import merge_partials
+from tests.distributed._ring_cases import attention_truth, random_qkv
 
 
 def test_the_in_place_merge_of_each_step_gives_the_reference_bits_in_its_rows_only():

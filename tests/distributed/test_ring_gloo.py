@@ -10,7 +10,6 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
-from _ring_cases import attention_truth, random_qkv
 
 from flashtile.distributed import (
     ring_attention,
@@ -20,6 +19,7 @@ from flashtile.distributed import (
     unshard_sequence,
 )
 from flashtile.distributed.local import RankFailed
+from tests.distributed._ring_cases import attention_truth, random_qkv
 
 TIMEOUT_S = 60  # a hang fails the test after this long instead of holding up CI
 

@@ -6,10 +6,10 @@ NVLink multicast stays off (NCCL_NVLS_ENABLE=0): the launcher sets it in every r
 
 import pytest
 import torch
-from _ring_cases import attention_truth, random_qkv
 
 import flashtile
 from flashtile.distributed import ring_attention_on_shards, run_local_ring, unshard_sequence
+from tests.distributed._ring_cases import attention_truth, random_qkv
 
 pytestmark = [
     pytest.mark.gpu,

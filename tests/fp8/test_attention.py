@@ -16,8 +16,8 @@ import pytest
 import torch
 
 import flashtile
-from _truth import attention_truth, visible_pairs_mask
 from flashtile.fp8 import quantize
+from tests._truth import attention_truth, visible_pairs_mask
 
 HALF_ULP = 2.0**-4
 SUBNORMAL_HALF_STEP = 2.0**-10

@@ -4,10 +4,12 @@ import json
 from pathlib import Path
 
 import pytest
-import render_tables
 
 from flashtile.bench import shapes
 from flashtile.bench.common import RESULTS, load_result
+from tests._hooks import load_hook
+
+render_tables = load_hook("render_tables")
 
 PAGES = sorted(p for p in render_tables.DOCS.rglob("*.md") if render_tables.blocks(p.read_text()))
 SCHEMA_FIELDS = {"pass", "provider", "B", "H", "H_kv", "Tq", "Tk", "D", "causal", "layout", "dtype", "ms", "tflops"}

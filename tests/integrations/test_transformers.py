@@ -14,7 +14,13 @@ import torch
 
 pytest.importorskip("transformers")
 
-from _hf_models import (  # noqa: E402
+from transformers import AttentionInterface  # noqa: E402
+from transformers.masking_utils import AttentionMaskInterface  # noqa: E402
+
+import flashtile.integrations.transformers as integration  # noqa: E402
+from flashtile.api import use_backend  # noqa: E402
+from flashtile.integrations.transformers import DEFAULT_NAME, register  # noqa: E402
+from tests.integrations._hf_models import (  # noqa: E402
     build,
     cache_argument,
     llama_config,
@@ -23,12 +29,6 @@ from _hf_models import (  # noqa: E402
     token_ids,
     twins,
 )
-from transformers import AttentionInterface  # noqa: E402
-from transformers.masking_utils import AttentionMaskInterface  # noqa: E402
-
-import flashtile.integrations.transformers as integration  # noqa: E402
-from flashtile.api import use_backend  # noqa: E402
-from flashtile.integrations.transformers import DEFAULT_NAME, register  # noqa: E402
 
 BACKENDS = ["reference", "triton"]
 LOGITS_ATOL = 2e-4  # float32 against float64: measured errors are about 1e-5 on logits of size about 10

@@ -18,7 +18,10 @@ import torch
 
 pytest.importorskip("transformers")
 
-from _hf_models import (  # noqa: E402
+import flashtile.integrations.transformers as integration  # noqa: E402
+from flashtile.api import use_backend  # noqa: E402
+from flashtile.integrations.transformers import register  # noqa: E402
+from tests.integrations._hf_models import (  # noqa: E402
     build,
     cache_argument,
     gemma2_config,
@@ -29,10 +32,6 @@ from _hf_models import (  # noqa: E402
     token_ids,
     twins,
 )
-
-import flashtile.integrations.transformers as integration  # noqa: E402
-from flashtile.api import use_backend  # noqa: E402
-from flashtile.integrations.transformers import register  # noqa: E402
 
 LOGITS_ATOL = 2e-4  # float32 against float64 (or float32): measured errors are about 1e-5
 GRAD_RTOL = 2e-4  # max |grad error| / max |grad|, per parameter

@@ -9,10 +9,10 @@ failure there is the backward's alone.
 import pytest
 import torch
 
-from _grids import LONG, covering
-from _truth import truth_with_grads
 from flashtile.kernels.backward import flash_attention_backward
 from flashtile.kernels.forward import flash_attention
+from tests._grids import LONG, covering
+from tests._truth import truth_with_grads
 
 from ._helpers import DEVICE, randn
 

@@ -21,7 +21,7 @@ import re
 
 import pytest
 
-from _sm90 import compiled, register
+from tests._sm90 import compiled, register
 
 BODY = """
 import re, subprocess, tempfile

@@ -9,11 +9,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from _grids import covering_rows
-from _truth import truth_with_grads
 from flashtile.kernels.backward import flash_attention_backward
 from flashtile.kernels.forward import flash_attention
 from flashtile.reference.naive import expand_kv_heads
+from tests._grids import covering_rows
+from tests._truth import truth_with_grads
 
 from ._helpers import case_id
 

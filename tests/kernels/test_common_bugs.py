@@ -7,8 +7,8 @@ from ``_broken_forward`` (it must fail). A check that a broken variant also pass
 import pytest
 import torch
 
-from _truth import attention_truth
 from flashtile.kernels.forward import flash_attention
+from tests._truth import attention_truth
 
 from ._broken_forward import forward_all_masked, forward_assuming_contiguous_strides, probe_offsets
 from ._helpers import DEVICE, FORWARD_TOL, randn

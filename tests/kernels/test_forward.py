@@ -7,11 +7,11 @@ several tiles, ragged last tiles and diagonal tiles even at T = 37.
 import pytest
 import torch
 
-from _grids import covering_rows
-from _truth import attention_truth
 from flashtile.kernels._host import tma_strides
 from flashtile.kernels.forward import flash_attention, forward_config
 from flashtile.reference.causal import diagonal_offset, last_key_tile
+from tests._grids import covering_rows
+from tests._truth import attention_truth
 
 from ._helpers import DEVICE, assert_attention_close, case_id, randn
 

@@ -9,10 +9,10 @@ import zlib
 import pytest
 import torch
 
-from _grids import covering
-from _truth import attention_truth
 from flashtile.kernels.forward import flash_attention
 from flashtile.reference.naive import expand_kv_heads
+from tests._grids import covering
+from tests._truth import attention_truth
 
 pytestmark = [
     pytest.mark.gpu,

@@ -21,12 +21,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from _grids import LONG
-from _sm90 import compile_in_fresh_process
-from _truth import attention_truth
 from flashtile.fp8 import quantize
 from flashtile.kernels.fp8_forward import fp8_config, fp8_forward, keys_contiguous, one_per_head
 from flashtile.reference.fp8 import fp8_attention_forward, fp8_block_k
+from tests._grids import LONG
+from tests._sm90 import compile_in_fresh_process
+from tests._truth import attention_truth
 
 ON_GPU = torch.cuda.is_available()
 gpu = [pytest.mark.gpu, pytest.mark.skipif(not ON_GPU, reason="needs a CUDA device")]
@@ -282,7 +282,7 @@ def test_both_dots_compile_to_e4m3_tensor_core_instructions_for_sm90():
 
 PV_FORMS_BODY = """
 import subprocess, tempfile, triton
-from _fp8_pv_forms import pv_forms
+from tests.kernels._fp8_pv_forms import pv_forms
 out = {}
 for pass_acc in (True, False):
     kernel = sm90_like_a_launch(pv_forms, dict(Q="*fp8e4nv", K="*fp8e4nv", V="*fp8e4nv", O="*fp32"),
@@ -304,7 +304,7 @@ def test_acc_passed_into_the_pv_dot_serialises_every_wgmma_for_sm90():
     outside the dot, they do not. Yet the form without C7514 measured 9-16 % slower in the whole kernel
     (sweeps/fp8-forward-steps-pv-outside-dot.json against sweeps/fp8-forward-steps.json), so the package
     keeps acc in the dot: the note is ptxas's warning, not the measured cost."""
-    here = str(Path(__file__).parent)  # where _fp8_pv_forms.py lives: the fresh process imports it from there
+    here = str(Path(__file__).resolve().parents[2])  # the repository: the fresh process imports tests.kernels
     serialized = compile_in_fresh_process(f"import sys; sys.path.insert(0, {here!r})\n" + PV_FORMS_BODY)
     assert serialized == {"passed_in": True, "outside": False}
 

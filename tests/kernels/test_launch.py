@@ -11,11 +11,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from _truth import attention_truth
 from flashtile import _plans
 from flashtile.kernels import _host
 from flashtile.kernels.decode import flash_decode
 from flashtile.kernels.forward import flash_attention, make_forward_plan
+from tests._truth import attention_truth
 
 from ._helpers import DEVICE, FORWARD_TOL, randn
 

@@ -11,7 +11,6 @@ import torch
 import triton
 import triton.language as tl
 
-from _truth import attention_truth
 from flashtile import _plans
 from flashtile._env import H200_SM_COUNT
 from flashtile.kernels import backward, forward
@@ -25,6 +24,7 @@ from flashtile.kernels._host import (
 from flashtile.kernels._jit import program_tile
 from flashtile.kernels.backward import flash_attention_backward, flash_attention_varlen_backward
 from flashtile.kernels.forward import flash_attention, flash_attention_varlen
+from tests._truth import attention_truth
 
 from ._helpers import DEVICE, FORWARD_TOL, randn
 

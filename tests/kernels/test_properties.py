@@ -9,10 +9,10 @@ whole run. Each example runs through the Triton interpreter on a CPU, so shapes 
 import pytest
 import torch
 
-from _grids import LONG
-from _truth import truth_with_grads
 from flashtile.kernels.backward import flash_attention_backward
 from flashtile.kernels.forward import flash_attention
+from tests._grids import LONG
+from tests._truth import truth_with_grads
 
 from ._helpers import DEVICE, ON_GPU
 

@@ -16,11 +16,11 @@ import pytest
 import torch
 
 import flashtile
-from _grids import covering
-from _sm90 import compiled, register
-from _truth import assert_close_to_truth, truth_with_grads
 from flashtile.kernels import textbook
 from flashtile.kernels.textbook import textbook_backward, textbook_forward
+from tests._grids import covering
+from tests._sm90 import compiled, register
+from tests._truth import assert_close_to_truth, truth_with_grads
 
 from ._helpers import DEVICE, FORWARD_TOL, LSE_TOL, randn
 

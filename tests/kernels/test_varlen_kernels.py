@@ -9,12 +9,12 @@ import pytest
 import torch
 
 import flashtile
-from _truth import assert_close_to_truth
-from _varlen_truth import varlen_truth, varlen_truth_by_document, varlen_truth_grads
 from flashtile.api import use_backend
 from flashtile.bench.masks import document_lengths
 from flashtile.kernels.backward import flash_attention_varlen_backward
 from flashtile.kernels.forward import flash_attention_varlen
+from tests._truth import assert_close_to_truth
+from tests._varlen_truth import varlen_truth, varlen_truth_by_document, varlen_truth_grads
 
 from ._helpers import DEVICE, FORWARD_TOL, LSE_TOL
 
@@ -237,7 +237,7 @@ def sdpa_gradients_by_document(q, k, v, do, lengths, mask):
     document's boolean mask (K and V expanded for GQA, their gradients summed back over each group)."""
     from torch.nn.functional import scaled_dot_product_attention
 
-    from _truth import definition_mask
+    from tests._truth import definition_mask
 
     group = q.shape[1] // k.shape[1]
     grads = [torch.zeros_like(x) for x in (q, k, v)]

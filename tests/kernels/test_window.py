@@ -14,11 +14,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from _grids import covering
-from _truth import assert_close_to_truth, definition_mask, masked_truth, truth_gradients
 from flashtile.kernels._host import KernelMask, kernel_mask
 from flashtile.kernels.backward import flash_attention_backward
 from flashtile.kernels.forward import flash_attention
+from tests._grids import covering
+from tests._truth import assert_close_to_truth, definition_mask, masked_truth, truth_gradients
 
 from ._helpers import FORWARD_TOL, LSE_TOL, ON_GPU, randn
 

@@ -68,8 +68,8 @@ def test_check_on_skeletons_and_a_planted_bug_fails_every_step_with_help(tmp_pat
     # "write ..." hint, and a kernel with a planted bug fails at the case that exposes it, with its hint
     assert main(["init", str(tmp_path)]) == 0
     (tmp_path / "forward_kernel.py").write_text(
-        f"import sys\nsys.path.insert(0, {str(HERE.parent)!r})\n"
-        "from practice._reader_kernels import make_forward\n"
+        f"import sys\nsys.path.insert(0, {str(HERE.parents[1])!r})\n"
+        "from tests.practice._reader_kernels import make_forward\n"
         "flash_attention = make_forward(padded_keys_neg_inf=False).flash_attention\n", encoding="utf-8")
     proc = practice("check", tmp_path)
     assert proc.returncode == 1, proc.stdout + proc.stderr

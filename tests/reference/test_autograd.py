@@ -1,8 +1,8 @@
 import torch
 
-from _truth import attention_truth
 from flashtile.reference.autograd import FlashAttentionFunction, reference_attention
 from flashtile.reference.footprint import saved_tensor_shapes
+from tests._truth import attention_truth
 
 
 def test_autograd_function_gradients_match_naive(rand):

@@ -1,9 +1,9 @@
 import pytest
 import torch
 
-from _truth import attention_truth
 from flashtile.reference.backward import backward_delta, flash_attention_backward
 from flashtile.reference.forward import flash_attention_forward
+from tests._truth import attention_truth
 
 ATTN = [(False, "upper_left"), (True, "upper_left"), (True, "lower_right")]
 

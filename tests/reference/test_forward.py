@@ -1,9 +1,9 @@
 import pytest
 import torch
 
-from _truth import attention_truth
 from flashtile.reference.causal import TileKind, tile_map
 from flashtile.reference.forward import flash_attention_forward
+from tests._truth import attention_truth
 
 GQA = [(4, 4), (4, 2), (8, 2), (4, 1)]  # ratios 1, 2, 4 and MQA
 ATTN = [(False, "upper_left"), (True, "upper_left"), (True, "lower_right")]

@@ -15,9 +15,9 @@ import math
 import pytest
 import torch
 
-from _truth import attention_truth, visible_pairs_mask
 from flashtile.fp8 import GRANULARITIES, quantize
 from flashtile.reference.fp8 import check_fp8_inputs, fp8_attention_forward, to_e4m3
+from tests._truth import attention_truth, visible_pairs_mask
 
 F64 = dict(rtol=1e-12, atol=1e-12)
 

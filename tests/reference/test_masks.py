@@ -11,8 +11,6 @@ import re
 import pytest
 import torch
 
-from _grids import covering
-from _truth import assert_close_to_truth, assert_same_nonfinite, definition_mask, masked_truth, truth_gradients
 from flashtile.reference.backward import flash_attention_backward
 from flashtile.reference.causal import TileKind, tile_ranges
 from flashtile.reference.forward import flash_attention_forward
@@ -29,6 +27,8 @@ from flashtile.reference.masks import (
     window_visible_pairs,
 )
 from flashtile.reference.varlen import varlen_attention_backward, varlen_attention_forward
+from tests._grids import covering
+from tests._truth import assert_close_to_truth, assert_same_nonfinite, definition_mask, masked_truth, truth_gradients
 
 ALIGNMENTS = ["upper_left", "lower_right"]
 

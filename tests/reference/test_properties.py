@@ -4,10 +4,10 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from _truth import attention_truth
 from flashtile.reference.backward import flash_attention_backward
 from flashtile.reference.forward import flash_attention_forward
 from flashtile.reference.online_softmax import lse_from_stats, merge, online_softmax_stats
+from tests._truth import attention_truth
 
 # Examples per run: the hypothesis profile of the root conftest (60, or 300 in make test-long).
 SETTINGS = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])

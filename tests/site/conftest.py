@@ -19,8 +19,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-from _site_docs import REPO, site_prefix  # noqa: E402
+from tests.site._site_docs import REPO, site_prefix
 
 ARTIFACTS = REPO / "artifacts"
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")  # the same override as tools/system-deps.sh

@@ -16,7 +16,8 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
-from _site_docs import (
+
+from tests.site._site_docs import (
     DOCS,
     REPO,
     doc_pages,

@@ -6,7 +6,8 @@ import json
 import re
 
 import pytest
-from _site_docs import DOCS, doc_pages, page_url
+
+from tests.site._site_docs import DOCS, doc_pages, page_url
 
 pytestmark = pytest.mark.site
 

@@ -13,7 +13,8 @@ import subprocess
 import sys
 
 import pytest
-from _site_docs import DOCS, REPO, bare_python_blocks, doc_pages
+
+from tests.site._site_docs import DOCS, REPO, bare_python_blocks, doc_pages
 
 pytestmark = pytest.mark.site
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 
 import pytest
-from _site_docs import (
+
+from tests.site._site_docs import (
     DOCS,
     REPO,
     SNIPPET_LINE,

@@ -13,7 +13,8 @@ from pathlib import Path
 from urllib.parse import urljoin, urlsplit
 
 import pytest
-from _site_docs import DOCS, doc_pages, page_url
+
+from tests.site._site_docs import DOCS, doc_pages, page_url
 
 pytestmark = pytest.mark.site
 

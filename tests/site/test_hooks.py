@@ -2,28 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
 
 import pytest
-from _site_docs import DOCS, REPO
+
+from tests._hooks import load_hook
+from tests.site._site_docs import DOCS
 
 pytestmark = pytest.mark.site
 
-
-def load_hook(name: str):
-    """hooks/<name>.py loaded as MkDocs loads it: with hooks/ on ``sys.path`` while it runs, so that its
-    imports of the site's own modules (``render_plots``, ``render_tables``) resolve."""
-    spec = importlib.util.spec_from_file_location(f"hooks_{name}", REPO / "hooks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    saved = sys.path.copy()
-    sys.path.insert(0, str(REPO / "hooks"))
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        sys.path[:] = saved
-    return module
 
 
 # The plugin passes custom_mathjax_url="" (its default); nb2html alone defaults to cdnjs.

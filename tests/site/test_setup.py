@@ -12,7 +12,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from _site_docs import REPO
+
+from tests.site._site_docs import REPO
 
 pytestmark = pytest.mark.site
 

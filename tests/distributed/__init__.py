@@ -1,0 +1,1 @@
+"""flashtile's tests (a package: imported by full name, never put on sys.path)."""
