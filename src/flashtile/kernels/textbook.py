@@ -318,6 +318,7 @@ NUM_WARPS, NUM_STAGES = 4, 2
 
 
 # --8<-- [start:textbook-launch]
+# --8<-- [start:textbook-forward-launch]
 def textbook_forward(q, k, v, causal=False, scale=None, *, alignment="upper_left"):
     """(o, lse): o (B, H, Tq, D) in q's dtype, contiguous; lse (B, H, Tq) float32, natural log."""
     q, k, v = resolve_neg_bits(q, k, v)  # a negative view's memory holds -x, and the kernels read memory
@@ -331,8 +332,10 @@ def textbook_forward(q, k, v, causal=False, scale=None, *, alignment="upper_left
         DOT_PRECISION=dot_precision(q.dtype), num_warps=NUM_WARPS, num_stages=NUM_STAGES,
     )  # fmt: skip
     return o, lse
+# --8<-- [end:textbook-forward-launch]
 
 
+# --8<-- [start:textbook-backward-launch]
 def textbook_backward(q, k, v, o, lse, do, causal=False, scale=None, *, alignment="upper_left"):
     """(dq, dk, dv), each contiguous in its input's dtype, from the forward's o and lse and the incoming dO."""
     q, k, v, o, lse, do = resolve_neg_bits(q, k, v, o, lse, do)
@@ -355,4 +358,5 @@ def textbook_backward(q, k, v, o, lse, do, causal=False, scale=None, *, alignmen
     textbook_dq_kernel[head_batch_grid(triton.cdiv(Tq, BLOCK_Q), H, B)](
         q, k, v, do, lse, delta, dq, *common, **sizes, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
     return dq, dk, dv
+# --8<-- [end:textbook-backward-launch]
 # --8<-- [end:textbook-launch]
