@@ -103,6 +103,22 @@ def bare_python_blocks(page: Path) -> list[Fence]:
     return [f for f in fences(page) if f.info == "python"]
 
 
+DIFF_MARKER = re.compile(r"^[ \t]*<!-- diff: (?P<old>\S+) (?P<new>\S+) -->[ \t]*$")
+
+
+def diff_markers(page: Path) -> list[tuple[str, str]]:
+    """The (old, new) sides of every ``<!-- diff: old new -->`` line of a page, in page order; each side is
+    ``path#section[+section...]`` (hooks/diffs.py renders them)."""
+    return [(m.group("old"), m.group("new")) for line in page.read_text(encoding="utf-8").splitlines()
+            if (m := DIFF_MARKER.match(line))]
+
+
+def diff_side_sections(side: str) -> list[tuple[str, str]]:
+    """``path#a+b`` -> [(path, "a"), (path, "b")]."""
+    path, _, names = side.partition("#")
+    return [(path, name) for name in names.split("+")]
+
+
 def sections_in(path: Path) -> dict[str, list[str]]:
     """name -> lines of every snippet section in a source file, extracted like pymdownx.snippets.
 

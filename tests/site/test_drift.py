@@ -11,6 +11,8 @@ from tests.site._site_docs import (
     REPO,
     SNIPPET_LINE,
     all_markers,
+    diff_markers,
+    diff_side_sections,
     doc_pages,
     fences,
     listings,
@@ -27,7 +29,11 @@ MARKDOWN_PAGES = [p for p in doc_pages() if p.suffix == ".md"]
 
 
 def _used() -> set[tuple[str, str]]:
-    return {(lst.path, lst.section) for page in MARKDOWN_PAGES for lst in listings(page)}
+    """Sections a page shows: as a listing, or as a side of a generated diff (hooks/diffs.py)."""
+    shown = {(lst.path, lst.section) for page in MARKDOWN_PAGES for lst in listings(page)}
+    sides = {pair for page in MARKDOWN_PAGES for marker in diff_markers(page) for side in marker
+             for pair in diff_side_sections(side)}  # fmt: skip
+    return shown | sides
 
 
 @pytest.mark.parametrize("page", MARKDOWN_PAGES, ids=lambda p: p.relative_to(DOCS).as_posix())

@@ -1,11 +1,11 @@
-"""``python -m flashtile.bench [forward|overhead|backward|softmax|decode|train_step|masks|ring|ring_parts] [options]``;
-no name: every one-GPU table."""
+"""``python -m flashtile.bench [NAME] [options]``, NAME one of forward, overhead, backward, softmax, decode,
+train_step, masks, ladder, ring, ring_parts; no name: every one-GPU table."""
 
 from __future__ import annotations
 
 import sys
 
-from . import backward, decode, forward, masks, overhead, ring, ring_parts, softmax, train_step
+from . import backward, decode, forward, ladder, masks, overhead, ring, ring_parts, softmax, train_step
 
 TABLES = {
     "forward": forward,
@@ -15,6 +15,7 @@ TABLES = {
     "decode": decode,
     "train_step": train_step,
     "masks": masks,
+    "ladder": ladder,
 }
 # Two GPUs of one host (or two gloo processes with --cpu-smoke): run by name only, never by the no-name run.
 RING = {"ring": ring, "ring_parts": ring_parts}
