@@ -119,6 +119,8 @@ def _decode_key_tiles(
     for k_index in range(first_k_index, end_k_index):
         j = k_index * BLOCK_K + tl.arange(0, BLOCK_K)  # the key positions of this tile, in the sequence
         in_slice = j < k_end
+        if BAND:  # keys before the first row's window (j < lo) are seen by no row: not read at all
+            in_slice = in_slice & (j >= lo)
         k_mask = (d[:, None] < HEAD_DIM) & in_slice[None, :]
         k_ptrs = K + page[None, :] * stride_kp + slot[None, :] * stride_kt + d[:, None].to(tl.int64) * stride_kd
         if MASKED or HEAD_DIM != HEAD_DIM_PAD:
@@ -229,7 +231,7 @@ def _decode_split_kernel(
     empty = l == 0.0  # this slice hides every key from the row (or the slice is empty)
     l_safe = tl.where(empty, 1.0, l)
     o = acc / l_safe[:, None]  # normalised partial o_s; 0 for an empty row
-    lse = (m * qk_scale + tl.math.log2(l_safe)) * LN2  # natural units: unit * m + ln l
+    lse = m * (qk_scale * LN2) + tl.math.log2(l_safe) * LN2  # natural units: unit * m + ln l, never past them
     lse = tl.where(m == float("inf"), m, lse)
     lse = tl.where(empty, float("-inf"), lse)
     o_ptrs = (O_PART + program_offset(b, stride_ob) + h[:, None].to(tl.int64) * stride_oh

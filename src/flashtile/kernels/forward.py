@@ -311,7 +311,7 @@ def _write_rows(acc, l, m, delta, qk_scale, out, rows, n_rows, q_mask, row_ok, S
     o = acc / l_safe[:, None]
     l = l * tl.math.exp2(-delta)  # a factor within 2^(+-1/2): the row sum the backward takes
     l_safe = tl.where(empty, 1.0, l)
-    lse = (m * qk_scale + tl.math.log2(l_safe)) * LN2  # natural units: unit * m + ln l
+    lse = m * (qk_scale * LN2) + tl.math.log2(l_safe) * LN2  # natural units: unit * m + ln l, never past them
     lse = tl.where(m == float("inf"), m, lse)  # a +inf score: lse = +inf, as torch.logsumexp says
     lse = tl.where(empty, float("-inf"), lse)
     tl.store(out, o.to(out.dtype.element_ty), mask=q_mask)

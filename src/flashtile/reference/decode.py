@@ -38,7 +38,7 @@ from .._checks import (
     stats_dtype,
 )
 from .._env import H200_SM_COUNT, sm_count
-from .forward import softcap_scores
+from .forward import masked_pv, softcap_scores
 from .masks import window_band
 from .merge import merge_partials
 from .naive import expand_kv_heads
@@ -152,21 +152,23 @@ def attend_split(q, k, v, k_start: int, k_end: int, length: int, scale: float, b
 
     k, v: (H, length, D). New token t sees key j iff lo <= j - (t + length - Tq) <= hi (``decode_band``; None:
     causal), so a slice may hide every key from a row: o_s = 0, lse_s = -inf, which merges as nothing.
+    A key or value the row does not see never reaches it (``forward.masked_pv``); lse_s is float64.
     """
     Tq = q.shape[-2]
     lo, hi = (-length, 0) if band is None else band
-    s = scale * (q @ k[:, k_start:k_end].transpose(-1, -2))  # (H, Tq, k_end - k_start)
+    s = scale * (q @ k[:, k_start:k_end].transpose(-1, -2)).double()  # (H, Tq, keys), float64: see forward
     s = softcap_scores(s, softcap)  # unchanged without a cap; the mask's -inf comes after it
     position = torch.arange(Tq, device=q.device)[:, None] + length - Tq  # each new token's own key
     j = torch.arange(k_start, k_end, device=q.device)[None, :]
-    s = s.masked_fill((j - position < lo) | (j - position > hi), float("-inf"))  # the band, lower-right
+    keep = (j - position >= lo) & (j - position <= hi)  # the band, lower-right
+    s = s.masked_fill(~keep, float("-inf"))
     m = s.amax(dim=-1) if s.shape[-1] else torch.full(s.shape[:-1], float("-inf"), dtype=s.dtype, device=s.device)
     p = safe_exp_diff(s, m[..., None])  # (H, Tq, keys); rows that see nothing give 0, not NaN
     l = p.sum(dim=-1)
-    acc = p @ v[:, k_start:k_end]  # (H, Tq, D)
+    acc = masked_pv(p.to(q.dtype), v[:, k_start:k_end], keep)  # (H, Tq, D); a hidden value never reaches a row
     empty = (l == 0)[..., None]
-    o_s = torch.where(empty, 0.0, acc / torch.where(empty, 1.0, l[..., None]))
-    return o_s, lse_from_stats(m, l)
+    o_s = torch.where(empty, 0.0, acc / torch.where(empty, 1.0, l.to(acc.dtype)[..., None]))
+    return o_s, lse_from_stats(m, l)  # lse_s float64: merged so, rounded once at the end
 # --8<-- [end:partial]
 
 
@@ -214,7 +216,7 @@ def decode_attention_reference(
         first, end = decode_keys(length, shape.Tq, band)  # the keys some new token sees: no other tile is read
         bounds = split_bounds(end, num_splits, block_k, first)
         o_b = torch.zeros(q.shape, dtype=c, device=q.device)  # the empty state: o = 0, lse = -inf
-        lse_b = torch.full(q.shape[:-1], float("-inf"), dtype=c, device=q.device)
+        lse_b = torch.full(q.shape[:-1], float("-inf"), dtype=torch.float64, device=q.device)  # rounded once, below
         for split in order:
             o_s, lse_s = attend_split(q, k, v, *bounds[split], length, scale, band, softcap)
             o_b, lse_b = merge_partials(o_b, lse_b, o_s, lse_s)

@@ -47,16 +47,39 @@ def softcap_scores(s: torch.Tensor, softcap: float | None) -> torch.Tensor:
 # --8<-- [end:softcap]
 
 
+# --8<-- [start:masked_pv]
+def masked_pv(p: torch.Tensor, v: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """p @ v over the kept pairs only: sum over the keys j row i keeps of p_ij v_j, as the formula has it.
+
+    A plain p @ v also multiplies a hidden pair's p = 0 by its value, and 0 * NaN = NaN, 0 * inf = NaN.
+    So the finite values go through the matmul (a hidden one adds 0 * finite = 0) and the non-finite ones
+    are counted per row over the kept pairs only, with 0/1 matmuls that hold no NaN: a kept NaN, a kept
+    +-inf times p = 0, or both signs of inf make the row's entry NaN; one sign of inf makes it that inf.
+    keep: (block_q, block_k) bool, broadcast over the batch and head dims of p.
+    """
+    finite = torch.isfinite(v)
+    out = p @ torch.where(finite, v, 0.0)
+    kept = keep.to(p.dtype)
+    seen_zero, seen_positive = kept * (p == 0), kept * (p != 0)
+    pos_inf, neg_inf = torch.isposinf(v).to(p.dtype), torch.isneginf(v).to(p.dtype)
+    nan = (kept @ torch.isnan(v).to(p.dtype) + seen_zero @ (pos_inf + neg_inf)) > 0
+    pos, neg = (seen_positive @ pos_inf) > 0, (seen_positive @ neg_inf) > 0
+    extra = torch.where(nan | (pos & neg), float("nan"), torch.where(pos, float("inf"), torch.where(neg, float("-inf"), 0.0)))
+    return out + extra.to(out.dtype)
+# --8<-- [end:masked_pv]
+
+
 # --8<-- [start:tile_loop]
 def forward_query_tile(q_tile, k, v, q_start, q_end, scale, block_k, band, on_tile=None, q_index=0, softcap=None):
     """Run one query tile [q_start, q_end) over the key tiles it needs; return its (m, l, acc).
 
     ``band`` is the mask as the diagonals it keeps, lo <= j - i <= hi (``reference.masks``): causal is
-    (-Tq, offset), no mask (-Tq, Tk), where every tile is FULL.
+    (-Tq, offset), no mask (-Tq, Tk), where every tile is FULL. The scores and (m, l) are float64 (the dot
+    itself is q_tile's dtype): a score past float32's range, which τ near its limit gives, stays finite.
     """
     Tk = k.shape[-2]
     # --8<-- [start:state]
-    m = torch.full(q_tile.shape[:-1], float("-inf"), dtype=q_tile.dtype, device=q_tile.device)
+    m = torch.full(q_tile.shape[:-1], float("-inf"), dtype=torch.float64, device=q_tile.device)
     l = torch.zeros_like(m)
     acc = torch.zeros_like(q_tile)
     # --8<-- [end:state]
@@ -66,20 +89,24 @@ def forward_query_tile(q_tile, k, v, q_start, q_end, scale, block_k, band, on_ti
         kind = classify_band_tile(q_start, q_end, k_start, k_end, band)
         if on_tile is not None:
             on_tile(q_index, k_index, kind)
-        s = scale * (q_tile @ k[..., k_start:k_end, :].transpose(-1, -2))  # (..., block_q, block_k)
+        s = scale * (q_tile @ k[..., k_start:k_end, :].transpose(-1, -2)).double()  # (..., block_q, block_k)
         s = softcap_scores(s, softcap)  # s unchanged without a cap
+        keep = None
         # --8<-- [start:mask]
         if kind is TileKind.DIAGONAL:  # only tiles crossing an edge of the band pay for a mask
             i = torch.arange(q_start, q_end, device=s.device)[:, None]
             j = torch.arange(k_start, k_end, device=s.device)[None, :]
-            s = s.masked_fill(~band_keeps(i, j, band), float("-inf"))
+            keep = band_keeps(i, j, band)
+            s = s.masked_fill(~keep, float("-inf"))
         # --8<-- [end:mask]
         # --8<-- [start:rescale]
         m_new = torch.maximum(m, s.amax(dim=-1))
         alpha = safe_exp_diff(m, m_new)  # shrink what we had onto the new max
         p = safe_exp_diff(s, m_new[..., None])  # this tile's unnormalised probabilities
         l = alpha * l + p.sum(dim=-1)
-        acc = alpha[..., None] * acc + p @ v[..., k_start:k_end, :]
+        p, v_tile = p.to(acc.dtype), v[..., k_start:k_end, :]
+        pv = p @ v_tile if keep is None else masked_pv(p, v_tile, keep)  # a hidden value never reaches a row
+        acc = alpha.to(acc.dtype)[..., None] * acc + pv
         m = m_new
         # --8<-- [end:rescale]
     return m, l, acc
@@ -115,8 +142,10 @@ def flash_attention_forward(
 
     Returns:
         o (B, H, Tq, D) in q's dtype and lse (B, H, Tq) in float32 (float64 for float64 inputs): 16-bit
-        inputs are computed in float32, like the kernels' accumulators. Rows that see no key get o = 0,
-        lse = -inf; a row that sees a NaN gets NaN.
+        inputs are computed in float32, like the kernels' accumulators (the scores and (m, l) in float64).
+        Rows that see no key get o = 0, lse = -inf; a row that sees a NaN gets NaN. A key or value a row
+        does not see never reaches it, whatever it holds (``masked_pv``): o_i is the formula's sum over
+        the keys row i sees, exactly, on this tier.
     """
     shape = check_attention_inputs(q, k, v)
     check_causal(causal)
@@ -135,7 +164,8 @@ def flash_attention_forward(
         q_tile = q[..., q_start:q_end, :].to(c)
         m, l, acc = forward_query_tile(q_tile, k, v, q_start, q_end, scale, block_k, band, on_tile, q_index, softcap)
         empty = (l == 0)[..., None]  # a row that saw no key keeps acc = 0: o = 0, not 0 / 0 (a NaN l stays NaN)
-        o[..., q_start:q_end, :] = torch.where(empty, 0.0, acc / torch.where(empty, 1.0, l[..., None])).to(q.dtype)
-        lse[..., q_start:q_end] = lse_from_stats(m, l)
+        l_c = l.to(acc.dtype)
+        o[..., q_start:q_end, :] = torch.where(empty, 0.0, acc / torch.where(empty, 1.0, l_c[..., None])).to(q.dtype)
+        lse[..., q_start:q_end] = lse_from_stats(m, l)  # float64, rounded once into lse's dtype
     # --8<-- [end:epilogue]
     return o, lse
