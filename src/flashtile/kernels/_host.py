@@ -18,6 +18,7 @@ import triton
 
 from .._checks import check_block, check_int, recall_fact, remember_fact
 from .._env import is_interpreting, sm_count
+from ..hopper import H200
 from ..reference.causal import diagonal_offset
 from ..reference.masks import window_band
 
@@ -100,7 +101,7 @@ def head_batch_grid(n_tiles: int, heads: int, batch: int) -> tuple[int, int, int
 # --8<-- [start:launch_order]
 HEAVIEST_FIRST_BYTES = 16 * 2**20  # what one chunk's heads stream at most, so that it stays in the 50 MB L2
 HEAVIEST_FIRST_WAVES = 8  # past this many waves of programs the tail is too short a part to pay for the order
-REGISTERS_PER_SM = 65536  # 32-bit registers of one SM (sm_80 and sm_90 alike)
+REGISTERS_PER_SM = H200.registers_per_sm  # 32-bit registers of one SM (sm_80 and sm_90 alike)
 
 
 def resident_programs(num_warps: int, maxnreg: int | None) -> int:
