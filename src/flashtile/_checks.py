@@ -210,6 +210,24 @@ def check_causal(causal, name: str = "causal") -> bool:
     return check_flag(name, causal)
 
 
+def is_finite(value: float) -> bool:
+    """``math.isfinite(value)`` in comparisons torch.compile can trace: dynamo refuses ``math.isfinite`` on a
+    float it traces symbolically (a module attribute or an argument under ``dynamic=True``), and handles these."""
+    return value == value and abs(value) != math.inf  # NaN is the one float unequal to itself
+
+
+def real_to_float(name: str, value) -> float:
+    """``float(value)`` of a real number, or a ValueError naming the argument where it has no float (an int or
+    a Fraction beyond the float range, which ``float`` meets with a bare OverflowError)."""
+    if value.__class__ is float:  # the common case (and a traced float): nothing to convert
+        return value
+    try:
+        return float(value)
+    except OverflowError:
+        digits = len(str(abs(int(value))))
+        raise ValueError(f"{name} must be finite, got a number too large for a float ({digits} digits)") from None
+
+
 def resolve_scale(scale, D: int, dtype: torch.dtype | None = None) -> float:
     """Softmax scale τ: 1/sqrt(D) by default, otherwise a finite real number (zero and negative allowed).
 
@@ -220,12 +238,8 @@ def resolve_scale(scale, D: int, dtype: torch.dtype | None = None) -> float:
         return 1.0 / math.sqrt(D)
     if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, numbers.Real):
         raise TypeError(f"scale must be a real number or None, got {type(scale).__name__} {scale!r}")
-    try:
-        value = float(scale)
-    except OverflowError:
-        digits = len(str(abs(scale)))
-        raise ValueError(f"scale must be finite, got an int too large for a float ({digits} digits)") from None
-    if not math.isfinite(value):
+    value = real_to_float("scale", scale)
+    if not is_finite(value):
         raise ValueError(f"scale must be finite, got {value}")
     limit = FLOAT32_MAX / math.log2(math.e)
     if dtype is not None and dtype != torch.float64 and abs(value) > limit:
@@ -358,11 +372,16 @@ def check_num_splits(num_splits) -> int | None:
 # --- masks beyond causal: sliding windows, soft-capping and packed documents ----------------------------
 
 UNBOUNDED = -1  # a window side of -1 leaves that side unbounded (FlashAttention's window_size convention)
+# The longest window side passed on: no tensor dimension comes near it, so a side this long already keeps every
+# key on its side, as any longer one would; longer sides (Python ints have no limit, the ops' schemas stop at
+# int64) are clamped to it, which changes no answer and leaves room for the band arithmetic in int64.
+MAX_WINDOW_SIDE = 2**62
 
 
 def check_window(window) -> tuple[int, int] | None:
     """None, or a pair (left, right) of ints, each -1 (unbounded) or >= 0: query i sees keys
-    i - left .. i + right (shifted by the alignment's offset when Tq != Tk)."""
+    i - left .. i + right (shifted by the alignment's offset when Tq != Tk). A side beyond
+    ``MAX_WINDOW_SIDE`` comes back as ``MAX_WINDOW_SIDE``: the same keys, in a size every tier takes."""
     if window is None:
         return None
     if not isinstance(window, (tuple, list)) or len(window) != 2:
@@ -373,7 +392,7 @@ def check_window(window) -> tuple[int, int] | None:
             raise TypeError(f"{name} must be an int, got {type(side).__name__} {side!r}")
         if int(side) < UNBOUNDED:
             raise ValueError(f"{name} must be -1 (unbounded) or an int >= 0, got {side}")
-        sides.append(int(side))
+        sides.append(min(int(side), MAX_WINDOW_SIDE))
     return sides[0], sides[1]
 
 
@@ -386,8 +405,8 @@ def check_softcap(softcap, dtype: torch.dtype | None = None) -> float | None:
         return None
     if isinstance(softcap, (bool, np.bool_)) or not isinstance(softcap, numbers.Real):
         raise TypeError(f"softcap must be a positive real number or None, got {type(softcap).__name__} {softcap!r}")
-    value = float(softcap)
-    if not math.isfinite(value) or value <= 0:
+    value = real_to_float("softcap", softcap)
+    if not is_finite(value) or value <= 0:
         raise ValueError(f"softcap must be a positive finite number (the cap s of s * tanh(x / s)) or None, got "
                          f"{value}")
     tiny = torch.finfo(torch.float32).tiny

@@ -73,6 +73,9 @@ _forced_backend: contextvars.ContextVar[str | None] = contextvars.ContextVar("fl
 def use_backend(name: str):
     """Run every ``flashtile.attention`` call in the block on ``name`` ("triton" or "reference").
 
+    float64 inputs take the reference tier even inside ``use_backend("triton")``: the kernels stop at fp32, and
+    the module docstring's "float64 inputs always take the reference tier" holds with or without the override.
+
     The choice is a context variable: it holds for this thread (or asyncio task) only, so one thread's
     override never changes another's dispatch.
     """
@@ -99,11 +102,11 @@ def check_backend(name) -> str:
 # --8<-- [start:dispatch]
 def pick_backend(q: torch.Tensor) -> str:
     """Which tier runs: see the module docstring. Read at trace time under torch.compile."""
+    if q.dtype == torch.float64:  # before the forced tier: the kernels stop at fp32, use_backend or not
+        return "reference"
     forced = forced_backend()
     if forced is not None:
         return forced
-    if q.dtype == torch.float64:
-        return "reference"
     if q.is_cuda:  # a flag read, not a device object made and compared: every call passes here
         return "triton"
     if is_interpreting() and q.dtype != torch.bfloat16:  # the interpreter's bf16 is wrong: Triton issue 11584
@@ -221,6 +224,8 @@ def _setup_context(ctx, inputs, output):
 
 
 def _backward(ctx, do, _dlse, _dstats):
+    if do is None:  # o's gradient undefined (a Function upstream returned None, gradcheck's check): zero
+        return (None,) * (3 + len(ctx.config))
     q, k, v, o, lse, stats = ctx.saved_tensors
     dq, dk, dv = attention_bwd(do, q, k, v, o, lse, stats, *ctx.config)
     return dq, dk, dv, *(None,) * len(ctx.config)
@@ -270,6 +275,8 @@ class _EagerAttention(torch.autograd.Function):
         # Grad mode is on inside a backward only under create_graph=True: then take the op, whose
         # registered backward raises at the second derivative instead of returning a wrong one.
         graph = torch.is_grad_enabled()
+        if do is None:  # o's gradient undefined (a Function upstream returned None, gradcheck's check): an
+            return None, None, None, None, None, None  # undefined gradient means zero, and so do q's, k's, v's
         if ctx.call is not None:
             q, k, v, o, row_stats = ctx.saved_tensors
             if not graph:  # the call's kept backward plan: straight to the kernels

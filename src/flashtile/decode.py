@@ -33,6 +33,11 @@ Decisions of the contract (the same for every tier):
   later call with the same layout checks the values (where there are any), allocates o (and lse, and
   one workspace where the keys are split) and launches. Without ``cache_seqlens`` and ``block_table``
   nothing is read back to the host.
+* Under ``torch.compile`` (``fullgraph=True`` included) a call is one opaque node, the custom op
+  ``flashtile::decode_attention``: the checks of layouts and flags run at trace time, and the node runs the
+  eager call, whose value checks read ``cache_seqlens`` and ``block_table`` when the graph runs (a bad
+  value raises there, with the eager error). Nothing is traced into the kernels and nothing guards on data.
+  (``flashtile.attention_varlen`` instead reads cu_seqlens while tracing: a graph break there, by design.)
 * Decoding is inference: the output carries no gradient, on every tier. It computes in the inputs'
   dtype and ignores ``torch.autocast`` (cast the inputs first if you want autocast's dtype). Meta
   tensors give outputs of the right shapes without computing (and without the value checks).
@@ -64,7 +69,7 @@ from ._checks import (
 )
 from ._env import H200_SM_COUNT
 from ._plans import cached_plan
-from .api import no_autocast, pick_backend
+from .api import no_autocast, op_window, pick_backend, use_backend
 from .reference.decode import MIN_KEYS_PER_SPLIT, pick_num_splits
 
 __all__ = [  # the checks live in _checks and the split heuristic in reference.decode; named here too
@@ -148,6 +153,10 @@ def decode_attention(
     if query.is_meta:  # shapes only, nothing computed (and no values to check)
         o, lse = query.new_empty(query.shape), query.new_empty(query.shape[:-1], dtype=stats_dtype(query.dtype))
         return (o, lse) if call.return_lse else o
+    if torch.compiler.is_compiling():  # one opaque node, whose eager run checks the values (``decode_op``)
+        o, lse = decode_op(query, key_cache, value_cache, cache_seqlens, block_table, call.scale, call.num_splits,
+                           *(call.window or (-1, -1)), call.softcap, pick_backend(query))  # fmt: skip
+        return (o, lse) if call.return_lse else o
     if cache_seqlens is not None or block_table is not None:  # their values: one copy to the host
         check_decode_values(call.shape, cache_seqlens, block_table)
     if pick_backend(query) == "triton":  # the dispatch of flashtile.attention, use_backend included
@@ -170,3 +179,25 @@ def decode_attention(
                                             window=call.window, softcap=call.softcap)  # fmt: skip
     return (o, lse) if call.return_lse else o
 # --8<-- [end:decode_attention]
+
+
+@torch.library.custom_op("flashtile::decode_attention", mutates_args=())
+def decode_op(
+    query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, cache_seqlens: torch.Tensor | None,
+    block_table: torch.Tensor | None, scale: float, num_splits: int | None, window_left: int, window_right: int,
+    softcap: float | None, backend: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(o, lse) of ``decode_attention`` as one node of a torch.compile graph: what the graph runs is the eager
+    call, on the tier chosen at trace time, so the values of cache_seqlens and block_table are checked where
+    they exist, at run time (tracing them would guard on data: torch's data-dependent error under fullgraph)."""
+    with use_backend(backend):
+        o, lse = decode_attention(query, key_cache, value_cache, cache_seqlens, scale=scale, num_splits=num_splits,
+                                  block_table=block_table, return_lse=True, window=op_window(window_left, window_right),
+                                  softcap=softcap)  # fmt: skip
+    return o.contiguous(), lse.contiguous()
+
+
+@decode_op.register_fake
+def _(query, key_cache, value_cache, cache_seqlens, block_table, scale, num_splits, window_left, window_right, softcap,
+      backend):  # fmt: skip
+    return query.new_empty(query.shape), query.new_empty(query.shape[:-1], dtype=stats_dtype(query.dtype))

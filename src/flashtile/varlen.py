@@ -51,6 +51,24 @@ from .api import (
 )
 
 
+def index_memory(x: torch.Tensor) -> torch.Tensor:
+    """An index tensor (cu_seqlens) as the varlen kernels read it: contiguous int32 memory holding its values.
+
+    The checks read cu_seqlens through its strides and offset (``_checks.host_values``); the kernels load
+    ``CU + d`` from its first element, as if contiguous. A view (``cu[::2]``, a column of a table) is copied
+    once here, so what the kernels read is what was checked; a contiguous tensor comes back as it is."""
+    return x.contiguous()  # int32 already: the checks refuse any other dtype
+
+
+def clamp_window(window: tuple[int, int], longest: int) -> tuple[int, int]:
+    """The window's sides, each at most ``longest`` (the longest document's query or key count), -1 kept.
+
+    A side of at least a document's max(Tq, Tk) keeps every key on its side in that document, so the clamp
+    changes no answer; it keeps the kernels' per-document band (offset - left, offset + right, int32 there)
+    from overflowing, as ``reference.masks.window_band`` clamps the band of ``flashtile.attention`` on the host."""
+    return tuple(side if side <= longest else longest for side in window)
+
+
 def varlen_forward_impl(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, alignment, backend, window_left=-1,
                         window_right=-1, softcap=None):  # fmt: skip
     """(o, lse, stats): o (total_q, H, D) contiguous in q's dtype, lse (H, total_q), and stats (2, H, total_q),
@@ -59,6 +77,7 @@ def varlen_forward_impl(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, alignm
     if check_backend(backend) == "triton":
         from .kernels.forward import flash_attention_varlen
 
+        cu_q, cu_k = index_memory(cu_q), index_memory(cu_k)  # the kernels read raw memory, not strides
         return flash_attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal=causal, scale=scale,
                                       alignment=alignment, window=window, softcap=softcap, checked=True)  # fmt: skip
     from .reference.varlen import varlen_attention_forward
@@ -76,6 +95,7 @@ def varlen_backward_impl(do, q, k, v, o, lse, stats, cu_q, cu_k, max_q, max_k, c
     if check_backend(backend) == "triton":
         from .kernels.backward import flash_attention_varlen_backward
 
+        cu_q, cu_k = index_memory(cu_q), index_memory(cu_k)
         return flash_attention_varlen_backward(q, k, v, o, lse, do, cu_q, cu_k, max_q, max_k, causal=causal,
                                                scale=scale, alignment=alignment, stats=stats, window=window,
                                                softcap=softcap, checked=True)  # fmt: skip
@@ -134,6 +154,8 @@ def _setup_context(ctx, inputs, output):
 
 
 def _backward(ctx, do, _dlse, _dstats):
+    if do is None:  # o's gradient undefined (gradcheck's undefined-gradient check, a Function returning None): zero
+        return (None,) * (5 + len(ctx.config))
     q, k, v, o, lse, stats, cu_q, cu_k = ctx.saved_tensors
     dq, dk, dv = attention_varlen_bwd(do, q, k, v, o, lse, stats, cu_q, cu_k, *ctx.config)
     return dq, dk, dv, None, None, *(None,) * len(ctx.config)
@@ -176,7 +198,9 @@ def attention_varlen(
         cu_seqlens_q, cu_seqlens_k: int32 1-D tensors on the tokens' device, [0, n_1, n_1 + n_2, ..., total],
             non-decreasing, the same number of entries: document d owns queries cu_seqlens_q[d] ..
             cu_seqlens_q[d + 1] - 1 and keys cu_seqlens_k[d] .. cu_seqlens_k[d + 1] - 1.
-        max_seqlen_q, max_seqlen_k: ints at least the longest document's query and key counts.
+        max_seqlen_q, max_seqlen_k: ints at least the longest document's query and key counts (a smaller one
+            is refused). A larger bound is accepted and changes nothing: the checks read cu_seqlens anyway, so
+            every tier works from the longest document itself (the kernels' grid is sized by it).
         is_causal, scale, window, softcap, alignment: as ``flashtile.attention``, applied to each document on
             its own (its own Tq and Tk, so with "lower_right" each document's last query sees its last key).
         return_lse: also return lse (H, total_q), natural log, float32 (float64 for float64 inputs), as
@@ -189,12 +213,17 @@ def attention_varlen(
     query, key, value = resolve_neg_bits(query, key, value)
     H, _, D, documents = check_varlen_inputs(query, key, value, cu_seqlens_q, cu_seqlens_k,
                                              names=("query", "key", "value"))  # fmt: skip
-    max_q = check_max_seqlen("max_seqlen_q", max_seqlen_q, max((e - s for (s, e), _ in documents), default=0))
-    max_k = check_max_seqlen("max_seqlen_k", max_seqlen_k, max((e - s for _, (s, e) in documents), default=0))
+    # max_seqlen must bound the documents (as FlashAttention-2's varlen function requires); a larger bound is
+    # accepted, but every tier works from the longest document itself, which the checks just read: the
+    # kernels' grid is sized by it, so an oversized bound costs no time (a bound of 2**40 no endless grid)
+    longest_q = max((e - s for (s, e), _ in documents), default=0)
+    longest_k = max((e - s for _, (s, e) in documents), default=0)
+    check_max_seqlen("max_seqlen_q", max_seqlen_q, longest_q)
+    check_max_seqlen("max_seqlen_k", max_seqlen_k, longest_k)
     causal = check_causal(is_causal, "is_causal")
     check_alignment(alignment)
     return_lse = check_flag("return_lse", return_lse)
-    window = check_window(window) or (-1, -1)
+    window = clamp_window(check_window(window) or (-1, -1), max(longest_q, longest_k))
     softcap = check_softcap(softcap, query.dtype)
     refuse_unsupported_autograd_modes()
     device = query.device.type
@@ -203,7 +232,7 @@ def attention_varlen(
     tau = resolve_scale(scale, D, query.dtype)
     backend = pick_backend(query)
     with no_autocast(device):  # the tiers choose their own precision
-        o, lse, _stats = attention_varlen_fwd(query, key, value, cu_seqlens_q, cu_seqlens_k, max_q, max_k, causal, tau,
+        o, lse, _stats = attention_varlen_fwd(query, key, value, cu_seqlens_q, cu_seqlens_k, longest_q, longest_k, causal, tau,
                                               alignment, backend, *window, softcap)  # fmt: skip
     return (o, lse) if return_lse else o
 

@@ -40,7 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("-v", "--verbose", action="store_true",
                        help="show every failing case (by default: the first of each step and a count)")
     check.add_argument("--time-limit", type=float, default=TIME_LIMIT, metavar="SECONDS",
-                       help=f"fail a case (or a file's import) that runs longer than this (default {TIME_LIMIT:g})")
+                       help=f"fail a case (or a file's import) that runs longer than this (default {TIME_LIMIT:g}; "
+                            "inf: no limit)")
     sub.add_parser("steps", help="list the steps, their files and chapters")
     return parser
 # --8<-- [end:parser]
@@ -151,7 +152,9 @@ class Worker:
     def next(self, timeout: float):
         """The next event, None when the worker ended, or TimeoutError after ``timeout`` seconds."""
         try:
-            return self.events.get(timeout=timeout)
+            # a wait beyond the platform's longest (threading.TIMEOUT_MAX, centuries) is that wait: inf may stand
+            # for "no limit", and queue's own wait would meet it with OverflowError: timestamp out of range
+            return self.events.get(timeout=min(timeout, threading.TIMEOUT_MAX))
         except queue.Empty:
             raise TimeoutError from None
 
@@ -334,8 +337,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {args.dir} is not a folder (python -m flashtile.practice init {args.dir} writes one)",
               file=sys.stderr)
         return 2
-    if not args.time_limit > 0:
-        build_parser().error("--time-limit must be a positive number of seconds")
+    if not args.time_limit > 0:  # NaN fails this too
+        build_parser().error(f"--time-limit must be a positive number of seconds (inf for no limit), got "
+                             f"{args.time_limit:g}")
     try:
         return check(None if args.package else args.dir, args.step, args.fast, args.verbose, args.time_limit)
     except WorkerError as exc:
