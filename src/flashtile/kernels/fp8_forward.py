@@ -24,8 +24,9 @@ names in the same order; what changes from ``kernels/textbook.py`` is only what 
 
 What it supports: q (B, H, Tq, D), k and v (B, H_kv, Tk, D) with H a multiple of H_kv (GQA reads the
 shared head, no copy), any strides, any Tq and Tk, 1 <= D <= 256, causal with both alignments, any
-finite τ; o in ``out_dtype`` (bf16 by default; float32 too, which the interpreter tests use, since the
-interpreter computes bf16 wrongly), lse (B, H, Tq) float32, natural log.
+finite τ (a program whose row max passes 2^10 in log2 units reruns with the exact step, so
+that the largest score gives P = 1 exactly at any size: ``FP8_SHIFT_LIMIT``); o in ``out_dtype`` (bf16 by default;
+float32 too, which the interpreter tests use, since the interpreter computes bf16 wrongly), lse (B, H, Tq) float32, natural log.
 
 What it does not do (yet): it is forward only (inference and prefill), has no TMA descriptors, no
 autotuning and no overlap of softmax and matmuls. ``flashtile.attention`` runs it for E4M3 inputs on CUDA
@@ -73,6 +74,9 @@ P_SCALE_JIT = tl.constexpr(P_SCALE)
 LOG2_P_SCALE = tl.constexpr(math.log2(P_SCALE))  # 448 p = exp2(x + log2 448): P's scale in the shift
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 MIN_FP8_DOT = 32  # an E4M3 tensor-core dot reduces over at least 32 elements
+# |m| in log2 units past which the exact rerun runs: the fast step's shift is rounded to within ulp(m) / 2, so
+# o is off by up to ulp(m) ln 2 / 2 relative, 4e-5 at 2^10 (scores of about 700), and grows with the scores
+FP8_SHIFT_LIMIT = tl.constexpr(2.0**10)
 
 
 # --8<-- [start:fp8-key-step]
@@ -80,8 +84,13 @@ MIN_FP8_DOT = 32  # an E4M3 tensor-core dot reduces over at least 32 elements
 def fold_fp8_key_tile(acc, l, m, q, dq, K, V, DK, VR, stride_kt, stride_kd, stride_vt, stride_vd, stride_dkt, i, d,
                       k_start, Tk, offset, HEAD_DIM: tl.constexpr, BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr,
                       MASKED: tl.constexpr, K_ROWS: tl.constexpr, V_RATIOS: tl.constexpr,
-                      INTERPRETED: tl.constexpr):  # fmt: skip
-    """One step of the online softmax over keys k_start .. k_start + BLOCK_K - 1, with E4M3 operands."""
+                      INTERPRETED: tl.constexpr, EXACT: tl.constexpr = False):  # fmt: skip
+    """One step of the online softmax over keys k_start .. k_start + BLOCK_K - 1, with E4M3 operands.
+
+    EXACT keeps m in the raw dot's own units (t, before dq) and subtracts before it scales, as the bf16
+    kernel's exact step does: the row's largest score then gives 448 p = exp2(0 + log2 448) at any size,
+    where the fast step's rounded shift would give 448 * 2^delta, which P's E4M3 rounding does not cancel
+    (the kernel reruns with it past FP8_SHIFT_LIMIT)."""
     j = k_start + tl.arange(0, BLOCK_K).to(tl.int64)
     kv_mask = (j[:, None] < Tk) & (d[None, :] < HEAD_DIM)
     k = tl.load(K + j[:, None] * stride_kt + d[None, :] * stride_kd, mask=kv_mask, other=0.0)  # (BLOCK_K, D_PAD) e4m3
@@ -101,11 +110,17 @@ def fold_fp8_key_tile(acc, l, m, q, dq, K, V, DK, VR, stride_kt, stride_kd, stri
         if CAUSAL:
             visible = visible & (j[None, :] <= i[:, None] + offset)
         t = tl.where(visible, t, float("-inf"))
-    m_new = tl.maximum(m, tl.max(t, 1) * dq)
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no key yet: alpha = p = 0, not NaN
-    shift = m_safe - LOG2_P_SCALE  # 448 p = exp2(s - shift): P's scale rides in the shift
-    alpha = tl.math.exp2((m - LOG2_P_SCALE) - shift)  # between shifts as rounded: that rounding cancels
-    p = tl.math.exp2(multiply_subtract(t, dq[:, None], shift[:, None], INTERPRETED))  # 448 p, in [0, 448]
+    if EXACT:  # m in t's units; (t - m) is exact for the row's max, then scaled
+        m_new = tl.maximum(m, tl.max(t, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.math.exp2((m - m_safe) * dq)
+        p = tl.math.exp2((t - m_safe[:, None]) * dq[:, None] + LOG2_P_SCALE)  # 448 p, in [0, 448]
+    else:
+        m_new = tl.maximum(m, tl.max(t, 1) * dq)
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no key yet: alpha = p = 0, not NaN
+        shift = m_safe - LOG2_P_SCALE  # 448 p = exp2(s - shift): P's scale rides in the shift
+        alpha = tl.math.exp2((m - LOG2_P_SCALE) - shift)  # between shifts as rounded: that rounding cancels
+        p = tl.math.exp2(multiply_subtract(t, dq[:, None], shift[:, None], INTERPRETED))  # 448 p, in [0, 448]
     l = alpha * l + tl.sum(p, 1)  # sums the unrounded 448 p
     if V_RATIOS:  # r_j = descale_v[j] / v_scale on P; with V's factors one per head every r_j is 1
         p = p * tl.load(VR + j, mask=j < Tk, other=0.0)[None, :]
@@ -172,13 +187,38 @@ def fp8_forward_kernel(
                                       True, K_ROWS, V_RATIOS, INTERPRETED)  # fmt: skip
 
     v_scale = tl.load(VS + b * stride_vsb + h_kv * stride_vsh)  # V's largest factor; acc and l both carry 448
+    out = O + i[:, None] * stride_ot + d[None, :] * stride_od
+    rows = LSE + (b * H + h) * Tq + i
+    _fp8_write_rows(acc, l, m, v_scale, dq, out, rows, q_mask, i < Tq, EXACT=False)
+    # Past FP8_SHIFT_LIMIT the fast step's rounded shift (448 p = 448 * 2^delta for the row's max) is no longer
+    # harmless: P's E4M3 rounding does not cancel it. Rare, decided once per program after the fast rows are
+    # written: start over with the exact step over every visited tile (the bf16 forward's exact rerun).
+    if tl.max(tl.where(l > 0.0, tl.abs(m), 0.0), 0) >= FP8_SHIFT_LIMIT:
+        tl.debug_barrier()
+        m = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)
+        l = tl.zeros([BLOCK_Q], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_Q, HEAD_DIM_PAD], dtype=tl.float32)
+        for k_index in range(0, n_visit):
+            acc, l, m = fold_fp8_key_tile(acc, l, m, q, dq, K, V, DK, VR, stride_kt, stride_kd, stride_vt,
+                                          stride_vd, stride_dkt, i, d, k_index * BLOCK_K, Tk, offset, HEAD_DIM,
+                                          BLOCK_K, CAUSAL, True, K_ROWS, V_RATIOS, INTERPRETED, EXACT=True)  # fmt: skip
+        _fp8_write_rows(acc, l, m, v_scale, dq, out, rows, q_mask, i < Tq, EXACT=True)
+
+
+@triton.jit
+def _fp8_write_rows(acc, l, m, v_scale, dq, out, rows, q_mask, row_ok, EXACT: tl.constexpr):
+    """o = acc * v_scale / l into ``out``, lse (natural log) into ``rows``; m in log2 units after the fast
+    step, in the raw dot's units (times dq for log2) after the exact one."""
     empty = l == 0.0
     l_safe = tl.where(empty, 1.0, l)
     o = acc * (v_scale / l_safe)[:, None]
-    # the shift as the last step rounded it: its rounding cancels against l's, so lse is m + log2(l / 448)
-    lse = tl.where(empty, float("-inf"), ((m - LOG2_P_SCALE) + tl.math.log2(l_safe)) * LN2)
-    tl.store(O + i[:, None] * stride_ot + d[None, :] * stride_od, o.to(O.dtype.element_ty), mask=q_mask)
-    tl.store(LSE + (b * H + h) * Tq + i, lse, mask=i < Tq)
+    if EXACT:  # (m dq + log2(l / 448)) ln 2, m dq never formed in log2 units (it may pass float32's range there)
+        lse = m * (dq * LN2) + (tl.math.log2(l_safe) - LOG2_P_SCALE) * LN2
+    else:  # the shift as the last step rounded it: its rounding cancels against l's, so lse is m + log2(l / 448)
+        lse = ((m - LOG2_P_SCALE) + tl.math.log2(l_safe)) * LN2
+    lse = tl.where(empty, float("-inf"), lse)
+    tl.store(out, o.to(out.dtype.element_ty), mask=q_mask)
+    tl.store(rows, lse, mask=row_ok)
 # --8<-- [end:fp8-forward]
 
 

@@ -64,7 +64,8 @@ def masked_pv(p: torch.Tensor, v: torch.Tensor, keep: torch.Tensor) -> torch.Ten
     pos_inf, neg_inf = torch.isposinf(v).to(p.dtype), torch.isneginf(v).to(p.dtype)
     nan = (kept @ torch.isnan(v).to(p.dtype) + seen_zero @ (pos_inf + neg_inf)) > 0
     pos, neg = (seen_positive @ pos_inf) > 0, (seen_positive @ neg_inf) > 0
-    extra = torch.where(nan | (pos & neg), float("nan"), torch.where(pos, float("inf"), torch.where(neg, float("-inf"), 0.0)))
+    signed = torch.where(pos, float("inf"), torch.where(neg, float("-inf"), 0.0))
+    extra = torch.where(nan | (pos & neg), float("nan"), signed)
     return out + extra.to(out.dtype)
 # --8<-- [end:masked_pv]
 
