@@ -7,6 +7,8 @@ adapts it to the ring tests' shape of call and draws their inputs.
 
 from __future__ import annotations
 
+import sys
+
 import torch
 
 from tests._truth import truth_with_grads
@@ -26,3 +28,21 @@ def random_qkv(B, H, H_kv, T, D, seed, dtype=torch.float64):
     v = torch.randn(B, H_kv, T, D, generator=gen, dtype=dtype)
     do = torch.randn(B, H, T, D, generator=gen, dtype=dtype)
     return q, k, v, do
+
+
+def run_ring_from_the_tests(worker, world_size: int, *args, **kwargs):
+    """``flashtile.distributed.run_local_ring`` for a worker defined in a test module.
+
+    The ranks are started fresh ("spawn") with this process's ``sys.path``, and unpickle ``worker`` by its
+    module's full name (``tests.distributed.test_ring_gloo``). The test session has no entry for the
+    repository on its path (``tests/conftest.py``), so the repository root goes first on the path while the
+    ranks run, for them to import ``tests``, and is taken off again before this returns."""
+    from flashtile.distributed import run_local_ring
+    from tests._imports import REPO
+
+    saved = sys.path.copy()
+    sys.path.insert(0, str(REPO))
+    try:
+        return run_local_ring(worker, world_size, *args, **kwargs)
+    finally:
+        sys.path[:] = saved

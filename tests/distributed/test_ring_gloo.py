@@ -14,12 +14,11 @@ import torch.distributed as dist
 from flashtile.distributed import (
     ring_attention,
     ring_attention_on_shards,
-    run_local_ring,
     shard_sequence,
     unshard_sequence,
 )
 from flashtile.distributed.local import RankFailed
-from tests.distributed._ring_cases import attention_truth, random_qkv
+from tests.distributed._ring_cases import attention_truth, random_qkv, run_ring_from_the_tests
 
 TIMEOUT_S = 60  # a hang fails the test after this long instead of holding up CI
 
@@ -60,7 +59,7 @@ def ring_results(request):
     world_size = request.param
     cases = [inputs(case, world_size) for case in CASES]
     strided_inputs = random_qkv(1, 4, 2, 4 * world_size, 8, seed=world_size)  # T: 2 chunks per rank
-    per_rank = run_local_ring(group_worker, world_size, cases, strided_inputs, timeout_s=TIMEOUT_S)
+    per_rank = run_ring_from_the_tests(group_worker, world_size, cases, strided_inputs, timeout_s=TIMEOUT_S)
     return world_size, cases, strided_inputs, per_rank
 
 
@@ -179,7 +178,7 @@ def sleeps(rank, world_size):
 def test_a_rank_that_hangs_is_killed_at_the_timeout():
     start = time.monotonic()
     with pytest.raises(TimeoutError, match="did not finish"):
-        run_local_ring(sleeps, 2, timeout_s=3)
+        run_ring_from_the_tests(sleeps, 2, timeout_s=3)
     assert time.monotonic() - start < 30
 
 
@@ -189,4 +188,4 @@ def raises(rank, world_size):
 
 def test_a_rank_that_raises_reports_its_traceback():
     with pytest.raises(RankFailed, match="planted on rank 0"):
-        run_local_ring(raises, 1, timeout_s=TIMEOUT_S)  # one process: what is checked is the report
+        run_ring_from_the_tests(raises, 1, timeout_s=TIMEOUT_S)  # one process: what is checked is the report

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import flashtile
-from flashtile.distributed import ring_attention_on_shards, run_local_ring, unshard_sequence
-from tests.distributed._ring_cases import attention_truth, random_qkv
+from flashtile.distributed import ring_attention_on_shards, unshard_sequence
+from tests.distributed._ring_cases import attention_truth, random_qkv, run_ring_from_the_tests
 
 pytestmark = [
     pytest.mark.gpu,
@@ -40,7 +40,7 @@ def ring_and_single():
     for name, B, H, H_kv, T, D, is_causal in CASES:
         q, k, v, do = (x.to(torch.bfloat16) for x in random_qkv(B, H, H_kv, T, D, seed=len(name), dtype=torch.float32))
         cases.append((q, k, v, do, is_causal))
-    per_rank = run_local_ring(run_cases, 2, cases, backend="nccl", timeout_s=240)
+    per_rank = run_ring_from_the_tests(run_cases, 2, cases, backend="nccl", timeout_s=240)
     out = []
     for index, (q, k, v, do, is_causal) in enumerate(cases):
         ring = [unshard_sequence([r[index][i] for r in per_rank], is_causal) for i in range(4)]
@@ -85,7 +85,7 @@ def mismatched_cuda_shards(rank, world_size):
 
 
 def test_nccl_mismatched_shards_raise_value_error_on_every_rank():
-    per_rank = run_local_ring(mismatched_cuda_shards, 2, backend="nccl", timeout_s=120)
+    per_rank = run_ring_from_the_tests(mismatched_cuda_shards, 2, backend="nccl", timeout_s=120)
     assert per_rank[0] == per_rank[1]
     error, finite = per_rank[0]
     assert error is not None and "rank 0: query (1, 2, 128, 64)" in error and "rank 1: query (1, 2, 256, 64)" in error
