@@ -313,6 +313,9 @@ def warm_up() -> None:
             torch.zeros(1).add_(1)
 
 
+MATMULS = {"mm", "bmm", "addmm", "baddbmm", "matmul", "_scaled_mm"}  # the products a score tile comes from
+
+
 class Footprint(TorchDispatchMode):
     """Inside ``with Footprint() as f``: f.largest_tensor is the largest storage (bytes) any torch operation
     produced, f.python_peak the peak of memory traced by tracemalloc (numpy arrays and Python objects)."""
@@ -321,12 +324,17 @@ class Footprint(TorchDispatchMode):
         super().__init__()
         self.largest_tensor = 0
         self.python_peak = 0
+        self.widest_product = (0, 0)  # (rows, columns) of the largest matrix product's output
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor):
                 self.largest_tensor = max(self.largest_tensor, t.untyped_storage().nbytes())
+                if func.__name__.split(".")[0] in MATMULS and t.dim() >= 2:
+                    shape = tuple(t.shape[-2:])
+                    if shape[0] * shape[1] > self.widest_product[0] * self.widest_product[1]:
+                        self.widest_product = shape
         return out
 
     warmed = False  # the first dispatch mode of a process imports torch's modules for it: tens of MB
@@ -541,6 +549,12 @@ def _forward_case(s: Shape, dtype=torch.float64, kernel=False, transposed=False,
                     f"a tensor of {footprint.largest_tensor / 2**10:.0f} KiB was created; the tiled forward needs "
                     f"none over {budget / 2**10:.0f} KiB ({MEMORY_FACTOR} x the larger of q and one score tile; "
                     f"the full score matrix is {s.B * s.H * s.Tq * s.Tk * 8 / 2**10:.0f} KiB)", HINT_MEMORY)
+            rows, cols = footprint.widest_product
+            if rows * cols > s.block_q * max(s.block_k, s.D):
+                raise PracticeFailure(
+                    f"a matrix product gave a ({rows}, {cols}) output; a tiled forward's products are one score tile "
+                    f"(block_q, block_k) = ({s.block_q}, {s.block_k}) or one P V tile (block_q, D) = ({s.block_q}, "
+                    f"{s.D}): that is not FlashAttention's tiling", HINT_MEMORY)
             if footprint.python_peak > PYTHON_BUDGET:
                 raise PracticeFailure(
                     f"Python allocations peaked at {footprint.python_peak / 2**10:.0f} KiB (numpy arrays, lists), "
@@ -562,6 +576,8 @@ def forward_cases() -> list[Case]:
         Case(f"{Shape(1, 1, 24, 200, 16, 8, 8)}, float16 inputs (m, l and lse in float32)",
              _forward_case(Shape(1, 1, 24, 200, 16, 8, 8), dtype=torch.float16), HINT_LSE),
         Case(f"{big} (memory: the full score matrix would be 2 MiB)", _forward_case(big, memory=True), HINT_MEMORY),
+        Case(f"{Shape(1, 2, 64, 64, 8, 16, 16)} (T a multiple of every tile; tiled: no product wider than a tile)",
+             _forward_case(Shape(1, 2, 64, 64, 8, 16, 16), memory=True), HINT_MEMORY),
     ]
 
 
@@ -575,6 +591,13 @@ def causal_cases() -> list[Case]:
         (Shape(1, 2, 40, 13, 8, 16, 16, True, "lower_right"), "the first 27 rows see no key", True, HINT_NEG_INF),
     ]
     cases = [Case(f"{s} ({why})", _forward_case(s), hint, fast) for s, why, fast, hint in shapes]
+    # lengths that are multiples of every tile size in use (16, 32, 64, 128), each alignment, measured for tiling
+    for s, why in [(Shape(1, 2, 64, 64, 8, 16, 16, True), "Tq = Tk = 64"),
+                   (Shape(1, 1, 128, 128, 8, 32, 32, True, "lower_right"), "Tq = Tk = 128"),
+                   (Shape(1, 1, 64, 128, 8, 16, 32, True, "lower_right"), "Tq = 64 < Tk = 128"),
+                   (Shape(1, 1, 128, 64, 8, 32, 16, True, "upper_left"), "Tq = 128 > Tk = 64")]:
+        cases.append(Case(f"{s} ({why}: lengths a multiple of the tiles; tiled)", _forward_case(s, memory=True),
+                          HINT_SKIP))
     poisoned = Shape(1, 1, 20, 64, 8, 16, 16, True, "upper_left")
     cases.append(Case(f"{poisoned} (Tq < Tk: key tiles 2-3 are seen by no row and hold NaN)",
                       _forward_case(poisoned, poison=True), HINT_SKIPPED_TILE_READ))
@@ -697,6 +720,10 @@ def forward_kernel_cases() -> list[Case]:
         Case(f"{Shape(1, 1, 20, 20, 24, 16, 16)} (D = 24 is not a power of two)",
              _forward_case(Shape(1, 1, 20, 20, 24, 16, 16), f32, kernel=True),
              "pad the head dim to a power of two and mask it", fast=False),
+        Case(f"{Shape(1, 1, 64, 64, 16, 16, 16, True)} (Tq = Tk = 64, a multiple of the tiles)",
+             _forward_case(Shape(1, 1, 64, 64, 16, 16, 16, True), f32, kernel=True), HINT_SKIP),
+        Case(f"{Shape(1, 1, 32, 64, 16, 16, 16, True, 'lower_right')} (lengths a multiple of the tiles)",
+             _forward_case(Shape(1, 1, 32, 64, 16, 16, 16, True, "lower_right"), f32, kernel=True), HINT_ALIGNMENT),
         Case(f"{Shape(1, 1, 16, 512, 16, 16, 16)}, float16 inputs (m and l in float32)",
              _forward_case(Shape(1, 1, 16, 512, 16, 16, 16), torch.float16, kernel=True), HINT_LSE),
     ]
