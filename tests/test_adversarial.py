@@ -10,7 +10,13 @@ or refused with a ValueError / TypeError that names the argument. What the batte
   upstream gradient) and of ``decode_attention``; complex (conjugate) tensors are refused by name;
 * a second derivative, through ``reference_attention`` and ``flashtile.attention``: an error, never zeros;
 * the transformers integration's names and masks; the ring's cross-rank check is in
-  tests/distributed/test_ring_gloo.py (gloo processes).
+  tests/distributed/test_ring_gloo.py (gloo processes);
+* issue #49: ``attention_varlen``'s cu_seqlens views, window sides past the longest document and max_seqlen
+  bounds far past it; an undefined gradient of o (gradcheck's defaults, a Function returning None) on every
+  autograd path; scale and softcap traced symbolically under ``torch.compile(dynamic=True)``; numbers too
+  large for a float; window sides past int64; float64 under ``use_backend("triton")``; ``decode_attention``
+  under ``fullgraph=True``; the practice checker's ``--time-limit inf``. Where a planted bug is cheap to
+  plant (the kernels given the view itself, an unclamped side), a control test plants it and sees the check fail.
 
 The Triton tier runs in the interpreter on the CPU: shapes are tiny and the cases chosen pairwise.
 """
@@ -23,7 +29,8 @@ import torch
 import flashtile
 from flashtile.api import use_backend
 from flashtile.reference.autograd import reference_attention
-from tests._truth import attention_truth, decode_truth, truth_with_grads
+from tests._truth import attention_truth, decode_truth, definition_mask, masked_truth, truth_with_grads
+from tests._varlen_truth import varlen_truth, varlen_truth_grads
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TIERS = ["reference", "triton"]
@@ -332,3 +339,346 @@ def test_tier_functions_refuse_a_negative_view_by_name_even_after_its_layout_ran
     call(plain)  # the layout's plan is now kept: the refusal must not depend on a first call
     with pytest.raises(ValueError, match=f"{arg} is a view with the negative bit set"):
         call(negative)
+
+
+# --- issue #49: index views, window sides and max_seqlen of packed documents -------------------------------
+
+
+def packed(total_q, total_k, H=2, H_kv=1, D=8, seed=0, dtype=torch.float32):
+    return (normal(total_q, H, D, seed=seed, dtype=dtype), normal(total_k, H_kv, D, seed=seed + 1, dtype=dtype),
+            normal(total_k, H_kv, D, seed=seed + 2, dtype=dtype))  # fmt: skip
+
+
+def varlen_against_truth(tier, q, k, v, cu_q, cu_k, max_q, max_k, lengths_q, lengths_k, truth_window=None,
+                         **kwargs):  # fmt: skip
+    """o, lse and the three gradients of attention_varlen on ``tier`` against the float64 truth of the
+    documents ``lengths_q`` / ``lengths_k`` (the values the index tensors hold, as lists)."""
+    do = normal(*q.shape, seed=99)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    with use_backend(tier):
+        o, lse = flashtile.attention_varlen(*leaves, cu_q, cu_k, max_q, max_k, return_lse=True, **kwargs)
+    o.backward(do)
+    causal, alignment = kwargs.get("is_causal", False), kwargs.get("alignment", "upper_left")
+    o_true, lse_true = varlen_truth(q, k, v, lengths_q, lengths_k, truth_window, causal, alignment)
+    grads = varlen_truth_grads(q, k, v, do, lengths_q, lengths_k, truth_window, causal, alignment)
+    torch.testing.assert_close(o.double().cpu(), o_true.cpu(), atol=TOL, rtol=TOL)
+    torch.testing.assert_close(lse.double().cpu(), lse_true.cpu(), atol=TOL, rtol=TOL)
+    for name, leaf, want in zip(("dq", "dk", "dv"), leaves, grads):
+        torch.testing.assert_close(leaf.grad.double().cpu(), want.cpu(), atol=TOL, rtol=TOL,
+                                   msg=lambda m, n=name: f"{n}: {m}")  # fmt: skip
+
+
+def cu_seqlens_views():
+    """(name, cu_seqlens_q view, its values, cu_seqlens_k view, its values); each view's raw memory differs."""
+    table = torch.tensor([[0, 0], [5, 7], [12, 14]], dtype=torch.int32, device=DEVICE)
+    return [
+        ("strided", int32(0, 99, 5, 99, 12, 99)[::2], [0, 5, 12], int32(0, 99, 7, 99, 14, 99)[::2], [0, 7, 14]),
+        ("column", table[:, 0], [0, 5, 12], table[:, 1], [0, 7, 14]),
+        ("offset", int32(99, 0, 4, 12)[1:], [0, 4, 12], int32(99, 99, 0, 9, 14)[2:], [0, 9, 14]),
+        ("reversed-copy", int32(12, 99, 5, 99, 0).flip(0)[::2], [0, 5, 12], int32(0, 7, 14), [0, 7, 14]),
+    ]
+
+
+@pytest.mark.parametrize("tier", TIERS)
+@pytest.mark.parametrize("case", range(4), ids=[c[0] for c in cu_seqlens_views()])
+def test_varlen_reads_cu_seqlens_through_its_view(tier, case):
+    _, cu_q, values_q, cu_k, values_k = cu_seqlens_views()[case]
+    assert cu_q.tolist() == values_q and cu_k.tolist() == values_k
+    q, k, v = packed(12, 14, seed=case)
+    varlen_against_truth(tier, q, k, v, cu_q, cu_k, 8, 9, values_q, values_k, is_causal=True,
+                         alignment="lower_right")  # fmt: skip
+
+
+def test_varlen_view_control_a_kernel_reading_raw_memory_fails(monkeypatch):
+    # the planted bug: the kernels given the strided view itself, which they read as if contiguous
+    import flashtile.varlen
+
+    monkeypatch.setattr(flashtile.varlen, "index_memory", lambda x: x)
+    _, cu_q, values_q, cu_k, values_k = cu_seqlens_views()[0]
+    q, k, v = packed(12, 14, seed=0)
+    with pytest.raises(AssertionError):
+        varlen_against_truth("triton", q, k, v, cu_q, cu_k, 8, 9, values_q, values_k, is_causal=True,
+                             alignment="lower_right")  # fmt: skip
+
+
+HUGE_WINDOWS = [(0, 2**31 - 1), (2**31 - 1, 0), (2**40, 3), (2, 2**64), (2**64, 2**70)]
+
+
+def truth_side(side: int) -> int:
+    """A side that long keeps every key of these tiny documents: the same mask with a side the truth's int64
+    index grids can add."""
+    return min(side, 10**6)
+
+
+@pytest.mark.parametrize("tier", TIERS)
+@pytest.mark.parametrize("window", HUGE_WINDOWS, ids=str)
+def test_varlen_window_sides_past_the_longest_document_keep_every_key(tier, window):
+    # Tq != Tk in each document, lower-right: the band's offset + right overflowed int32 in the kernel
+    cu_q, cu_k = int32(0, 4, 10), int32(0, 6, 14)
+    q, k, v = packed(10, 14, seed=5)
+    varlen_against_truth(tier, q, k, v, cu_q, cu_k, 6, 8, [0, 4, 10], [0, 6, 14],
+                         truth_window=tuple(map(truth_side, window)), window=window,
+                         alignment="lower_right")  # fmt: skip
+
+
+def test_varlen_window_control_an_unclamped_side_fails(monkeypatch):
+    import flashtile.varlen
+
+    monkeypatch.setattr(flashtile.varlen, "clamp_window", lambda window, longest: window)
+    q, k, v = packed(10, 14, seed=5)
+    with pytest.raises(AssertionError):
+        varlen_against_truth("triton", q, k, v, int32(0, 4, 10), int32(0, 6, 14), 6, 8, [0, 4, 10], [0, 6, 14],
+                             truth_window=(0, 10**6), window=(0, 2**31 - 1), alignment="lower_right")  # fmt: skip
+
+
+@pytest.mark.parametrize("tier", TIERS)
+def test_varlen_max_seqlen_bounds_the_documents_but_never_sizes_the_work(tier, monkeypatch):
+    # 12 tokens with max_seqlen 2**40: the answer, at once (the grid was sized by max_seqlen: it never returned);
+    # the kernels see the longest document's counts whatever bound is passed
+    import flashtile.kernels.forward as forward
+
+    seen = []
+    launcher = forward.flash_attention_varlen
+    monkeypatch.setattr(forward, "flash_attention_varlen",
+                        lambda *args, **kwargs: seen.append(args[5:7]) or launcher(*args, **kwargs))  # fmt: skip
+    cu_q, cu_k = int32(0, 5, 12), int32(0, 9, 14)
+    q, k, v = packed(12, 14, seed=8)
+    varlen_against_truth(tier, q, k, v, cu_q, cu_k, 2**40, 100000, [0, 5, 12], [0, 9, 14], is_causal=True)
+    assert seen == ([(7, 9)] if tier == "triton" else [])  # the control: the launcher saw the true longest
+    with use_backend(tier):
+        for max_q, max_k, name in ((6, 9, "max_seqlen_q"), (7, 8, "max_seqlen_k")):
+            with pytest.raises(ValueError, match=f"{name} must be at least the longest document's length"):
+                flashtile.attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k)
+        with pytest.raises(TypeError, match="max_seqlen_q must be an int"):
+            flashtile.attention_varlen(q, k, v, cu_q, cu_k, 7.0, 9)
+
+
+# --- issue #49: an undefined gradient of o means zero ---------------------------------------------------------
+
+
+class DropFirstGradient(torch.autograd.Function):
+    """(x, y) -> (x, y), whose backward returns None for x (keep=False) or x's gradient (keep=True): what a
+    downstream Function that ignores one input hands upstream."""
+
+    @staticmethod
+    def forward(ctx, x, y, keep):
+        ctx.keep = keep
+        return x.clone(), y.clone()
+
+    @staticmethod
+    def backward(ctx, gx, gy):
+        return (gx if ctx.keep else None), gy, None
+
+
+def attend_three_ways(entry, q, k, v, return_lse):
+    cu = int32(0, 3, 7)
+    if entry == "attention":
+        out = flashtile.attention(q, k, v, is_causal=True, return_lse=return_lse)
+    elif entry == "varlen":
+        q, k, v = (x[0].transpose(0, 1) for x in (q, k, v))  # (1, H, 7, D) -> (7, H, D)
+        out = flashtile.attention_varlen(q, k, v, cu, cu, 4, 4, is_causal=True, return_lse=return_lse)
+    else:  # the custom op itself, as torch.compile runs it
+        from flashtile.api import attention_fwd, pick_backend
+
+        out = attention_fwd(q, k, v, True, 0.5, "upper_left", pick_backend(q))[:2]
+    return out[0] if isinstance(out, tuple) else out
+
+
+@pytest.mark.parametrize("tier", TIERS)
+@pytest.mark.parametrize("entry", ["attention", "varlen", "op"])
+@pytest.mark.parametrize("return_lse", [False, True])
+def test_an_undefined_gradient_of_o_gives_zero_gradients(tier, entry, return_lse):
+    q, k, v = (normal(1, 2, 7, 8, seed=s).requires_grad_() for s in range(3))
+    w = normal(3, seed=4).requires_grad_()
+    for keep in (False, True):  # keep=True is the control: the same graph with o's gradient defined
+        for x in (q, k, v, w):
+            x.grad = None
+        with use_backend(tier):
+            o = attend_three_ways(entry, q, k, v, return_lse)
+        o2, w2 = DropFirstGradient.apply(o, w, keep)
+        ((o2 * o2).sum() + w2.sum()).backward()
+        assert torch.equal(w.grad, torch.ones(3, device=DEVICE))
+        for name, x in (("q", q), ("k", k), ("v", v)):
+            if keep:
+                assert x.grad is not None and x.grad.abs().max() > 0, name
+            else:
+                assert x.grad is None or not x.grad.any(), f"{name}: {x.grad}"
+
+
+@pytest.mark.parametrize("tier", TIERS)
+def test_gradcheck_with_its_defaults_passes(tier):
+    # gradcheck's undefined-gradient check hands the backward an undefined dO (float64: the reference tier on both)
+    q = normal(1, 1, 3, 4, seed=0, dtype=torch.float64).requires_grad_()
+    cu = int32(0, 1, 3)
+    with use_backend(tier):
+        assert torch.autograd.gradcheck(lambda q: flashtile.attention(q, q, q), (q,))
+        assert torch.autograd.gradcheck(lambda q: flashtile.attention(q, q, q, return_lse=True)[0], (q,))
+        packed_q = q.detach()[0].transpose(0, 1).clone().requires_grad_()  # (3, 1, 4)
+        assert torch.autograd.gradcheck(lambda x: flashtile.attention_varlen(x, x, x, cu, cu, 2, 2), (packed_q,))
+
+
+# --- issue #49: scale and softcap under torch.compile(dynamic=True), and numbers no float can hold --------------
+
+
+@pytest.mark.parametrize("value", [0.0, -0.0, 1.5, -1e308, 5e-324, float("inf"), float("-inf"), float("nan")])
+def test_the_traceable_finiteness_test_agrees_with_math_isfinite(value):
+    import math
+
+    from flashtile._checks import is_finite
+
+    assert is_finite(value) is math.isfinite(value)
+
+
+class ScaledAttention(torch.nn.Module):
+    def __init__(self, scale):
+        super().__init__()
+        self.scale = scale  # a float attribute: dynamo traces it symbolically under dynamic=True
+
+    def forward(self, q, options):
+        return flashtile.attention(q, q, q, is_causal=True, scale=self.scale, softcap=options["softcap"])
+
+
+@pytest.mark.parametrize("tier", TIERS)
+def test_scale_and_softcap_trace_under_compile_with_dynamic_shapes(tier):
+    torch._dynamo.reset()
+    q = normal(1, 2, 20, 8, seed=2)
+    model = ScaledAttention(0.3)
+    compiled = torch.compile(model, fullgraph=True, dynamic=True)
+    with use_backend(tier):
+        for scale, cap in ((0.3, 5.0), (0.7, 2.5)):  # a second call with new values: no stale constant
+            model.scale = scale
+            o = compiled(q, {"softcap": cap})
+            keep = definition_mask(20, 20, None, True, "upper_left")
+            o_true, _ = masked_truth(q.double(), q.double(), q.double(), keep, scale, cap)
+            torch.testing.assert_close(o.double(), o_true, atol=TOL, rtol=TOL)
+        # eagerly, the same errors as before
+        with pytest.raises(ValueError, match="scale must be finite, got nan"):
+            flashtile.attention(q, q, q, scale=float("nan"))
+        with pytest.raises(ValueError, match="softcap must be a positive finite number"):
+            flashtile.attention(q, q, q, softcap=float("inf"))
+
+
+def too_large_for_a_float_calls():
+    from fractions import Fraction
+
+    q, k, v = normal(1, 2, 3, 8, seed=0), normal(1, 2, 3, 8, seed=1), normal(1, 2, 3, 8, seed=2)
+    cu = int32(0, 3)
+    dq, dk = decode_inputs()[:2]
+    calls = []
+    for name in ("scale", "softcap"):
+        for big in (10**400, -(10**400), Fraction(10**400, 3)):
+            kw = {name: big}
+            calls += [(name, lambda kw=kw: flashtile.attention(q, k, v, **kw)),
+                      (name, lambda kw=kw: flashtile.attention_varlen(q[0].transpose(0, 1), k[0].transpose(0, 1),
+                                                                      v[0].transpose(0, 1), cu, cu, 3, 3, **kw)),
+                      (name, lambda kw=kw: flashtile.decode_attention(dq, dk, dk, **kw))]  # fmt: skip
+    return calls
+
+
+@pytest.mark.parametrize("tier", TIERS)
+@pytest.mark.parametrize("case", range(18))
+def test_numbers_too_large_for_a_float_are_refused_by_name(tier, case):
+    name, call = too_large_for_a_float_calls()[case]
+    with use_backend(tier), pytest.raises(ValueError, match=f"^{name} must be finite, got a number too large"):
+        call()
+
+
+# --- issue #49: window sides past int64 --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("tier", TIERS)
+@pytest.mark.parametrize("window", [(0, 2**64), (2**64, 2**63), (2**63 - 1, 1)], ids=str)
+def test_window_sides_past_int64_keep_every_key_on_every_entry_point(tier, window):
+    from flashtile._checks import MAX_WINDOW_SIDE, check_window
+
+    assert check_window(window) == tuple(min(s, MAX_WINDOW_SIDE) for s in window)
+    truth_window = tuple(map(truth_side, window))
+    q, k, v = normal(1, 2, 5, 8, seed=1), normal(1, 2, 9, 8, seed=2), normal(1, 2, 9, 8, seed=3)
+    keep = definition_mask(5, 9, truth_window, False, "lower_right")
+    o_true, lse_true = masked_truth(q.double(), k.double(), v.double(), keep)
+    with use_backend(tier):
+        o, lse = flashtile.attention(q, k, v, window=window, alignment="lower_right", return_lse=True)
+        meta = flashtile.attention(q.to("meta"), k.to("meta"), v.to("meta"), window=window)  # the custom op
+        varlen_o = flashtile.attention_varlen(*(x[0].transpose(0, 1) for x in (q, k, v)), int32(0, 5), int32(0, 9),
+                                              5, 9, window=window, alignment="lower_right")  # fmt: skip
+        dq, dk = decode_inputs(seed=4)[:2]
+        # decode's new tokens are causal and a short left side would cut keys: its window is the longest side twice
+        decode_o = flashtile.decode_attention(dq, dk, dk, window=(max(window), max(window)))
+    assert meta.shape == q.shape and meta.is_meta
+    torch.testing.assert_close(o.double(), o_true, atol=TOL, rtol=TOL)
+    torch.testing.assert_close(lse.double(), lse_true, atol=TOL, rtol=TOL)
+    torch.testing.assert_close(varlen_o.transpose(0, 1)[None].double(), o_true, atol=TOL, rtol=TOL)
+    torch.testing.assert_close(decode_o.double().cpu(), decode_truth(dq, dk, dk, [40] * 3)[0], atol=TOL, rtol=TOL)
+
+
+# --- issue #49: float64 under use_backend("triton") ----------------------------------------------------------
+
+
+def test_float64_takes_the_reference_tier_even_under_use_backend_triton():
+    from flashtile.api import pick_backend
+
+    q, k, v = (normal(1, 2, 6, 8, seed=s, dtype=torch.float64) for s in range(3))
+    do = normal(1, 2, 6, 8, seed=3, dtype=torch.float64)
+    leaf = q.clone().requires_grad_()
+    with use_backend("triton"):
+        assert pick_backend(q) == "reference" and pick_backend(q.float()) == "triton"  # the control: fp32 still
+        o = flashtile.attention(leaf, k, v, is_causal=True)
+        varlen_o = flashtile.attention_varlen(*(x[0].transpose(0, 1) for x in (q, k, v)), int32(0, 6), int32(0, 6),
+                                              6, 6, is_causal=True)  # fmt: skip
+        dq, dk = decode_inputs(seed=5)[:2]
+        decode_o = flashtile.decode_attention(dq.double(), dk.double(), dk.double(), int32(40, 2, 9))
+    o.backward(do)
+    o_true, _, (dq_true, _, _) = truth_with_grads(q, k, v, do, causal=True)
+    torch.testing.assert_close(o, o_true, atol=1e-12, rtol=1e-12)  # float64 digits: float64 arithmetic
+    torch.testing.assert_close(leaf.grad, dq_true, atol=1e-12, rtol=1e-12)
+    torch.testing.assert_close(varlen_o.transpose(0, 1)[None], o_true, atol=1e-12, rtol=1e-12)
+    torch.testing.assert_close(decode_o.cpu(), decode_truth(dq, dk, dk, [40, 2, 9])[0], atol=1e-12, rtol=1e-12)
+
+
+# --- issue #49: decode_attention under torch.compile(fullgraph=True) ------------------------------------------
+
+
+@pytest.mark.parametrize("tier", TIERS)
+def test_decode_attention_compiles_with_fullgraph_and_checks_lengths_when_it_runs(tier):
+    torch._dynamo.reset()
+    q, k, v = decode_inputs(seed=6)
+    compiled = torch.compile(lambda q, k, v, n: flashtile.decode_attention(q, k, v, n, return_lse=True),
+                             fullgraph=True)  # fmt: skip
+    with use_backend(tier):
+        for lengths in ([40, 2, 17], [0, 33, 5]):  # new values, one graph: nothing guards on them
+            o, lse = compiled(q, k, v, int32(*lengths))
+            o_true, lse_true = decode_truth(q, k, v, lengths)
+            torch.testing.assert_close(o.double().cpu(), o_true, atol=TOL, rtol=TOL)
+            torch.testing.assert_close(lse.double().cpu(), lse_true, atol=TOL, rtol=TOL)
+        with pytest.raises(ValueError, match=r"cache_seqlens\[1\] = 41"):  # the eager check, at run time
+            compiled(q, k, v, int32(40, 41, 3))
+
+
+# --- issue #49: the practice checker's --time-limit ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("limit", [float("inf"), 1e300])
+def test_a_time_limit_past_the_platforms_longest_wait_is_that_wait(limit):
+    import queue
+    import threading
+    from types import SimpleNamespace
+
+    from flashtile.practice.cli import Worker
+
+    events = queue.Queue()
+    later = threading.Timer(0.05, events.put, ({"event": "ok"},))  # the wait must begin before the event
+    later.start()
+    assert Worker.next(SimpleNamespace(events=events), limit) == {"event": "ok"}
+    later.join()
+    with pytest.raises(TimeoutError):  # the control: an ordinary limit still times out
+        Worker.next(SimpleNamespace(events=events), 0.01)
+
+
+def test_the_checker_runs_with_time_limit_inf_and_refuses_nan_by_name(capsys):
+    from flashtile.practice.cli import main
+
+    assert main(["check", "--package", "--step", "online_softmax", "--fast", "--time-limit", "inf"]) == 0
+    assert "1 of 1 steps pass" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["check", "--package", "--time-limit", "nan"])
+    assert "--time-limit must be a positive number of seconds (inf for no limit), got nan" in capsys.readouterr().err

@@ -232,7 +232,7 @@ def attention_varlen(
     tau = resolve_scale(scale, D, query.dtype)
     backend = pick_backend(query)
     with no_autocast(device):  # the tiers choose their own precision
-        o, lse, _stats = attention_varlen_fwd(query, key, value, cu_seqlens_q, cu_seqlens_k, longest_q, longest_k, causal, tau,
-                                              alignment, backend, *window, softcap)  # fmt: skip
+        o, lse, _stats = attention_varlen_fwd(query, key, value, cu_seqlens_q, cu_seqlens_k, longest_q, longest_k,
+                                              causal, tau, alignment, backend, *window, softcap)  # fmt: skip
     return (o, lse) if return_lse else o
 
