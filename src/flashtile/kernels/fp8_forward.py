@@ -26,7 +26,8 @@ What it supports: q (B, H, Tq, D), k and v (B, H_kv, Tk, D) with H a multiple of
 shared head, no copy), any strides, any Tq and Tk, 1 <= D <= 256, causal with both alignments, any
 finite τ (a program whose row max passes 2^10 in log2 units reruns with the exact step, so
 that the largest score gives P = 1 exactly at any size: ``FP8_SHIFT_LIMIT``); o in ``out_dtype`` (bf16 by default;
-float32 too, which the interpreter tests use, since the interpreter computes bf16 wrongly), lse (B, H, Tq) float32, natural log.
+float32 too, which the interpreter tests use, since the interpreter computes bf16 wrongly), lse (B, H, Tq)
+float32, natural log.
 
 What it does not do (yet): it is forward only (inference and prefill), has no TMA descriptors, no
 autotuning and no overlap of softmax and matmuls. ``flashtile.attention`` runs it for E4M3 inputs on CUDA
