@@ -63,8 +63,8 @@ def fold_key_tile(acc, l, m, q, K, V, stride_kt, stride_vt, b, h, i, j0, d,
         k = K.load([b, h, k_start, 0]).reshape(BLOCK_K, HEAD_DIM_PAD)
         v = V.load([b, h, k_start, 0]).reshape(BLOCK_K, HEAD_DIM_PAD)
     else:  # K, V point at key 0 of every element of a tile: one add moves them
-        kv_mask = (j[:, None] < Tk) & (d[None, :] < HEAD_DIM)  # zeros past Tk and D
         step = tl.cast(k_start, tl.int64)  # so that step * stride never wraps
+        kv_mask = (j[:, None] < Tk) & (d[None, :] < HEAD_DIM)  # zeros past Tk and D
         k = tl.load(K + step * stride_kt, mask=kv_mask, other=0.0)
         v = tl.load(V + step * stride_vt, mask=kv_mask, other=0.0)
     s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # log2 units
@@ -118,14 +118,14 @@ def forward_kernel(
     n_full, n_visit = key_tile_counts(q_start, Tq, Tk, offset, CAUSAL, BLOCK_Q, BLOCK_K)
     for k_index in range(0, n_full):  # FULL tiles: every pair visible, no mask
         acc, l, m = fold_key_tile(
-            acc, l, m, q, K, V, stride_kt, stride_vt, b, h, i, j0, d, k_index * BLOCK_K,
-            Tk, offset, qk_scale, HEAD_DIM, HEAD_DIM_PAD, BLOCK_K, CAUSAL, False,
-            USE_TMA, DOT_PRECISION)  # fmt: skip
+            acc, l, m, q, K, V, stride_kt, stride_vt, b, h, i, j0, d,
+            k_index * BLOCK_K, Tk, offset, qk_scale, HEAD_DIM, HEAD_DIM_PAD, BLOCK_K,
+            CAUSAL, False, USE_TMA, DOT_PRECISION)  # fmt: skip
     for k_index in range(n_full, n_visit):  # DIAGONAL tiles and a ragged last tile
         acc, l, m = fold_key_tile(
-            acc, l, m, q, K, V, stride_kt, stride_vt, b, h, i, j0, d, k_index * BLOCK_K,
-            Tk, offset, qk_scale, HEAD_DIM, HEAD_DIM_PAD, BLOCK_K, CAUSAL, True,
-            USE_TMA, DOT_PRECISION)  # fmt: skip
+            acc, l, m, q, K, V, stride_kt, stride_vt, b, h, i, j0, d,
+            k_index * BLOCK_K, Tk, offset, qk_scale, HEAD_DIM, HEAD_DIM_PAD, BLOCK_K,
+            CAUSAL, True, USE_TMA, DOT_PRECISION)  # fmt: skip
     # SKIP tiles (n_visit on) never come
 
     empty = l == 0.0  # a row that saw no key: o = 0 (acc is 0), lse = -inf
