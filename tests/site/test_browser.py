@@ -3,8 +3,8 @@
 Chromium is Debian's (/usr/bin/chromium) driven by the playwright package; `playwright install` is
 never needed. Each page gets a fresh browser context that records every request, so a CDN script or
 font that sneaks back in fails the test that loads it. Every page is checked at 1280 px, then the same
-load is narrowed to phone width (390 px), where display math must keep its size and scroll in its own
-box. Screenshots are taken on request only (FLASHTILE_SCREENSHOTS=1; nothing asserts on them), into
+load is narrowed to phone width (390 px), where display math must keep its size and fit its column
+without scrolling sideways. Screenshots are taken on request only (FLASHTILE_SCREENSHOTS=1; nothing asserts on them), into
 artifacts/screenshots/ (git-ignored): <page>.png at 1280 px, <page>--390.png at 390 px.
 """
 
@@ -165,6 +165,26 @@ DISPLAY_MATH_JS = """() => {
 }"""
 
 
+# At phone width a display equation must fit its box without scrolling: a formula cut off mid-symbol at
+# the right edge reads as a different formula. Long equations are broken into aligned lines instead.
+PHONE_MATH_JS = """() => [...document.querySelectorAll('mjx-container[display="true"]')].flatMap((c, n) => {
+  const svg = c.querySelector(':scope > svg');
+  if (!svg) return [];
+  const box = c.parentElement.getBoundingClientRect().width;
+  const drawn = svg.getBoundingClientRect().width;
+  if (drawn <= box + 1) return [];
+  const tex = (c.querySelector('mjx-assistive-mml') || c).textContent.replace(/\\s+/g, ' ').slice(0, 60);
+  return [`equation ${n + 1} (${tex}): ${drawn.toFixed(0)} px in a ${box.toFixed(0)} px column`];
+})"""
+
+
+def check_phone_math(page, src: Path) -> None:
+    """Every display equation's rendered width fits its container (no sideways scrolling) at phone width."""
+    wide = page.evaluate(PHONE_MATH_JS)
+    where = src.relative_to(DOCS).as_posix()
+    assert not wide, f"{where} at {page.viewport_size['width']} px: display math wider than its column:\n" + "\n".join(wide)
+
+
 def check_layout(page, src: Path) -> None:
     """Display math is drawn at full size (scrolling if need be), and nothing widens the page."""
     where = src.relative_to(DOCS).as_posix()
@@ -227,7 +247,7 @@ NEXT_FRAME_JS = "() => new Promise((done) => requestAnimationFrame(() => request
 @pytest.mark.parametrize("src", PAGES, ids=lambda p: p.relative_to(DOCS).as_posix())
 def test_page_is_offline_clean_typeset_shows_live_src_and_reads_at_phone_width(page, site_url, src):
     """At 1280 px: offline, typeset, listings equal to src, images loaded. Narrowed to 390 px on the same
-    load: every display equation keeps its size and scrolls in its own box; the page never scrolls."""
+    load: every display equation keeps its size and fits its column; the page never scrolls."""
     where = src.relative_to(DOCS).as_posix()
     response = page.goto(site_url + page_url(src), wait_until="load")
     assert response.status == 200
@@ -249,6 +269,7 @@ def test_page_is_offline_clean_typeset_shows_live_src_and_reads_at_phone_width(p
     if "$$" in source:  # so that the check below cannot pass by finding no equation at all
         assert page.locator('mjx-container[display="true"]').count() > 0, f"{src.name}: no display math drawn"
     check_layout(page, src)
+    check_phone_math(page, src)
     screenshot(page, screenshot_name(src, "--390"), full_page=True)
     page.log.assert_clean(f"{where} at 390 px")
 
