@@ -579,7 +579,8 @@ def too_large_for_a_float_calls():
 @pytest.mark.parametrize("case", range(18))
 def test_numbers_too_large_for_a_float_are_refused_by_name(tier, case):
     name, call = too_large_for_a_float_calls()[case]
-    with use_backend(tier), pytest.raises(ValueError, match=f"^{name} must be finite, got a number too large"):
+    message = f"^{name} must be finite, got (an int|a number) too large for a float"
+    with use_backend(tier), pytest.raises(ValueError, match=message):
         call()
 
 

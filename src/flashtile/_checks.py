@@ -225,7 +225,8 @@ def real_to_float(name: str, value) -> float:
         return float(value)
     except OverflowError:
         digits = len(str(abs(int(value))))
-        raise ValueError(f"{name} must be finite, got a number too large for a float ({digits} digits)") from None
+        kind = "an int" if isinstance(value, numbers.Integral) else "a number"
+        raise ValueError(f"{name} must be finite, got {kind} too large for a float ({digits} digits)") from None
 
 
 def resolve_scale(scale, D: int, dtype: torch.dtype | None = None) -> float:
