@@ -191,7 +191,7 @@ def settings(head_dim, dtype):
         return dict(dkdv=tiles, dq=tiles)
     if head_dim_pad(head_dim) <= 64:
         return dict(dkdv=(64, 64, 4, 3), dq=(64, 64, 4, 3))
-    return dict(dkdv=(32, 64, 4, 3), dq=(128, 64, 8, 3))
+    return dict(dkdv=(32, 64, 4, 3), dq=(128, 64, 8, 2))
 
 
 def backward(q, k, v, o, lse, do, causal=False, scale=None, *,
