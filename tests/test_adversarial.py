@@ -643,16 +643,17 @@ def test_float64_takes_the_reference_tier_even_under_use_backend_triton():
 def test_decode_attention_compiles_with_fullgraph_and_checks_lengths_when_it_runs(tier):
     torch._dynamo.reset()
     q, k, v = decode_inputs(seed=6)
-    compiled = torch.compile(lambda q, k, v, n: flashtile.decode_attention(q, k, v, n, return_lse=True),
-                             fullgraph=True)  # fmt: skip
+    # dynamic=True: the scale, a float argument, is traced symbolically too (issue #49's C2 for decode)
+    compiled = torch.compile(lambda q, k, v, n, s: flashtile.decode_attention(q, k, v, n, scale=s, return_lse=True),
+                             fullgraph=True, dynamic=True)  # fmt: skip
     with use_backend(tier):
-        for lengths in ([40, 2, 17], [0, 33, 5]):  # new values, one graph: nothing guards on them
-            o, lse = compiled(q, k, v, int32(*lengths))
-            o_true, lse_true = decode_truth(q, k, v, lengths)
+        for lengths, scale in (([40, 2, 17], 0.3), ([0, 33, 5], -0.7)):  # new values: nothing guards on them
+            o, lse = compiled(q, k, v, int32(*lengths), scale)
+            o_true, lse_true = decode_truth(q, k, v, lengths, scale)
             torch.testing.assert_close(o.double().cpu(), o_true, atol=TOL, rtol=TOL)
             torch.testing.assert_close(lse.double().cpu(), lse_true, atol=TOL, rtol=TOL)
         with pytest.raises(ValueError, match=r"cache_seqlens\[1\] = 41"):  # the eager check, at run time
-            compiled(q, k, v, int32(40, 41, 3))
+            compiled(q, k, v, int32(40, 41, 3), 0.3)
 
 
 # --- issue #49: the practice checker's --time-limit ------------------------------------------------------------
