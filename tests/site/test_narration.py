@@ -22,10 +22,11 @@ EXEMPT = ("appendix/",)
 PAGES = [p for p in doc_pages() if not page_url(p).startswith(EXEMPT)]
 
 NARRATION = {
-    "an issue number": re.compile(r"\bissues?\s+#?\d+\b|(?<![\w&/])#\d{2,}\b", re.I),
+    # the project's issues; another project's bug, named with the project ("Triton issue 11584"), may stay
+    "an issue number": re.compile(r"(?<!Triton )(?<!PyTorch )\bissues?\s+#?\d+\b|(?<![\w&/])#\d{2,}\b", re.I),
     "PERF_LOG": re.compile(r"PERF_LOG"),
     "the lab notebook as a source": re.compile(r"\blab notebook\b", re.I),
-    "a target": re.compile(r"\btarget(?:s|ed)?\b", re.I),
+    "a target": re.compile(r"\btarget(?:s|ed)?\b(?!\s*=)", re.I),  # not Python's target= keyword
     # 7 to 40 hex digits with at least one digit and one letter: a commit, as git abbreviates it
     "a commit hash": re.compile(r"(?<![\w.#-])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}(?![\w-])"),
 }

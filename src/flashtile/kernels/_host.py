@@ -281,8 +281,8 @@ class KernelLaunch:
     of the host cost: one kernel's launch, as a plan works it out once per layout.
 
     Triton's launch path re-binds every argument, rebuilds the specialisation key and looks up the device
-    and stream on each call, several times what the compiled launcher itself costs (bench/PERF_LOG.md,
-    v6). Everything in that key but the tensors' addresses is fixed by the
+    and stream on each call, several times what the compiled launcher itself costs (the performance
+    chapter's host times). Everything in that key but the tensors' addresses is fixed by the
     plan that holds this launch, so a call only reads each tensor's dtype and 16-byte alignment, finds
     the compiled kernel kept for them, and hands its arguments straight to that kernel's launcher. The
     first call of each specialisation takes Triton's full path and keeps what it compiled. An interpreted
