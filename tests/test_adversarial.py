@@ -656,6 +656,17 @@ def test_decode_attention_compiles_with_fullgraph_and_checks_lengths_when_it_run
             compiled(q, k, v, int32(40, 41, 3), 0.3)
 
 
+@pytest.mark.parametrize("tier", TIERS)
+def test_the_decode_op_passes_opcheck(tier):
+    # the node decode_attention becomes under torch.compile: schema, fake implementation and real run agree
+    from flashtile.decode import decode_op
+
+    q, k, v = decode_inputs(seed=8)
+    for args in ((int32(40, 2, 17), None, 0.3, None, -1, -1, None), (None, None, 0.5, 2, 3, 0, 4.0)):
+        result = torch.library.opcheck(decode_op, (q, k, v, *args, tier))
+        assert set(result.values()) == {"SUCCESS"}, result
+
+
 # --- issue #49: the practice checker's --time-limit ------------------------------------------------------------
 
 
