@@ -1,11 +1,13 @@
 """Forward rung 1: the textbook kernel, launched with tiles, warps and stages chosen per shape.
 
 The kernel is ``kernels.textbook``'s, unchanged; only its launch changes. The textbook takes 64 x 64 tiles, 4
-warps and 2 pipeline stages for every shape (16 x 32 and 16 x 16 in fp32). This rung takes the package's
-settings for loads through pointers, by head dim, dtype, mask and length (``kernels.forward.forward_config``
-with ``tma=False``): 128-row query tiles, which halve the K and V re-reads, with 8 warps to hold their
-accumulator; 3 stages, so that the next tiles load while this one is folded; and at head dims up to 64 a cap
-of 128 registers a thread, so that two programs share an SM.
+warps and 2 pipeline stages for every 16-bit shape. This rung takes the package's settings for loads through
+pointers, by head dim, mask and length (``kernels.forward.forward_config`` with ``tma=False``): 128-row query
+tiles, which halve the K and V re-reads, with 8 warps to hold their accumulator; 3 stages, so that the next
+tiles load while this one is folded; and at head dims up to 64 a cap of 128 registers a thread, so that two
+programs share an SM. fp32 keeps the textbook's small tiles (16 x 32, 16 x 16 at d > 64): its dots run on the
+CUDA cores, and the package's fp32 tiles (128 x 64 with 8 warps) spill registers in these kernels compiled
+for sm_90.
 
 Same contract as the textbook kernel (``textbook_forward``): fp16, bf16 (CUDA only) and fp32, any strides,
 any Tq and Tk, 1 <= D <= 128, no GQA, both causal alignments, any finite scale; o (B, H, Tq, D) in q's dtype,
@@ -128,8 +130,8 @@ def launch_settings(D, dtype, causal, Tq):
     """Tiles, warps, stages and a register cap for one call, by head dim, dtype, mask
     and length, as measured on the H200 (the package's settings for pointer loads)."""
     pad = head_dim_pad(D)
-    if dtype == torch.float32:  # fp32 dots run on the CUDA cores: 8 warps at d <= 64
-        tiles = (128, 64, 8, 3, None) if pad <= 64 else (64, 32, 4, 2, None)
+    if dtype == torch.float32:  # fp32 dots: the textbook's tiles; larger ones spill
+        tiles = (16, 32, 4, 2, None) if pad <= 64 else (16, 16, 4, 2, None)
     elif pad <= 64:  # two 8-warp programs share an SM only at <= 128 registers a thread
         tiles = (128, 64, 8, 3, 128)
     elif Tq <= 512 or (Tq <= 1024 and causal):  # few query tiles: smaller programs

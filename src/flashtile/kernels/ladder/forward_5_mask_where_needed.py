@@ -1,18 +1,13 @@
-"""Forward rung 5: heaviest tile first, the last rung: the package's dense-path kernel without its extras.
+"""Forward rung 5: the mask compiled only where a tile needs it, one compare per score.
 
-Rung 4 with one idea changed: the order in which programs start. Under the causal mask a head's last query
-tile folds Tq / BLOCK_K times the key tiles of its first; the GPU starts programs about in launch order, so
-in the plain order the last heads' longest tiles start last and run alone while most SMs idle (the tail).
-``_jit.program_tile`` numbers the tiles from the last one, and on grids of up to eight waves renumbers the
-launch in chunks of heads so that every head's heaviest tile starts before any head's second heaviest, the
-chunk's K and V within 16 MiB of L2 (``_host.heaviest_first_chunk``, the package's rule). The results are
-the same bits in any order.
-
-What the package's kernel (``kernels.forward.flash_attention``) has beyond this rung: grouped-query heads,
-head dims up to 256, NaN and infinity rules, a check and an exact rerun for scores past about 1e7, the row
-statistics (m, l) stored for its backward, windows, soft-caps and packed documents (compiled out when off),
-o laid out as q is, and a launch path planned once per layout. The ladder's benchmark times the two side by
-side.
+Rung 4 with one idea changed: what a tile pays for the mask. The textbook compiles its masked loop for every
+call, and a loop that runs no step still costs its set-up; here it is compiled only where some tile may need
+the mask, under causal or with Tk not a multiple of the key tile (``MASKED_TILES``), as in the package. On the
+pointer path a FULL tile whose head dim needs no padding loads without masks. Inside the masked tiles, the
+textbook's two tests on absolute indices (j < Tk, and j <= i + offset) make the compiler build two index
+tiles and combine two masks; here they are folded into one bound per row on the tile's own column j0 = j -
+k_start, j0 <= min(i + offset - k_start, Tk - 1 - k_start), so that each score costs one compare against a
+row value (the package's ``row_bound``).
 
 Same contract as the textbook kernel (``kernels.textbook.textbook_forward``).
 """
@@ -24,20 +19,11 @@ import triton
 import triton.language as tl
 
 from ..._checks import resolve_neg_bits
-from .._host import (
-    dot_precision,
-    head_batch_grid,
-    head_dim_pad,
-    heaviest_first_chunk,
-    kernel_scale,
-    resident_programs,
-    tile_descriptor,
-    use_tma,
-)
-from .._jit import apply_sign, full_key_tiles, last_key_tile, program_tile
+from .._host import dot_precision, head_batch_grid, head_dim_pad, kernel_scale, tile_descriptor, use_tma
+from .._jit import apply_sign, full_key_tiles, last_key_tile
 from ..textbook import LN2, _check
 
-IDEA = "Under causal, the heaviest query tiles launch first, so that the short ones fill the tail."
+IDEA = "The masked loop compiled only where some tile needs it, and the mask as one compare per score."
 
 
 # --8<-- [start:rung]
@@ -113,19 +99,15 @@ def forward_kernel(
     stride_kb, stride_kh, stride_kt, stride_kd,
     stride_vb, stride_vh, stride_vt, stride_vd,
     stride_ob, stride_oh, stride_ot, stride_od,
-    H, Tq, Tk, offset, qk_scale, chunk,
+    H, Tq, Tk, offset, qk_scale,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
     CAUSAL: tl.constexpr, SIGN: tl.constexpr, USE_TMA: tl.constexpr,
     DOT_PRECISION: tl.constexpr, MASKED_TILES: tl.constexpr,
-    HEAVIEST_FIRST: tl.constexpr,
 ):  # fmt: skip
     """One program: query tile q_index of head h of batch b.
     Grid: (cdiv(Tq, BLOCK_Q), H, B)."""
-    # Under causal the tiles with the most key tiles launch first, so that short ones
-    # fill the tail: each head's last query tile first and, with HEAVIEST_FIRST, every
-    # head's heaviest before any head's second heaviest, in chunks of ``chunk`` heads
-    q_index, h, b = program_tile(chunk, CAUSAL, HEAVIEST_FIRST)
+    q_index, h, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     q_start = q_index * BLOCK_Q
     i = q_start + tl.arange(0, BLOCK_Q)  # the query rows
     j0 = tl.arange(0, BLOCK_K)  # a key tile's own columns
@@ -174,8 +156,8 @@ def launch_settings(D, dtype, causal, Tq, tma):
     dtype, mask and length, as measured on the H200 (the package's settings); ``tma``:
     whether the device and the layout allow descriptors."""
     pad = head_dim_pad(D)
-    if dtype == torch.float32:  # fp32 dots run on the CUDA cores: 8 warps at d <= 64
-        tiles = (128, 64, 8, 3, None) if pad <= 64 else (64, 32, 4, 2, None)
+    if dtype == torch.float32:  # fp32 dots: the textbook's tiles; larger ones spill
+        tiles = (16, 32, 4, 2, None) if pad <= 64 else (16, 16, 4, 2, None)
         tma = False  # twice the bytes a tile: pointers
     elif pad == 64 and tma and not causal:  # 128 keys a step: no spill through TMA
         tiles = (128, 128, 8, 3, 128)
@@ -204,17 +186,9 @@ def forward(q, k, v, causal=False, scale=None, *, alignment="upper_left"):
         rows = (settings["BLOCK_Q"], settings["BLOCK_K"], settings["BLOCK_K"])
         pad = head_dim_pad(D)
         loads = [tile_descriptor(x, s, n, pad) for x, s, n in zip(loads, strides, rows)]
-    n_tiles = triton.cdiv(Tq, settings["BLOCK_Q"])
-    # heads per chunk (0: the plain order): as many as keep their K and V in L2, on a
-    # grid of a few waves, as the SMs hold the programs (_host.heaviest_first_chunk)
-    resident = resident_programs(settings["num_warps"], settings["maxnreg"])
-    plane_bytes = 2 * Tk * D * q.element_size()  # the K and V one head's programs read
-    chunk = heaviest_first_chunk(causal, plane_bytes, B * H, B * H * n_tiles, resident,
-                                 q.device)  # fmt: skip
-    forward_kernel[head_batch_grid(n_tiles, H, B)](
+    forward_kernel[head_batch_grid(triton.cdiv(Tq, settings["BLOCK_Q"]), H, B)](
         *loads, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
-        H, Tq, Tk, offset, units.qk_scale, max(chunk, 1),
-        HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D), HEAVIEST_FIRST=chunk > 0,
+        H, Tq, Tk, offset, units.qk_scale, HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D),
         CAUSAL=causal, SIGN=units.sign, DOT_PRECISION=dot_precision(q.dtype),
         MASKED_TILES=causal or Tk % settings["BLOCK_K"] != 0, **settings,
     )  # fmt: skip

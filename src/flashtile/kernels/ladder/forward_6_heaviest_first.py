@@ -1,15 +1,18 @@
-"""Forward rung 2: tiles fetched by coordinates (TMA), or from addresses worked out once.
+"""Forward rung 6: heaviest tile first, the last rung: the package's dense-path kernel without its extras.
 
-Rung 1 with one idea changed: the key loop no longer computes addresses. Where the device has a
-tensor-memory accelerator (Hopper, sm_90, and Triton's interpreter, which emulates it) and the layout allows a
-descriptor (``_host.use_tma``: a contiguous head dim, 16-byte-aligned strides), Q, K and V reach the kernel as
-host-built TMA descriptors: a load names a tile by its coordinates (b, h, row, 0), the copy engine fetches it
-and fills rows past T and columns past D with zeros, so the loads need neither address tiles nor masks.
-Elsewhere (another GPU, a transposed head dim, heads expanded with stride 0) the pointer path runs, now with
-each tile's 64-bit offsets computed once before the loop and moved by one add a tile. The device and the
-layout decide, as in the package; the launch settings gain the package's choices that only TMA allows (128 x
-128 tiles at head dim 64 without a mask, under the 128-register cap); fp32 and causal head dim 64 keep
-pointers, as the package does (there TMA measured no faster).
+Rung 5 with one idea changed: the order in which programs start. Under the causal mask a head's last query
+tile folds Tq / BLOCK_K times the key tiles of its first; the GPU starts programs about in launch order, so
+in the plain order the last heads' longest tiles start last and run alone while most SMs idle (the tail).
+``_jit.program_tile`` numbers the tiles from the last one, and on grids of up to eight waves renumbers the
+launch in chunks of heads so that every head's heaviest tile starts before any head's second heaviest, the
+chunk's K and V within 16 MiB of L2 (``_host.heaviest_first_chunk``, the package's rule). The results are
+the same bits in any order.
+
+What the package's kernel (``kernels.forward.flash_attention``) has beyond this rung: grouped-query heads,
+head dims up to 256, NaN and infinity rules, a check and an exact rerun for scores past about 1e7, the row
+statistics (m, l) stored for its backward, windows, soft-caps and packed documents (compiled out when off),
+o laid out as q is, and a launch path planned once per layout. The ladder's benchmark times the two side by
+side.
 
 Same contract as the textbook kernel (``kernels.textbook.textbook_forward``).
 """
@@ -21,11 +24,20 @@ import triton
 import triton.language as tl
 
 from ..._checks import resolve_neg_bits
-from .._host import dot_precision, head_batch_grid, head_dim_pad, tile_descriptor, use_tma
-from .._jit import full_key_tiles, last_key_tile
-from ..textbook import LN2, LOG2E, _check
+from .._host import (
+    dot_precision,
+    head_batch_grid,
+    head_dim_pad,
+    heaviest_first_chunk,
+    kernel_scale,
+    resident_programs,
+    tile_descriptor,
+    use_tma,
+)
+from .._jit import apply_sign, full_key_tiles, last_key_tile, program_tile
+from ..textbook import LN2, _check
 
-IDEA = "K, V and Q tiles fetched by the copy engine through TMA descriptors, with no address arithmetic in the loop."
+IDEA = "Under causal, the heaviest query tiles launch first, so that the short ones fill the tail."
 
 
 # --8<-- [start:rung]
@@ -52,36 +64,46 @@ def tile_offsets(b, h, rows, cols, stride_b, stride_h, stride_t, stride_d):
 
 
 @triton.jit
-def fold_key_tile(acc, l, m, q, K, V, stride_kt, stride_vt, b, h, i, j0, d,
+def fold_key_tile(acc, l, m, shift, q, K, V, stride_kt, stride_vt, b, h, i, j0, d,
                   k_start, Tk, offset, qk_scale,
                   HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
                   BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr, MASKED: tl.constexpr,
                   USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr):  # fmt: skip
-    """One online-softmax step: fold keys k_start .. + BLOCK_K - 1 into (m, l, acc)."""
+    """One online-softmax step: fold keys k_start .. + BLOCK_K - 1 into (acc, l, m),
+    in raw-dot units: m is the row max of u = sign(τ) q·k, shift = fl(m qk_scale)."""
     j = k_start + j0  # the key columns of this tile
     if USE_TMA:  # the copy engine fetches the (BLOCK_K, HEAD_DIM_PAD) box, 0 outside
         k = K.load([b, h, k_start, 0]).reshape(BLOCK_K, HEAD_DIM_PAD)
         v = V.load([b, h, k_start, 0]).reshape(BLOCK_K, HEAD_DIM_PAD)
     else:  # K, V point at key 0 of every element of a tile: one add moves them
         step = tl.cast(k_start, tl.int64)  # so that step * stride never wraps
-        kv_mask = (j[:, None] < Tk) & (d[None, :] < HEAD_DIM)  # zeros past Tk and D
-        k = tl.load(K + step * stride_kt, mask=kv_mask, other=0.0)
-        v = tl.load(V + step * stride_vt, mask=kv_mask, other=0.0)
-    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # log2 units
+        if MASKED or HEAD_DIM != HEAD_DIM_PAD:  # zeros past Tk and D
+            kv_mask = (j[:, None] < Tk) & (d[None, :] < HEAD_DIM)
+            k = tl.load(K + step * stride_kt, mask=kv_mask, other=0.0)
+            v = tl.load(V + step * stride_vt, mask=kv_mask, other=0.0)
+        else:  # a FULL tile, and no padded head dim: nothing to mask
+            k = tl.load(K + step * stride_kt)
+            v = tl.load(V + step * stride_vt)
+    u = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # raw dots, unscaled
     if MASKED:  # a padded key, or one past the diagonal, must score -inf (p = 0), not 0
-        visible = j[None, :] < Tk
+        # Key j = k_start + j0 is visible from row i when j0 <= last: one bound per row
+        # on the tile's own column, so that each score costs one compare
+        last = Tk - 1 - k_start  # the last column inside the keys
         if CAUSAL:
-            visible = visible & (j[None, :] <= i[:, None] + offset)
-        s = tl.where(visible, s, float("-inf"))
-    m_new = tl.maximum(m, tl.max(s, 1))  # (BLOCK_Q,)
+            last = tl.minimum(i + (offset - k_start), last)  # and the last row i sees
+            u = tl.where(j0[None, :] <= last[:, None], u, float("-inf"))
+        else:
+            u = tl.where(j0[None, :] <= last, u, float("-inf"))
+    m_new = tl.maximum(m, tl.max(u, 1))  # (BLOCK_Q,)
+    shift_new = m_new * qk_scale  # the max in log2 units, rounded once per row
     # A row that has seen no key yet keeps m_new = -inf, and -inf - (-inf) is NaN:
     # subtract 0 instead, which gives alpha = 0 and p = 0 for that row.
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.math.exp2(m - m_safe)  # rescales what the row had onto the new max
-    p = tl.math.exp2(s - m_safe[:, None])  # this tile's unnormalised probabilities
+    shift_safe = tl.where(m_new == float("-inf"), 0.0, shift_new)
+    alpha = tl.math.exp2(shift - shift_safe)  # both shifts as rounded: exact rescaling
+    p = tl.math.exp2(u * qk_scale - shift_safe[:, None])  # one multiply-add a score
     l = alpha * l + tl.sum(p, 1)
     acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
-    return acc, l, m_new
+    return acc, l, m_new, shift_new
 
 
 @triton.jit
@@ -91,14 +113,19 @@ def forward_kernel(
     stride_kb, stride_kh, stride_kt, stride_kd,
     stride_vb, stride_vh, stride_vt, stride_vd,
     stride_ob, stride_oh, stride_ot, stride_od,
-    H, Tq, Tk, offset, qk_scale,
+    H, Tq, Tk, offset, qk_scale, chunk,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
-    CAUSAL: tl.constexpr, USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    CAUSAL: tl.constexpr, SIGN: tl.constexpr, USE_TMA: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, MASKED_TILES: tl.constexpr,
+    HEAVIEST_FIRST: tl.constexpr,
 ):  # fmt: skip
     """One program: query tile q_index of head h of batch b.
     Grid: (cdiv(Tq, BLOCK_Q), H, B)."""
-    q_index, h, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    # Under causal the tiles with the most key tiles launch first, so that short ones
+    # fill the tail: each head's last query tile first and, with HEAVIEST_FIRST, every
+    # head's heaviest before any head's second heaviest, in chunks of ``chunk`` heads
+    q_index, h, b = program_tile(chunk, CAUSAL, HEAVIEST_FIRST)
     q_start = q_index * BLOCK_Q
     i = q_start + tl.arange(0, BLOCK_Q)  # the query rows
     j0 = tl.arange(0, BLOCK_K)  # a key tile's own columns
@@ -111,27 +138,30 @@ def forward_kernel(
         K += tile_offsets(b, h, j0, d, stride_kb, stride_kh, stride_kt, stride_kd)
         V += tile_offsets(b, h, j0, d, stride_vb, stride_vh, stride_vt, stride_vd)
         q = tl.load(Q, mask=q_mask, other=0.0)  # (BLOCK_Q, HEAD_DIM_PAD)
+    q = apply_sign(q, SIGN)  # sign(τ) q: the raw dots u rank keys as the scores do
 
-    m = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)  # running row max of s
-    l = tl.zeros([BLOCK_Q], dtype=tl.float32)  # running sum of exp2(s - m)
-    acc = tl.zeros([BLOCK_Q, HEAD_DIM_PAD], dtype=tl.float32)  # sum of exp2(s - m) v
+    m = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)  # running row max of u
+    shift = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)  # fl(m * qk_scale)
+    l = tl.zeros([BLOCK_Q], dtype=tl.float32)  # running sum of p = exp2(u c - shift)
+    acc = tl.zeros([BLOCK_Q, HEAD_DIM_PAD], dtype=tl.float32)  # sum of p v
     n_full, n_visit = key_tile_counts(q_start, Tq, Tk, offset, CAUSAL, BLOCK_Q, BLOCK_K)
     for k_index in range(0, n_full):  # FULL tiles: every pair visible, no mask
-        acc, l, m = fold_key_tile(
-            acc, l, m, q, K, V, stride_kt, stride_vt, b, h, i, j0, d,
+        acc, l, m, shift = fold_key_tile(
+            acc, l, m, shift, q, K, V, stride_kt, stride_vt, b, h, i, j0, d,
             k_index * BLOCK_K, Tk, offset, qk_scale, HEAD_DIM, HEAD_DIM_PAD, BLOCK_K,
             CAUSAL, False, USE_TMA, DOT_PRECISION)  # fmt: skip
-    for k_index in range(n_full, n_visit):  # DIAGONAL tiles and a ragged last tile
-        acc, l, m = fold_key_tile(
-            acc, l, m, q, K, V, stride_kt, stride_vt, b, h, i, j0, d,
-            k_index * BLOCK_K, Tk, offset, qk_scale, HEAD_DIM, HEAD_DIM_PAD, BLOCK_K,
-            CAUSAL, True, USE_TMA, DOT_PRECISION)  # fmt: skip
+    if MASKED_TILES:  # causal, or a ragged Tk; else not compiled: an empty loop costs
+        for k_index in range(n_full, n_visit):  # DIAGONAL tiles and a ragged last one
+            acc, l, m, shift = fold_key_tile(
+                acc, l, m, shift, q, K, V, stride_kt, stride_vt, b, h, i, j0, d,
+                k_index * BLOCK_K, Tk, offset, qk_scale, HEAD_DIM, HEAD_DIM_PAD,
+                BLOCK_K, CAUSAL, True, USE_TMA, DOT_PRECISION)  # fmt: skip
     # SKIP tiles (n_visit on) never come
 
     empty = l == 0.0  # a row that saw no key: o = 0 (acc is 0), lse = -inf
     l_safe = tl.where(empty, 1.0, l)  # divide by 1, not 0, for such a row
     o = acc / l_safe[:, None]  # (BLOCK_Q, HEAD_DIM_PAD)
-    lse = (m + tl.math.log2(l_safe)) * LN2  # back from log2 units: natural log
+    lse = (shift + tl.math.log2(l_safe)) * LN2  # l is relative to 2^shift: natural log
     lse = tl.where(empty, float("-inf"), lse)
     O += tile_offsets(b, h, i, d, stride_ob, stride_oh, stride_ot, stride_od)
     tl.store(O, o.to(O.dtype.element_ty), mask=q_mask)
@@ -144,8 +174,8 @@ def launch_settings(D, dtype, causal, Tq, tma):
     dtype, mask and length, as measured on the H200 (the package's settings); ``tma``:
     whether the device and the layout allow descriptors."""
     pad = head_dim_pad(D)
-    if dtype == torch.float32:  # fp32 dots run on the CUDA cores: 8 warps at d <= 64
-        tiles = (128, 64, 8, 3, None) if pad <= 64 else (64, 32, 4, 2, None)
+    if dtype == torch.float32:  # fp32 dots: the textbook's tiles; larger ones spill
+        tiles = (16, 32, 4, 2, None) if pad <= 64 else (16, 16, 4, 2, None)
         tma = False  # twice the bytes a tile: pointers
     elif pad == 64 and tma and not causal:  # 128 keys a step: no spill through TMA
         tiles = (128, 128, 8, 3, 128)
@@ -164,6 +194,7 @@ def forward(q, k, v, causal=False, scale=None, *, alignment="upper_left"):
     """(o, lse): o (B, H, Tq, D) in q's dtype; lse (B, H, Tq) float32, natural log."""
     q, k, v = resolve_neg_bits(q, k, v)  # a negative view's memory holds -x
     (B, H, _, Tq, Tk, D), scale, offset = _check(q, k, v, causal, scale, alignment)
+    units = kernel_scale(scale)  # τ = sign * unit; qk_scale = unit * log2(e) > 0
     o = torch.empty((B, H, Tq, D), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, H, Tq), dtype=torch.float32, device=q.device)
     strides = use_tma("auto", q, k, v)  # None where the device or the layout has no TMA
@@ -173,10 +204,19 @@ def forward(q, k, v, causal=False, scale=None, *, alignment="upper_left"):
         rows = (settings["BLOCK_Q"], settings["BLOCK_K"], settings["BLOCK_K"])
         pad = head_dim_pad(D)
         loads = [tile_descriptor(x, s, n, pad) for x, s, n in zip(loads, strides, rows)]
-    forward_kernel[head_batch_grid(triton.cdiv(Tq, settings["BLOCK_Q"]), H, B)](
+    n_tiles = triton.cdiv(Tq, settings["BLOCK_Q"])
+    # heads per chunk (0: the plain order): as many as keep their K and V in L2, on a
+    # grid of a few waves, as the SMs hold the programs (_host.heaviest_first_chunk)
+    resident = resident_programs(settings["num_warps"], settings["maxnreg"])
+    plane_bytes = 2 * Tk * D * q.element_size()  # the K and V one head's programs read
+    chunk = heaviest_first_chunk(causal, plane_bytes, B * H, B * H * n_tiles, resident,
+                                 q.device)  # fmt: skip
+    forward_kernel[head_batch_grid(n_tiles, H, B)](
         *loads, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
-        H, Tq, Tk, offset, scale * LOG2E, HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D),
-        CAUSAL=causal, DOT_PRECISION=dot_precision(q.dtype), **settings,
+        H, Tq, Tk, offset, units.qk_scale, max(chunk, 1),
+        HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D), HEAVIEST_FIRST=chunk > 0,
+        CAUSAL=causal, SIGN=units.sign, DOT_PRECISION=dot_precision(q.dtype),
+        MASKED_TILES=causal or Tk % settings["BLOCK_K"] != 0, **settings,
     )  # fmt: skip
     return o, lse
 # --8<-- [end:rung]

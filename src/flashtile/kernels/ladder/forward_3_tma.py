@@ -1,16 +1,14 @@
-"""Forward rung 3: raw-dot units, and one multiply-add per score.
+"""Forward rung 3: tiles fetched by coordinates, through TMA descriptors.
 
-Rung 2 with one idea changed: where the scale enters. The textbook multiplies every dot by
-c = tau log2(e) and then subtracts the row max: two operations a score, and each exponent carries the rounding
-of the product, about |s| 2^-24. Here the row max m is taken of the raw dots u = sign(tau) q.k (the sign
-folded into the query tile, ``_jit.apply_sign``, so that u orders the keys as the scores do; c = |tau|
-log2(e) > 0, ``_host.kernel_scale``), rounded into log2 units once per row, shift = fl(m c), and each score
-costs one fused multiply-add, p = exp2(u c - shift), the product unrounded (Triton lets the compiler contract
-the multiply and the subtract; the interpreter rounds the product first). Every tile rescales by the shifts as
-rounded and used, so the rounding of shift cancels in o = acc / l, and lse = ln 2 (shift + log2 l) needs no
-correction. The package's kernel takes the same step (``_jit.fused_softmax_step``) and adds a check and an
-exact rerun for scores past about 1e7, where 2^24 no longer bounds shift; this rung, like the textbook, keeps
-fewer digits there.
+Rung 2 with one idea changed: who fetches the tiles. Where the device has a tensor-memory accelerator
+(Hopper, sm_90; Triton's interpreter emulates it) and the layout allows a descriptor (``_host.use_tma``: a
+contiguous head dim, strides that are multiples of 16 bytes), Q, K and V reach the kernel as host-built TMA
+descriptors: a load names its tile by coordinates (b, h, row, 0), the copy engine fetches it and fills rows
+past T and columns past D with zeros, so the loads need no address tiles in registers and no masks.
+Elsewhere (another GPU, a transposed head dim, heads expanded with stride 0) rung 2's pointer path runs: the
+device and the layout decide, as in the package. The launch settings take the package's choices that only
+TMA allows (128 x 128 tiles at head dim 64 without a mask, under the 128-register cap); fp32, head dims below
+64 and causal head dim 64 keep pointers, as the package does.
 
 Same contract as the textbook kernel (``kernels.textbook.textbook_forward``).
 """
@@ -22,11 +20,11 @@ import triton
 import triton.language as tl
 
 from ..._checks import resolve_neg_bits
-from .._host import dot_precision, head_batch_grid, head_dim_pad, kernel_scale, tile_descriptor, use_tma
-from .._jit import apply_sign, full_key_tiles, last_key_tile
-from ..textbook import LN2, _check
+from .._host import dot_precision, head_batch_grid, head_dim_pad, tile_descriptor, use_tma
+from .._jit import full_key_tiles, last_key_tile
+from ..textbook import LN2, LOG2E, _check
 
-IDEA = "The row max taken of the raw dots and the scale applied once per score, in one multiply-add."
+IDEA = "K, V and Q tiles fetched by the copy engine through TMA descriptors, with no address arithmetic in the loop."
 
 
 # --8<-- [start:rung]
@@ -53,13 +51,12 @@ def tile_offsets(b, h, rows, cols, stride_b, stride_h, stride_t, stride_d):
 
 
 @triton.jit
-def fold_key_tile(acc, l, m, shift, q, K, V, stride_kt, stride_vt, b, h, i, j0, d,
+def fold_key_tile(acc, l, m, q, K, V, stride_kt, stride_vt, b, h, i, j0, d,
                   k_start, Tk, offset, qk_scale,
                   HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
                   BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr, MASKED: tl.constexpr,
                   USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr):  # fmt: skip
-    """One online-softmax step: fold keys k_start .. + BLOCK_K - 1 into (acc, l, m),
-    in raw-dot units: m is the row max of u = sign(τ) q·k, shift = fl(m qk_scale)."""
+    """One online-softmax step: fold keys k_start .. + BLOCK_K - 1 into (m, l, acc)."""
     j = k_start + j0  # the key columns of this tile
     if USE_TMA:  # the copy engine fetches the (BLOCK_K, HEAD_DIM_PAD) box, 0 outside
         k = K.load([b, h, k_start, 0]).reshape(BLOCK_K, HEAD_DIM_PAD)
@@ -69,22 +66,21 @@ def fold_key_tile(acc, l, m, shift, q, K, V, stride_kt, stride_vt, b, h, i, j0, 
         kv_mask = (j[:, None] < Tk) & (d[None, :] < HEAD_DIM)  # zeros past Tk and D
         k = tl.load(K + step * stride_kt, mask=kv_mask, other=0.0)
         v = tl.load(V + step * stride_vt, mask=kv_mask, other=0.0)
-    u = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # raw dots, unscaled
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # log2 units
     if MASKED:  # a padded key, or one past the diagonal, must score -inf (p = 0), not 0
         visible = j[None, :] < Tk
         if CAUSAL:
             visible = visible & (j[None, :] <= i[:, None] + offset)
-        u = tl.where(visible, u, float("-inf"))
-    m_new = tl.maximum(m, tl.max(u, 1))  # (BLOCK_Q,)
-    shift_new = m_new * qk_scale  # the max in log2 units, rounded once per row
+        s = tl.where(visible, s, float("-inf"))
+    m_new = tl.maximum(m, tl.max(s, 1))  # (BLOCK_Q,)
     # A row that has seen no key yet keeps m_new = -inf, and -inf - (-inf) is NaN:
     # subtract 0 instead, which gives alpha = 0 and p = 0 for that row.
-    shift_safe = tl.where(m_new == float("-inf"), 0.0, shift_new)
-    alpha = tl.math.exp2(shift - shift_safe)  # both shifts as rounded: exact rescaling
-    p = tl.math.exp2(u * qk_scale - shift_safe[:, None])  # one multiply-add a score
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.math.exp2(m - m_safe)  # rescales what the row had onto the new max
+    p = tl.math.exp2(s - m_safe[:, None])  # this tile's unnormalised probabilities
     l = alpha * l + tl.sum(p, 1)
     acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
-    return acc, l, m_new, shift_new
+    return acc, l, m_new
 
 
 @triton.jit
@@ -97,8 +93,7 @@ def forward_kernel(
     H, Tq, Tk, offset, qk_scale,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
-    CAUSAL: tl.constexpr, SIGN: tl.constexpr, USE_TMA: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    CAUSAL: tl.constexpr, USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
     """One program: query tile q_index of head h of batch b.
     Grid: (cdiv(Tq, BLOCK_Q), H, B)."""
@@ -115,21 +110,19 @@ def forward_kernel(
         K += tile_offsets(b, h, j0, d, stride_kb, stride_kh, stride_kt, stride_kd)
         V += tile_offsets(b, h, j0, d, stride_vb, stride_vh, stride_vt, stride_vd)
         q = tl.load(Q, mask=q_mask, other=0.0)  # (BLOCK_Q, HEAD_DIM_PAD)
-    q = apply_sign(q, SIGN)  # sign(τ) q: the raw dots u rank keys as the scores do
 
-    m = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)  # running row max of u
-    shift = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)  # fl(m * qk_scale)
-    l = tl.zeros([BLOCK_Q], dtype=tl.float32)  # running sum of p = exp2(u c - shift)
-    acc = tl.zeros([BLOCK_Q, HEAD_DIM_PAD], dtype=tl.float32)  # sum of p v
+    m = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)  # running row max of s
+    l = tl.zeros([BLOCK_Q], dtype=tl.float32)  # running sum of exp2(s - m)
+    acc = tl.zeros([BLOCK_Q, HEAD_DIM_PAD], dtype=tl.float32)  # sum of exp2(s - m) v
     n_full, n_visit = key_tile_counts(q_start, Tq, Tk, offset, CAUSAL, BLOCK_Q, BLOCK_K)
     for k_index in range(0, n_full):  # FULL tiles: every pair visible, no mask
-        acc, l, m, shift = fold_key_tile(
-            acc, l, m, shift, q, K, V, stride_kt, stride_vt, b, h, i, j0, d,
+        acc, l, m = fold_key_tile(
+            acc, l, m, q, K, V, stride_kt, stride_vt, b, h, i, j0, d,
             k_index * BLOCK_K, Tk, offset, qk_scale, HEAD_DIM, HEAD_DIM_PAD, BLOCK_K,
             CAUSAL, False, USE_TMA, DOT_PRECISION)  # fmt: skip
     for k_index in range(n_full, n_visit):  # DIAGONAL tiles and a ragged last tile
-        acc, l, m, shift = fold_key_tile(
-            acc, l, m, shift, q, K, V, stride_kt, stride_vt, b, h, i, j0, d,
+        acc, l, m = fold_key_tile(
+            acc, l, m, q, K, V, stride_kt, stride_vt, b, h, i, j0, d,
             k_index * BLOCK_K, Tk, offset, qk_scale, HEAD_DIM, HEAD_DIM_PAD, BLOCK_K,
             CAUSAL, True, USE_TMA, DOT_PRECISION)  # fmt: skip
     # SKIP tiles (n_visit on) never come
@@ -137,7 +130,7 @@ def forward_kernel(
     empty = l == 0.0  # a row that saw no key: o = 0 (acc is 0), lse = -inf
     l_safe = tl.where(empty, 1.0, l)  # divide by 1, not 0, for such a row
     o = acc / l_safe[:, None]  # (BLOCK_Q, HEAD_DIM_PAD)
-    lse = (shift + tl.math.log2(l_safe)) * LN2  # l is relative to 2^shift: natural log
+    lse = (m + tl.math.log2(l_safe)) * LN2  # back from log2 units: natural log
     lse = tl.where(empty, float("-inf"), lse)
     O += tile_offsets(b, h, i, d, stride_ob, stride_oh, stride_ot, stride_od)
     tl.store(O, o.to(O.dtype.element_ty), mask=q_mask)
@@ -150,8 +143,8 @@ def launch_settings(D, dtype, causal, Tq, tma):
     dtype, mask and length, as measured on the H200 (the package's settings); ``tma``:
     whether the device and the layout allow descriptors."""
     pad = head_dim_pad(D)
-    if dtype == torch.float32:  # fp32 dots run on the CUDA cores: 8 warps at d <= 64
-        tiles = (128, 64, 8, 3, None) if pad <= 64 else (64, 32, 4, 2, None)
+    if dtype == torch.float32:  # fp32 dots: the textbook's tiles; larger ones spill
+        tiles = (16, 32, 4, 2, None) if pad <= 64 else (16, 16, 4, 2, None)
         tma = False  # twice the bytes a tile: pointers
     elif pad == 64 and tma and not causal:  # 128 keys a step: no spill through TMA
         tiles = (128, 128, 8, 3, 128)
@@ -170,7 +163,6 @@ def forward(q, k, v, causal=False, scale=None, *, alignment="upper_left"):
     """(o, lse): o (B, H, Tq, D) in q's dtype; lse (B, H, Tq) float32, natural log."""
     q, k, v = resolve_neg_bits(q, k, v)  # a negative view's memory holds -x
     (B, H, _, Tq, Tk, D), scale, offset = _check(q, k, v, causal, scale, alignment)
-    units = kernel_scale(scale)  # τ = sign * unit; qk_scale = unit * log2(e) > 0
     o = torch.empty((B, H, Tq, D), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, H, Tq), dtype=torch.float32, device=q.device)
     strides = use_tma("auto", q, k, v)  # None where the device or the layout has no TMA
@@ -182,9 +174,8 @@ def forward(q, k, v, causal=False, scale=None, *, alignment="upper_left"):
         loads = [tile_descriptor(x, s, n, pad) for x, s, n in zip(loads, strides, rows)]
     forward_kernel[head_batch_grid(triton.cdiv(Tq, settings["BLOCK_Q"]), H, B)](
         *loads, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
-        H, Tq, Tk, offset, units.qk_scale, HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D),
-        CAUSAL=causal, SIGN=units.sign, DOT_PRECISION=dot_precision(q.dtype),
-        **settings,
+        H, Tq, Tk, offset, scale * LOG2E, HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D),
+        CAUSAL=causal, DOT_PRECISION=dot_precision(q.dtype), **settings,
     )  # fmt: skip
     return o, lse
 # --8<-- [end:rung]

@@ -1,13 +1,16 @@
-"""Forward rung 4: the mask compiled only where a tile needs it, one compare per score.
+"""Forward rung 4: raw-dot units, and one multiply-add per score.
 
-Rung 3 with one idea changed: what a tile pays for the mask. The textbook compiles its masked loop for every
-call, and a loop that runs no step still costs its set-up; here it is compiled only where some tile may need
-the mask, under causal or with Tk not a multiple of the key tile (``MASKED_TILES``), as in the package. On the
-pointer path a FULL tile whose head dim needs no padding loads without masks. Inside the masked tiles, the
-textbook's two tests on absolute indices (j < Tk, and j <= i + offset) make the compiler build two index
-tiles and combine two masks; here they are folded into one bound per row on the tile's own column j0 = j -
-k_start, j0 <= min(i + offset - k_start, Tk - 1 - k_start), so that each score costs one compare against a
-row value (the package's ``row_bound``).
+Rung 3 with one idea changed: where the scale enters. The textbook multiplies every dot by
+c = tau log2(e) and then subtracts the row max: two operations a score, and each exponent carries the rounding
+of the product, about |s| 2^-24. Here the row max m is taken of the raw dots u = sign(tau) q.k (the sign
+folded into the query tile, ``_jit.apply_sign``, so that u orders the keys as the scores do; c = |tau|
+log2(e) > 0, ``_host.kernel_scale``), rounded into log2 units once per row, shift = fl(m c), and each score
+costs one fused multiply-add, p = exp2(u c - shift), the product unrounded (Triton lets the compiler contract
+the multiply and the subtract; the interpreter rounds the product first). Every tile rescales by the shifts as
+rounded and used, so the rounding of shift cancels in o = acc / l, and lse = ln 2 (shift + log2 l) needs no
+correction. The package's kernel takes the same step (``_jit.fused_softmax_step``) and adds a check and an
+exact rerun for scores past about 1e7, where 2^24 no longer bounds shift; this rung, like the textbook, keeps
+fewer digits there.
 
 Same contract as the textbook kernel (``kernels.textbook.textbook_forward``).
 """
@@ -23,7 +26,7 @@ from .._host import dot_precision, head_batch_grid, head_dim_pad, kernel_scale, 
 from .._jit import apply_sign, full_key_tiles, last_key_tile
 from ..textbook import LN2, _check
 
-IDEA = "The masked loop compiled only where some tile needs it, and the mask as one compare per score."
+IDEA = "The row max taken of the raw dots and the scale applied once per score, in one multiply-add."
 
 
 # --8<-- [start:rung]
@@ -63,23 +66,15 @@ def fold_key_tile(acc, l, m, shift, q, K, V, stride_kt, stride_vt, b, h, i, j0, 
         v = V.load([b, h, k_start, 0]).reshape(BLOCK_K, HEAD_DIM_PAD)
     else:  # K, V point at key 0 of every element of a tile: one add moves them
         step = tl.cast(k_start, tl.int64)  # so that step * stride never wraps
-        if MASKED or HEAD_DIM != HEAD_DIM_PAD:  # zeros past Tk and D
-            kv_mask = (j[:, None] < Tk) & (d[None, :] < HEAD_DIM)
-            k = tl.load(K + step * stride_kt, mask=kv_mask, other=0.0)
-            v = tl.load(V + step * stride_vt, mask=kv_mask, other=0.0)
-        else:  # a FULL tile, and no padded head dim: nothing to mask
-            k = tl.load(K + step * stride_kt)
-            v = tl.load(V + step * stride_vt)
+        kv_mask = (j[:, None] < Tk) & (d[None, :] < HEAD_DIM)  # zeros past Tk and D
+        k = tl.load(K + step * stride_kt, mask=kv_mask, other=0.0)
+        v = tl.load(V + step * stride_vt, mask=kv_mask, other=0.0)
     u = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # raw dots, unscaled
     if MASKED:  # a padded key, or one past the diagonal, must score -inf (p = 0), not 0
-        # Key j = k_start + j0 is visible from row i when j0 <= last: one bound per row
-        # on the tile's own column, so that each score costs one compare
-        last = Tk - 1 - k_start  # the last column inside the keys
+        visible = j[None, :] < Tk
         if CAUSAL:
-            last = tl.minimum(i + (offset - k_start), last)  # and the last row i sees
-            u = tl.where(j0[None, :] <= last[:, None], u, float("-inf"))
-        else:
-            u = tl.where(j0[None, :] <= last, u, float("-inf"))
+            visible = visible & (j[None, :] <= i[:, None] + offset)
+        u = tl.where(visible, u, float("-inf"))
     m_new = tl.maximum(m, tl.max(u, 1))  # (BLOCK_Q,)
     shift_new = m_new * qk_scale  # the max in log2 units, rounded once per row
     # A row that has seen no key yet keeps m_new = -inf, and -inf - (-inf) is NaN:
@@ -103,7 +98,7 @@ def forward_kernel(
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
     CAUSAL: tl.constexpr, SIGN: tl.constexpr, USE_TMA: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, MASKED_TILES: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
     """One program: query tile q_index of head h of batch b.
     Grid: (cdiv(Tq, BLOCK_Q), H, B)."""
@@ -132,12 +127,11 @@ def forward_kernel(
             acc, l, m, shift, q, K, V, stride_kt, stride_vt, b, h, i, j0, d,
             k_index * BLOCK_K, Tk, offset, qk_scale, HEAD_DIM, HEAD_DIM_PAD, BLOCK_K,
             CAUSAL, False, USE_TMA, DOT_PRECISION)  # fmt: skip
-    if MASKED_TILES:  # causal, or a ragged Tk; else not compiled: an empty loop costs
-        for k_index in range(n_full, n_visit):  # DIAGONAL tiles and a ragged last one
-            acc, l, m, shift = fold_key_tile(
-                acc, l, m, shift, q, K, V, stride_kt, stride_vt, b, h, i, j0, d,
-                k_index * BLOCK_K, Tk, offset, qk_scale, HEAD_DIM, HEAD_DIM_PAD,
-                BLOCK_K, CAUSAL, True, USE_TMA, DOT_PRECISION)  # fmt: skip
+    for k_index in range(n_full, n_visit):  # DIAGONAL tiles and a ragged last tile
+        acc, l, m, shift = fold_key_tile(
+            acc, l, m, shift, q, K, V, stride_kt, stride_vt, b, h, i, j0, d,
+            k_index * BLOCK_K, Tk, offset, qk_scale, HEAD_DIM, HEAD_DIM_PAD, BLOCK_K,
+            CAUSAL, True, USE_TMA, DOT_PRECISION)  # fmt: skip
     # SKIP tiles (n_visit on) never come
 
     empty = l == 0.0  # a row that saw no key: o = 0 (acc is 0), lse = -inf
@@ -156,8 +150,8 @@ def launch_settings(D, dtype, causal, Tq, tma):
     dtype, mask and length, as measured on the H200 (the package's settings); ``tma``:
     whether the device and the layout allow descriptors."""
     pad = head_dim_pad(D)
-    if dtype == torch.float32:  # fp32 dots run on the CUDA cores: 8 warps at d <= 64
-        tiles = (128, 64, 8, 3, None) if pad <= 64 else (64, 32, 4, 2, None)
+    if dtype == torch.float32:  # fp32 dots: the textbook's tiles; larger ones spill
+        tiles = (16, 32, 4, 2, None) if pad <= 64 else (16, 16, 4, 2, None)
         tma = False  # twice the bytes a tile: pointers
     elif pad == 64 and tma and not causal:  # 128 keys a step: no spill through TMA
         tiles = (128, 128, 8, 3, 128)
@@ -190,7 +184,7 @@ def forward(q, k, v, causal=False, scale=None, *, alignment="upper_left"):
         *loads, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
         H, Tq, Tk, offset, units.qk_scale, HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D),
         CAUSAL=causal, SIGN=units.sign, DOT_PRECISION=dot_precision(q.dtype),
-        MASKED_TILES=causal or Tk % settings["BLOCK_K"] != 0, **settings,
+        **settings,
     )  # fmt: skip
     return o, lse
 # --8<-- [end:rung]

@@ -1,0 +1,162 @@
+"""Forward rung 2: the addresses of a tile worked out once, before the key loop.
+
+Rung 1 with one idea changed: where addresses are computed. The textbook builds each K and V tile's
+addresses inside the loop, from int64 key and head-dim indices: a multiply-add of 64-bit integers per element
+per tile, in registers, beside the softmax. Here the offsets of every element of a tile from key 0, (batch,
+head) included, are computed once before the loops (``tile_offsets``, 64 bits, so that none wraps past 2^31
+elements), and each tile moves K and V by one add, ``k_start * stride``; the row, column and key indices
+stay 32-bit, as the mask's compares want them. This is how the package's kernel addresses tiles where it
+loads through pointers (``kernels.forward._attend_key_tiles``).
+
+Same contract as the textbook kernel (``kernels.textbook.textbook_forward``).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..._checks import resolve_neg_bits
+from .._host import dot_precision, head_batch_grid, head_dim_pad
+from .._jit import full_key_tiles, last_key_tile
+from ..textbook import LN2, LOG2E, _check
+
+IDEA = "Each tile's 64-bit offsets computed once, before the key loop, and moved by one add a tile."
+
+
+# --8<-- [start:rung]
+@triton.jit
+def key_tile_counts(q_start, Tq, Tk, offset, CAUSAL: tl.constexpr,
+                    BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
+    """(n_full, n_visit): key tiles 0 .. n_full - 1 are FULL for every row of the
+    query tile starting at q_start, tiles n_full .. n_visit - 1 need the mask (DIAGONAL,
+    or the ragged last tile), the rest are SKIP (Part A's tile classes)."""
+    if CAUSAL:
+        q_end = tl.minimum(q_start + BLOCK_Q, Tq)
+        n_full = full_key_tiles(q_start, Tk, BLOCK_K, offset)
+        return n_full, last_key_tile(q_end, Tk, BLOCK_K, offset)
+    return Tk // BLOCK_K, tl.cdiv(Tk, BLOCK_K)
+
+
+@triton.jit
+def tile_offsets(b, h, rows, cols, stride_b, stride_h, stride_t, stride_d):
+    """Offsets of the tile [rows, cols] of batch b, head h; int64, so none wraps."""
+    b, h = b.to(tl.int64), h.to(tl.int64)
+    rows, cols = rows.to(tl.int64), cols.to(tl.int64)
+    head = b * stride_b + h * stride_h
+    return head + rows[:, None] * stride_t + cols[None, :] * stride_d
+
+
+@triton.jit
+def fold_key_tile(acc, l, m, q, K, V, stride_kt, stride_vt, i, j0, d,
+                  k_start, Tk, offset, qk_scale,
+                  HEAD_DIM: tl.constexpr, BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr,
+                  MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr):  # fmt: skip
+    """One online-softmax step: fold keys k_start .. + BLOCK_K - 1 into (m, l, acc)."""
+    j = k_start + j0  # the key columns of this tile
+    # K, V point at key 0 of every element of a tile: one add moves them to this one
+    step = tl.cast(k_start, tl.int64)  # so that step * stride never wraps
+    kv_mask = (j[:, None] < Tk) & (d[None, :] < HEAD_DIM)  # zeros past Tk and D
+    k = tl.load(K + step * stride_kt, mask=kv_mask, other=0.0)
+    v = tl.load(V + step * stride_vt, mask=kv_mask, other=0.0)
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # log2 units
+    if MASKED:  # a padded key, or one past the diagonal, must score -inf (p = 0), not 0
+        visible = j[None, :] < Tk
+        if CAUSAL:
+            visible = visible & (j[None, :] <= i[:, None] + offset)
+        s = tl.where(visible, s, float("-inf"))
+    m_new = tl.maximum(m, tl.max(s, 1))  # (BLOCK_Q,)
+    # A row that has seen no key yet keeps m_new = -inf, and -inf - (-inf) is NaN:
+    # subtract 0 instead, which gives alpha = 0 and p = 0 for that row.
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.math.exp2(m - m_safe)  # rescales what the row had onto the new max
+    p = tl.math.exp2(s - m_safe[:, None])  # this tile's unnormalised probabilities
+    l = alpha * l + tl.sum(p, 1)
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
+    return acc, l, m_new
+
+
+@triton.jit
+def forward_kernel(
+    Q, K, V, O, LSE,
+    stride_qb, stride_qh, stride_qt, stride_qd,
+    stride_kb, stride_kh, stride_kt, stride_kd,
+    stride_vb, stride_vh, stride_vt, stride_vd,
+    stride_ob, stride_oh, stride_ot, stride_od,
+    H, Tq, Tk, offset, qk_scale,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+    BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
+    CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """One program: query tile q_index of head h of batch b.
+    Grid: (cdiv(Tq, BLOCK_Q), H, B)."""
+    q_index, h, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    q_start = q_index * BLOCK_Q
+    i = q_start + tl.arange(0, BLOCK_Q)  # the query rows
+    j0 = tl.arange(0, BLOCK_K)  # a key tile's own columns
+    d = tl.arange(0, HEAD_DIM_PAD)  # the head dim, padded to a power of 2
+    q_mask = (i[:, None] < Tq) & (d[None, :] < HEAD_DIM)
+    # the addresses of a tile, worked out once, before the loops
+    Q += tile_offsets(b, h, i, d, stride_qb, stride_qh, stride_qt, stride_qd)
+    K += tile_offsets(b, h, j0, d, stride_kb, stride_kh, stride_kt, stride_kd)
+    V += tile_offsets(b, h, j0, d, stride_vb, stride_vh, stride_vt, stride_vd)
+    q = tl.load(Q, mask=q_mask, other=0.0)  # (BLOCK_Q, HEAD_DIM_PAD)
+
+    m = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)  # running row max of s
+    l = tl.zeros([BLOCK_Q], dtype=tl.float32)  # running sum of exp2(s - m)
+    acc = tl.zeros([BLOCK_Q, HEAD_DIM_PAD], dtype=tl.float32)  # sum of exp2(s - m) v
+    n_full, n_visit = key_tile_counts(q_start, Tq, Tk, offset, CAUSAL, BLOCK_Q, BLOCK_K)
+    for k_index in range(0, n_full):  # FULL tiles: every pair visible, no mask
+        acc, l, m = fold_key_tile(
+            acc, l, m, q, K, V, stride_kt, stride_vt, i, j0, d, k_index * BLOCK_K,
+            Tk, offset, qk_scale, HEAD_DIM, BLOCK_K, CAUSAL, False,
+            DOT_PRECISION)  # fmt: skip
+    for k_index in range(n_full, n_visit):  # DIAGONAL tiles and a ragged last tile
+        acc, l, m = fold_key_tile(
+            acc, l, m, q, K, V, stride_kt, stride_vt, i, j0, d, k_index * BLOCK_K,
+            Tk, offset, qk_scale, HEAD_DIM, BLOCK_K, CAUSAL, True,
+            DOT_PRECISION)  # fmt: skip
+    # SKIP tiles (n_visit on) never come
+
+    empty = l == 0.0  # a row that saw no key: o = 0 (acc is 0), lse = -inf
+    l_safe = tl.where(empty, 1.0, l)  # divide by 1, not 0, for such a row
+    o = acc / l_safe[:, None]  # (BLOCK_Q, HEAD_DIM_PAD)
+    lse = (m + tl.math.log2(l_safe)) * LN2  # back from log2 units: natural log
+    lse = tl.where(empty, float("-inf"), lse)
+    O += tile_offsets(b, h, i, d, stride_ob, stride_oh, stride_ot, stride_od)
+    tl.store(O, o.to(O.dtype.element_ty), mask=q_mask)
+    LSE += (b * H + h).to(tl.int64) * Tq  # lse is (B, H, Tq), dense
+    tl.store(LSE + i, lse, mask=i < Tq)
+
+
+def launch_settings(D, dtype, causal, Tq):
+    """Tiles, warps, stages and a register cap for one call, by head dim, dtype, mask
+    and length, as measured on the H200 (the package's settings for pointer loads)."""
+    pad = head_dim_pad(D)
+    if dtype == torch.float32:  # fp32 dots: the textbook's tiles; larger ones spill
+        tiles = (16, 32, 4, 2, None) if pad <= 64 else (16, 16, 4, 2, None)
+    elif pad <= 64:  # two 8-warp programs share an SM only at <= 128 registers a thread
+        tiles = (128, 64, 8, 3, 128)
+    elif Tq <= 512 or (Tq <= 1024 and causal):  # few query tiles: smaller programs
+        tiles = (64, 64, 4, 3, None)
+    else:  # 128 x 128: half the K and V re-reads of 64-row tiles
+        tiles = (128, 128, 8, 3, None)
+    names = ("BLOCK_Q", "BLOCK_K", "num_warps", "num_stages", "maxnreg")
+    return dict(zip(names, tiles))
+
+
+def forward(q, k, v, causal=False, scale=None, *, alignment="upper_left"):
+    """(o, lse): o (B, H, Tq, D) in q's dtype; lse (B, H, Tq) float32, natural log."""
+    q, k, v = resolve_neg_bits(q, k, v)  # a negative view's memory holds -x
+    (B, H, _, Tq, Tk, D), scale, offset = _check(q, k, v, causal, scale, alignment)
+    o = torch.empty((B, H, Tq, D), dtype=q.dtype, device=q.device)
+    lse = torch.empty((B, H, Tq), dtype=torch.float32, device=q.device)
+    settings = launch_settings(D, q.dtype, causal, Tq)
+    forward_kernel[head_batch_grid(triton.cdiv(Tq, settings["BLOCK_Q"]), H, B)](
+        q, k, v, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
+        H, Tq, Tk, offset, scale * LOG2E, HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D),
+        CAUSAL=causal, DOT_PRECISION=dot_precision(q.dtype), **settings,
+    )  # fmt: skip
+    return o, lse
+# --8<-- [end:rung]
