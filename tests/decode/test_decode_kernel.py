@@ -137,14 +137,23 @@ def test_infinite_scores_follow_the_package_rule_on_both_tiers():
         assert_close_to_truth(lse, lse_true, "lse", **TOL[torch.float32])
 
 
-def test_nan_value_behind_the_diagonal_agrees_with_the_truth():
+def test_nan_value_behind_the_diagonal_follows_each_tiers_rule():
+    """The contract (docs/part-b/attention-api.md, "Values a row does not see"): on the reference tier a
+    value the row does not see never reaches it; on the Triton tier it may, where it shares a key tile with
+    keys the row sees (here the two new tokens' keys sit in one tile)."""
     from flashtile.reference.decode import decode_attention_reference
 
     q, k, v = random_decode_inputs(1, 1, 1, 2, 20, 16, seed=1)
     v[0, 0, 19] = float("nan")  # the second new token's own value: hidden from the first new token
     seqlens = torch.tensor([20], dtype=torch.int32)
     o_true, _ = decode_truth(q, k, v, [20])
-    assert torch.isnan(o_true).all()  # 0 * NaN in P V: the einsum truth's convention too
+    assert torch.isnan(o_true).all()  # 0 * NaN in P V: the einsum truth multiplies the hidden value too
+    hidden_zeroed = v.clone()
+    hidden_zeroed[0, 0, 19] = 0.0  # the first token's truth: the hidden value left out
+    o_first, _ = decode_truth(q, k, hidden_zeroed, [20])
     o_kernel, _ = flash_decode(q, k, v, seqlens, num_splits=2)
     o_ref, _ = decode_attention_reference(q.double(), k.double(), v.double(), seqlens, num_splits=2)
-    assert torch.isnan(o_kernel).all() and torch.isnan(o_ref).all()
+    assert torch.isnan(o_kernel).all()  # shares the tile: reaches both tokens
+    assert torch.isnan(o_ref[..., 1, :]).all()  # the second token sees its own NaN value
+    assert torch.isfinite(o_ref[..., 0, :]).all()  # the first does not see it, and it does not reach it
+    torch.testing.assert_close(o_ref[..., 0, :], o_first[..., 0, :].to(o_ref.dtype), rtol=1e-12, atol=1e-12)
