@@ -239,8 +239,8 @@ attention_fwd.register_autograd(_backward, setup_context=_setup_context)
 class _EagerAttention(torch.autograd.Function):
     """The same forward and backward as the two custom ops, for eager calls.
 
-    Each call through a custom op pays for the dispatcher's generic checks, measured on the H200's host
-    as more than the whole kernel at small shapes (bench/PERF_LOG.md, v5). Outside ``torch.compile``
+    Each call through a custom op pays for the dispatcher's generic checks, which on the H200's host
+    took longer than the whole kernel at small shapes. Outside ``torch.compile``
     nothing needs the op's graph node, so eager calls run the implementations through this plain
     autograd function; under ``torch.compile`` the op is traced as one node, as before. Both save the
     same tensors and give the same numbers. With ``create_graph=True`` the backward goes through the
