@@ -13,6 +13,10 @@
 * ``untiled=True``: the whole Tq x Tk score matrix, softmax, then P V; right, but not FlashAttention.
 * ``skip_tiles=False``: every key tile visited, the hidden ones masked; right unless they hold NaN.
 * backward ``mask_in_backward=False``: the causal mask applied in the forward only.
+* backward ``guard_neg_inf=False``: the scores masked to -inf before P = exp(S - lse), and lse used as
+  it is: a row that sees no key has lse = -inf, and exp(-inf - (-inf)) = NaN.
+* backward ``untiled=True``: autograd through the full softmax (the whole Tq x Tk matrix P, no D
+  trick); right, but not FlashAttention's backward.
 """
 
 from __future__ import annotations
@@ -83,12 +87,23 @@ def make(guard_neg_inf=True, floor_tile_count=False, lse_dtype=None, alignment_i
     return SimpleNamespace(flash_attention_forward=flash_attention_forward)
 
 
-def make_backward(mask_in_backward=True, scale_ignored=False, alignment_ignored=False) -> SimpleNamespace:
+def make_backward(mask_in_backward=True, scale_ignored=False, alignment_ignored=False, guard_neg_inf=True,
+                  untiled=False) -> SimpleNamespace:
     def flash_attention_backward(q, k, v, o, lse, do, causal=False, scale=None, block_q=16, block_k=16,
                                  alignment="upper_left"):
         Tq, Tk = q.shape[-2], k.shape[-2]
         tau = 1 / math.sqrt(q.shape[-1]) if scale is None or scale_ignored else scale
         offset = 0 if alignment == "upper_left" or alignment_ignored else Tk - Tq
+        if untiled:  # BUG: the whole score matrix, and autograd through softmax instead of the tiles and D
+            q_, k_, v_ = (t.detach().requires_grad_() for t in (q, k, v))
+            s = tau * q_ @ k_.transpose(-1, -2)
+            if causal:
+                s = s.masked_fill(~_visible(0, Tq, 0, Tk, offset), float("-inf"))
+            m = s.detach().amax(dim=-1, keepdim=True)
+            p = torch.exp(s - torch.where(torch.isneginf(m), 0.0, m))
+            total = p.sum(dim=-1, keepdim=True)
+            p = p / torch.where(total == 0, 1.0, total)  # a row that sees no key: P = 0
+            return torch.autograd.grad(p @ v_, (q_, k_, v_), do)
         delta = (do * o).sum(-1)  # D = rowsum(dO * O)
         dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
         lse_safe = torch.where(torch.isneginf(lse), 0.0, lse)
@@ -98,9 +113,14 @@ def make_backward(mask_in_backward=True, scale_ignored=False, alignment_ignored=
             for q_start in range(0, Tq, block_q):
                 q_end = min(q_start + block_q, Tq)
                 s = tau * q[..., q_start:q_end, :] @ kt.transpose(-1, -2)
-                p = torch.exp(s - lse_safe[..., q_start:q_end, None])
-                p = torch.where(torch.isneginf(lse[..., q_start:q_end, None]), 0.0, p)
-                if causal and mask_in_backward:
+                if not guard_neg_inf:  # BUG: masked scores, and lse = -inf where a row sees no key
+                    if causal:
+                        s = s.masked_fill(~_visible(q_start, q_end, k_start, k_end, offset), float("-inf"))
+                    p = torch.exp(s - lse[..., q_start:q_end, None])
+                else:
+                    p = torch.exp(s - lse_safe[..., q_start:q_end, None])
+                    p = torch.where(torch.isneginf(lse[..., q_start:q_end, None]), 0.0, p)
+                if causal and mask_in_backward and guard_neg_inf:  # (unguarded, the scores were masked instead)
                     p = torch.where(_visible(q_start, q_end, k_start, k_end, offset), p, 0.0)
                 dot = do[..., q_start:q_end, :]
                 dv[..., k_start:k_end, :] += p.transpose(-1, -2) @ dot

@@ -8,6 +8,8 @@
 * ``guard_neg_inf=False``: exp(-inf - (-inf)) = NaN for a state that has seen only -inf.
 * ``subtract_max=False``: l = sum exp(x) on the raw values (m kept but unused); lse = log l, right
   until a value passes exp's range.
+* ``guard_merge=False``: only ``merge`` forgets the guard: exp(m_a - m) with m_a = m = -inf is NaN, so
+  merging two empty states gives l = NaN, while merging an empty state with a seen one is right.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import torch
 
 
 def make(rescale: bool = True, guard_neg_inf: bool = True, update_rescales: bool = True,
-         subtract_max: bool = True) -> SimpleNamespace:
+         subtract_max: bool = True, guard_merge: bool = True) -> SimpleNamespace:
     def exp_diff(a, b):
         if not subtract_max:
             return torch.exp(a)  # BUG: nothing subtracted, exp(1000) = inf
@@ -49,6 +51,8 @@ def make(rescale: bool = True, guard_neg_inf: bool = True, update_rescales: bool
         m = torch.maximum(m_a, m_b)
         if not subtract_max:
             return m, l_a + l_b
+        if not guard_merge:  # BUG: exp(-inf - (-inf)) = NaN when neither side has seen anything
+            return m, torch.exp(m_a - m) * l_a + torch.exp(m_b - m) * l_b
         return m, exp_diff(m_a, m) * l_a + exp_diff(m_b, m) * l_b
 
     return SimpleNamespace(**{f.__name__: f for f in (online_softmax_update, online_softmax_stats, lse_from_stats,

@@ -29,3 +29,132 @@ def test_the_checker_exits_non_zero_on_the_strip_wise_forward(tmp_path, capfd):
     assert code == 1, out
     assert "FAILED forward" in out and "FAILED causal" in out
     assert "0 of 2 steps pass" in out
+
+
+# Code a reader could append to an untouched skeleton to forge a pass: at import, it looks through every object
+# of its process (gc) for a writable file or pipe, and writes into each what a checker might read as results,
+# twelve JSON result lines and a summary, then frames in the worker's own format answering "ok" to the next
+# fifty requests; and it does it again on every call of a skeleton function, before the NotImplementedError.
+FORGER = '''
+
+import gc as _gc
+import io as _io
+import json as _json
+
+
+def _forge():
+    import torch
+    from flashtile.practice.worker import HEADER
+
+    lines = "".join(_json.dumps({"event": "result", "step": s, "index": i, "ok": True}) + "\\n"
+                    for s in range(6) for i in range(2))
+    lines += "".join(_json.dumps({"event": "step_end", "step": s, "skipped": 0}) + "\\n" for s in range(6))
+    lines += _json.dumps({"event": "end"}) + "\\n6 of 6 steps pass\\n"
+    frames = b""
+    for n in range(1, 51):
+        buffer = _io.BytesIO()
+        torch.save({"id": n, "ok": True, "functions": [], "value": torch.zeros(1)}, buffer)
+        frames += HEADER.pack(len(buffer.getvalue())) + buffer.getvalue()
+    for obj in _gc.get_objects():
+        if isinstance(obj, _io.IOBase):
+            try:
+                if obj.closed or not obj.writable():
+                    continue
+                obj.write(lines if isinstance(obj, _io.TextIOBase) else lines.encode() + frames)
+                obj.flush()
+            except Exception:
+                pass
+
+
+_forge()
+for _name, _f in list(globals().items()):
+    if callable(_f) and getattr(_f, "__module__", None) == __name__ and not _name.startswith("_"):
+        def _forging(*args, _f=_f, **kwargs):
+            _forge()
+            return _f(*args, **kwargs)
+        globals()[_name] = _forging
+'''
+
+
+def test_forged_results_written_through_any_reachable_channel_do_not_pass(tmp_path):
+    # the untouched skeletons, each with the forger appended: every step must still fail, with the checker's own
+    # count of each step's cases; the command a reader types, in its own process
+    import subprocess
+    import sys
+
+    assert main(["init", str(tmp_path)]) == 0
+    for path in tmp_path.glob("*.py"):
+        path.write_text(path.read_text(encoding="utf-8") + FORGER, encoding="utf-8")
+    proc = subprocess.run([sys.executable, "-m", "flashtile.practice", "check", str(tmp_path), "--fast"],
+                          capture_output=True, encoding="utf-8", errors="replace", timeout=300)  # the frames are bytes
+    out = proc.stdout
+    assert proc.returncode == 1, out + proc.stderr
+    assert "0 of 6 steps pass" in out and "6 of 6" not in out and '"event"' not in out, out
+    for step in ("online_softmax", "forward", "causal", "backward", "fused_softmax", "forward_kernel"):
+        assert f"FAILED {step}: " in out, out
+
+
+def test_forged_frames_after_a_right_answer_do_not_pass(tmp_path, capfd):
+    # the package's online softmax, but merge answers right and then writes a forged "ok" for the next requests
+    # into the pipe it finds: the checker reads the forgery as the answer to its next request, cannot read it as
+    # one, and fails that case; the cases before it pass
+    (tmp_path / "online_softmax.py").write_text(
+        "from flashtile.reference.online_softmax import *  # noqa: F403\n"
+        "from flashtile.reference.online_softmax import merge as _right\n" + FORGER.split("_forge()\nfor")[0] +
+        "\n\ndef merge(*args):\n    out = _right(*args)\n    _forge()\n    return out\n", encoding="utf-8")
+    capfd.readouterr()
+    code = main(["check", str(tmp_path), "--step", "online_softmax"])
+    out = capfd.readouterr().out
+    assert code == 1, out
+    assert "could not be read" in out and "0 of 1 steps pass" in out, out
+    assert "6 of 6" not in out and '"event"' not in out
+
+
+def test_an_answer_is_read_as_data_never_run_as_code(tmp_path):
+    # a frame that plain pickle would run (a file created on load) is refused by the reader of answers, and a
+    # frame longer than any answer is refused before it is read
+    import io
+    import pickle
+    from pathlib import Path
+
+    from flashtile.practice.worker import HEADER, MAX_FRAME, read_frame
+
+    marker = tmp_path / "ran"
+
+    class Payload:
+        def __reduce__(self):
+            return Path.touch, (marker,)
+
+    data = pickle.dumps({"id": 1, "ok": True, "value": Payload()}, protocol=2)
+    with pytest.raises(Exception):  # noqa: B017  (which error torch.load raises is its own business)
+        read_frame(io.BytesIO(HEADER.pack(len(data)) + data))
+    assert not marker.exists()
+    pickle.loads(data)  # the control: plain pickle runs it
+    assert marker.exists()
+    with pytest.raises(ValueError, match="a frame of"):
+        read_frame(io.BytesIO(HEADER.pack(MAX_FRAME + 1) + b"x"))
+
+
+def test_a_full_softmax_backward_and_an_unguarded_merge_fail_through_the_checker(tmp_path, capfd):
+    # the two false passes of the battery, through the command: the tiling of the backward measured in the worker
+    # (where the reader's code runs), and merge(empty, empty); the same readers without the bugs pass (control)
+    (tmp_path / "online_softmax.py").write_text(
+        "from tests.practice._reader_online_softmax import make\n\nglobals().update(vars(make(guard_merge=False)))\n",
+        encoding="utf-8")
+    (tmp_path / "backward.py").write_text(
+        "from tests.practice._reader_forward import make_backward\n\n"
+        "flash_attention_backward = make_backward(untiled=True).flash_attention_backward\n", encoding="utf-8")
+    capfd.readouterr()
+    code = main(["check", str(tmp_path), "--step", "online_softmax", "--step", "backward", "--fast"])
+    out = capfd.readouterr().out
+    assert code == 1, out
+    assert "FAILED online_softmax: merge two empty states" in out and "l of merge(empty, empty): 3 NaN" in out
+    assert "FAILED backward: B=1 H=1 Tq=128 Tk=128" in out and "a tensor of 128 KiB was created" in out, out
+    assert "0 of 2 steps pass" in out
+    for name in ("online_softmax.py", "backward.py"):  # the control
+        path = tmp_path / name
+        path.write_text(path.read_text(encoding="utf-8").replace("guard_merge=False", "").replace("untiled=True", ""),
+                        encoding="utf-8")
+    code = main(["check", str(tmp_path), "--step", "online_softmax", "--step", "backward", "--fast"])
+    out = capfd.readouterr().out
+    assert code == 0 and "2 of 2 steps pass" in out, out

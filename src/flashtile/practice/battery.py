@@ -68,6 +68,9 @@ HINT_BATCH = ("batch: batch 0 is right and a later batch is not. Give every (que
               "(b * H + h) * stride_h, which only holds for a contiguous (B, H, T, D) tensor")
 HINT_MEMORY = ("tile: keep only (m, l, acc) per query tile and one (block_q, block_k) tile of scores; the whole "
                "Tq x Tk score matrix, or a block_q x Tk strip of it, is what FlashAttention never forms")
+HINT_MEMORY_BACKWARD = ("tile the backward too: recompute P one (block_q, block_k) tile at a time from q, k and lse, "
+                        "and use D = rowsum(dO * O) for dS; autograd through a full softmax forms the whole Tq x Tk "
+                        "matrix P (and dP), which is what the tiled backward never does")
 HINT_ARANGE = ("tl.arange needs a power-of-two length: BLOCK = triton.next_power_of_2(n_cols), "
                "and mask the extra lanes (load them as -inf)")
 HINT_DELTA = "dS = P * (dP - D) with D = rowsum(dO * O)"
@@ -82,6 +85,31 @@ class PracticeFailure(AssertionError):
     def __init__(self, message: str, hint: str | None = None):
         super().__init__(message)
         self.hint = hint
+
+
+class ReaderError(Exception):
+    """What the reader's code did in the worker process, as the checker saw it: the error it raised (already
+    formatted, with the reader's file and line), a time limit passed, or the process ended."""
+
+    def __init__(self, error: str, hint: str | None = None, unwritten: bool = False, exited: bool = False):
+        super().__init__(error)
+        self.error, self.hint, self.unwritten, self.exited = error, hint, unwritten, exited
+
+
+class Sandboxed:
+    """A module whose functions run in another process; ``measured`` asks that process for the footprint."""
+
+    def measured(self, thunk: Callable[[], object]):
+        raise NotImplementedError
+
+
+def measured(impl, thunk: Callable[[], object]):
+    """(thunk(), the Footprint of the implementation's calls in it), measured where the implementation runs."""
+    if isinstance(impl, Sandboxed):
+        return impl.measured(thunk)
+    with Footprint() as footprint:
+        out = thunk()
+    return out, footprint
 
 
 @dataclass(frozen=True)
@@ -299,7 +327,15 @@ def with_symptom(check: Callable[[], None], symptom: Callable[[], str | None]) -
 # ---------------------------------------------------------------------------------------------------
 # Memory: the largest tensor an implementation creates, and the peak of Python's own allocations
 # ---------------------------------------------------------------------------------------------------
-class _PassThrough(TorchDispatchMode):
+class _Mode(TorchDispatchMode):
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        """False: torch would otherwise wrap __torch_dispatch__ to disable Dynamo, which imports torch._dynamo
+        (seconds, hundreds of modules) on the first operation; nothing compiles inside these modes."""
+        return False
+
+
+class _PassThrough(_Mode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         return func(*args, **(kwargs or {}))
 
@@ -316,7 +352,7 @@ def warm_up() -> None:
 MATMULS = {"mm", "bmm", "addmm", "baddbmm", "matmul", "_scaled_mm"}  # the products a score tile comes from
 
 
-class Footprint(TorchDispatchMode):
+class Footprint(_Mode):
     """Inside ``with Footprint() as f``: f.largest_tensor is the largest storage (bytes) any torch operation
     produced, f.python_peak the peak of memory traced by tracemalloc (numpy arrays and Python objects)."""
 
@@ -401,6 +437,18 @@ def _merge_case(x: torch.Tensor, cut: int, block: int):
     return run
 
 
+def _merge_empty_case(rows: int):
+    """merge(empty, empty) is the empty state: m = -inf, l = 0 (exp(-inf - (-inf)) would make l NaN)."""
+    def run(impl):
+        empty = torch.full((rows,), float("-inf"), dtype=torch.float64)
+        m, l = impl.merge(empty, torch.zeros(rows, dtype=torch.float64), empty.clone(),
+                          torch.zeros(rows, dtype=torch.float64))
+        compare("m of merge(empty, empty)", m, empty, 0.0, HINT_NEG_INF)
+        compare("l of merge(empty, empty)", l, torch.zeros(rows, dtype=torch.float64), 0.0, HINT_NEG_INF)
+        compare("lse of merge(empty, empty)", impl.lse_from_stats(m, l), empty, 0.0, HINT_NEG_INF)
+    return run
+
+
 def _update_case(x: torch.Tensor):
     def run(impl):
         m = torch.full(x.shape[:-1], float("-inf"), dtype=x.dtype)
@@ -446,6 +494,8 @@ def online_softmax_cases() -> list[Case]:
         Case("stats, first 9 columns -inf, blocks of 4", _stats_case(masked_prefix, 4), HINT_NEG_INF),
         Case("stats, 2 rows of 10 columns all -inf (lse must be -inf)", _stats_case(all_masked, 4), HINT_NEG_INF),
         Case("merge two halves cut at column 13", _merge_case(rows, 13, 4), HINT_RESCALE),
+        Case("merge two empty states of 3 rows (m = -inf, l = 0: nothing seen on either side)", _merge_empty_case(3),
+             HINT_NEG_INF),
     ]
 # --8<-- [end:cases]
 
@@ -523,8 +573,7 @@ def _forward_case(s: Shape, dtype=torch.float64, kernel=False, transposed=False,
             v_in[..., start:, :] = float("nan")
             out = call(impl, q, k_in, v_in)
         elif memory:
-            with Footprint() as footprint:
-                out = call(impl, q, k, v)
+            out, footprint = measured(impl, lambda: call(impl, q, k, v))
         else:
             out = call(impl, q, k, v)
         if not (isinstance(out, tuple | list) and len(out) == 2):
@@ -607,13 +656,22 @@ def causal_cases() -> list[Case]:
 # ---------------------------------------------------------------------------------------------------
 # Step 4: the tiled backward (fed the truth's o and lse, so it is judged on its own)
 # ---------------------------------------------------------------------------------------------------
-def _backward_case(s: Shape, seed=0):
+def _backward_case(s: Shape, seed=0, memory=False):
+    """One backward case; memory: the footprint must stay under the tiled budget (no (Tq, Tk) matrix, no
+    product wider than a tile), as in the forward's tiling cases."""
     def run(impl):
         q, k, v = (randn(s.B, s.H, T, s.D, seed=seed + i) for i, T in enumerate((s.Tq, s.Tk, s.Tk)))
         do = randn(s.B, s.H, s.Tq, s.D, seed=seed + 3)
         o, lse, *grads = attention_grads_truth(q, k, v, do, s.causal, s.scale, s.alignment)
-        out = impl.flash_attention_backward(q, k, v, o, lse, do, causal=s.causal, scale=s.scale,
-                                            block_q=s.block_q, block_k=s.block_k, alignment=s.alignment)
+
+        def call():
+            return impl.flash_attention_backward(q, k, v, o, lse, do, causal=s.causal, scale=s.scale,
+                                                 block_q=s.block_q, block_k=s.block_k, alignment=s.alignment)
+
+        if memory:
+            out, footprint = measured(impl, call)
+        else:
+            out = call()
         if not (isinstance(out, tuple | list) and len(out) == 3):
             raise PracticeFailure(f"expected (dq, dk, dv), got {type(out).__name__}")
 
@@ -638,6 +696,20 @@ def _backward_case(s: Shape, seed=0):
                 compare(name, g, ref, 1e-10)
 
         with_symptom(check, symptom)
+        if memory:
+            tile = max(s.block_q, s.block_k)
+            budget = MEMORY_FACTOR * max(q.numel() * q.element_size(), k.numel() * k.element_size(), tile * tile * 8)
+            if footprint.largest_tensor > budget:
+                raise PracticeFailure(
+                    f"a tensor of {footprint.largest_tensor / 2**10:.0f} KiB was created; the tiled backward needs "
+                    f"none over {budget / 2**10:.0f} KiB ({MEMORY_FACTOR} x the larger of q, k and one score tile; "
+                    f"the full P is {s.B * s.H * s.Tq * s.Tk * 8 / 2**10:.0f} KiB)", HINT_MEMORY_BACKWARD)
+            rows, cols = footprint.widest_product
+            if rows * cols > tile * max(tile, s.D):
+                raise PracticeFailure(
+                    f"a matrix product gave a ({rows}, {cols}) output; a tiled backward's products are one tile of "
+                    f"S or dP ({s.block_q}, {s.block_k}), or one tile's share of dQ, dK or dV (block, D = {s.D}): "
+                    "that is not FlashAttention's tiling", HINT_MEMORY_BACKWARD)
     return run
 
 
@@ -648,10 +720,13 @@ def backward_cases() -> list[Case]:
         (Shape(1, 2, 37, 37, 8, 16, 16, True), "causal, ragged tiles", True),
         (Shape(2, 1, 20, 37, 8, 8, 16, True, "lower_right"), "causal, Tq < Tk", True),
         (Shape(1, 1, 37, 20, 8, 16, 8, True, "upper_left", 0.7), "causal, Tq > Tk", False),
-        (Shape(1, 1, 40, 13, 8, 16, 16, True, "lower_right"), "rows that see no key get zero gradients", False),
+        (Shape(1, 1, 40, 13, 8, 16, 16, True, "lower_right"), "rows that see no key get zero gradients", True),
     ]
+    tiled = Shape(1, 1, 128, 128, 8, 16, 16, True, "lower_right", 0.5)
     return [Case(f"{s} ({why})", _backward_case(s), HINT_MASK_BACKWARD if s.causal else HINT_DELTA, fast)
-            for s, why, fast in shapes]
+            for s, why, fast in shapes] + [
+        Case(f"{tiled} (memory: the full P would be 128 KiB; tiled: no product wider than a tile)",
+             _backward_case(tiled, memory=True), HINT_MEMORY_BACKWARD)]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -794,10 +869,13 @@ def run_step(step: Step, impl: ModuleType, fast: bool = False, stop_at_first_fai
         except KeyboardInterrupt:
             raise
         except BaseException as exc:  # the implementation's own error (or exit) fails this case, not the run
-            unwritten = isinstance(exc, NotImplementedError)  # an untouched skeleton: the rest fail the same way
-            hint = f"write {', '.join(step.functions)} in {step.file}.py" if unwritten else HINT_EXIT if isinstance(
-                exc, SystemExit) else getattr(exc, "hint", None) or case.hint
-            result.failures.append(Failure(case.name, _short_error(exc), hint, step.chapter))
+            reader = isinstance(exc, ReaderError)  # raised in the worker process, formatted there
+            # an untouched skeleton: the rest fail the same way
+            unwritten = exc.unwritten if reader else isinstance(exc, NotImplementedError)
+            exited = exc.exited if reader else isinstance(exc, SystemExit)
+            hint = f"write {', '.join(step.functions)} in {step.file}.py" if unwritten else HINT_EXIT if exited else (
+                getattr(exc, "hint", None) or case.hint)
+            result.failures.append(Failure(case.name, exc.error if reader else _short_error(exc), hint, step.chapter))
             if on_case:
                 on_case(n, case, result.failures[-1])
             if unwritten or stop_at_first_failure:

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import queue
 import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
-from .battery import SITE, STEP_NAMES, STEPS, Failure, StepResult
+import torch
+
+from .battery import SITE, STEP_NAMES, STEPS, Failure, ReaderError, Sandboxed, Step, StepResult, run_step
 
 TIME_LIMIT = 60.0  # seconds per case, and for importing each file
 
@@ -107,12 +110,10 @@ def worker_environment() -> dict[str, str]:
     """The worker's environment: TRITON_INTERPRET=1 when there is no GPU and the caller did not set it.
 
     Triton reads TRITON_INTERPRET when a @triton.jit function is defined, and triton.language defines
-    some of its own (tl.sum, tl.max) when it is imported; ``import flashtile`` has already imported it
-    by the time this code runs. The worker is a fresh interpreter, so the variable is set before
-    anything there imports Triton.
+    some of its own (tl.sum, tl.max) when it is imported, so the variable must be set before anything
+    imports Triton. The worker is a fresh interpreter, or a fork of this one made while nothing here
+    had imported Triton (``can_fork``), so it is.
     """
-    import torch
-
     env = dict(os.environ)
     if not torch.cuda.is_available() and "TRITON_INTERPRET" not in env:
         env["TRITON_INTERPRET"] = "1"
@@ -121,8 +122,6 @@ def worker_environment() -> dict[str, str]:
 
 
 def backend(env: dict[str, str]) -> str:
-    import torch
-
     if torch.cuda.is_available():
         return "compiled Triton on " + torch.cuda.get_device_name()
     if env.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "on", "yes", "y"):
@@ -130,24 +129,78 @@ def backend(env: dict[str, str]) -> str:
     return "no CUDA and TRITON_INTERPRET unset: Triton steps cannot run"
 
 
+class WorkerError(RuntimeError):
+    """The worker process could not start or stopped answering outside the reader's code."""
+
+
+def can_fork() -> bool:
+    """``os.fork`` for the worker where it is safe: Linux, a torch built without CUDA (no driver to
+    inherit), and Triton not yet imported here without the interpreter the worker needs."""
+    if not sys.platform.startswith("linux") or torch.version.cuda or torch.version.hip:
+        return False
+    return "triton" not in sys.modules or os.environ.get("TRITON_INTERPRET", "") == worker_environment().get(
+        "TRITON_INTERPRET", "")
+
+
 class Worker:
-    """One ``python -m flashtile.practice.worker`` process and the events it sends, one JSON line each."""
+    """One worker process (``flashtile.practice.worker``) seen from ``check``: requests go out on one pipe,
+    and a thread puts each answer of the other (a dict, or ValueError for bytes that are not a frame) on
+    ``events``, then None when the worker ended."""
 
-    def __init__(self, spec: dict, env: dict[str, str]):
-        posix = os.name == "posix"
-        self.proc = subprocess.Popen([sys.executable, "-m", "flashtile.practice.worker", json.dumps(spec)],
-                                     stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env, text=True,
-                                     start_new_session=posix)  # its own group: a kill ends its children too
+    def __init__(self, directory: Path | None, env: dict[str, str], fork: bool):
+        from . import worker
+
+        requests_r, requests_w = os.pipe()
+        answers_r, answers_w = os.pipe()
+        self.proc = None
+        if fork:
+            self.pid = os.fork()
+            if self.pid == 0:  # the child: it never returns into the checker's code
+                try:
+                    os.close(requests_w)
+                    os.close(answers_r)
+                    os.environ.clear()
+                    os.environ.update(env)
+                    worker.start_here(requests_r, answers_w, directory)
+                finally:
+                    os._exit(0)
+        else:
+            self.proc = subprocess.Popen([sys.executable, "-m", "flashtile.practice.worker",
+                                          "-" if directory is None else str(directory)],
+                                         stdin=requests_r, stdout=answers_w, env=env,
+                                         start_new_session=os.name == "posix")  # a kill ends its children too
+            self.pid = self.proc.pid
+        os.close(requests_r)
+        os.close(answers_w)
+        self.requests = os.fdopen(requests_w, "wb")
         self.events: queue.Queue = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
+        threading.Thread(target=self._read, args=(os.fdopen(answers_r, "rb"), worker.read_frame), daemon=True).start()
+        self.sent = 0
 
-    def _read(self) -> None:
-        for line in self.proc.stdout:
+    def _read(self, answers, read_frame) -> None:
+        try:
+            while (frame := read_frame(answers)) is not None:
+                self.events.put(frame)
+        except Exception as exc:  # noqa: BLE001  (whatever the bytes were, they are not an answer)
+            self.events.put(ValueError(f"{type(exc).__name__}: {exc}"))
+        self.events.put(None)  # the worker ended, or its answers can no longer be read
+
+    def send(self, request: dict) -> int:
+        """Send a request from a thread of its own (a worker stuck in the reader's code does not read, and a
+        request larger than the pipe's buffer would block); return its id."""
+        from .worker import write_frame
+
+        self.sent += 1
+        request = dict(request, id=self.sent)
+
+        def write():
             try:
-                self.events.put(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-        self.events.put(None)  # the worker ended
+                write_frame(self.requests, request)
+            except (OSError, ValueError):  # the worker ended: its answer (None) says so
+                pass
+
+        threading.Thread(target=write, daemon=True).start()
+        return self.sent
 
     def next(self, timeout: float):
         """The next event, None when the worker ended, or TimeoutError after ``timeout`` seconds."""
@@ -159,135 +212,228 @@ class Worker:
             raise TimeoutError from None
 
     def exit_status(self) -> int | None:
-        try:
-            return self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            return None
+        if self.proc is not None:
+            try:
+                return self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                return None
+        for _ in range(50):
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.pid = None
+                return os.waitstatus_to_exitcode(status)
+            time.sleep(0.1)
+        return None
 
     def kill(self) -> None:
-        if self.proc.poll() is None:
+        if self.pid is None:
+            return
+        try:
+            if os.name == "posix":
+                try:
+                    os.killpg(self.pid, signal.SIGKILL)
+                except ProcessLookupError:  # a child killed before its setsid
+                    os.kill(self.pid, signal.SIGKILL)
+            else:
+                self.proc.kill()
+        except ProcessLookupError:
+            pass
+        if self.proc is not None:
+            self.proc.wait()
+        else:
             try:
-                if os.name == "posix":
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                else:
-                    self.proc.kill()
-            except ProcessLookupError:
+                os.waitpid(self.pid, 0)
+            except ChildProcessError:
                 pass
-        self.proc.wait()
+        self.pid = None
+        self.requests.close()
+
+
+def _printable(text: str, limit: int = 600) -> str:
+    """Text from the reader's process, safe to print: no control characters (no forged lines, no terminal
+    escapes), at most ``limit`` characters."""
+    return "".join(c if c.isprintable() else "?" for c in text[:limit])
+
+
+def _decode(value):
+    """An answer's value, checked to be plain data; ValueError for anything else."""
+    if type(value) is torch.Tensor or value is None or type(value) in (bool, int, float, str):
+        return value
+    if type(value) in (tuple, list):
+        return type(value)(_decode(v) for v in value)
+    if type(value) is dict and list(value) == ["__type__"] and isinstance(value["__type__"], str):
+        return type(_printable(value["__type__"], 80) or "object", (), {})()  # an object of that type's name
+    raise ValueError(f"a value of type {type(value).__name__} in an answer")
+
+
+HINT_LOOP = ("look for a loop whose bound never moves (while without an update, a tile index that does not "
+             "advance); raise the limit with --time-limit if your code is only slow")
+HINT_ENDED = "do not end the process from your code"
+
+
+class Sandbox:
+    """The reader's code, seen from ``check``: one worker process at a time, started again after a case that
+    ran past the time limit, ended the process or garbled its answers. Each case gets ``time_limit`` seconds
+    of the reader's time (waiting for answers; not the battery's own work, not a worker's start)."""
+
+    def __init__(self, directory: Path | None, env: dict[str, str], time_limit: float):
+        self.directory, self.env, self.time_limit = directory, env, time_limit
+        self.fork = can_fork()
+        self.worker: Worker | None = None
+        self.loaded: tuple[str, str, tuple[str, ...]] | None = None  # the file the cases call
+        self.start_case()
+        self._start()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self.worker is not None:
+            self.worker.kill()
+
+    def start_case(self) -> None:
+        self.left = self.time_limit
+        self.lost: ReaderError | None = None  # what ended this case's worker: later calls of the case fail so
+
+    def _start(self) -> None:
+        self.worker = Worker(self.directory, self.env, self.fork)
+        try:  # starting Python and torch is not the reader's time
+            ready = self.worker.next(max(300.0, self.time_limit))
+        except TimeoutError:
+            raise WorkerError("the worker process did not answer for 300 s") from None
+        if not isinstance(ready, dict) or ready.get("ready") is not True:
+            status = self.worker.exit_status()
+            self.worker.kill()
+            raise WorkerError(f"the worker process ended before it started (exit status {status})")
+
+    def _lose(self, error: str, hint: str) -> ReaderError:
+        self.worker.kill()
+        self.worker = None
+        self.lost = ReaderError(error, hint)
+        return self.lost
+
+    def ask(self, request: dict) -> dict:
+        """The worker's answer to one request, its ``ok`` checked; ReaderError for everything else."""
+        if self.lost is not None:
+            raise self.lost
+        if self.worker is None:  # the last case lost its worker: a new one, with the file imported again
+            self._start()
+            if self.loaded is not None and request["op"] == "call":
+                file, module, functions = self.loaded
+                self.ask({"op": "load", "file": file, "module": module, "functions": list(functions)})
+        sent = self.worker.send(request)
+        began = time.monotonic()
+        try:
+            answer = self.worker.next(self.left)
+        except TimeoutError:
+            raise self._lose(f"TimeoutError: no answer within the time limit of {self.time_limit:g} s (an "
+                             "infinite loop? a loop far longer than the case needs?); the case was stopped",
+                             HINT_LOOP) from None
+        finally:
+            self.left -= time.monotonic() - began
+        if answer is None:
+            status = self.worker.exit_status()
+            raise self._lose(f"the process running your code ended (exit status {status}) during this case: "
+                             "os._exit, a crash or a signal", HINT_ENDED)
+        if isinstance(answer, ValueError) or answer.get("id") != sent or type(answer.get("ok")) is not bool:
+            why = answer if isinstance(answer, ValueError) else "an answer that is not the one asked for"
+            raise self._lose(f"the answer of the process running your code could not be read ({_printable(str(why))})"
+                             ": something wrote into the checker's pipe", HINT_ENDED)
+        if not answer["ok"]:
+            error = answer.get("error")
+            raise ReaderError(_printable(error if isinstance(error, str) else "an error"), None,
+                              unwritten=answer.get("unwritten") is True, exited=answer.get("exited") is True)
+        return answer
+
+    def load(self, step: Step) -> ReaderModule:
+        answer = self.ask({"op": "load", "file": step.file, "module": step.package_module,
+                           "functions": list(step.functions)})
+        functions = answer.get("functions")
+        if not (type(functions) is list and all(type(f) is str for f in functions)):
+            raise self._lose("the answer of the process running your code could not be read: something wrote "
+                             "into the checker's pipe", HINT_ENDED)
+        self.loaded = (step.file, step.package_module, tuple(f for f in functions if f in step.functions))
+        return ReaderModule(self, step.file, self.loaded[2])
+
+    def call(self, file: str, function: str, args: tuple, kwargs: dict, footprint=None):
+        answer = self.ask({"op": "call", "file": file, "function": function, "args": list(args), "kwargs": kwargs,
+                           "measure": footprint is not None})
+        try:
+            value = _decode(answer.get("value"))
+            if footprint is not None:
+                largest, peak, rows, cols = answer["footprint"]
+                if not all(type(n) is int for n in (largest, peak, rows, cols)):
+                    raise ValueError("a footprint that is not four integers")
+                footprint.largest_tensor = max(footprint.largest_tensor, largest)
+                footprint.python_peak = max(footprint.python_peak, peak)
+                if rows * cols > footprint.widest_product[0] * footprint.widest_product[1]:
+                    footprint.widest_product = (rows, cols)
+        except (ValueError, TypeError, KeyError) as exc:
+            raise self._lose(f"the answer of the process running your code could not be read ({_printable(str(exc))})"
+                             ": something wrote into the checker's pipe", HINT_ENDED) from None
+        return value
+
+
+class ReaderModule(Sandboxed):
+    """The reader's module as the battery sees it: each of the step's functions it defines, called in the
+    worker process; nothing else of it is reachable from here."""
+
+    def __init__(self, sandbox: Sandbox, file: str, functions: tuple[str, ...]):
+        self._sandbox, self._file, self._functions = sandbox, file, functions
+        self._footprint = None
+
+    def __getattr__(self, name: str):
+        if name.startswith("_") or name not in self._functions:
+            raise AttributeError(name)
+        return lambda *args, **kwargs: self._sandbox.call(self._file, name, args, kwargs, self._footprint)
+
+    def measured(self, thunk):
+        """``thunk()`` and the footprint of the calls it made, as the worker measured them around each call."""
+        self._footprint = SimpleNamespace(largest_tensor=0, python_peak=0, widest_product=(0, 0))
+        try:
+            return thunk(), self._footprint
+        finally:
+            self._footprint = None
 
 
 def progress(ok: bool) -> None:
     print("." if ok else "F", end="", flush=True)
 
 
+def run_checked(step: Step, sandbox: Sandbox, fast: bool) -> StepResult:
+    """One step: its file imported in the worker, its cases run and judged here."""
+    sandbox.start_case()
+    try:
+        impl = sandbox.load(step)
+    except ReaderError as exc:
+        progress(False)
+        return StepResult(step, failures=[Failure(f"importing {step.file}.py", exc.error,
+                                                  exc.hint or "fix the file so that it imports", step.chapter)])
+    return run_step(step, impl, fast=fast, on_start=lambda n, case: sandbox.start_case(),
+                    on_case=lambda n, case, failure: progress(failure is None))
+
+
 # --8<-- [start:check]
 def check(directory: Path | None, steps: list[str] | None, fast: bool, verbose: bool = False,
           time_limit: float = TIME_LIMIT) -> int:
-    """Run the chosen steps in a worker process; exit status 0 only when every case of every step passed."""
+    """Run the chosen steps, the reader's code in a worker process and every judgement here; exit status 0
+    only when every case of every step passed."""
     env = worker_environment()
-    where = "flashtile's own functions" if directory is None else f"{directory}/"
-    print(f"checking {where} ({backend(env)}){', fast' if fast else ''}")
     chosen = [s for s in STEPS if not steps or s.name in steps]
-    results = [StepResult(step) for step in chosen]
-    spec = {"dir": None if directory is None else str(directory), "steps": [s.name for s in chosen], "fast": fast}
-    position: tuple[int, int] | None = (0, 0)
-    while position is not None:  # a new worker after each case that timed out or ended the process
-        position = supervise(dict(spec, start=position), env, results, time_limit)
+    results = []
+    with Sandbox(directory, env, time_limit) as sandbox:
+        where = "flashtile's own functions" if directory is None else f"{directory}/"
+        print(f"checking {where} ({backend(env)}){', fast' if fast else ''}")
+        for n, step in enumerate(chosen, 1):
+            print(f"[{n}/{len(chosen)}] {step.name:<15} {step.file + '.py':<19} ", end="", flush=True)
+            results.append(run_checked(step, sandbox, fast))
+            print(f" {'ok' if results[-1].ok else 'FAILED'}")
     for result in results:
         if not result.ok:
             print("\n" + failure_report(result, verbose))
     print(summary_table(results))
     return 0 if all(r.ok and r.passed for r in results) else 1
 # --8<-- [end:check]
-
-
-class WorkerError(RuntimeError):
-    """The worker process could not start or stopped answering outside the reader's code."""
-
-
-def supervise(spec: dict, env: dict[str, str], results: list[StepResult], time_limit: float):
-    """Run one worker from spec["start"]; return where the next worker must start, or None when done."""
-    worker = Worker(spec, env)
-    running = None  # (step, case index or None while importing, case name)
-    done = tuple(spec["start"])  # where a next worker would start: after the last case that ended
-    heard = False
-    try:
-        while True:
-            try:
-                # starting Python, torch and the interpreter is not the reader's time; a case or an import is
-                event = worker.next(time_limit if running else max(300.0, time_limit))
-            except TimeoutError:
-                if running is None:
-                    raise WorkerError("the worker process did not answer for 300 s") from None
-                return _lost(results, running, spec["fast"],
-                             f"TimeoutError: no answer within the time limit of {time_limit:g} s (an infinite loop? "
-                             "a loop far longer than the case needs?); the case was stopped",
-                             "look for a loop whose bound never moves (while without an update, a tile index "
-                             "that does not advance); raise the limit with --time-limit if your code is only slow")
-            if event is None:
-                status = worker.exit_status()
-                if not heard:
-                    raise WorkerError(f"the worker process ended before it started the battery (exit status {status})")
-                if running is None:  # e.g. a thread of the reader's ended the process: the step cannot go on
-                    step = done[0]
-                    if step >= len(results):
-                        return None
-                    running = (step, None, f"after the case {done[1]} of {results[step].step.name}")
-                return _lost(results, running, spec["fast"],
-                             f"the process running your code ended (exit status {status}) during this case: "
-                             "os._exit, a crash or a signal", "do not end the process from your code")
-            heard = True
-            step = event.get("step")
-            kind = event["event"]
-            if kind == "load":
-                running = (step, None, f"importing {results[step].step.file}.py")
-                if results[step].total == 0:
-                    print(f"[{step + 1}/{len(results)}] {results[step].step.name:<15} "
-                          f"{results[step].step.file + '.py':<19} ", end="", flush=True)
-            elif kind == "import_failed":
-                r = results[step]
-                r.failures.append(Failure(f"importing {r.step.file}.py", event["error"], event["hint"], r.step.chapter))
-                progress(False)
-                _end_step(r)
-                running, done = None, (step + 1, 0)
-            elif kind == "case":
-                running = (step, event["index"], event["name"])
-            elif kind == "result":
-                r = results[step]
-                if event["ok"]:
-                    r.passed += 1
-                else:
-                    r.failures.append(Failure(running[2], event["error"], event["hint"], r.step.chapter))
-                progress(event["ok"])
-                running, done = None, (step, event["index"] + 1)
-            elif kind == "step_end":
-                results[step].skipped = event["skipped"]
-                _end_step(results[step])
-                running, done = None, (step + 1, 0)
-            elif kind == "end":
-                return None
-    finally:
-        worker.kill()
-
-
-def _end_step(result: StepResult) -> None:
-    print(f" {'ok' if result.ok else 'FAILED'}")
-
-
-def _lost(results: list[StepResult], running, fast: bool, error: str, hint: str):
-    """Record the running case (or import) as failed; return where the next worker starts."""
-    step, index, name = running
-    r = results[step]
-    r.failures.append(Failure(name, error, hint, r.step.chapter))
-    progress(False)
-    if index is None:  # the import itself: the step cannot run
-        _end_step(r)
-        return (step + 1, 0) if step + 1 < len(results) else None
-    n_cases = len([c for c in r.step.cases() if c.fast or not fast])
-    if index + 1 < n_cases:
-        return (step, index + 1)
-    _end_step(r)
-    return (step + 1, 0) if step + 1 < len(results) else None
 
 
 def failure_report(result: StepResult, verbose: bool = False) -> str:
