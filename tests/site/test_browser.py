@@ -4,8 +4,8 @@ Chromium is Debian's (/usr/bin/chromium) driven by the playwright package; `play
 never needed. Each page gets a fresh browser context that records every request, so a CDN script or
 font that sneaks back in fails the test that loads it. Every page is checked at 1280 px, then the same
 load is narrowed to phone width (390 px), where display math must keep its size and fit its column
-without scrolling sideways. Screenshots are taken on request only (FLASHTILE_SCREENSHOTS=1; nothing asserts on them), into
-artifacts/screenshots/ (git-ignored): <page>.png at 1280 px, <page>--390.png at 390 px.
+without scrolling sideways. Screenshots are taken on request only (FLASHTILE_SCREENSHOTS=1; nothing asserts
+on them), into artifacts/screenshots/ (git-ignored): <page>.png at 1280 px, <page>--390.png at 390 px.
 """
 
 from __future__ import annotations
@@ -182,7 +182,8 @@ def check_phone_math(page, src: Path) -> None:
     """Every display equation's rendered width fits its container (no sideways scrolling) at phone width."""
     wide = page.evaluate(PHONE_MATH_JS)
     where = src.relative_to(DOCS).as_posix()
-    assert not wide, f"{where} at {page.viewport_size['width']} px: display math wider than its column:\n" + "\n".join(wide)
+    width = page.viewport_size["width"]
+    assert not wide, f"{where} at {width} px: display math wider than its column:\n" + "\n".join(wide)
 
 
 def check_layout(page, src: Path) -> None:
