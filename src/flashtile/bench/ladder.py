@@ -9,12 +9,16 @@ rung + 1) and SDPA's cuDNN backend, in one process on one set of inputs:
 - forward: each provider's o is first checked against the float32 truth (``providers.check_output``);
 - backward: every provider gets the same o, lse and dO (the package's forward), and its dq, dk, dv are
   first checked against SDPA flash's (cuDNN's where flash refuses); the rungs and the package are timed as
-  their launchers alone (``backward(q, k, v, o, lse, do, causal)``), cuDNN as ``o.backward(do)``.
+  their launchers alone (``backward(q, k, v, o, lse, do, causal)``), cuDNN as ``torch.autograd.grad(o, (q, k, v), do)``.
 
-Times are interleaved: ``--rounds`` rounds, each timing every provider once (``triton.testing.do_bench``
-median, warm-up 25 ms, rep 100 ms) in an order that starts one provider later each round; a row's ``ms`` is
-the median of its rounds, and ``ms_rounds`` keeps them all. A rung's gain is its time against the rung
-before it in the same file, so the gains multiply to the total.
+Each call is captured once in a CUDA graph and the graph's replay is timed (``common.graph_ms``): the GPU's
+time without the host's, so that a rung's Python launch path (the textbook's checks on every call) cannot
+hide a kernel's gain at short lengths; a provider whose call cannot be captured is timed plainly, and its
+rows say ``"timing": "plain"`` instead of ``"cuda_graph"``. Times are interleaved: ``--rounds`` rounds, each
+timing every provider once (``triton.testing.do_bench`` median, warm-up 25 ms, rep 100 ms) in an order that
+starts one provider later each round; a row's ``ms`` is the median of its rounds, and ``ms_rounds`` keeps
+them all. A rung's gain is its time against the rung before it in the same file, so the gains multiply to
+the total.
 """
 
 from __future__ import annotations
@@ -27,20 +31,22 @@ import torch
 
 from ..kernels.ladder import entry_point, rungs
 from . import providers as prov
-from .common import RESULTS, attention_tflops, median_ms, save_result
+from .common import RESULTS, attention_tflops, graph_ms, median_ms, save_result
 from .forward import error_reason
 from .shapes import describe, shape
 
 SHAPES = [shape(16384 // T, 16, T, D, causal) for T, D, causal in (
     (2048, 64, True), (2048, 64, False), (2048, 128, True), (2048, 128, False), (512, 64, True), (8192, 64, True))]
 METHOD = {
-    "forward": "forward only; interleaved rounds: each round times every provider once with triton.testing.do_bench "
-               "(median, warmup 25 ms, rep 100 ms), the order rotated by one each round; ms = median of the rounds; "
+    "forward": "forward only; one call captured in a CUDA graph, its replay timed (row timing: cuda_graph; plain "
+               "where capture failed); interleaved rounds: each round times every provider once with "
+               "triton.testing.do_bench (median, warmup 25 ms, rep 100 ms), the order rotated by one each round; "
+               "ms = median of the rounds; "
                "each provider's o first checked against a float32 softmax(QK^T/sqrt(D))V; "
                "TFLOP/s = 4*B*H*Tq*Tk*D (x0.5 causal) / time",
     "backward": "backward only, on the package forward's o and lse: rungs and package as their launchers "
-                "backward(q, k, v, o, lse, do, causal), sdpa_cudnn as o.backward(do, retain_graph=True); interleaved "
-                "rounds as the forward's; gradients first checked against SDPA flash's; "
+                "backward(q, k, v, o, lse, do, causal), sdpa_cudnn as torch.autograd.grad(o, (q, k, v), do); CUDA "
+                "graph replays and interleaved rounds as the forward's; gradients first checked against SDPA flash's; "
                 "TFLOP/s = 2.5*4*B*H*Tq*Tk*D (x0.5 causal) / time",
 }
 TIMING = dict(warmup=25, rep=100)
@@ -51,14 +57,25 @@ def provider_name(rung) -> str:
     return "flashtile_textbook" if rung.index == 0 else f"flashtile_rung_{rung.name}"
 
 
-def interleaved_ms(fns: dict, rounds: int, **timing) -> dict[str, list[float]]:
-    """name -> the times of ``fn()`` over ``rounds`` rounds; round r starts at the r-th provider."""
+def graph_or_plain(fn, **timing) -> tuple[float, str]:
+    """(ms, how): one replay of ``fn`` captured in a CUDA graph, or ``fn()`` itself where capture fails."""
+    try:
+        return graph_ms(fn, **timing), "cuda_graph"
+    except Exception:  # a call that cannot be captured (a host sync, an allocation the graph refuses)
+        torch.cuda.synchronize()
+        return median_ms(fn, **timing), "plain"
+
+
+def interleaved_ms(fns: dict, rounds: int, **timing) -> tuple[dict[str, list[float]], dict[str, str]]:
+    """(name -> the times of ``fn()`` over ``rounds`` rounds, name -> how it was timed); round r starts at
+    the r-th provider."""
     names = list(fns)
-    times = {name: [] for name in names}
+    times, how = {name: [] for name in names}, {}
     for r in range(rounds):
         for name in names[r % len(names):] + names[: r % len(names)]:
-            times[name].append(median_ms(fns[name], **timing))
-    return times
+            ms, how[name] = graph_or_plain(fns[name], **timing)
+            times[name].append(ms)
+    return times, how
 
 
 def forward_providers(s: dict) -> dict:
@@ -112,10 +129,11 @@ def measure_forward(s: dict, rounds: int) -> list[dict]:
             continue
         errors[name] = prov.check_output(name, o, truth, s["dtype"])  # raises WrongAnswer: never timed
         fns[name] = lambda fn=fn: fn(q, k, v)
-    times = interleaved_ms(fns, rounds, **TIMING)
+    times, how = interleaved_ms(fns, rounds, **TIMING)
     for name, (rung, _) in found.items():
         if name in fns:
-            rows.append(row(s, "forward", name, rung, times[name], max_abs_err_vs_fp32=float(f"{errors[name]:.3g}")))
+            rows.append(row(s, "forward", name, rung, times[name], timing=how[name],
+                            max_abs_err_vs_fp32=float(f"{errors[name]:.3g}")))  # fmt: skip
     return sorted(rows, key=lambda r: list(found).index(r["provider"]))
 
 
@@ -149,11 +167,11 @@ def measure_backward(s: dict, rounds: int) -> list[dict]:
         found["sdpa_cudnn"] = (None, None)
     except RuntimeError as exc:
         rows.append(row(s, "backward", "sdpa_cudnn", None, None, error_reason(exc)))
-    times = interleaved_ms(fns, rounds, **TIMING)
+    times, how = interleaved_ms(fns, rounds, **TIMING)
     for name, (rung, _) in found.items():
         if name in fns:
             extra = {"max_abs_grad_diff_vs_sdpa": float(f"{errors[name]:.3g}")} if name in errors else {}
-            rows.append(row(s, "backward", name, rung, times[name], **extra))
+            rows.append(row(s, "backward", name, rung, times[name], timing=how[name], **extra))
     return sorted(rows, key=lambda r: list(found).index(r["provider"]))
 
 
