@@ -42,7 +42,9 @@ def attention_grads_truth(q, k, v, do, causal=False, scale=None, alignment="uppe
     """(o, lse, dq, dk, dv) in float64, the gradients by torch autograd through ``attention_truth``."""
     q64, k64, v64 = (t.detach().double().cpu().requires_grad_() for t in (q, k, v))
     o, lse = attention_truth(q64, k64, v64, causal, scale, alignment)
-    dq, dk, dv = torch.autograd.grad(o, (q64, k64, v64), do.detach().double().cpu())
+    # the gradients of sum(o * dO), the same vector-Jacobian product as grad(o, ..., dO); a scalar output spares
+    # autograd's check of a given gradient's shape, which imports sympy (seconds) on its first use
+    dq, dk, dv = torch.autograd.grad((o * do.detach().double().cpu()).sum(), (q64, k64, v64))
     return o.detach(), lse.detach(), dq, dk, dv
 
 
