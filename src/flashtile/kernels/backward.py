@@ -574,7 +574,7 @@ def backward_config(head_dim: int, dtype: torch.dtype, seq_len: int = 0, atomic_
     So do calls with little work (``work`` = B * H * Tq * Tk * D, halved under causal, below
     ``TMA_MIN_WORK``): there the descriptors cost the host more than they save the GPU, timed through
     autograd, where the backward runs on autograd's device thread and every host call is slower
-    (bench/PERF_LOG.md; bench/results/backward-models.json, sweeps/backward-descriptor-host-cost.json).
+    (bench/results/backward-models.json, sweeps/backward-descriptor-host-cost.json).
     The atomic-dQ kernel also holds a dQ tile: through pointers, with 64-row query tiles at D = 128 it
     spills 764 bytes, so it keeps 32; where TMA loads the tiles it also adds each dQ share as one bulk
     add (``DQ_REDUCE``), and larger tiles ran fastest (``ATOMIC_BULK_DKDV``, sweeps/atomic-dq-reduce.json).
