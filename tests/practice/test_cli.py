@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from flashtile.practice.battery import SITE, STEPS
+from flashtile.practice.battery import SITE, STEPS, step_named
 from flashtile.practice.cli import main
 
 HERE = Path(__file__).resolve().parent
@@ -213,3 +213,29 @@ def test_the_readers_code_cannot_stop_or_hang_the_checker(tmp_path, capfd):
                       "forward": f"{fast['forward'] - 1}/{fast['forward']}", "backward": "0/1",
                       "fused_softmax": "0/1", "forward_kernel": "0/1"}, out
     assert "0 of 5 steps pass" in out
+
+
+def test_a_spawned_worker_gives_the_same_verdicts_as_a_forked_one(tmp_path, capfd, monkeypatch):
+    # where os.fork is not safe (macOS, Windows, a torch built with CUDA) the worker is a fresh interpreter:
+    # the package's step passes, a planted bug fails at its case, and a hang is stopped and the next case goes on
+    import flashtile.practice.cli as cli
+
+    monkeypatch.setattr(cli, "can_fork", lambda: False)
+    forks = []
+    monkeypatch.setattr(cli.os, "fork", lambda: forks.append(1))  # must not be called
+    (tmp_path / "online_softmax.py").write_text(
+        f"import sys\nsys.path.insert(0, {str(HERE.parents[1])!r})\n"
+        "from tests.practice._reader_online_softmax import make\n\nglobals().update(vars(make(guard_merge=False)))\n"
+        "_update = online_softmax_update\n\n\ndef online_softmax_update(m, l, x):\n"
+        "    while x.shape[-1] == 6:  # the update from a state: a hang\n        pass\n    return _update(m, l, x)\n",
+        encoding="utf-8")
+    proc = practice_here(capfd, "check", tmp_path, "--step", "online_softmax", "--fast", "-v", "--time-limit", "3")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "FAILED online_softmax: update from a state of 8 columns" in proc.stdout
+    assert "TimeoutError: no answer within the time limit of 3 s" in proc.stdout
+    assert "FAILED online_softmax: merge two empty states" in proc.stdout
+    n = len([c for c in step_named("online_softmax").cases() if c.fast])
+    assert f"{n - 2}/{n}" in proc.stdout  # every other case ran, in the worker started after the hang, and passed
+    proc = practice_here(capfd, "check", "--package", "--step", "online_softmax", "--fast")
+    assert proc.returncode == 0 and "1 of 1 steps pass" in proc.stdout, proc.stdout + proc.stderr
+    assert not forks

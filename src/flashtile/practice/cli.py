@@ -176,6 +176,7 @@ class Worker:
         self.events: queue.Queue = queue.Queue()
         threading.Thread(target=self._read, args=(os.fdopen(answers_r, "rb"), worker.read_frame), daemon=True).start()
         self.sent = 0
+        self.writing = threading.Lock()  # one request's bytes at a time
 
     def _read(self, answers, read_frame) -> None:
         try:
@@ -195,7 +196,8 @@ class Worker:
 
         def write():
             try:
-                write_frame(self.requests, request)
+                with self.writing:
+                    write_frame(self.requests, request)
             except (OSError, ValueError):  # the worker ended: its answer (None) says so
                 pass
 
@@ -226,7 +228,8 @@ class Worker:
         return None
 
     def kill(self) -> None:
-        if self.pid is None:
+        if self.pid is None:  # already reaped
+            self.requests.close()
             return
         try:
             if os.name == "posix":
@@ -269,6 +272,7 @@ def _decode(value):
 HINT_LOOP = ("look for a loop whose bound never moves (while without an update, a tile index that does not "
              "advance); raise the limit with --time-limit if your code is only slow")
 HINT_ENDED = "do not end the process from your code"
+HINT_CHANNEL = "return your results; write nothing into the checker's pipe (print goes to standard error)"
 
 
 class Sandbox:
@@ -300,6 +304,7 @@ class Sandbox:
         try:  # starting Python and torch is not the reader's time
             ready = self.worker.next(max(300.0, self.time_limit))
         except TimeoutError:
+            self.worker.kill()
             raise WorkerError("the worker process did not answer for 300 s") from None
         if not isinstance(ready, dict) or ready.get("ready") is not True:
             status = self.worker.exit_status()
@@ -338,7 +343,7 @@ class Sandbox:
         if isinstance(answer, ValueError) or answer.get("id") != sent or type(answer.get("ok")) is not bool:
             why = answer if isinstance(answer, ValueError) else "an answer that is not the one asked for"
             raise self._lose(f"the answer of the process running your code could not be read ({_printable(str(why))})"
-                             ": something wrote into the checker's pipe", HINT_ENDED)
+                             ": something wrote into the checker's pipe", HINT_CHANNEL)
         if not answer["ok"]:
             error = answer.get("error")
             raise ReaderError(_printable(error if isinstance(error, str) else "an error"), None,
@@ -351,7 +356,7 @@ class Sandbox:
         functions = answer.get("functions")
         if not (type(functions) is list and all(type(f) is str for f in functions)):
             raise self._lose("the answer of the process running your code could not be read: something wrote "
-                             "into the checker's pipe", HINT_ENDED)
+                             "into the checker's pipe", HINT_CHANNEL)
         self.loaded = (step.file, step.package_module, tuple(f for f in functions if f in step.functions))
         return ReaderModule(self, step.file, self.loaded[2])
 
@@ -370,7 +375,7 @@ class Sandbox:
                     footprint.widest_product = (rows, cols)
         except (ValueError, TypeError, KeyError) as exc:
             raise self._lose(f"the answer of the process running your code could not be read ({_printable(str(exc))})"
-                             ": something wrote into the checker's pipe", HINT_ENDED) from None
+                             ": something wrote into the checker's pipe", HINT_CHANNEL) from None
         return value
 
 
