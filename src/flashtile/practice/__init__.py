@@ -5,7 +5,9 @@
     python -m flashtile.practice check mine --step forward --fast
 
 ``battery`` holds the steps and their cases, written once and run against any module; ``truth`` is
-their float64 truth, which imports nothing else from flashtile; ``cli`` is the command line.
+their float64 truth, which imports nothing else from flashtile; ``cli`` is the command line, which runs
+the cases and judges them; ``worker`` is the process that imports the reader's code and only answers
+calls of its functions.
 """
 
 from .battery import STEP_NAMES, STEPS, run_step
