@@ -261,3 +261,21 @@ def test_every_case_name_says_its_shapes_or_sizes():
 def test_steps_follow_the_labs_order():
     assert [s.name for s in battery.STEPS] == [
         "online_softmax", "forward", "causal", "backward", "fused_softmax", "forward_kernel"]
+
+
+def test_the_footprint_is_not_wrapped_to_disable_dynamo():
+    # torch wraps a TorchDispatchMode subclass's __torch_dispatch__ to disable Dynamo, and the wrapper imports
+    # torch._dynamo (seconds, hundreds of modules) on the first operation measured; the battery's modes opt out,
+    # a plain mode (the control) is wrapped
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Plain(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    assert hasattr(Plain.__dict__["__torch_dispatch__"], "__wrapped__")  # the control
+    for mode in (battery.Footprint, battery._PassThrough):
+        assert not hasattr(mode.__dict__["__torch_dispatch__"], "__wrapped__"), mode
+    with battery.Footprint() as footprint:
+        torch.ones(4, 2) @ torch.ones(2, 3)
+    assert footprint.widest_product == (4, 3)
