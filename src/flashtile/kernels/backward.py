@@ -188,11 +188,9 @@ def dkdv_query_tiles(
         q_index = tl.where(t < jump_at, t, t + jump_by)
         q_start = q_index * BLOCK_Q
         rows = q_start + rows0
-        # --8<-- [start:dkdv_tma]
         if USE_TMA:
             qT = tl.trans(Q.load([b, h, q_start, 0]).reshape(BLOCK_Q, HEAD_DIM_PAD))  # a view of the tile
             do = DO.load([b, h, q_start, 0]).reshape(BLOCK_Q, HEAD_DIM_PAD)
-        # --8<-- [end:dkdv_tma]
         else:
             qT = load_masked(Q + q_start.to(tl.int64) * stride_qt + q_offsets, rows[None, :] < Tq,
                              cols[:, None] < HEAD_DIM, MASKED, HEAD_DIM != HEAD_DIM_PAD)  # fmt: skip
@@ -442,11 +440,9 @@ def backward_dq_kernel(
     o_ptr = O + b * stride_ob + h * stride_oh + q_start.to(tl.int64) * stride_ot
     o_tile = load_masked(o_ptr + tile_offsets(rows[:, None] - q_start, cols[None, :], stride_ot, stride_od, WIDE),
                          row_ok, col_ok, True, HEAD_DIM != HEAD_DIM_PAD)  # fmt: skip
-    # --8<-- [start:dq_row_terms]
     m, l = load_stats(STATS, row_base, rows, Tq, n_rows)
     delta, m, log2_l = row_terms(o_tile, do_tile, m, l)
     store_row_terms(ROWS, row_base, rows, Tq, n_rows, delta, m, log2_l)  # for the dK/dV kernel, which runs next
-    # --8<-- [end:dq_row_terms]
     dq = tl.zeros((BLOCK_Q, HEAD_DIM_PAD), dtype=tl.float32)
     if BAND:  # a window: the run of key tiles its band reaches, the FULL ones in its middle without a mask
         q_end = tl.minimum(q_start + BLOCK_Q, Tq)

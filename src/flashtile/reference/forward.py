@@ -47,7 +47,6 @@ def softcap_scores(s: torch.Tensor, softcap: float | None) -> torch.Tensor:
 # --8<-- [end:softcap]
 
 
-# --8<-- [start:masked_pv]
 def masked_pv(p: torch.Tensor, v: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     """p @ v over the kept pairs only: sum over the keys j row i keeps of p_ij v_j, as the formula has it.
 
@@ -67,7 +66,6 @@ def masked_pv(p: torch.Tensor, v: torch.Tensor, keep: torch.Tensor) -> torch.Ten
     signed = torch.where(pos, float("inf"), torch.where(neg, float("-inf"), 0.0))
     extra = torch.where(nan | (pos & neg), float("nan"), signed)
     return out + extra.to(out.dtype)
-# --8<-- [end:masked_pv]
 
 
 # --8<-- [start:tile_loop]
