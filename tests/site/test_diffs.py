@@ -49,7 +49,8 @@ def test_each_shown_diff_is_the_files_diff(built_site, page):
                                           lineterm=""))  # fmt: skip
         assert truth, f"{old} and {new} do not differ"
         truth = [line.rstrip() for line in truth]  # the page drops a context line's lone space (a blank line)
-        assert [line.rstrip() for line in block] == truth, f"{page.name}: the diff of {new} against {old} is not the files' diff"
+        shown = [line.rstrip() for line in block]
+        assert shown == truth, f"{page.name}: the diff of {new} against {old} is not the files' diff"
 
 
 def test_the_pages_that_should_show_diffs_do():
