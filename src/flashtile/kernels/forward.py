@@ -278,7 +278,7 @@ def _forward_kernel(
     _write_rows(acc, l, m, delta, qk_scale, out, rows, n_rows, q_mask, i < Tq, STATS)  # the fast result, at once
     if tl.max(largest, 0) >= SHIFT_LIMIT:  # a score past about 10^7, where 2^delta is no longer harmless
         # Rare, decided once per program, after the fast rows are on their way: the check then waits for
-        # nothing (deciding first and writing in each branch was slower, bench/PERF_LOG.md). Start over
+        # nothing (deciding first and writing in each branch was slower: sweeps/forward-ab-2.json). Start over
         # with the subtract-first update, exact at any magnitude, over every key tile (all through the
         # masked body: this path only has to be right), and write every row again. The barrier orders the
         # two writes of an element even where the two epilogues give it to different threads.
@@ -329,7 +329,8 @@ LAUNCH_SETTINGS = ("block_q", "block_k", "num_warps", "num_stages")  # what a ca
 @functools.cache  # a pure function of its arguments, asked on every call: look it up once
 def forward_config(head_dim: int, dtype: torch.dtype, interpreted: bool = False, causal: bool = False,
                    Tq: int = 4096, tma: bool = True) -> dict:  # fmt: skip
-    """Tile sizes, launch settings and the load path, measured on the H200 (bench/PERF_LOG.md, v5).
+    """Tile sizes, launch settings and the load path, measured on the H200 (sweeps/forward-tma.json,
+    forward-wide-d64.json, forward-register-cap-probe.json).
 
     ``tma``: "auto" loads through TMA descriptors where the layout allows, False always through
     pointers. At D = 64 both paths run equally fast, and pointers cost the host less per call; at
