@@ -8,6 +8,8 @@ causal          causal alignments and the full / diagonal / skip tile classifica
 masks           sliding windows and packed documents: the band of kept diagonals, by tile
 varlen          attention within each packed document, on (total_tokens, H, D) tensors
 backward        the tiled backward with D = rowsum(dO * O) and recomputed P
+sinks           attention sinks: the online softmax's start state, its gradient through D, the merge
+head_dims       unequal head dims: q, k of width d_qk, v, o of width d_v; the FLOPs of each
 autograd        a torch.autograd.Function that saves only q, k, v, o and lse
 io_model        HBM traffic of standard attention against FlashAttention (Theorem 2)
 footprint       measuring memory: the largest temporary, and what autograd saves
@@ -26,6 +28,7 @@ from .causal import (
 )
 from .footprint import largest_tensor, saved_tensor_shapes
 from .forward import flash_attention_forward
+from .head_dims import head_dim_flops
 from .io_model import (
     Traffic,
     flash_attention_traffic,
@@ -50,6 +53,7 @@ from .masks import (
 from .merge import merge_partials
 from .naive import attention_flops, naive_attention, naive_hbm_bytes, score_matrix_bytes, visible_pairs
 from .online_softmax import lse_from_stats, merge, online_softmax_stats, online_softmax_update
+from .sinks import merge_sink, sink_gradient, sink_start_state
 from .varlen import varlen_attention_backward, varlen_attention_forward
 
 __all__ = [
@@ -72,11 +76,13 @@ __all__ = [
     "flash_attention_backward",
     "flash_attention_forward",
     "flash_attention_traffic",
+    "head_dim_flops",
     "largest_tensor",
     "last_key_tile",
     "lse_from_stats",
     "merge",
     "merge_partials",
+    "merge_sink",
     "naive_attention",
     "naive_hbm_bytes",
     "online_softmax_stats",
@@ -85,6 +91,8 @@ __all__ = [
     "reference_attention",
     "saved_tensor_shapes",
     "score_matrix_bytes",
+    "sink_gradient",
+    "sink_start_state",
     "sram_footprint",
     "standard_attention_traffic",
     "theorem2_bound",

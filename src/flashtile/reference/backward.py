@@ -16,6 +16,10 @@ would need the whole row of P). In code D is called ``delta``, since D is also t
 Loop order: key tiles outer, query tiles inner. dK and dV of one key tile then accumulate in one
 place and are written once; dQ collects a contribution from every key tile (the GPU version gives
 dQ its own kernel with the opposite loop order so that nothing is written twice).
+
+v, o, dO and dV may be d_v wide while q, k, dQ and dK are D wide (``reference.head_dims``): D sums
+over d_v and dP = dO V^T contracts over it. With a sink (``reference.sinks``) nothing here changes:
+the saved lse already holds it, and its own gradient is ``sinks.sink_gradient``.
 """
 
 from __future__ import annotations
@@ -24,10 +28,8 @@ import torch
 
 from .._checks import (
     check_alignment,
-    check_attention_inputs,
     check_block,
     check_causal,
-    check_like,
     check_lse,
     check_softcap,
     check_window,
@@ -36,6 +38,7 @@ from .._checks import (
 )
 from .causal import TileKind, tile_ranges
 from .forward import softcap_scores
+from .head_dims import check_head_dims, check_output_like
 from .masks import band_keeps, classify_band_tile, window_band
 from .naive import expand_kv_heads
 
@@ -95,7 +98,8 @@ def flash_attention_backward(
     """Gradients of attention from the saved (q, k, v, o, lse) and the incoming dO.
 
     Args:
-        q: (B, H, Tq, D); k, v: (B, H_kv, Tk, D); o, do: like q; lse: (B, H, Tq) from the forward.
+        q: (B, H, Tq, D); k: (B, H_kv, Tk, D); v: (B, H_kv, Tk, d_v); o, do: (B, H, Tq, d_v);
+            lse: (B, H, Tq) from the forward (with a sink's term in it if the forward had sinks).
         causal, scale, alignment, window, softcap: as in the forward; the mask and the cap must be the same.
         block_q, block_k: tile sizes, any positive ints.
 
@@ -103,9 +107,9 @@ def flash_attention_backward(
         dq like q, and dk, dv like k. For GQA (H_kv < H) dk and dv are summed over the query heads
         that share each key/value head. 16-bit inputs are computed in float32 and the gradients cast back.
     """
-    shape = check_attention_inputs(q, k, v)
-    check_like("o", o, "q", q)
-    check_like("do", do, "q", q)
+    shape, d_v = check_head_dims(q, k, v)
+    check_output_like("o", o, q, d_v)
+    check_output_like("do", do, q, d_v)
     check_lse(lse, shape, q)
     check_causal(causal)
     check_alignment(alignment)
@@ -155,6 +159,6 @@ def flash_attention_backward(
     # --8<-- [start:gqa_sum]
     # Query heads h = g * group + r all read key/value head g, so their gradients add up there.
     dk = dk_rep.view(B, H_kv, H // H_kv, Tk, D).sum(dim=2)
-    dv = dv_rep.view(B, H_kv, H // H_kv, Tk, D).sum(dim=2)
+    dv = dv_rep.view(B, H_kv, H // H_kv, Tk, d_v).sum(dim=2)
     # --8<-- [end:gqa_sum]
     return dq.to(dtype), dk.to(dtype), dv.to(dtype)

@@ -5,7 +5,10 @@ of ``block_k`` columns:
 
 * ``m``   (block_q,)        the largest score seen so far in each row;
 * ``l``   (block_q,)        sum of exp(score - m) over the keys seen so far;
-* ``acc`` (block_q, D)      sum of exp(score - m) * v over the keys seen so far (unnormalised O).
+* ``acc`` (block_q, d_v)    sum of exp(score - m) * v over the keys seen so far (unnormalised O).
+
+q and k are D wide, v, acc and O are d_v wide: usually d_v = D, but nothing below needs it
+(``reference.head_dims``). A sink (``reference.sinks``) changes only where (m, l) starts.
 
 After the last tile, O = acc / l and lse = m + log l. Nothing of size Tq x Tk is ever formed: the
 largest temporary is one (block_q, block_k) tile of scores. The Triton kernel in
@@ -20,7 +23,6 @@ import torch
 
 from .._checks import (
     check_alignment,
-    check_attention_inputs,
     check_block,
     check_causal,
     check_softcap,
@@ -29,9 +31,11 @@ from .._checks import (
     stats_dtype,
 )
 from .causal import TileKind, tile_ranges
+from .head_dims import check_head_dims
 from .masks import band_keeps, classify_band_tile, key_tile_range, window_band
 from .naive import expand_kv_heads
 from .online_softmax import lse_from_stats, safe_exp_diff
+from .sinks import check_sinks, sink_start_state
 
 # Called as on_tile(query_tile_index, key_tile_index, kind) for every tile the forward computes.
 TileCallback = Callable[[int, int, TileKind], None]
@@ -69,18 +73,23 @@ def masked_pv(p: torch.Tensor, v: torch.Tensor, keep: torch.Tensor) -> torch.Ten
 
 
 # --8<-- [start:tile_loop]
-def forward_query_tile(q_tile, k, v, q_start, q_end, scale, block_k, band, on_tile=None, q_index=0, softcap=None):
+def forward_query_tile(
+    q_tile, k, v, q_start, q_end, scale, block_k, band, on_tile=None, q_index=0, softcap=None, start=None
+):
     """Run one query tile [q_start, q_end) over the key tiles it needs; return its (m, l, acc).
 
     ``band`` is the mask as the diagonals it keeps, lo <= j - i <= hi (``reference.masks``): causal is
     (-Tq, offset), no mask (-Tq, Tk), where every tile is FULL. The scores and (m, l) are float64 (the dot
     itself is q_tile's dtype): a score past float32's range, which τ near its limit gives, stays finite.
+    ``start`` is the (m, l) the rows begin from: None for (-inf, 0), no key seen; a sink's (sink, 1).
     """
     Tk = k.shape[-2]
     # --8<-- [start:state]
     m = torch.full(q_tile.shape[:-1], float("-inf"), dtype=torch.float64, device=q_tile.device)
     l = torch.zeros_like(m)
-    acc = torch.zeros_like(q_tile)
+    acc = q_tile.new_zeros((*q_tile.shape[:-1], v.shape[-1]))  # (..., block_q, d_v): as wide as v
+    if start is not None:  # a sink: the rows have seen one key already, whose value is zero
+        m, l = start
     # --8<-- [end:state]
     # Key tiles outside the band are SKIP: the loop runs from first_key_tile and stops at last_key_tile.
     for k_index in key_tile_range(q_start, q_end, Tk, block_k, band):
@@ -125,43 +134,52 @@ def flash_attention_forward(
     *,
     window=None,
     softcap: float | None = None,
+    sinks=None,
 ):
     """Tiled attention forward; returns (o, lse) exactly as ``naive_attention`` does.
 
     Args:
-        q: (B, H, Tq, D). k, v: (B, H_kv, Tk, D), H a multiple of H_kv.
+        q: (B, H, Tq, D). k: (B, H_kv, Tk, D), v: (B, H_kv, Tk, d_v), H a multiple of H_kv; d_v may
+            differ from D (``reference.head_dims``).
         causal, alignment: the causal mask (see ``flashtile.reference.causal``).
         window: None or (left, right): query i sees keys i + offset - left .. i + offset + right, -1
             unbounded, the right side capped at 0 when causal (see ``flashtile.reference.masks``).
         softcap: None or s > 0: each scaled score x becomes s * tanh(x / s) before the softmax.
+        sinks: None or (H,), float32 or q's dtype: one logit per query head that joins every row's
+            softmax after the scale and the cap, with a value of zero (``reference.sinks``); -inf is no sink.
         scale: τ, multiplies Q K^T; defaults to 1/sqrt(D). Zero and negative values are allowed.
         block_q, block_k: tile sizes, any positive ints (they need not divide Tq or Tk).
         on_tile: optional callback ``on_tile(q_index, k_index, kind)`` for every tile computed; the
             site and the tests use it to see which tiles were touched.
 
     Returns:
-        o (B, H, Tq, D) in q's dtype and lse (B, H, Tq) in float32 (float64 for float64 inputs): 16-bit
+        o (B, H, Tq, d_v) in q's dtype and lse (B, H, Tq) in float32 (float64 for float64 inputs): 16-bit
         inputs are computed in float32, like the kernels' accumulators (the scores and (m, l) in float64).
-        Rows that see no key get o = 0, lse = -inf; a row that sees a NaN gets NaN. A key or value a row
+        Rows that see no key get o = 0, lse = -inf (lse = the sink with one); a row that sees a NaN gets NaN.
+        With sinks, lse is the log of the whole normaliser, e^sink included. A key or value a row
         does not see never reaches it, whatever it holds (``masked_pv``): o_i is the formula's sum over
         the keys row i sees, exactly, on this tier.
     """
-    shape = check_attention_inputs(q, k, v)
+    shape, d_v = check_head_dims(q, k, v)
     check_causal(causal)
     check_alignment(alignment)
     window, softcap = check_window(window), check_softcap(softcap, q.dtype)
     block_q, block_k = check_block("block_q", block_q), check_block("block_k", block_k)
+    sinks = check_sinks(sinks, shape, q)
     scale = resolve_scale(scale, shape.D, q.dtype)
     c = stats_dtype(q.dtype)
     k, v = expand_kv_heads(k.to(c), shape.H), expand_kv_heads(v.to(c), shape.H)
     band = window_band(shape.Tq, shape.Tk, window, causal, alignment)
 
-    o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    o = torch.empty((*q.shape[:-1], d_v), dtype=q.dtype, device=q.device)
     lse = torch.empty(q.shape[:-1], dtype=c, device=q.device)
     # --8<-- [start:epilogue]
     for q_index, (q_start, q_end) in enumerate(tile_ranges(shape.Tq, block_q)):
         q_tile = q[..., q_start:q_end, :].to(c)
-        m, l, acc = forward_query_tile(q_tile, k, v, q_start, q_end, scale, block_k, band, on_tile, q_index, softcap)
+        start = None if sinks is None else sink_start_state(sinks, (shape.B, shape.H, q_end - q_start))
+        m, l, acc = forward_query_tile(
+            q_tile, k, v, q_start, q_end, scale, block_k, band, on_tile, q_index, softcap, start
+        )
         empty = (l == 0)[..., None]  # a row that saw no key keeps acc = 0: o = 0, not 0 / 0 (a NaN l stays NaN)
         l_c = l.to(acc.dtype)
         o[..., q_start:q_end, :] = torch.where(empty, 0.0, acc / torch.where(empty, 1.0, l_c[..., None])).to(q.dtype)

@@ -20,6 +20,10 @@ The FlashAttention-2 order (query tiles outer, key/value tiles inner), the order
     B_r = floor(M / 4d), T_r = ceil(T / B_r); Q read once and O, lse written once (2Td + T); K and V
     read on every pass: total  2Td + T + T_r * 2Td  ->  8 T^2 d^2 / M as T grows (4d dividing M).
 
+Unequal head dims (``*_qk_v``): Q and K are d_qk wide, V and O d_v wide. Every term above that moves
+a row of Q or K counts d_qk, a row of V or O d_v; the four blocks fit when 2 B_c (d_qk + d_v) <= M.
+With d_qk = d_v = d every count is the one above.
+
 Lower bound: any exact attention that forms each score from its d products moves at least
 max(4Td, M * (ceil(T^2 d / (floor(r^2/4) d + 3Md)) - 1)) elements, r = floor(2M/d); for M >= d^2 that is
 Omega(T^2 d^2 / M), the same shape as FlashAttention's count.
@@ -109,6 +113,54 @@ def query_outer_traffic(T: int, d: int, M: int) -> Traffic:
     writes = T * d + T  # O and lse, once
     return Traffic(reads, writes)
 # --8<-- [end:query_outer]
+
+
+# --8<-- [start:head_dims]
+def tile_sizes_qk_v(M: int, d_qk: int, d_v: int) -> tuple[int, int]:
+    """(block_q, block_k) of Algorithm 1 when Q and K are d_qk wide and V and O are d_v wide.
+
+    K_c and Q_r are d_qk wide, V_c and O_r d_v wide: with block_q <= block_k the four fit when
+    2 * block_k * (d_qk + d_v) <= M. block_q is capped at the mean width (d_qk + d_v) // 2, so the
+    score tile stays within M/4. With d_qk = d_v = d both are paper_tile_sizes(M, d).
+    """
+    check_block("M", M)
+    check_block("d_qk", d_qk)
+    check_block("d_v", d_v)
+    width = d_qk + d_v  # a row of K_c and a row of V_c (or of Q_r and O_r)
+    if M < 2 * width:
+        raise ValueError(f"M must hold one row of each of K_j, V_j, Q_i, O_i: M >= {2 * width}, got {M}")
+    block_k = M // (2 * width)
+    return min(block_k, width // 2), block_k
+
+
+def standard_traffic_qk_v(T: int, d_qk: int, d_v: int) -> Traffic:
+    """Unfused attention with the widths apart: Q, K read at d_qk; V read and O written at d_v."""
+    for name, n in (("T", T), ("d_qk", d_qk), ("d_v", d_v)):
+        check_block(name, n)
+    reads = 2 * T * d_qk + T * T + T * T + T * d_v  # Q, K | S | P, V
+    writes = T * T + T * T + T * d_v  # S | P | O
+    return Traffic(reads, writes)
+
+
+def flash_traffic_qk_v(T: int, d_qk: int, d_v: int, M: int) -> Traffic:
+    """Algorithm 1 (key tiles outer) with the widths apart: each pass reads Q (d_qk) and O (d_v)."""
+    check_block("T", T)
+    _block_q, block_k = tile_sizes_qk_v(M, d_qk, d_v)
+    outer_steps = math.ceil(T / block_k)  # T_c
+    reads = T * (d_qk + d_v) + outer_steps * (T * d_qk + T * d_v + 2 * T)  # K, V | Q, O, l, m
+    writes = outer_steps * (T * d_v + 2 * T)  # O, l, m every pass
+    return Traffic(reads, writes)
+
+
+def query_outer_traffic_qk_v(T: int, d_qk: int, d_v: int, M: int) -> Traffic:
+    """The FlashAttention-2 order with the widths apart: K (d_qk) and V (d_v) read once per query tile."""
+    check_block("T", T)
+    _small, block_q = tile_sizes_qk_v(M, d_qk, d_v)  # the larger tile stays on chip
+    outer_steps = math.ceil(T / block_q)  # T_r
+    reads = T * d_qk + outer_steps * T * (d_qk + d_v)  # Q once | K, V every pass
+    writes = T * d_v + T  # O and lse, once
+    return Traffic(reads, writes)
+# --8<-- [end:head_dims]
 
 
 def theorem2_bound(T: int, d: int, M: int) -> float:

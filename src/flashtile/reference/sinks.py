@@ -1,0 +1,95 @@
+"""Attention sinks: one logit per query head that joins every row's softmax and carries no value.
+
+A sink is a learned score s_h per query head h (gpt-oss has one per head and layer). Row i of head h
+takes its softmax over its visible keys and the sink,
+
+    lse_i = log(e^(s_h) + sum_j e^(S_ij)),   P_ij = e^(S_ij - lse_i),   O_i = sum_j P_ij v_j,
+
+and the sink's own share e^(s_h - lse_i) multiplies a value of zero: the row's weights on its keys sum
+to less than one, so a head can put part of its attention nowhere.
+
+Forward: the sink is a key the row has seen before the first tile, whose value is zero. So the row
+starts from the online softmax's state after that one key, m = s_h, l = e^(s_h - s_h) = 1, acc = 0,
+instead of (-inf, 0, 0) (``sink_start_state``), and every rescale after it is the same identity.
+lse is then the log of the whole normaliser, e^(s_h) included. A row that sees no key keeps that
+start: o = 0 and lse = s_h. A sink of -inf is no sink: its start state is (-inf, 0).
+
+Backward: given that lse, P = e^(S - lse) is already each key's share, so dQ, dK and dV are computed
+as without a sink. The sink is one more column of S whose value is 0, so its dP = dO . 0 = 0 and its
+dS = P_sink (0 - D) = -e^(s_h - lse_i) D_i; summed over every row that shares it (``sink_gradient``).
+
+Merging: a partial (o, lse) over some keys merges as before (``reference.merge``), and the sink must
+be counted once: one part starts from it, or it is merged at the end as a partial of its own, o = 0
+and lse = s_h (``merge_sink``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .._checks import AttentionShape, check_tensor, check_values_in_memory
+from .merge import merge_partials
+from .online_softmax import online_softmax_update, safe_exp_diff
+
+
+def check_sinks(sinks, shape: AttentionShape, q: torch.Tensor) -> torch.Tensor | None:
+    """sinks is None or a (H,) tensor of float32 or q's dtype on q's device, no NaN or +inf (-inf allowed).
+
+    Returns the sinks as they came (None stays None).
+    """
+    if sinks is None:
+        return None
+    allowed = (torch.float32, q.dtype)
+    check_tensor("sinks", sinks, rank=1, dtypes=tuple(dict.fromkeys(allowed)))
+    check_values_in_memory("sinks", sinks)
+    if tuple(sinks.shape) != (shape.H,):
+        raise ValueError(
+            f"sinks must have shape (H,) = ({shape.H},), one logit per query head, got {tuple(sinks.shape)}"
+        )
+    if sinks.device != q.device:
+        raise ValueError(f"sinks is on {sinks.device} but q is on {q.device}; they must match")
+    if bool(torch.isnan(sinks).any()) or bool(torch.isposinf(sinks).any()):
+        raise ValueError(
+            f"sinks must be finite or -inf (-inf means no sink), got {sinks.tolist()}: a NaN or +inf sink "
+            "would make every row of its head NaN or zero"
+        )
+    return sinks
+
+
+# --8<-- [start:start_state]
+def sink_start_state(sinks: torch.Tensor, rows: tuple[int, int, int]):
+    """(m, l) of rows (B, H, n) that have seen only the sink: the empty state (-inf, 0) updated with
+    one column, the sink's score. That gives m = sink, l = e^(sink - sink) = 1; acc stays 0, the
+    sink's value being zero. A sink of -inf leaves (-inf, 0): no sink at all.
+    """
+    B, H, n = rows
+    m = torch.full((B, H, n), float("-inf"), dtype=torch.float64, device=sinks.device)
+    l = torch.zeros_like(m)
+    sink_column = sinks.double()[None, :, None, None].expand(B, H, n, 1)  # (B, H, n, 1)
+    return online_softmax_update(m, l, sink_column)
+# --8<-- [end:start_state]
+
+
+# --8<-- [start:gradient]
+def sink_gradient(sinks: torch.Tensor, lse: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+    """dsink_h = -sum over the batch and the rows of head h of e^(sink_h - lse) * D.
+
+    sinks: (H,); lse, delta: (B, H, Tq), lse from the forward with these sinks and delta = D =
+    rowsum(dO * O) (``backward_delta``). The sink column's dP is dO . 0 = 0, so its dS = P_sink * (0 - D).
+    A row that saw no key has o = 0, so D = 0 and it adds nothing. Returns (H,) in sinks' dtype.
+    """
+    p_sink = safe_exp_diff(sinks.double()[None, :, None], lse.double())  # (B, H, Tq): the sink's share
+    return -(p_sink * delta.double()).sum(dim=(0, 2)).to(sinks.dtype)
+# --8<-- [end:gradient]
+
+
+# --8<-- [start:merge_sink]
+def merge_sink(o: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor):
+    """Fold the sinks into a finished (o, lse) computed without them: the sink is the partial of one
+    key whose value is zero, o = 0 and lse = sink, merged once like any other part.
+
+    o: (B, H, T, d_v); lse: (B, H, T); sinks: (H,). Returns (o, lse) in lse's dtype.
+    """
+    sink_lse = sinks.to(lse.dtype)[None, :, None].expand_as(lse)  # (B, H, T): one key, score s_h
+    return merge_partials(o, lse, torch.zeros_like(o), sink_lse)
+# --8<-- [end:merge_sink]
