@@ -391,9 +391,9 @@ def test_varlen_reads_cu_seqlens_through_its_view(tier, case):
 
 def test_varlen_view_control_a_kernel_reading_raw_memory_fails(monkeypatch):
     # the planted bug: the kernels given the strided view itself, which they read as if contiguous
-    import flashtile.varlen
+    import flashtile._dispatch.varlen
 
-    monkeypatch.setattr(flashtile.varlen, "index_memory", lambda x: x)
+    monkeypatch.setattr(flashtile._dispatch.varlen, "index_memory", lambda x: x)
     _, cu_q, values_q, cu_k, values_k = cu_seqlens_views()[0]
     q, k, v = packed(12, 14, seed=0)
     with pytest.raises(AssertionError):
@@ -422,7 +422,7 @@ def test_varlen_window_sides_past_the_longest_document_keep_every_key(tier, wind
 
 
 def test_varlen_window_control_an_unclamped_side_fails(monkeypatch):
-    import flashtile.varlen
+    import flashtile._dispatch.varlen
 
     monkeypatch.setattr(flashtile.varlen, "clamp_window", lambda window, longest: window)
     q, k, v = packed(10, 14, seed=5)

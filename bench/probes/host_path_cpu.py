@@ -40,7 +40,7 @@ from torch.overrides import TorchFunctionMode  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 import flashtile  # noqa: E402
-from flashtile import api  # noqa: E402
+from flashtile._dispatch import dense, tiers  # noqa: E402  (the dispatch reads its tier choice in dense)
 from flashtile.bench.overhead import interleaved_us_per_call  # noqa: E402
 from flashtile.kernels import _host  # noqa: E402
 from flashtile.kernels import forward as kforward  # noqa: E402
@@ -100,8 +100,8 @@ def stub_launches() -> None:
     _host.KernelLaunch.__call__ = lambda self, *tensors: None  # no kernel runs: the host path alone
     # the tier as CUDA tensors get it: a forced tier or "triton", without the interpreter's knob, which only
     # CPU tensors read (on the GPU's path pick_backend returns at q.is_cuda)
-    real_pick = api.pick_backend
-    api.pick_backend = lambda q: api.forced_backend() or ("triton" if q.dtype != torch.float64 else real_pick(q))
+    real_pick = dense.pick_backend
+    dense.pick_backend = lambda q: tiers.forced_backend() or ("triton" if q.dtype != torch.float64 else real_pick(q))
     real_config = kforward.forward_config
 
     def gpu_config(head_dim, dtype, interpreted, causal, length_class, tma=True):

@@ -1,0 +1,108 @@
+"""``flashtile.decode_attention``'s floor: the checked call (``DecodeCall``), kept per layout and flags, the
+eager run on its tier, and the custom op ``flashtile::decode_attention`` that carries a call through
+``torch.compile`` as one opaque node (its eager run checks the values of cache_seqlens and block_table when the
+graph runs).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from .._checks import (
+    DecodeShape,
+    check_decode_inputs,
+    check_decode_values,
+    check_flag,
+    check_num_splits,
+    check_softcap,
+    check_window,
+    resolve_scale,
+    stats_dtype,
+)
+from .._plans import cached_plan
+from .dense import op_window
+from .tiers import no_autocast, pick_backend, use_backend
+
+
+class DecodeCall(NamedTuple):
+    """A ``decode_attention`` call's checked shapes and flags, worked out once per layout of its tensors and
+    flag values (``_plans.cached_plan``): what the hot path would otherwise recompute on every token."""
+
+    shape: DecodeShape
+    scale: float  # τ resolved
+    num_splits: int | None
+    return_lse: bool
+    window: tuple[int, int] | None
+    softcap: float | None
+    kernel_plan: list  # [the kernels' DecodePlan], filled by the first call that runs the kernels
+
+
+def check_decode_call(query, key_cache, value_cache, cache_seqlens, block_table, scale, num_splits, return_lse,
+                      window, softcap) -> DecodeCall:  # fmt: skip
+    """Every check of ``decode_attention`` that reads only layouts and flags; raises on bad input."""
+    shape = check_decode_inputs(query, key_cache, value_cache, cache_seqlens, block_table, check_values=False)
+    scale = resolve_scale(scale, shape.D, query.dtype)
+    num_splits = check_num_splits(num_splits)
+    return_lse = check_flag("return_lse", return_lse)
+    softcap = check_softcap(softcap, query.dtype)
+    return DecodeCall(shape, scale, num_splits, return_lse, check_window(window), softcap, [None])
+
+
+def run_decode(query, key_cache, value_cache, cache_seqlens, block_table, *, scale, num_splits, return_lse,
+               window, softcap):  # fmt: skip
+    """``decode_attention`` after its arguments' negative bits are resolved and the window checked: the
+    layouts and flags checked once per key, then the values, then the call on its tier."""
+    call = cached_plan(check_decode_call, (query, key_cache, value_cache, cache_seqlens, block_table), scale,
+                       num_splits, return_lse, window, softcap)  # fmt: skip
+    if query.is_meta:  # shapes only, nothing computed (and no values to check)
+        o, lse = query.new_empty(query.shape), query.new_empty(query.shape[:-1], dtype=stats_dtype(query.dtype))
+        return (o, lse) if call.return_lse else o
+    if torch.compiler.is_compiling():  # one opaque node, whose eager run checks the values (``decode_op``)
+        o, lse = decode_op(query, key_cache, value_cache, cache_seqlens, block_table, call.scale, call.num_splits,
+                           *(call.window or (-1, -1)), call.softcap, pick_backend(query))  # fmt: skip
+        return (o, lse) if call.return_lse else o
+    if cache_seqlens is not None or block_table is not None:  # their values: one copy to the host
+        check_decode_values(call.shape, cache_seqlens, block_table)
+    if pick_backend(query) == "triton":  # the dispatch of flashtile.attention, use_backend included
+        # no autograd and no autocast to switch off: the kernels record nothing and choose their own precision
+        plan = call.kernel_plan[0]
+        if plan is None:
+            from ..kernels.decode import make_decode_plan
+
+            plan = call.kernel_plan[0] = make_decode_plan(
+                query, key_cache, value_cache, cache_seqlens, block_table, call.scale, call.num_splits, None, None,
+                None, call.window, call.softcap, call.return_lse,
+            )  # fmt: skip
+        o, lse = plan.run(query, key_cache, value_cache, cache_seqlens, block_table)
+        return (o, lse) if call.return_lse else o
+    from ..reference.decode import decode_attention_reference
+
+    with torch.no_grad(), no_autocast(query.device.type):  # inference only; the tiers choose their precision
+        o, lse = decode_attention_reference(query, key_cache, value_cache, cache_seqlens, scale=call.scale,
+                                            num_splits=call.num_splits, block_table=block_table,
+                                            window=call.window, softcap=call.softcap)  # fmt: skip
+    return (o, lse) if call.return_lse else o
+
+
+@torch.library.custom_op("flashtile::decode_attention", mutates_args=())
+def decode_op(
+    query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, cache_seqlens: torch.Tensor | None,
+    block_table: torch.Tensor | None, scale: float, num_splits: int | None, window_left: int, window_right: int,
+    softcap: float | None, backend: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(o, lse) of ``decode_attention`` as one node of a torch.compile graph: what the graph runs is the eager
+    call, on the tier chosen at trace time, so the values of cache_seqlens and block_table are checked where
+    they exist, at run time (tracing them would guard on data: torch's data-dependent error under fullgraph)."""
+    with use_backend(backend):
+        o, lse = run_decode(query, key_cache, value_cache, cache_seqlens, block_table, scale=scale,
+                            num_splits=num_splits, return_lse=True, window=op_window(window_left, window_right),
+                            softcap=softcap)  # fmt: skip
+    return o.contiguous(), lse.contiguous()
+
+
+@decode_op.register_fake
+def _(query, key_cache, value_cache, cache_seqlens, block_table, scale, num_splits, window_left, window_right, softcap,
+      backend):  # fmt: skip
+    return query.new_empty(query.shape), query.new_empty(query.shape[:-1], dtype=stats_dtype(query.dtype))
