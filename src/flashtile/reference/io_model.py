@@ -117,24 +117,26 @@ def query_outer_traffic(T: int, d: int, M: int) -> Traffic:
 
 # --8<-- [start:head_dims]
 def tile_sizes_qk_v(M: int, d_qk: int, d_v: int) -> tuple[int, int]:
-    """(block_q, block_k) of Algorithm 1 when Q and K are d_qk wide and V and O are d_v wide.
+    """(block_q, block_k) of Algorithm 1 when Q, K are d_qk wide and V, O are d_v wide.
 
-    K_c and Q_r are d_qk wide, V_c and O_r d_v wide: with block_q <= block_k the four fit when
-    2 * block_k * (d_qk + d_v) <= M. block_q is capped at the mean width (d_qk + d_v) // 2, so the
-    score tile stays within M/4. With d_qk = d_v = d both are paper_tile_sizes(M, d).
+    K_c and Q_r are d_qk wide, V_c and O_r d_v wide: with block_q <= block_k the four
+    fit when 2 * block_k * (d_qk + d_v) <= M. block_q is capped at the mean width, so
+    the score tile stays within M/4. With d_qk = d_v = d this is paper_tile_sizes.
     """
     check_block("M", M)
     check_block("d_qk", d_qk)
     check_block("d_v", d_v)
     width = d_qk + d_v  # a row of K_c and a row of V_c (or of Q_r and O_r)
     if M < 2 * width:
-        raise ValueError(f"M must hold one row of each of K_j, V_j, Q_i, O_i: M >= {2 * width}, got {M}")
+        raise ValueError(
+            f"M must hold a row of each of K, V, Q, O: M >= {2 * width}, got {M}"
+        )
     block_k = M // (2 * width)
     return min(block_k, width // 2), block_k
 
 
 def standard_traffic_qk_v(T: int, d_qk: int, d_v: int) -> Traffic:
-    """Unfused attention with the widths apart: Q, K read at d_qk; V read and O written at d_v."""
+    """Unfused attention: Q, K read at d_qk; V read and O written at d_v."""
     for name, n in (("T", T), ("d_qk", d_qk), ("d_v", d_v)):
         check_block(name, n)
     reads = 2 * T * d_qk + T * T + T * T + T * d_v  # Q, K | S | P, V
@@ -143,17 +145,18 @@ def standard_traffic_qk_v(T: int, d_qk: int, d_v: int) -> Traffic:
 
 
 def flash_traffic_qk_v(T: int, d_qk: int, d_v: int, M: int) -> Traffic:
-    """Algorithm 1 (key tiles outer) with the widths apart: each pass reads Q (d_qk) and O (d_v)."""
+    """Algorithm 1 (key tiles outer): each pass reads Q (d_qk) and O (d_v)."""
     check_block("T", T)
     _block_q, block_k = tile_sizes_qk_v(M, d_qk, d_v)
     outer_steps = math.ceil(T / block_k)  # T_c
-    reads = T * (d_qk + d_v) + outer_steps * (T * d_qk + T * d_v + 2 * T)  # K, V | Q, O, l, m
+    # K, V once | Q, O, l, m every pass
+    reads = T * (d_qk + d_v) + outer_steps * (T * d_qk + T * d_v + 2 * T)
     writes = outer_steps * (T * d_v + 2 * T)  # O, l, m every pass
     return Traffic(reads, writes)
 
 
 def query_outer_traffic_qk_v(T: int, d_qk: int, d_v: int, M: int) -> Traffic:
-    """The FlashAttention-2 order with the widths apart: K (d_qk) and V (d_v) read once per query tile."""
+    """FlashAttention-2's order: K (d_qk) and V (d_v) read once per query tile."""
     check_block("T", T)
     _small, block_q = tile_sizes_qk_v(M, d_qk, d_v)  # the larger tile stays on chip
     outer_steps = math.ceil(T / block_q)  # T_r

@@ -58,9 +58,11 @@ def check_sinks(sinks, shape: AttentionShape, q: torch.Tensor) -> torch.Tensor |
 
 # --8<-- [start:start_state]
 def sink_start_state(sinks: torch.Tensor, rows: tuple[int, int, int]):
-    """(m, l) of rows (B, H, n) that have seen only the sink: the empty state (-inf, 0) updated with
-    one column, the sink's score. That gives m = sink, l = e^(sink - sink) = 1; acc stays 0, the
-    sink's value being zero. A sink of -inf leaves (-inf, 0): no sink at all.
+    """(m, l) of rows (B, H, n) that have seen the sink and nothing else.
+
+    The empty state (-inf, 0) updated with one column, the sink's score: m = sink and
+    l = e^(sink - sink) = 1. acc stays 0, the sink's value being zero. A sink of -inf
+    leaves (-inf, 0): no sink at all.
     """
     B, H, n = rows
     m = torch.full((B, H, n), float("-inf"), dtype=torch.float64, device=sinks.device)
@@ -71,25 +73,27 @@ def sink_start_state(sinks: torch.Tensor, rows: tuple[int, int, int]):
 
 
 # --8<-- [start:gradient]
-def sink_gradient(sinks: torch.Tensor, lse: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
-    """dsink_h = -sum over the batch and the rows of head h of e^(sink_h - lse) * D.
+def sink_gradient(sinks: torch.Tensor, lse: torch.Tensor, delta: torch.Tensor):
+    """dsink_h = -(sum over the batch and the rows of head h of e^(sink_h - lse) * D).
 
-    sinks: (H,); lse, delta: (B, H, Tq), lse from the forward with these sinks and delta = D =
-    rowsum(dO * O) (``backward_delta``). The sink column's dP is dO . 0 = 0, so its dS = P_sink * (0 - D).
-    A row that saw no key has o = 0, so D = 0 and it adds nothing. Returns (H,) in sinks' dtype.
+    sinks: (H,); lse, delta: (B, H, Tq), lse from the forward with these sinks and
+    delta = D = rowsum(dO * O) (``backward_delta``). The sink's column has dP = dO . 0
+    = 0, so its dS = P_sink * (0 - D). A row that saw no key has o = 0, so D = 0 there.
+    Returns (H,) in sinks' dtype.
     """
-    p_sink = safe_exp_diff(sinks.double()[None, :, None], lse.double())  # (B, H, Tq): the sink's share
+    p_sink = safe_exp_diff(sinks.double()[None, :, None], lse.double())  # (B, H, Tq)
     return -(p_sink * delta.double()).sum(dim=(0, 2)).to(sinks.dtype)
 # --8<-- [end:gradient]
 
 
 # --8<-- [start:merge_sink]
 def merge_sink(o: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor):
-    """Fold the sinks into a finished (o, lse) computed without them: the sink is the partial of one
-    key whose value is zero, o = 0 and lse = sink, merged once like any other part.
+    """Fold the sinks into a finished (o, lse) computed without them.
 
-    o: (B, H, T, d_v); lse: (B, H, T); sinks: (H,). Returns (o, lse) in lse's dtype.
+    The sink is the partial of one key whose value is zero, o = 0 and lse = sink, and is
+    merged once like any other part. o: (B, H, T, d_v); lse: (B, H, T); sinks: (H,).
+    Returns (o, lse) in lse's dtype.
     """
-    sink_lse = sinks.to(lse.dtype)[None, :, None].expand_as(lse)  # (B, H, T): one key, score s_h
+    sink_lse = sinks.to(lse.dtype)[None, :, None].expand_as(lse)  # (B, H, T)
     return merge_partials(o, lse, torch.zeros_like(o), sink_lse)
 # --8<-- [end:merge_sink]
