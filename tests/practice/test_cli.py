@@ -71,7 +71,7 @@ def test_check_on_skeletons_and_a_planted_bug_fails_every_step_with_help(tmp_pat
         f"import sys\nsys.path.insert(0, {str(HERE.parents[1])!r})\n"
         "from tests.practice._reader_kernels import make_forward\n"
         "flash_attention = make_forward(padded_keys_neg_inf=False).flash_attention\n", encoding="utf-8")
-    proc = practice("check", tmp_path)
+    proc = practice("check", tmp_path, "--hint", "formula")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     out = proc.stdout
     assert "0 of 6 steps pass" in out
@@ -81,7 +81,19 @@ def test_check_on_skeletons_and_a_planted_bug_fails_every_step_with_help(tmp_pat
     assert "NotImplementedError: TODO" in out and "hint:  write flash_attention_forward in forward.py" in out
     assert "FAILED forward_kernel: B=1 H=2 Tq=20 Tk=37 D=16, block_q=16 block_k=16, no mask" in out
     assert "(and 1 more; -v shows them)" in out  # D = 24 pads keys too
-    assert "padded keys (columns j >= Tk of the last tile) must score -inf, not 0" in out
+    # the nudge names the symptom and where to look; --hint formula adds the formula on a line of its own
+    assert "hint:  your output is attention with the padded keys (columns j >= Tk of the last tile) scoring 0" in out
+    assert "formula: s = tl.where(j[None, :] < Tk, s, float('-inf'))" in out
+
+
+def test_the_default_hint_is_the_nudge_without_the_formula():
+    from flashtile.practice.battery import HINT_PADDED, Failure, StepResult, step_named
+    from flashtile.practice.cli import build_parser, failure_report
+
+    assert build_parser().parse_args(["check", "x"]).hint == "nudge"
+    result = StepResult(step_named("forward_kernel"), failures=[Failure("case", "error", HINT_PADDED, "ch")])
+    assert HINT_PADDED.nudge in failure_report(result) and "formula:" not in failure_report(result)
+    assert f"formula: {HINT_PADDED.formula}" in failure_report(result, level="formula")
 
 
 def test_check_passes_when_the_packages_functions_are_copied_in(tmp_path, capfd, monkeypatch):

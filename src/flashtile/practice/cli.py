@@ -15,9 +15,10 @@ from types import SimpleNamespace
 
 import torch
 
-from .battery import SITE, STEP_NAMES, STEPS, Failure, ReaderError, Sandboxed, Step, StepResult, run_step
+from .battery import SITE, STEP_NAMES, STEPS, Failure, Hint, ReaderError, Sandboxed, Step, StepResult, run_step
 
 TIME_LIMIT = 60.0  # seconds per case, and for importing each file
+HINT_LEVELS = ("nudge", "formula")
 
 SKELETONS = Path(__file__).with_name("skeletons")
 MARKER = "--8<--"
@@ -40,6 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"run only this step (repeatable): {', '.join(STEP_NAMES)}")
     check.add_argument("--fast", action="store_true", help="fewer cases per step")
     check.add_argument("--package", action="store_true", help="check flashtile's own functions instead of DIR")
+    check.add_argument("--hint", choices=HINT_LEVELS, default="nudge",
+                       help="nudge (default): each failure's symptom and where to look; formula: the formula too")
     check.add_argument("-v", "--verbose", action="store_true",
                        help="show every failing case (by default: the first of each step and a count)")
     check.add_argument("--time-limit", type=float, default=TIME_LIMIT, metavar="SECONDS",
@@ -63,6 +66,7 @@ this order, and check each step as you go:
     python -m flashtile.practice check .          # every step
     python -m flashtile.practice check . --fast   # fewer cases, quicker
     python -m flashtile.practice check . -v       # every failing case, not only the first of each step
+    python -m flashtile.practice check . --hint formula   # each hint with its formula
 
 | # | step | file | functions | chapter |
 |---|---|---|---|---|
@@ -70,7 +74,8 @@ this order, and check each step as you go:
 
 The checker compares against a float64 truth computed from the definition (einsum and torch.softmax).
 A failing case is named by its shapes, alignment and block sizes, with the error and a hint chosen
-from what your output looks like. Your code runs in a separate process with a time limit per case
+from what your output looks like: the output of a known mistake it matches (the symptom and where
+to look; --hint formula adds the formula), or, when it matches none, what differs and no guess. Your code runs in a separate process with a time limit per case
 (--time-limit, 60 s by default), so a hang or a sys.exit fails its case and the rest still run; the
 exit status is 0 only when every case passed. That process only answers calls: the checker builds each
 case's inputs and judges every answer itself, so nothing your code prints or writes can pass a case.
@@ -270,10 +275,11 @@ def _decode(value):
     raise ValueError(f"a value of type {type(value).__name__} in an answer")
 
 
-HINT_LOOP = ("look for a loop whose bound never moves (while without an update, a tile index that does not "
-             "advance); raise the limit with --time-limit if your code is only slow")
-HINT_ENDED = "do not end the process from your code"
-HINT_CHANNEL = "return your results; write nothing into the checker's pipe (print goes to standard error)"
+HINT_LOOP = Hint("time_limit", "look for a loop whose bound never moves (while without an update, a tile index that "
+                 "does not advance); raise the limit with --time-limit if your code is only slow")
+HINT_ENDED = Hint("ended", "do not end the process from your code")
+HINT_CHANNEL = Hint("channel", "return your results; write nothing into the checker's pipe (print goes to standard "
+                    "error)")
 
 
 class Sandbox:
@@ -413,15 +419,15 @@ def run_checked(step: Step, sandbox: Sandbox, fast: bool) -> StepResult:
         impl = sandbox.load(step)
     except ReaderError as exc:
         progress(False)
-        return StepResult(step, failures=[Failure(f"importing {step.file}.py", exc.error,
-                                                  exc.hint or "fix the file so that it imports", step.chapter)])
+        return StepResult(step, failures=[Failure(f"importing {step.file}.py", exc.error, exc.hint or Hint(
+            "import", "fix the file so that it imports: look at the line the error names"), step.chapter)])
     return run_step(step, impl, fast=fast, on_start=lambda n, case: sandbox.start_case(),
                     on_case=lambda n, case, failure: progress(failure is None))
 
 
 # --8<-- [start:check]
 def check(directory: Path | None, steps: list[str] | None, fast: bool, verbose: bool = False,
-          time_limit: float = TIME_LIMIT) -> int:
+          time_limit: float = TIME_LIMIT, hint: str = "nudge") -> int:
     """Run the chosen steps, the reader's code in a worker process and every judgement here; exit status 0
     only when every case of every step passed."""
     env = worker_environment()
@@ -436,15 +442,15 @@ def check(directory: Path | None, steps: list[str] | None, fast: bool, verbose: 
             print(f" {'ok' if results[-1].ok else 'FAILED'}")
     for result in results:
         if not result.ok:
-            print("\n" + failure_report(result, verbose))
+            print("\n" + failure_report(result, verbose, hint))
     print(summary_table(results))
     return 0 if all(r.ok and r.passed for r in results) else 1
 # --8<-- [end:check]
 
 
-def failure_report(result: StepResult, verbose: bool = False) -> str:
+def failure_report(result: StepResult, verbose: bool = False, level: str = "nudge") -> str:
     """A step's failures: the first (it says the most) and how many more, or with ``verbose`` every one,
-    each with the case, the error, the hint and the chapter."""
+    each with the case, the error, the hint at ``level`` (nudge, or formula too) and the chapter."""
     if result.ok:
         return f"{result.step.name}: all {result.passed} cases pass"
     shown = result.failures if verbose else result.failures[:1]
@@ -454,7 +460,7 @@ def failure_report(result: StepResult, verbose: bool = False) -> str:
         lines += [f"FAILED {result.step.name}: {failure.case}" + (f"  (and {more} more; -v shows them)"
                                                                    if more > 0 else ""),
                   f"  error: {failure.error}",
-                  f"  hint:  {failure.hint}",
+                  f"  hint:  {failure.hint.text(level) if isinstance(failure.hint, Hint) else failure.hint}",
                   f"  read:  {SITE}{failure.chapter}"]
     return "\n".join(lines)
 
@@ -493,7 +499,8 @@ def main(argv: list[str] | None = None) -> int:
         build_parser().error(f"--time-limit must be a positive number of seconds (inf for no limit), got "
                              f"{args.time_limit:g}")
     try:
-        return check(None if args.package else args.dir, args.step, args.fast, args.verbose, args.time_limit)
+        return check(None if args.package else args.dir, args.step, args.fast, args.verbose, args.time_limit,
+                     args.hint)
     except WorkerError as exc:
         print(f"\nerror: {exc}; its messages are above", file=sys.stderr)
         return 1

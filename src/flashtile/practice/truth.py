@@ -25,12 +25,14 @@ def visible(Tq: int, Tk: int, causal: bool, alignment: str = "upper_left") -> to
     return torch.arange(Tk)[None, :] <= torch.arange(Tq)[:, None] + offset
 
 
-def attention_truth(q, k, v, causal=False, scale=None, alignment="upper_left"):
-    """(o, lse) in float64 for (B, H, Tq, D) q and (B, H, Tk, D) k, v; differentiable."""
+def attention_truth(q, k, v, causal=False, scale=None, alignment="upper_left", mask=None):
+    """(o, lse) in float64 for (B, H, Tq, D) q and (B, H, Tk, D) k, v; differentiable. ``mask``: a boolean
+    (..., Tq, Tk) visibility to use instead of causal and alignment's."""
     q, k, v = (t.double().cpu() for t in (q, k, v))
     tau = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     s = tau * torch.einsum("bhid,bhjd->bhij", q, k)
-    s = s.masked_fill(~visible(q.shape[2], k.shape[2], causal, alignment), float("-inf"))
+    seen = visible(q.shape[2], k.shape[2], causal, alignment) if mask is None else mask
+    s = s.masked_fill(~seen, float("-inf"))
     lse = torch.logsumexp(s, dim=-1)
     empty = torch.isneginf(lse)[..., None]  # a row that sees no key: P = 0, not softmax's NaN
     p = torch.where(empty, 0.0, torch.softmax(torch.where(empty, 0.0, s), dim=-1))
@@ -48,14 +50,16 @@ def attention_grads_truth(q, k, v, do, causal=False, scale=None, alignment="uppe
     return o.detach(), lse.detach(), dq, dk, dv
 
 
-def backward_equations(q, k, v, o, lse, do, causal=False, scale=None, alignment="upper_left"):
+def backward_equations(q, k, v, o, lse, do, causal=False, scale=None, alignment="upper_left", mask=None):
     """(dq, dk, dv) in float64 from the backward's equations with the GIVEN o and lse, densely:
     P = exp(τ Q Kᵀ - lse) (0 where hidden), dV = Pᵀ dO, dS = P ∘ (dO Vᵀ - rowsum(dO ∘ O)), dQ = τ dS K,
     dK = τ dSᵀ Q. With the o and lse of the same τ and mask it equals ``attention_grads_truth``; the
-    battery evaluates it at another τ or mask to recognise a backward that used them."""
+    battery evaluates it at another τ or mask (``mask``: a boolean (Tq, Tk) visibility instead of causal and
+    alignment's) to recognise a backward that used them."""
     q, k, v, o, lse, do = (t.detach().double().cpu() for t in (q, k, v, o, lse, do))
     tau = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    seen = visible(q.shape[2], k.shape[2], causal, alignment) & ~torch.isneginf(lse)[..., None]
+    seen = visible(q.shape[2], k.shape[2], causal, alignment) if mask is None else mask
+    seen = seen & ~torch.isneginf(lse)[..., None]
     p = torch.where(seen, torch.exp(tau * q @ k.transpose(-1, -2) - torch.where(seen, lse[..., None], 0.0)), 0.0)
     ds = p * (do @ v.transpose(-1, -2) - (do * o).sum(-1, keepdim=True))
     return tau * ds @ k, tau * ds.transpose(-1, -2) @ q, p.transpose(-1, -2) @ do
