@@ -589,8 +589,9 @@ def backward_config(head_dim: int, dtype: torch.dtype, seq_len: int = 0, atomic_
     tma = "auto" if long and work >= TMA_MIN_WORK else False
     if atomic_dq and tma:  # dQ shares as bulk adds through TMA (DQ_REDUCE): larger dK/dV tiles fit
         return dict(dkdv=ATOMIC_BULK_DKDV[max(pad, 64)], dq=(64, 64, 4, 3), tma=tma)  # (dq: the preprocess's rows)
-    if pad <= 64:
-        return dict(dkdv=(32, 128, 4, 3), dq=(64, 64, 4, 3), tma=tma)
+    if pad <= 64:  # below 1k tokens, 64 x 64 dK/dV tiles (sweeps/backward-d64-rung-settings.json)
+        short = not long and not atomic_dq
+        return dict(dkdv=(64, 64, 4, 3) if short else (32, 128, 4, 3), dq=(64, 64, 4, 3), tma=tma)
     if pad == 128:
         return dict(dkdv=(64, 64, 4, 2) if long and not atomic_dq else (32, 64, 4, 3), dq=(128, 64, 8, 3), tma=tma)
     if atomic_dq:  # D = 256 through pointers: the per-element adds' dQ tile leaves room for small tiles only
