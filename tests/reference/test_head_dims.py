@@ -214,3 +214,14 @@ def test_the_backward_wants_o_and_do_in_d_v():
         flash_attention_backward(q, k, v, torch.zeros_like(q), lse, do)
     with pytest.raises(ValueError, match=r"do must have shape \(B, H, Tq, d_v\)"):
         flash_attention_backward(q, k, v, o, lse, torch.zeros_like(q))
+
+
+def test_the_counts_refuse_what_cannot_fit_or_count():
+    with pytest.raises(ValueError, match=r"M must hold a row of each of K, V, Q, O: M >= 640, got 639"):
+        tile_sizes_qk_v(639, 192, 128)
+    assert tile_sizes_qk_v(640, 192, 128) == (1, 1)
+    with pytest.raises(ValueError, match=r"d_v"):
+        flash_traffic_qk_v(10, 8, 0, 1000)
+    with pytest.raises(ValueError, match=r"pairs"):
+        head_dim_flops(-1, 8, 8)
+    assert head_dim_flops(0, 8, 8) == (0, 0)

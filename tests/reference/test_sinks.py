@@ -145,6 +145,8 @@ def test_a_sink_of_minus_inf_is_no_sink(problem):
     for got, expected in ((o, o0), (lse, lse0), (dq, dq0), (dk, dk0), (dv, dv0)):
         assert torch.equal(got, expected)
     assert torch.equal(dsinks, torch.zeros_like(dsinks))
+    o_merged, lse_merged = merge_sink(o0, lse0, none)  # merged at the end, it is no part at all
+    assert torch.equal(o_merged, o0) and torch.equal(lse_merged, lse0)
 
 
 @SETTINGS
