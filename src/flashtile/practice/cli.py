@@ -75,8 +75,9 @@ this order, and check each step as you go:
 The checker compares against a float64 truth computed from the definition (einsum and torch.softmax).
 A failing case is named by its shapes, alignment and block sizes, with the error and a hint chosen
 from what your output looks like: the output of a known mistake it matches (the symptom and where
-to look; --hint formula adds the formula), or, when it matches none, what differs and no guess. Your code runs in a separate process with a time limit per case
-(--time-limit, 60 s by default), so a hang or a sys.exit fails its case and the rest still run; the
+to look; --hint formula adds the formula), or, when it matches none, what differs and no guess.
+Your code runs in a separate process with a time limit per case (--time-limit, 60 s by default),
+so a hang or a sys.exit fails its case and the rest still run; the
 exit status is 0 only when every case passed. That process only answers calls: the checker builds each
 case's inputs and judges every answer itself, so nothing your code prints or writes can pass a case.
 Triton steps run through the Triton interpreter when there is no CUDA device (the checker sets
