@@ -251,3 +251,20 @@ def test_a_spawned_worker_gives_the_same_verdicts_as_a_forked_one(tmp_path, capf
     proc = practice_here(capfd, "check", "--package", "--step", "online_softmax", "--fast")
     assert proc.returncode == 0 and "1 of 1 steps pass" in proc.stdout, proc.stdout + proc.stderr
     assert not forks
+
+
+@pytest.mark.parametrize("step", ["backward", "forward_kernel"])
+def test_one_steps_check_costs_under_4_seconds_of_cpu(step):
+    # CPU time (the checker and its worker), not wall time, so that other work on the machine does not
+    # count: on an idle 2-core machine one step's check, Python's start and torch's import included, takes
+    # about what it costs; the exit skips the interpreter's teardown of torch's modules, so the output must
+    # still be whole when it returns
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    proc = practice("check", "--package", "--step", step)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.rstrip().endswith("1 of 1 steps pass")
+    assert cpu < 4.0, f"{step}: {cpu:.2f} s of CPU"
