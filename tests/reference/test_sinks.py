@@ -265,3 +265,21 @@ def test_bad_sinks_get_a_clear_error(name, sinks, error, message):
     q, k, v, _ = inputs(torch.Generator().manual_seed(0), 1, 2, 1, 3, 3, 4, 4)
     with pytest.raises(error, match=message):
         flash_attention_forward(q, k, v, sinks=sinks)
+
+
+def test_reference_attention_takes_sinks_through_autograd_gradcheck_and_refuses_a_second_derivative():
+    from flashtile.reference.autograd import reference_attention
+
+    gen = torch.Generator().manual_seed(10)
+    q, k, v, _ = inputs(gen, 1, 2, 1, 5, 6, 4, 3)
+    sinks = torch.tensor([0.3, -0.5], dtype=torch.float64)
+    leaves = [t.requires_grad_() for t in (q, k, v, sinks)]
+    call = lambda q, k, v, s: reference_attention(q, k, v, True, None, 2, 4, "lower_right", window=(2, 0), sinks=s)
+    assert torch.autograd.gradcheck(call, leaves)
+    o = call(*leaves)
+    dsinks = torch.autograd.grad(o.sum(), leaves[3], create_graph=True)[0]
+    _, _, grads_ref = truth_with_grads(q, k, v, torch.ones_like(o), sinks, causal=True, alignment="lower_right",
+                                       window=(2, 0))  # fmt: skip
+    assert torch.allclose(dsinks, grads_ref[3], rtol=1e-12, atol=1e-13)
+    with pytest.raises(NotImplementedError, match="double backward"):
+        torch.autograd.grad(dsinks.sum(), leaves[0])

@@ -10,7 +10,7 @@ varlen          attention within each packed document, on (total_tokens, H, D) t
 backward        the tiled backward with D = rowsum(dO * O) and recomputed P
 sinks           attention sinks: the online softmax's start state, its gradient through D, the merge
 head_dims       unequal head dims: q, k of width d_qk, v, o of width d_v; the FLOPs of each
-autograd        a torch.autograd.Function that saves only q, k, v, o and lse
+autograd        a torch.autograd.Function that saves only q, k, v, o and lse (and the sinks)
 io_model        HBM traffic of standard attention against FlashAttention (Theorem 2)
 footprint       measuring memory: the largest temporary, and what autograd saves
 """

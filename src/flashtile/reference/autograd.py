@@ -1,7 +1,8 @@
 """A ``torch.autograd.Function`` around the reference forward and backward.
 
-It saves exactly what the backward needs, q, k, v, o and the (B, H, Tq) log-sum-exp, and never a
-Tq x Tk tensor: that is the memory saving of FlashAttention in training, made checkable.
+It saves exactly what the backward needs, q, k, v, o and the (B, H, Tq) log-sum-exp (and the (H,) sinks
+when there are any), and never a Tq x Tk tensor: that is the memory saving of FlashAttention in training,
+made checkable.
 
 The backward is not itself differentiable. A second derivative (a gradient penalty, a Hessian-vector
 product, ``torch.autograd.gradgradcheck``) raises ``NotImplementedError``, as ``flashtile.attention``
@@ -13,8 +14,9 @@ from __future__ import annotations
 
 import torch
 
-from .backward import flash_attention_backward
+from .backward import backward_delta, flash_attention_backward
 from .forward import flash_attention_forward
+from .sinks import sink_gradient
 
 DOUBLE_BACKWARD = (
     "reference_attention supports one backward pass: double backward (a gradient of a gradient, as in "
@@ -24,12 +26,13 @@ DOUBLE_BACKWARD = (
 
 
 class NoSecondDerivative(torch.autograd.Function):
-    """Hands the first derivatives (dq, dk, dv) on unchanged, tied to q, k, v and do; differentiating
-    them again raises. Applied only under ``create_graph=True``, the one case where they could be."""
+    """Hands the first derivatives (dq, dk, dv, and dsinks with sinks) on unchanged, tied to q, k, v and do;
+    differentiating them again raises. Applied only under ``create_graph=True``, the one case where they
+    could be."""
 
     @staticmethod
-    def forward(q, k, v, do, dq, dk, dv):
-        return dq.clone(), dk.clone(), dv.clone()
+    def forward(q, k, v, do, *grads):
+        return tuple(g.clone() for g in grads)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -47,39 +50,44 @@ class FlashAttentionFunction(torch.autograd.Function):
     # forward and setup_context are separate so that torch.func.grad works; forward-mode AD (no jvp) and
     # vmap (the forward writes tiles in place) raise torch's own clear errors instead of a wrong tangent.
     @staticmethod
-    def forward(q, k, v, causal, scale, block_q, block_k, alignment, window=None, softcap=None):
+    def forward(q, k, v, causal, scale, block_q, block_k, alignment, window=None, softcap=None, sinks=None):
         return flash_attention_forward(q, k, v, causal, scale, block_q, block_k, alignment, window=window,
-                                       softcap=softcap)  # fmt: skip
+                                       softcap=softcap, sinks=sinks)  # fmt: skip
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        q, k, v, causal, scale, block_q, block_k, alignment, *masks = inputs  # apply() may leave the last two out
-        window, softcap = (*masks, None, None)[:2]
+        q, k, v, causal, scale, block_q, block_k, alignment, *extra = inputs  # apply() may leave the last ones out
+        window, softcap, sinks = (*extra, None, None, None)[:3]
         o, lse = output
-        ctx.save_for_backward(q, k, v, o, lse)  # lse is (B, H, Tq): O(T), not O(T^2)
+        ctx.save_for_backward(q, k, v, o, lse, *([] if sinks is None else [sinks]))  # lse: O(T), not O(T^2)
         ctx.config = (causal, scale, block_q, block_k, alignment)
         ctx.masks = dict(window=window, softcap=softcap)  # the same window and cap in both directions
         ctx.mark_non_differentiable(lse)
 
     @staticmethod
     def backward(ctx, do, _dlse):
-        q, k, v, o, lse = ctx.saved_tensors
+        q, k, v, o, lse, *sinks = ctx.saved_tensors
         causal, scale, block_q, block_k, alignment = ctx.config
         with torch.no_grad():  # the tiled backward is not differentiable: record nothing of it
-            dq, dk, dv = flash_attention_backward(
-                q, k, v, o, lse, do.contiguous(), causal, scale, block_q, block_k, alignment, **ctx.masks
-            )
-        if torch.is_grad_enabled():  # create_graph=True: a second backward through dq, dk, dv raises, never lies
-            dq, dk, dv = NoSecondDerivative.apply(q, k, v, do, dq, dk, dv)
-        return dq, dk, dv, None, None, None, None, None, None, None
+            do = do.contiguous()
+            grads = flash_attention_backward(q, k, v, o, lse, do, causal, scale, block_q, block_k, alignment,
+                                             **ctx.masks)  # fmt: skip
+            if sinks:  # the sinks' column of dS, summed per head (reference.sinks)
+                grads = (*grads, sink_gradient(sinks[0], lse, backward_delta(o, do)))
+        if torch.is_grad_enabled():  # create_graph=True: a second backward through them raises, never lies
+            grads = NoSecondDerivative.apply(q, k, v, do, *grads)
+        dq, dk, dv, *dsinks = grads
+        dsinks = dsinks[0] if dsinks else None
+        return (dq, dk, dv, None, None, None, None, None, None, None, dsinks)[: len(ctx.needs_input_grad)]
 # --8<-- [end:function]
 
 
 def reference_attention(
     q, k, v, causal: bool = False, scale: float | None = None, block_q: int = 16, block_k: int = 16,
-    alignment: str = "upper_left", *, window=None, softcap: float | None = None,
+    alignment: str = "upper_left", *, window=None, softcap: float | None = None, sinks=None,
 ):
-    """Differentiable reference attention: returns o; gradients flow to q, k and v. window and softcap as in
-    ``flash_attention_forward``."""
-    o, _lse = FlashAttentionFunction.apply(q, k, v, causal, scale, block_q, block_k, alignment, window, softcap)
+    """Differentiable reference attention: returns o; gradients flow to q, k, v and the sinks. window,
+    softcap and sinks as in ``flash_attention_forward``."""
+    o, _lse = FlashAttentionFunction.apply(q, k, v, causal, scale, block_q, block_k, alignment, window, softcap,
+                                           sinks)  # fmt: skip
     return o
