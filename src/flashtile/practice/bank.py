@@ -22,6 +22,7 @@ _GROUP = re.compile(r"^## (\w+)\s*$", re.M)
 _QUESTION = re.compile(r"^### ([AGIDC]\d+)\. (.+?) \{#([a-z]\d+)\}\s*$", re.M)
 _TAG = re.compile(r"^\*(easy|medium|hard)\*", re.M)
 _CHAPTER = re.compile(r"\]\(\.\./(part-[abc]/[a-z0-9-]+)\.md(#[a-z0-9-]+)?\)")
+_DERIVED = re.compile(r"[Dd]erived\s+in:\s*\[[^\]]*" + _CHAPTER.pattern[1:])
 _LINK = re.compile(r"\[([^\]]+)\]\([^)]+\)")
 
 
@@ -50,7 +51,7 @@ def _entry(group: str, qid: str, text: str, body: str) -> Question:
     block = textwrap.dedent(body.split(marker, 1)[1])
     prose, _, rest = block.partition("```python\n")
     claim = rest.partition("```")[0]
-    chapter = _CHAPTER.search(prose)
+    chapter = _DERIVED.search(prose) or _CHAPTER.search(prose)  # the link after "Derived in:", else the first
     if chapter is None:
         raise ValueError(f"question {qid}'s answer links no chapter")
     page, anchor = chapter.group(1), chapter.group(2) or ""

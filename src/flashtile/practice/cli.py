@@ -49,6 +49,17 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"fail a case (or a file's import) that runs longer than this (default {TIME_LIMIT:g}; "
                             "inf: no limit)")
     sub.add_parser("steps", help="list the steps, their files and chapters")
+    mock = sub.add_parser("interview", help="a mock interview: questions, a timed coding step, a record")
+    mock.add_argument("--questions", type=int, default=5, metavar="N", help="how many questions (default 5)")
+    mock.add_argument("--difficulty", action="append", choices=("easy", "medium", "hard"),
+                      help="draw only questions of this difficulty (repeatable)")
+    mock.add_argument("--dir", type=Path, metavar="DIR", help="your modules, for the coding step (none without)")
+    mock.add_argument("--step", choices=STEP_NAMES, help="the coding step (default: the first not passed yet)")
+    mock.add_argument("--minutes", type=float, default=30.0, help="time for the coding step (default 30)")
+    mock.add_argument("--record", type=Path, metavar="FILE",
+                      help="the JSON record of attempts (default: DIR/.flashtile-practice-record.json, or in your "
+                           "home folder without --dir)")
+    mock.add_argument("--seed", type=int, help="seed of the draw (default: a new draw each time)")
     return parser
 # --8<-- [end:parser]
 
@@ -490,6 +501,22 @@ def main(argv: list[str] | None = None) -> int:
         return init(args.dir, args.force)
     if args.command == "steps":
         return list_steps()
+    if args.command == "interview":
+        from .mock import interview
+
+        if args.dir is not None and not args.dir.is_dir():
+            print(f"error: {args.dir} is not a folder (python -m flashtile.practice init {args.dir} writes one)",
+                  file=sys.stderr)
+            return 2
+        try:
+            return interview(args.questions, args.difficulty, args.dir, args.step, args.minutes, args.record,
+                             args.seed)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            print("\ninterrupted: nothing recorded", file=sys.stderr)
+            return 130
     if args.dir is None and not args.package:
         build_parser().error("check needs DIR (or --package for flashtile's own functions)")
     if not args.package and not args.dir.is_dir():
