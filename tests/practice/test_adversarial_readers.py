@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from flashtile.practice.battery import HINT_MEMORY, run_step, step_named
+from flashtile.practice.battery import HINT_MEMORY, STEPS, run_step, step_named
 from flashtile.practice.cli import main
 from tests.practice import _reader_strips
 
@@ -94,7 +94,8 @@ def test_forged_results_written_through_any_reachable_channel_do_not_pass(tmp_pa
                           capture_output=True, encoding="utf-8", errors="replace", timeout=300)  # the frames are bytes
     out = proc.stdout
     assert proc.returncode == 1, out + proc.stderr
-    assert "0 of 6 steps pass" in out and "6 of 6" not in out and '"event"' not in out, out
+    n = len(STEPS)
+    assert f"0 of {n} steps pass" in out and f"{n} of {n}" not in out and '"event"' not in out, out
     for step in ("online_softmax", "forward", "causal", "backward", "fused_softmax", "forward_kernel"):
         assert f"FAILED {step}: " in out, out
 
@@ -113,7 +114,7 @@ def test_forged_frames_after_a_right_answer_do_not_pass(tmp_path, capfd):
     assert code == 1, out
     assert "could not be read" in out and "0 of 1 steps pass" in out, out
     assert "write nothing into the checker's pipe" in out
-    assert "6 of 6" not in out and '"event"' not in out
+    assert f"{len(STEPS)} of {len(STEPS)}" not in out and '"event"' not in out
 
 
 def test_an_answer_is_read_as_data_never_run_as_code(tmp_path):

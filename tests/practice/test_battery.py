@@ -41,7 +41,7 @@ from flashtile.practice.battery import (
 )
 from flashtile.practice.truth import attention_grads_truth, backward_equations
 
-from . import _reader_forward, _reader_kernels, _reader_online_softmax
+from . import _reader_drills, _reader_forward, _reader_kernels, _reader_online_softmax
 
 REPO = Path(__file__).resolve().parents[2]
 PRACTICE = REPO / "src" / "flashtile" / "practice"
@@ -72,6 +72,12 @@ READERS = {
     "backward": lambda: _reader_forward.make_backward(),
     "fused_softmax": lambda: _reader_kernels.make_softmax(),
     "forward_kernel": lambda: _reader_kernels.make_forward(),
+    "autograd": lambda: _reader_drills.make_autograd(),
+    "gqa": lambda: _reader_drills.make_gqa(),
+    "window": lambda: _reader_drills.make_window(),
+    "paged": lambda: _reader_drills.make_decode(),
+    "decode": lambda: _reader_drills.make_decode(),
+    "varlen": lambda: _reader_drills.make_varlen(),
 }
 
 
@@ -241,11 +247,12 @@ def test_a_module_missing_a_function_fails_with_its_name():
 
 
 def test_the_battery_and_its_truth_import_nothing_else_from_flashtile():
-    for name in ("battery.py", "truth.py"):
+    for name in ("battery.py", "drills.py", "truth.py"):
         tree = ast.parse((PRACTICE / name).read_text(encoding="utf-8"))
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom):
-                assert node.level == 1 and node.module in ("truth",) or node.level == 0, (name, node.module)
+                assert node.level == 1 and node.module in ("truth", "battery", "drills") or node.level == 0, (
+                    name, node.module)
                 assert not (node.module or "").startswith("flashtile"), (name, node.module)
             if isinstance(node, ast.Import):
                 assert not any(a.name.startswith("flashtile") for a in node.names), name
@@ -273,7 +280,8 @@ def test_every_case_name_says_its_shapes_or_sizes():
 
 def test_steps_follow_the_labs_order():
     assert [s.name for s in battery.STEPS] == [
-        "online_softmax", "forward", "causal", "backward", "fused_softmax", "forward_kernel"]
+        "online_softmax", "forward", "causal", "backward", "fused_softmax", "forward_kernel", "autograd", "gqa",
+        "window", "paged", "decode", "varlen"]
 
 
 def test_the_footprint_is_not_wrapped_to_disable_dynamo():

@@ -194,10 +194,49 @@ class ReaderError(Exception):
 
 
 class Sandboxed:
-    """A module whose functions run in another process; ``measured`` asks that process for the footprint."""
+    """A module whose functions run in another process; ``measured`` asks that process for the footprint,
+    ``grad_call`` for a call and its gradients (see ``grad_call``)."""
 
     def measured(self, thunk: Callable[[], object]):
         raise NotImplementedError
+
+    def grad_call(self, name: str, args: tuple, kwargs: dict, wrt: list[int], do: torch.Tensor):
+        raise NotImplementedError
+
+
+# --8<-- [start:grad_call]
+def grad_call(function, args, kwargs, wrt, do):
+    """``function(*args, **kwargs)`` with args[i] (i in ``wrt``) as leaves that require a gradient, then the
+    gradients of its output (the first element of a tuple) against dO: (output, grads or None when the output
+    carries no gradient, total bytes autograd saved for the backward, the most elements of one saved tensor).
+    Runs where the function runs (the worker), since a graph cannot cross processes."""
+    args = list(args)
+    for i in wrt:
+        args[i] = args[i].detach().clone().requires_grad_()
+    storages: dict[int, int] = {}
+    largest = 0
+
+    def pack(t):
+        nonlocal largest
+        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        largest = max(largest, t.numel())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = function(*args, **kwargs)
+    o = out[0] if isinstance(out, tuple | list) and out else out
+    grads = None
+    if isinstance(o, torch.Tensor) and o.grad_fn is not None:
+        grads = tuple(torch.autograd.grad(o, [args[i] for i in wrt], do, allow_unused=True))
+    return out, grads, sum(storages.values()), largest
+# --8<-- [end:grad_call]
+
+
+def call_with_grads(impl, name: str, args: tuple, kwargs: dict, wrt: list[int], do: torch.Tensor):
+    """``grad_call`` of the implementation's function ``name``, where the implementation runs."""
+    if isinstance(impl, Sandboxed):
+        return impl.grad_call(name, args, kwargs, wrt, do)
+    return grad_call(getattr(impl, name), args, kwargs, wrt, do)
 
 
 def measured(impl, thunk: Callable[[], object]):
@@ -1133,6 +1172,8 @@ def forward_kernel_cases() -> list[Case]:
     ]
 
 
+from .drills import autograd_cases, decode_cases, gqa_cases, paged_cases, varlen_cases, window_cases  # noqa: E402
+
 # --8<-- [start:steps]
 STEPS: tuple[Step, ...] = (
     Step("online_softmax", "online_softmax", "flashtile.reference.online_softmax",
@@ -1149,6 +1190,18 @@ STEPS: tuple[Step, ...] = (
     Step("forward_kernel", "forward_kernel", "flashtile.kernels.forward", ("flash_attention",),
          "part-b/forward-kernel/#the-derivation", "Triton forward kernel and launcher", forward_kernel_cases,
          triton=True),
+    Step("autograd", "autograd", "flashtile.reference.autograd", ("reference_attention",),
+         "part-a/backward/#the-listing", "autograd.Function: save lse, pass causal and scale on", autograd_cases),
+    Step("gqa", "gqa", "flashtile.reference.forward", ("flash_attention_forward",),
+         "part-c/decode/#the-derivation", "drill: grouped-query attention (H_kv < H)", gqa_cases),
+    Step("window", "window", "flashtile.reference.forward", ("flash_attention_forward",),
+         "part-a/beyond-causal/#the-derivation", "drill: a sliding window, its tiles skipped", window_cases),
+    Step("paged", "decode", "flashtile.reference.decode", ("gather_pages",),
+         "part-c/decode/#the-derivation", "drill: the paged-KV gather through a block table", paged_cases),
+    Step("decode", "decode", "flashtile.reference.decode", ("decode_attention_reference",),
+         "part-c/decode/#the-derivation", "drill: split-KV decode and the merge of partials", decode_cases),
+    Step("varlen", "varlen", "flashtile.reference.varlen", ("varlen_attention_forward",),
+         "part-a/beyond-causal/#the-derivation", "drill: packed documents (cu_seqlens)", varlen_cases),
 )
 # --8<-- [end:steps]
 

@@ -379,9 +379,9 @@ class Sandbox:
         self.loaded = (step.file, step.package_module, tuple(f for f in functions if f in step.functions))
         return ReaderModule(self, step.file, self.loaded[2])
 
-    def call(self, file: str, function: str, args: tuple, kwargs: dict, footprint=None):
+    def call(self, file: str, function: str, args: tuple, kwargs: dict, footprint=None, grad=None):
         answer = self.ask({"op": "call", "file": file, "function": function, "args": list(args), "kwargs": kwargs,
-                           "measure": footprint is not None})
+                           "measure": footprint is not None, "grad": grad})
         try:
             value = _decode(answer.get("value"))
             if footprint is not None:
@@ -410,6 +410,16 @@ class ReaderModule(Sandboxed):
         if name.startswith("_") or name not in self._functions:
             raise AttributeError(name)
         return lambda *args, **kwargs: self._sandbox.call(self._file, name, args, kwargs, self._footprint)
+
+    def grad_call(self, name: str, args: tuple, kwargs: dict, wrt: list[int], do):
+        if name not in self._functions:
+            raise AttributeError(name)
+        value = self._sandbox.call(self._file, name, args, kwargs, grad={"wrt": list(wrt), "do": do})
+        if not (type(value) is tuple and len(value) == 4 and type(value[2]) is int and type(value[3]) is int
+                and (value[1] is None or type(value[1]) is tuple)):
+            raise self._sandbox._lose("the answer of the process running your code could not be read: something "
+                                      "wrote into the checker's pipe", HINT_CHANNEL)
+        return value
 
     def measured(self, thunk):
         """``thunk()`` and the footprint of the calls it made, as the worker measured them around each call."""

@@ -34,7 +34,7 @@ from types import ModuleType
 
 import torch
 
-from .battery import Footprint, _short_error, warm_up
+from .battery import Footprint, _short_error, grad_call, warm_up
 
 MAX_FRAME = 1 << 28  # bytes; an answer of the battery's cases is kilobytes
 HEADER = struct.Struct("<Q")
@@ -142,7 +142,10 @@ def serve(requests: int, answers: int, directory: Path | None) -> None:
                                                   if callable(getattr(module, f, None))])
             else:  # "call"
                 function = getattr(modules[request["file"]], request["function"])
-                if request["measure"]:
+                if request.get("grad") is not None:  # the call and its gradients, here where the graph is
+                    grad = request["grad"]
+                    value = grad_call(function, request["args"], request["kwargs"], grad["wrt"], grad["do"])
+                elif request["measure"]:
                     with Footprint() as footprint:
                         value = function(*request["args"], **request["kwargs"])
                     answer["footprint"] = [footprint.largest_tensor, footprint.python_peak,

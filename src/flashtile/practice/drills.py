@@ -1,0 +1,401 @@
+"""The practice battery's later steps: the autograd.Function wiring, and drills on the variants interviews
+ask about (GQA, a sliding window, split-KV decode and its merge, the paged-KV gather, packed varlen).
+
+Like ``battery``, this module imports nothing else from flashtile: each truth is the definition in float64
+(``truth.attention_truth`` under the variant's own visibility), and each symptom rule compares a wrong
+answer with the output a known mistake gives.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .battery import (
+    HINT_ALIGNMENT,
+    HINT_MASK_BACKWARD,
+    HINT_NEG_INF,
+    AttentionInputs,
+    Case,
+    Hint,
+    PracticeFailure,
+    Shape,
+    attention_symptom,
+    backward_symptom,
+    call_with_grads,
+    check_dtype,
+    compare,
+    matches,
+    nan_symptom,
+    randn,
+    with_symptom,
+)
+from .truth import attention_grads_truth, attention_truth, backward_equations
+
+# ---------------------------------------------------------------------------------------------------
+# Step 7: the autograd.Function wiring (the reader's forward and backward, saved lse, causal passed on)
+# ---------------------------------------------------------------------------------------------------
+HINT_NO_GRAD = Hint(
+    "no_grad", "o carries no gradient (no grad_fn): the output does not come out of your Function's apply; look "
+    "at reference_attention", "o, lse = FlashAttentionFunction.apply(q, k, v, causal, scale, ...); return o")
+HINT_WIRING = Hint(
+    "wiring", "your gradients are the right equations with another mask, scale or alignment than the forward's: "
+    "what the forward was given does not reach the backward; look at what ctx keeps",
+    "in forward: ctx.save_for_backward(q, k, v, o, lse); ctx.causal, ctx.scale, ctx.alignment = causal, scale, "
+    "alignment; in backward: flash_attention_backward(q, k, v, o, lse, do, ctx.causal, ctx.scale, ...)")
+HINT_SAVED = Hint(
+    "saved", "autograd saved more than q, k, v, o and lse for the backward: autograd is recording your forward's "
+    "tiles (or you saved P); look at what the forward keeps",
+    "compute o, lse inside Function.forward (no graph is recorded there) and save_for_backward(q, k, v, o, lse)")
+
+
+def _autograd_case(s: Shape, memory: bool = False, seed: int = 0):
+    def run(impl):
+        q, k, v = (randn(s.B, s.H, T, s.D, seed=seed + i) for i, T in enumerate((s.Tq, s.Tk, s.Tk)))
+        do = randn(s.B, s.H, s.Tq, s.D, seed=seed + 3)
+        o_ref, lse_ref, *grads = attention_grads_truth(q, k, v, do, s.causal, s.scale, s.alignment)
+        kwargs = dict(causal=s.causal, scale=s.scale, block_q=s.block_q, block_k=s.block_k, alignment=s.alignment)
+        out, got, saved, largest = call_with_grads(impl, "reference_attention", (q, k, v), kwargs, [0, 1, 2], do)
+        o = out[0] if isinstance(out, tuple | list) else out
+        a = AttentionInputs(q, k, v, s.causal, s.scale, s.alignment, s.block_k, 1e-10, torch.float64, s.block_q)
+        with_symptom(lambda: compare("o", o, o_ref, 1e-10), lambda: attention_symptom(a, o, lse_ref))
+        if got is None:
+            raise PracticeFailure("o carries no gradient (o.grad_fn is None)", HINT_NO_GRAD, "o has no grad_fn")
+
+        def same(scale, alignment, causal=s.causal, mask=None):
+            alt = backward_equations(q, k, v, o_ref, lse_ref, do, causal, scale, alignment, mask)
+            return all(matches(g, r, 1e-9) for g, r in zip(got, alt))
+
+        def symptom():
+            hint = backward_symptom(s, (q, k, v, o_ref, lse_ref, do), got, grads, same)
+            if hint is not None and (hint is HINT_MASK_BACKWARD or hint.name in ("alignment", "scale")):
+                return HINT_WIRING  # the backward itself passed its step: what it is given is wrong
+            return hint
+
+        with_symptom(lambda: [compare(n, g, r, 1e-10) for n, g, r in zip(("dq", "dk", "dv"), got, grads)], symptom)
+        if memory:
+            need = sum(t.numel() * t.element_size() for t in (q, k, v, o_ref, lse_ref))
+            if saved > 1.5 * need or largest >= s.Tq * s.Tk:
+                raise PracticeFailure(
+                    f"autograd saved {saved / 2**10:.0f} KiB for the backward (the largest tensor {largest} elements); "
+                    f"q, k, v, o and lse are {need / 2**10:.0f} KiB, and one head's P is {s.Tq * s.Tk} elements",
+                    HINT_SAVED)
+    return run
+
+
+def autograd_cases() -> list[Case]:
+    tiled = Shape(1, 1, 128, 128, 8, 16, 16, True, "lower_right", 0.5)
+    return [
+        Case(f"{Shape(1, 2, 20, 37, 8, 16, 8, scale=0.3)} (no mask: o and its gradients)",
+             _autograd_case(Shape(1, 2, 20, 37, 8, 16, 8, scale=0.3))),
+        Case(f"{Shape(2, 1, 20, 37, 8, 8, 16, True, 'lower_right')} (causal: the mask reaches the backward)",
+             _autograd_case(Shape(2, 1, 20, 37, 8, 8, 16, True, "lower_right"))),
+        Case(f"{Shape(1, 1, 40, 13, 8, 16, 16, True, 'lower_right', 0.7)} (27 rows see no key: zero gradients)",
+             _autograd_case(Shape(1, 1, 40, 13, 8, 16, 16, True, "lower_right", 0.7))),
+        Case(f"{tiled} (saved for the backward: q, k, v, o and lse, 33 KiB; P would be 128 KiB)",
+             _autograd_case(tiled, memory=True)),
+    ]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Drill: grouped-query attention (H query heads share H_kv key/value heads)
+# ---------------------------------------------------------------------------------------------------
+HINT_GQA_MAP = Hint(
+    "gqa_head_map", "your output is attention with query head h reading key/value head h % H_kv (interleaved); "
+    "the heads of a group are consecutive: look at the key/value head index",
+    "query head h reads key/value head h // (H // H_kv), as SDPA's enable_gqa and repeat_interleave do")
+
+
+def _gqa_case(B, H, H_kv, Tq, Tk, D, causal=False, alignment="upper_left", seed=0):
+    def run(impl):
+        q = randn(B, H, Tq, D, seed=seed)
+        k, v = randn(B, H_kv, Tk, D, seed=seed + 1), randn(B, H_kv, Tk, D, seed=seed + 2)
+        out = impl.flash_attention_forward(q, k, v, causal=causal, block_q=16, block_k=16, alignment=alignment)
+        if not (isinstance(out, tuple | list) and len(out) == 2):
+            raise PracticeFailure(f"expected (o, lse), got {type(out).__name__}")
+        o, lse = out
+        grouped = AttentionInputs(q, k.repeat_interleave(H // H_kv, 1), v.repeat_interleave(H // H_kv, 1), causal,
+                                  None, alignment, 16, 1e-10, torch.float64, 16)
+        o_ref, lse_ref = grouped.truth()
+
+        def symptom():
+            interleaved = attention_truth(q, k.repeat(1, H // H_kv, 1, 1), v.repeat(1, H // H_kv, 1, 1), causal,
+                                          None, alignment)
+            if matches(o, interleaved[0], 1e-10) and matches(lse, interleaved[1], 1e-10):
+                return HINT_GQA_MAP
+            return attention_symptom(grouped, o, lse)
+
+        with_symptom(lambda: (compare("o", o, o_ref, 1e-10), compare("lse", lse, lse_ref, 1e-10)), symptom)
+    return run
+
+
+def gqa_cases() -> list[Case]:
+    return [
+        Case("B=1 H=4 H_kv=2 Tq=20 Tk=37 D=8 (groups of 2 query heads)", _gqa_case(1, 4, 2, 20, 37, 8)),
+        Case("B=2 H=6 H_kv=1 Tq=16 Tk=40 D=8, causal lower_right (MQA: one key/value head)",
+             _gqa_case(2, 6, 1, 16, 40, 8, True, "lower_right")),
+        Case("B=1 H=8 H_kv=4 Tq=33 Tk=33 D=8, causal (groups of 2, ragged tiles)", _gqa_case(1, 8, 4, 33, 33, 8, True)),
+    ]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Drill: a sliding window, query i sees keys offset + i - left .. offset + i + right (-1: unbounded)
+# ---------------------------------------------------------------------------------------------------
+HINT_WINDOW_EDGE = Hint(
+    "window_edge", "your output is attention with a window one key narrower (an edge key dropped): look at the "
+    "comparisons of the window's bounds", "visible iff offset + i - left <= j <= offset + i + right: both inclusive")
+HINT_WINDOW_OFFSET = Hint(
+    "window_offset", "your output is the window placed on the other diagonal (without the alignment's offset): "
+    "look at where the window is centred", "the window is around j = i + offset, offset = 0 upper_left, Tk - Tq "
+    "lower_right")
+HINT_WINDOW_TILES = Hint(
+    "window_tiles", "NaN appears when the key tiles outside every row's window hold NaN, and your output is right "
+    "without it: those tiles are loaded; look at the loop's first and last key tile",
+    "first tile: (q_start + offset - left) // block_k; last: the causal or window right edge of the tile's last row")
+
+
+def window_visible(Tq, Tk, window, causal, alignment, edge=0, offset_used=True):
+    """Boolean (Tq, Tk) of the window (left, right), -1 unbounded; causal caps right at 0. edge=1 narrows
+    the left bound by one (a mistake); offset_used=False centres it on j = i (a mistake)."""
+    left, right = window
+    offset = (0 if alignment == "upper_left" else Tk - Tq) if offset_used else 0
+    d = torch.arange(Tk)[None, :] - torch.arange(Tq)[:, None] - offset  # j - i - offset
+    keep = torch.ones(Tq, Tk, dtype=torch.bool)
+    if left >= 0:
+        keep &= d >= -left + edge
+    if causal:
+        right = 0 if right < 0 else min(right, 0)
+    if right >= 0:
+        keep &= d <= right
+    return keep
+
+
+def _window_case(Tq, Tk, window, causal=False, alignment="upper_left", poison=False, seed=0):
+    def run(impl):
+        q, k, v = randn(1, 2, Tq, 8, seed=seed), randn(1, 2, Tk, 8, seed=seed + 1), randn(1, 2, Tk, 8, seed=seed + 2)
+        mask = window_visible(Tq, Tk, window, causal, alignment)
+        o_ref, lse_ref = attention_truth(q, k, v, mask=mask)
+        k_in, v_in = k.clone(), v.clone()
+        if poison:  # NaN in the keys no row sees, whole tiles of 16 at the left
+            seen_cols = mask.any(0).nonzero().flatten()
+            first = int(seen_cols.min()) // 16 * 16
+            k_in[..., :first, :] = float("nan")
+            v_in[..., :first, :] = float("nan")
+
+        def call(kk, vv):
+            return impl.flash_attention_forward(q, kk, vv, causal=causal, block_q=16, block_k=16, alignment=alignment,
+                                                window=window)
+        out = call(k_in, v_in)
+        if not (isinstance(out, tuple | list) and len(out) == 2):
+            raise PracticeFailure(f"expected (o, lse), got {type(out).__name__}")
+        o, lse = out
+
+        def symptom():
+            if poison and torch.isnan(o).any():
+                clean = call(k, v)
+                if matches(clean[0], o_ref, 1e-10) and matches(clean[1], lse_ref, 1e-10):
+                    return HINT_WINDOW_TILES
+            for hint, alt in [(HINT_WINDOW_EDGE, window_visible(Tq, Tk, window, causal, alignment, edge=1)),
+                              (HINT_WINDOW_OFFSET, window_visible(Tq, Tk, window, causal, alignment,
+                                                                  offset_used=False))]:
+                o_alt, lse_alt = attention_truth(q, k, v, mask=alt)
+                if not torch.equal(alt, mask) and matches(o, o_alt, 1e-10) and matches(lse, lse_alt, 1e-10):
+                    return hint
+            return nan_symptom(o, lse)
+
+        with_symptom(lambda: (compare("o", o, o_ref, 1e-10), compare("lse", lse, lse_ref, 1e-10)), symptom)
+    return run
+
+
+def window_cases() -> list[Case]:
+    return [
+        Case("Tq=Tk=48, window (8, 8), no mask (a band around the diagonal)", _window_case(48, 48, (8, 8))),
+        Case("Tq=20 Tk=60, window (10, -1), causal lower_right (the last 11 keys of each row)",
+             _window_case(20, 60, (10, -1), True, "lower_right")),
+        Case("Tq=Tk=64, window (5, 0), causal (each row sees itself and the 5 keys before it)",
+             _window_case(64, 64, (5, 0), True)),
+        Case("Tq=16 Tk=80, window (7, 0), causal lower_right (key tiles 0-2 are outside every window: NaN there)",
+             _window_case(16, 80, (7, 0), True, "lower_right", poison=True)),
+    ]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Drills: split-KV decode with the merge of partials, and the paged-KV gather
+# ---------------------------------------------------------------------------------------------------
+HINT_SPLIT_MERGE = Hint(
+    "split_merge", "right with one split and wrong with several: the merge of the splits' partials is where it "
+    "differs; look at how (o_s, lse_s) are combined",
+    "lse = logsumexp_s(lse_s); o = sum_s exp(lse_s - lse) o_s (a split that saw no key: lse_s = -inf, weight 0)")
+HINT_CACHE_LENGTHS = Hint(
+    "cache_lengths", "your output is attention over the whole cache, past each sequence's length: look at where "
+    "cache_seqlens bounds the keys", "sequence b sees keys 0 .. cache_seqlens[b] - 1 only")
+HINT_DECODE_ALIGNMENT = Hint(
+    "decode_alignment", "your output is the new tokens aligned upper-left: the Tq new tokens are the last Tq "
+    "positions of the sequence; look at the causal offset", "new token t sees key j iff j <= t + length - Tq")
+HINT_BLOCK_TABLE = Hint(
+    "block_table", "your keys are page j of the pool instead of page table_row[j]: look at the page index",
+    "key t of the sequence is pages[table_row[t // page_size], :, t % page_size]")
+
+
+def decode_truth(query, keys, values, lengths, alignment="lower_right"):
+    """(o, lse) per sequence b over its first lengths[b] keys, the new tokens last (lower-right causal)."""
+    H = query.shape[1]
+    o = torch.zeros(query.shape, dtype=torch.float64)
+    lse = torch.zeros(query.shape[:-1], dtype=torch.float64)
+    for b, n in enumerate(lengths):
+        k, v = (t[b:b + 1, :, :n].repeat_interleave(H // t.shape[1], 1) for t in (keys, values))
+        o[b:b + 1], lse[b:b + 1] = attention_truth(query[b:b + 1], k, v, True, None, alignment)
+    return o, lse
+
+
+def _decode_case(B, H, H_kv, Tq, capacity, lengths, num_splits, page_size=None, seed=0):
+    def run(impl):
+        query = randn(B, H, Tq, 8, seed=seed)
+        keys, values = randn(B, H_kv, capacity, 8, seed=seed + 1), randn(B, H_kv, capacity, 8, seed=seed + 2)
+        cache_seqlens = torch.tensor(lengths, dtype=torch.int32)
+        kwargs = dict(cache_seqlens=cache_seqlens, num_splits=num_splits)
+        if page_size is None:
+            key_cache, value_cache = keys, values
+        else:  # the same keys in a shuffled pool of pages, unused pages NaN
+            per = capacity // page_size
+            order = torch.randperm(B * per + 2, generator=torch.Generator().manual_seed(seed))
+            key_cache = torch.full((B * per + 2, H_kv, page_size, 8), float("nan"), dtype=torch.float64)
+            value_cache = key_cache.clone()
+            table = order[:B * per].view(B, per).to(torch.int32)
+            for b in range(B):
+                for j in range(per):
+                    key_cache[table[b, j]] = keys[b, :, j * page_size:(j + 1) * page_size]
+                    value_cache[table[b, j]] = values[b, :, j * page_size:(j + 1) * page_size]
+            kwargs["block_table"] = table
+        o_ref, lse_ref = decode_truth(query, keys, values, lengths)
+        out = impl.decode_attention_reference(query, key_cache, value_cache, **kwargs)
+        if not (isinstance(out, tuple | list) and len(out) == 2):
+            raise PracticeFailure(f"expected (o, lse), got {type(out).__name__}")
+        o, lse = out
+
+        def symptom():
+            if page_size is None:
+                whole = decode_truth(query, keys, values, [capacity] * B)
+                if matches(o, whole[0], 1e-10) and any(n < capacity for n in lengths):
+                    return HINT_CACHE_LENGTHS
+            upper = decode_truth(query, keys, values, lengths, "upper_left")
+            if matches(o, upper[0], 1e-10):
+                return HINT_DECODE_ALIGNMENT
+            if num_splits > 1:
+                one = impl.decode_attention_reference(query, key_cache, value_cache, **dict(kwargs, num_splits=1))
+                if matches(one[0], o_ref, 1e-10) and matches(one[1], lse_ref, 1e-10):
+                    return HINT_SPLIT_MERGE
+            return nan_symptom(o, lse)
+
+        with_symptom(lambda: (compare("o", o, o_ref, 1e-10), compare("lse", lse, lse_ref, 1e-10)), symptom)
+    return run
+
+
+def decode_cases() -> list[Case]:
+    return [
+        Case("B=2 H=4 H_kv=2 Tq=1, cache lengths 37 and 64 of 64, 1 split", _decode_case(2, 4, 2, 1, 64, [37, 64], 1)),
+        Case("B=2 H=4 H_kv=2 Tq=1, cache lengths 37 and 64 of 64, 3 splits (the merge)",
+             _decode_case(2, 4, 2, 1, 64, [37, 64], 3)),
+        Case("B=1 H=2 H_kv=1 Tq=3, cache length 50 of 64, 4 splits (3 new tokens: lower-right)",
+             _decode_case(1, 2, 1, 3, 64, [50], 4)),
+        Case("B=2 H=2 H_kv=2 Tq=1, cache lengths 5 and 64 of 64, 4 splits (splits with no key in sequence 0)",
+             _decode_case(2, 2, 2, 1, 64, [5, 64], 4)),
+        Case("B=2 H=4 H_kv=2 Tq=1, a paged cache of 16-key pages, lengths 37 and 64, 2 splits",
+             _decode_case(2, 4, 2, 1, 64, [37, 64], 2, page_size=16)),
+    ]
+
+
+def _gather_case(H_kv, page_size, length, pool_pages, seed=0):
+    def run(impl):
+        keys = randn(H_kv, length, 8, seed=seed)
+        used = -(-length // page_size)
+        table = torch.randperm(pool_pages, generator=torch.Generator().manual_seed(seed))[:used + 1].to(torch.int32)
+        pages = torch.full((pool_pages, H_kv, page_size, 8), float("nan"), dtype=torch.float64)
+        for j in range(used):
+            chunk = keys[:, j * page_size:(j + 1) * page_size]
+            pages[table[j], :, :chunk.shape[1]] = chunk
+        got = impl.gather_pages(pages, table, length)
+
+        def symptom():
+            direct = pages[:used].transpose(0, 1).flatten(1, 2)[:, :length]
+            return HINT_BLOCK_TABLE if matches(got, direct, 0.0) or (isinstance(got, torch.Tensor) and torch.isnan(
+                got).any() and not torch.equal(table[:used], torch.arange(used, dtype=torch.int32))) else None
+
+        with_symptom(lambda: compare("gather_pages(pages, table_row, length)", got, keys, 0.0), symptom)
+    return run
+
+
+def paged_cases() -> list[Case]:
+    return [
+        Case("H_kv=2, pages of 4 keys, length 10 (a partly filled last page), a shuffled table",
+             _gather_case(2, 4, 10, 8)),
+        Case("H_kv=1, pages of 16 keys, length 64 (whole pages), a shuffled table", _gather_case(1, 16, 64, 9, 1)),
+        Case("H_kv=3, pages of 1 key, length 5", _gather_case(3, 1, 5, 12, 2)),
+    ]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Drill: packed variable-length documents (cu_seqlens)
+# ---------------------------------------------------------------------------------------------------
+HINT_DOCUMENTS = Hint(
+    "documents", "your output is attention across the whole packed batch: a query sees other documents' keys; "
+    "look at where cu_seqlens bounds each document",
+    "document d: queries cu_seqlens_q[d] .. cu_seqlens_q[d+1] - 1 see keys cu_seqlens_k[d] .. cu_seqlens_k[d+1] - 1")
+
+
+def varlen_truth(q, k, v, cu_q, cu_k, causal, alignment):
+    H = q.shape[1]
+    o = torch.zeros(q.shape, dtype=torch.float64)
+    lse = torch.full((H, q.shape[0]), float("-inf"), dtype=torch.float64)
+    for d in range(len(cu_q) - 1):
+        (qs, qe), (ks, ke) = (int(cu_q[d]), int(cu_q[d + 1])), (int(cu_k[d]), int(cu_k[d + 1]))
+        if qe == qs:
+            continue
+        as_batch = lambda t, a, b: t[a:b].transpose(0, 1)[None]  # noqa: E731
+        if ke == ks:  # queries that see no key: o = 0, lse = -inf
+            continue
+        o_d, lse_d = attention_truth(as_batch(q, qs, qe), as_batch(k, ks, ke), as_batch(v, ks, ke), causal, None,
+                                     alignment)
+        o[qs:qe] = o_d[0].transpose(0, 1)
+        lse[:, qs:qe] = lse_d[0]
+    return o, lse
+
+
+def _varlen_case(lengths_q, lengths_k, causal=False, alignment="upper_left", seed=0):
+    def run(impl):
+        cu_q = torch.tensor([0, *torch.tensor(lengths_q).cumsum(0).tolist()], dtype=torch.int32)
+        cu_k = torch.tensor([0, *torch.tensor(lengths_k).cumsum(0).tolist()], dtype=torch.int32)
+        q = randn(int(cu_q[-1]), 2, 8, seed=seed)
+        k, v = randn(int(cu_k[-1]), 2, 8, seed=seed + 1), randn(int(cu_k[-1]), 2, 8, seed=seed + 2)
+        out = impl.varlen_attention_forward(q, k, v, cu_q, cu_k, causal=causal, alignment=alignment)
+        if not (isinstance(out, tuple | list) and len(out) == 2):
+            raise PracticeFailure(f"expected (o, lse), got {type(out).__name__}")
+        o, lse = out
+        o_ref, lse_ref = varlen_truth(q, k, v, cu_q, cu_k, causal, alignment)
+
+        def symptom():
+            one = varlen_truth(q, k, v, cu_q[[0, -1]], cu_k[[0, -1]], causal, alignment)
+            if matches(o, one[0], 1e-10):
+                return HINT_DOCUMENTS
+            if causal:
+                other = "upper_left" if alignment == "lower_right" else "lower_right"
+                if matches(o, varlen_truth(q, k, v, cu_q, cu_k, causal, other)[0], 1e-10):
+                    return HINT_ALIGNMENT
+            empty = torch.isneginf(lse_ref)
+            nan = isinstance(o, torch.Tensor) and torch.isnan(o).any(-1).T
+            if nan is not False and nan.any() and not (nan & ~empty).any():
+                return HINT_NEG_INF
+            return None
+
+        check_dtype("lse", lse, torch.float64)
+        with_symptom(lambda: (compare("o", o, o_ref, 1e-10), compare("lse", lse, lse_ref, 1e-10)), symptom)
+    return run
+
+
+def varlen_cases() -> list[Case]:
+    return [
+        Case("3 documents of 5, 17 and 9 tokens, no mask", _varlen_case([5, 17, 9], [5, 17, 9])),
+        Case("3 documents, queries 4, 10, 2 and keys 9, 10, 20, causal lower_right",
+             _varlen_case([4, 10, 2], [9, 10, 20], True, "lower_right")),
+        Case("4 documents, one with no keys (its 3 queries: o = 0, lse = -inf), causal lower_right",
+             _varlen_case([6, 3, 8, 1], [6, 0, 11, 4], True, "lower_right")),
+    ]
