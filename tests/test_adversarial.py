@@ -424,7 +424,7 @@ def test_varlen_window_sides_past_the_longest_document_keep_every_key(tier, wind
 def test_varlen_window_control_an_unclamped_side_fails(monkeypatch):
     import flashtile._dispatch.varlen
 
-    monkeypatch.setattr(flashtile.varlen, "clamp_window", lambda window, longest: window)
+    monkeypatch.setattr(flashtile.varlen, "clamp_band", lambda mask, longest: mask)
     q, k, v = packed(10, 14, seed=5)
     with pytest.raises(AssertionError):
         varlen_against_truth("triton", q, k, v, int32(0, 4, 10), int32(0, 6, 14), 6, 8, [0, 4, 10], [0, 6, 14],
@@ -438,13 +438,13 @@ def test_varlen_max_seqlen_bounds_the_documents_but_never_sizes_the_work(tier, m
     import flashtile.kernels.forward as forward
 
     seen = []
-    launcher = forward.flash_attention_varlen
-    monkeypatch.setattr(forward, "flash_attention_varlen",
-                        lambda *args, **kwargs: seen.append(args[5:7]) or launcher(*args, **kwargs))  # fmt: skip
+    launcher = forward.varlen_forward_with_spec
+    monkeypatch.setattr(forward, "varlen_forward_with_spec",
+                        lambda *args, **kwargs: seen.append(kwargs["max_seqlen_q"]) or launcher(*args, **kwargs))
     cu_q, cu_k = int32(0, 5, 12), int32(0, 9, 14)
     q, k, v = packed(12, 14, seed=8)
     varlen_against_truth(tier, q, k, v, cu_q, cu_k, 2**40, 100000, [0, 5, 12], [0, 9, 14], is_causal=True)
-    assert seen == ([(7, 9)] if tier == "triton" else [])  # the control: the launcher saw the true longest
+    assert seen == ([7] if tier == "triton" else [])  # the control: the launcher saw the true longest
     with use_backend(tier):
         for max_q, max_k, name in ((6, 9, "max_seqlen_q"), (7, 8, "max_seqlen_k")):
             with pytest.raises(ValueError, match=f"{name} must be at least the longest document's length"):
@@ -480,7 +480,7 @@ def attend_three_ways(entry, q, k, v, return_lse):
     else:  # the custom op itself, as torch.compile runs it
         from flashtile.api import attention_fwd, pick_backend
 
-        out = attention_fwd(q, k, v, True, 0.5, "upper_left", pick_backend(q))[:2]
+        out = attention_fwd(q, k, v, 0.5, "upper_left", -1, 0, None, pick_backend(q))[:2]
     return out[0] if isinstance(out, tuple) else out
 
 

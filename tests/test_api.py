@@ -150,7 +150,7 @@ def test_torch_compile_graph_holds_the_custom_ops_as_single_nodes():
 def test_eager_calls_skip_the_custom_op_and_match_it_bit_for_bit(backend, monkeypatch):
     q, k, v = make_qkv(1, 4, 2, 23, 29, 16, seed=14)
     do = torch.randn(q.shape, generator=torch.Generator().manual_seed(15)).to(DEVICE)
-    o_op, lse_op, stats_op = attention_fwd(q, k, v, True, 0.3, "lower_right", backend)
+    o_op, lse_op, stats_op = attention_fwd(q, k, v, 0.3, "lower_right", -1, 0, None, backend)  # causal: (-1, 0)
     grads_op = torch.autograd.grad(o_op, (q, k, v), do)
 
     def refuse(*args):
@@ -170,7 +170,7 @@ def test_eager_calls_skip_the_custom_op_and_match_it_bit_for_bit(backend, monkey
 @pytest.mark.parametrize("backend", ["triton", "reference"])
 def test_custom_ops_pass_torch_library_opcheck(backend):
     q, k, v = make_qkv(1, 2, 1, 20, 20, 16, seed=12)
-    args = (q, k, v, True, 0.25, "lower_right", backend)
+    args = (q, k, v, 0.25, "lower_right", -1, 0, None, backend)  # causal: the band (-1, 0)
     torch.library.opcheck(attention_fwd, args)
     o, lse, stats = attention_fwd(*args)
     do = torch.randn(o.shape, generator=torch.Generator().manual_seed(13)).to(DEVICE)
@@ -186,9 +186,9 @@ def test_backward_op_passes_opcheck_with_a_gqa_split(monkeypatch):
 
     monkeypatch.setattr(backward, "pick_kv_split", lambda group, programs, device: group)
     q, k, v = make_qkv(1, 4, 2, 21, 19, 16, seed=16)
-    o, lse, stats = attention_fwd(q, k, v, True, 0.25, "upper_left", "triton")
+    o, lse, stats = attention_fwd(q, k, v, 0.25, "upper_left", -1, 0, None, "triton")
     do = torch.randn(o.shape, generator=torch.Generator().manual_seed(17)).to(DEVICE)
-    args = (do, *(t.detach() for t in (q, k, v, o, lse, stats)), True, 0.25, "upper_left", "triton")
+    args = (do, *(t.detach() for t in (q, k, v, o, lse, stats)), 0.25, "upper_left", -1, 0, None, "triton")
     torch.library.opcheck(attention_bwd, args)
     _, expected = float64_truth(q, k, v, do, True, "upper_left")
     for name, ours, theirs in zip(("dq", "dk", "dv"), attention_bwd(*args), expected):
@@ -204,9 +204,9 @@ def test_gradients_of_bthd_views_keep_the_views_layout(backend):
     gen = torch.Generator().manual_seed(19)
     q, k, v = (torch.randn(1, 23, h, 16, generator=gen).transpose(1, 2).to(DEVICE).requires_grad_() for h in (4, 2, 2))
     do = torch.randn(1, 4, 23, 16, generator=gen).to(DEVICE)
-    o, lse, stats = attention_fwd(q, k, v, True, 0.25, "upper_left", backend)
-    args = (do, *(t.detach() for t in (q, k, v, o, lse, stats)), True, 0.25, "upper_left", backend)
-    grads = flashtile.api.backward_impl(*args)
+    o, lse, stats = attention_fwd(q, k, v, 0.25, "upper_left", -1, 0, None, backend)
+    args = (do, *(t.detach() for t in (q, k, v, o, lse, stats)), 0.25, "upper_left", -1, 0, None, backend)
+    grads = attention_bwd(*args)
     _, expected = float64_truth(q, k, v, do, True, "upper_left")
     for name, x, g, truth in zip(("dq", "dk", "dv"), (q, k, v), grads, expected):
         assert g.stride() == x.stride() == (23 * x.shape[1] * 16, 16, x.shape[1] * 16, 1), name
@@ -249,7 +249,7 @@ def test_output_is_laid_out_like_a_dense_query_on_every_tier(backend):
         assert o.stride() == tuple(expected), (name, o.stride())
         o_ref, _ = attention_truth(q.double(), k.double(), v.double(), causal=True)
         torch.testing.assert_close(o.double(), o_ref, **TOL[F32], msg=lambda m, name=name: f"{name}: {m}")
-        torch.library.opcheck(attention_fwd, (q, k, v, True, 0.25, "upper_left", backend))
+        torch.library.opcheck(attention_fwd, (q, k, v, 0.25, "upper_left", -1, 0, None, backend))
 
 
 def test_dispatch_picks_the_tier_from_device_dtype_and_override():
@@ -410,7 +410,8 @@ def test_torch_compile_carries_window_and_softcap_into_the_ops():
         torch.testing.assert_close(a, b)
     graphs = compiled_graphs(fn, q, k, v)
     (call,) = [n for n in graphs[0].graph.nodes if str(n.target) == "flashtile.attention_fwd.default"]
-    assert tuple(call.args[7:]) == (4, -1, 1.5), call.args  # the window's sides and the cap, in the op's schema
+    # the band's sides (causal caps the right one at 0) and the cap, in the op's schema
+    assert tuple(call.args[4:8]) == ("upper_left", 4, 0, 1.5), call.args
     o_ref, _ = windowed_truth(q, k, v, do, (4, -1), True, "upper_left", 1.5)
     torch.testing.assert_close(compiled[0].double(), o_ref, **TOL[F32])
 
@@ -418,7 +419,7 @@ def test_torch_compile_carries_window_and_softcap_into_the_ops():
 @pytest.mark.parametrize("backend", ["triton", "reference"])
 def test_custom_ops_with_a_window_and_a_cap_pass_opcheck(backend):
     q, k, v = make_qkv(1, 2, 1, 20, 24, 16, seed=45)
-    args = (q, k, v, False, 0.25, "lower_right", backend, 5, 1, 3.0)
+    args = (q, k, v, 0.25, "lower_right", 5, 1, 3.0, backend)
     torch.library.opcheck(attention_fwd, args)
     o, lse, stats = attention_fwd(*args)
     do = torch.randn(o.shape, generator=torch.Generator().manual_seed(46)).to(DEVICE)
@@ -479,7 +480,7 @@ def test_the_decode_op_passes_opcheck():
     from flashtile.api import attention_decode
 
     q, k, v = (t.detach() for t in make_qkv(1, 4, 2, 2, 30, 16, seed=31))
-    torch.library.opcheck(attention_decode, (q, k, v, 0.25, -4, 0, 2.0))  # a window (4, 0) and a cap
+    torch.library.opcheck(attention_decode, (q, k, v, 0.25, "lower_right", 4, 0, 2.0))  # a window (4, 0) and a cap
 
 
 # --- the kept call (issue 35): a layout and flags seen before skip the checks, never what may change ---------

@@ -100,10 +100,10 @@ def test_kept_calls_repeat_the_first_call_bit_for_bit_and_keep_their_kernels_by_
         assert all(torch.equal(a, b) for a, b in zip(step(attention, (q, k, v)), first))
     for ours, theirs in zip(first, step(F.scaled_dot_product_attention, (q, k, v))):
         torch.testing.assert_close(ours, theirs, atol=2e-2, rtol=2e-2)
-    calls = [p for p in _plans._plans.values() if isinstance(p, AttentionCall) and p.kernel_plan[2]]
+    calls = [p for p in _plans._plans.values() if isinstance(p, AttentionCall) and p.plans.backward]
     assert calls
     for call in calls:
-        launches = [call.kernel_plan[0].launch] + [p.dq for p in call.kernel_plan[2].values()]
+        launches = [call.plans.forward.launch] + [p.dq for p in call.plans.backward.values()]
         assert all(list(launch._compiled) == [torch.cuda.current_device()] for launch in launches)
     storage = torch.randn(3 * q.numel() + 8, device="cuda", generator=gen).to(torch.bfloat16)
     shifted = [storage[1 + i * q.numel() : 1 + (i + 1) * q.numel()].view(q.shape) for i in range(3)]

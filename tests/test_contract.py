@@ -116,7 +116,7 @@ def test_meta_tensors_give_shapes_without_computing():
 def test_the_custom_op_refuses_an_unknown_backend():
     q, k, v = qkv()
     with pytest.raises(ValueError, match="backend must be one of \\('triton', 'reference'\\), got 'cuda'"):
-        attention_fwd(q, k, v, False, 0.25, "upper_left", "cuda")
+        attention_fwd(q, k, v, 0.25, "upper_left", -1, -1, None, "cuda")
 
 
 @pytest.mark.skipif(DEVICE == "cuda", reason="the interpreter's bf16 limit exists on the CPU only")

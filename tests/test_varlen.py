@@ -157,7 +157,7 @@ def test_attention_varlen_ops_pass_torch_library_opcheck():
     """The custom ops' schemas, fake implementations (what torch.compile traces with) and autograd registration."""
     q, k, v, cu_q, cu_k = packed((5, 0, 9), (5, 3, 9), H=2, H_kv=1)
     leaves = [x.requires_grad_() for x in (q, k, v)]
-    args = (*leaves, cu_q, cu_k, 9, 9, True, 0.25, "upper_left", "reference", 4, -1, None)
+    args = (*leaves, cu_q, cu_k, 9, 9, 0.25, "upper_left", 4, 0, None, "reference")  # causal, window (4, -1)
     checks = ("test_schema", "test_autograd_registration", "test_faketensor")
     result = torch.library.opcheck(torch.ops.flashtile.attention_varlen_fwd.default, args, test_utils=checks)
     assert set(result.values()) == {"SUCCESS"}, result

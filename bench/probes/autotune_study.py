@@ -51,9 +51,9 @@ import triton  # noqa: E402
 from flashtile.kernels.forward import (  # noqa: E402
     LAUNCH_SETTINGS,
     _forward_kernel,
+    checked_forward_plan,
     flash_attention,
     forward_config,
-    make_forward_plan,
 )
 
 KEY = ["Tq", "Tk", "HEAD_DIM", "CAUSAL"]  # what the table keys on (D, causal, a length class), plus Tk
@@ -98,7 +98,9 @@ def launch_autotuned(tuned, q, k, v, causal: bool):
     Tk = k.shape[2]
     if Tk % 128 or Tq % 128:
         raise ValueError(f"the study's shapes have T a multiple of 128 (no ragged tile), got Tq={Tq}, Tk={Tk}")
-    plan = make_forward_plan(q, k, v, causal, None, "upper_left", None, None, None, None, False, False)
+    plan = checked_forward_plan(q, k, v, causal=causal, scale=None, alignment="upper_left", window=None, softcap=None,
+                                return_stats=False, block_q=None, block_k=None, num_warps=None, num_stages=None,
+                                tma=False)  # fmt: skip
     constexprs = {name: value for name, value in plan.launch.constexprs.items() if name not in ("BLOCK_Q", "BLOCK_K")}
     constexprs.update(USE_TMA=False, HEAVIEST_FIRST=False, MASKED_TILES=causal)  # no ragged tile at these T
     scalars = (*plan.launch.scalars[:-1], 1)  # the chunk is unused in the plain order

@@ -19,7 +19,7 @@ from torch.nn.functional import scaled_dot_product_attention
 from flashtile.bench.common import attention_tflops, median_ms, save_result
 from flashtile.bench.providers import make_inputs
 from flashtile.kernels._host import tile_descriptor
-from flashtile.kernels.forward import forward_with_plan, make_forward_plan
+from flashtile.kernels.forward import checked_forward_plan, forward_with_plan
 
 # (block_q, block_k, num_warps, num_stages, maxnreg, tma)
 CONFIGS = {
@@ -36,8 +36,9 @@ SHAPES = [(128, 512, 32, 16, True), (128, 512, 32, 16, False), (128, 2048, 8, 16
 
 def run_config(q, k, v, causal, config):
     block_q, block_k, num_warps, num_stages, maxnreg, tma = config
-    plan = make_forward_plan(q, k, v, causal, None, "upper_left", block_q, block_k, num_warps, num_stages, tma,
-                             False)  # fmt: skip
+    plan = checked_forward_plan(q, k, v, causal=causal, scale=None, alignment="upper_left", window=None, softcap=None,
+                                return_stats=False, block_q=block_q, block_k=block_k, num_warps=num_warps,
+                                num_stages=num_stages, tma=tma)  # fmt: skip
     if maxnreg:
         plan.launch.options["maxnreg"] = maxnreg
     if tma and plan.tma is None:
@@ -85,7 +86,7 @@ WIDE_D64_CONFIGS = [(128, 64, 8, 3, 128, False), (128, 128, 8, 3, 128, True)]
 def main(out, which="probe"):
     shapes, configs = (WIDE_D64, {64: WIDE_D64_CONFIGS}) if which == "wide-d64" else (SHAPES, CONFIGS)
     rows = [row for shape in shapes for row in measure_shape(*shape, configs)]
-    save_result(out, rows, "launcher with explicit settings (make_forward_plan, maxnreg set on the launch), "
+    save_result(out, rows, "launcher with explicit settings (checked_forward_plan, maxnreg set on the launch), "
                 "triton.testing.do_bench median (warmup 25 ms, rep 100 ms, L2 cleared before each repetition); "
                 "cuDNN through SDPA in the same process; outputs checked against cuDNN's (max abs < 0.05)")
 

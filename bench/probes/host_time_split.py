@@ -100,9 +100,11 @@ def main(out: Path) -> None:
     o_ft, lse_ft, stats_ft = flash_attention(q, k, v, causal=True, return_stats=True)
     scale = D**-0.5
 
+    spec = api.check_attention_call(q, k, v, True, scale, False, "upper_left", False).spec  # the checked options
+
     def ft_fwd_then_impl():
-        o, lse, stats = api.forward_impl(q, k, v, True, scale, "upper_left", "triton")
-        return api.backward_impl(do, q, k, v, o, lse, stats, True, scale, "upper_left", "triton")
+        o, lse, stats = api.forward_impl(q, k, v, spec, "triton")
+        return api.backward_impl(do, q, k, v, o, lse, stats, spec, "triton")
 
     def ft_bwd_launcher():
         return flash_attention_backward(q, k, v, o_ft, lse_ft, do, True, scale, stats=stats_ft)

@@ -24,8 +24,8 @@ def layout_key(x: torch.Tensor | None) -> tuple | None:
     return type(x), x.shape, x.stride(), x.dtype, x.device, x.data_ptr() % 16 == 0, x.is_neg()
 
 
-def cached_plan(make_plan, tensors, *flags):
-    """``make_plan(*tensors, *flags)``, worked out once per layout of the tensors and flag values.
+def cached_plan(make_plan, tensors, *flags, **options):
+    """``make_plan(*tensors, *flags, **options)``, worked out once per layout of the tensors and option values.
 
     A launcher's checks read only the tensors' layouts and the flags (with their types: ``True`` and
     ``1`` are different arguments), so a call whose key was seen before has passed them already, and
@@ -33,12 +33,13 @@ def cached_plan(make_plan, tensors, *flags):
     straight to ``make_plan``, whose checks say what is wrong.
     """
     try:
-        key = (make_plan, *map(layout_key, tensors), *map(type, flags), *flags)  # flat: one tuple to hash
+        key = (make_plan, *map(layout_key, tensors), *map(type, flags), *flags, *options,
+               *map(type, options.values()), *options.values())  # flat: one tuple to hash  # fmt: skip
         plan = _plans.get(key)
     except (AttributeError, TypeError, RuntimeError):
-        return make_plan(*tensors, *flags)
+        return make_plan(*tensors, *flags, **options)
     if plan is None:
-        plan = keep(key, make_plan(*tensors, *flags))
+        plan = keep(key, make_plan(*tensors, *flags, **options))
     return plan
 
 

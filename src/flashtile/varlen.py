@@ -26,17 +26,7 @@ raises), dropout and arbitrary masks.
 
 from __future__ import annotations
 
-from ._checks import (
-    check_alignment,
-    check_causal,
-    check_flag,
-    check_max_seqlen,
-    check_softcap,
-    check_varlen_inputs,
-    check_window,
-    resolve_neg_bits,
-    resolve_scale,
-)
+from ._checks import AttentionShape, check_max_seqlen, check_varlen_inputs, resolve_neg_bits
 from ._dispatch.tiers import (
     autocast_inputs,
     autocast_on,
@@ -44,7 +34,8 @@ from ._dispatch.tiers import (
     pick_backend,
     refuse_unsupported_autograd_modes,
 )
-from ._dispatch.varlen import attention_varlen_bwd, attention_varlen_fwd, clamp_window
+from ._dispatch.varlen import attention_varlen_bwd, attention_varlen_fwd, clamp_band
+from ._spec import check_spec
 
 __all__ = ["attention_varlen", "attention_varlen_bwd", "attention_varlen_fwd"]
 
@@ -95,20 +86,20 @@ def attention_varlen(
     longest_k = max((e - s for _, (s, e) in documents), default=0)
     check_max_seqlen("max_seqlen_q", max_seqlen_q, longest_q)
     check_max_seqlen("max_seqlen_k", max_seqlen_k, longest_k)
-    causal = check_causal(is_causal, "is_causal")
-    check_alignment(alignment)
-    return_lse = check_flag("return_lse", return_lse)
-    window = clamp_window(check_window(window) or (-1, -1), max(longest_q, longest_k))
-    softcap = check_softcap(softcap, query.dtype)
+    spec = check_spec(AttentionShape(1, H, key.shape[1], query.shape[0], key.shape[0], D), query.dtype,
+                      causal=is_causal, scale=scale, alignment=alignment, window=window, softcap=softcap,
+                      return_lse=return_lse)  # fmt: skip
+    # the band's sides clamped to the longest document: the same keys, and no int32 overflow in the kernels
+    mask = clamp_band(spec.mask, max(longest_q, longest_k))
     refuse_unsupported_autograd_modes()
     device = query.device.type
     if autocast_on(device):
-        query, key, value = autocast_inputs(query, key, value, device)
-    tau = resolve_scale(scale, D, query.dtype)
+        query, key, value = autocast_inputs(query, key, value, device)  # the scale was resolved before the cast
     backend = pick_backend(query)
     with no_autocast(device):  # the tiers choose their own precision
         o, lse, _stats = attention_varlen_fwd(query, key, value, cu_seqlens_q, cu_seqlens_k, longest_q, longest_k,
-                                              causal, tau, alignment, backend, *window, softcap)  # fmt: skip
-    return (o, lse) if return_lse else o
+                                              spec.scale, mask.alignment, mask.left, mask.right, spec.softcap,
+                                              backend)  # fmt: skip
+    return (o, lse) if spec.return_lse else o
 
 

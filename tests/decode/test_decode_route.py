@@ -41,7 +41,7 @@ def test_decode_route_takes_short_calls_without_a_gradient_on_the_triton_tier_on
     with torch.no_grad():
         assert decode_route(q, k, v, call, "triton")
     long = check_attention_call(*make(1, 2, 2, 17, 40, 8), True, None, False, "lower_right", False)
-    assert long.decode_band is None  # 17 rows: the forward kernel
+    assert not long.short and not decode_route(q, k, v, long, "triton")  # 17 rows: the forward kernel
 
 
 # (Tq, Tk, is_causal, alignment, window, softcap): both alignments with rows that see no key (Tq > Tk),

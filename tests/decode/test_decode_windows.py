@@ -111,8 +111,8 @@ def test_the_split_count_is_picked_for_the_keys_the_window_keeps():
     from flashtile.kernels.decode import make_decode_plan
 
     q, k, v = random_decode_inputs(1, 8, 8, 1, 4096, 16, torch.float32, seed=7)
-    plain = make_decode_plan(q, k, v, None, None, None, None, None, None, None)
-    windowed = make_decode_plan(q, k, v, None, None, None, None, None, None, None, (255, 0))
+    plain = make_decode_plan(q, k, v, None, None, scale=None, num_splits=None, window=None, softcap=None)
+    windowed = make_decode_plan(q, k, v, None, None, scale=None, num_splits=None, window=(255, 0), softcap=None)
     assert plain.num_splits > 1 and windowed.num_splits == 1  # 256 keys: too few to split
 
 

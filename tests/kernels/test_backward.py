@@ -9,6 +9,8 @@ failure there is the backward's alone.
 import pytest
 import torch
 
+from flashtile._checks import check_attention_inputs
+from flashtile._spec import check_spec
 from flashtile.kernels.backward import flash_attention_backward
 from flashtile.kernels.forward import flash_attention
 from tests._grids import LONG, covering
@@ -350,8 +352,9 @@ def test_the_atomic_mode_takes_larger_tiles_only_where_its_dq_shares_go_through_
     q, k, v, do = (torch.randn(1, 8, 4096, 128, dtype=torch.float16) for _ in range(4))
     o = torch.randn_like(q)
     lse = torch.zeros(1, 8, 4096)
-    plan = lambda q: backward.make_backward_plan(q, k, v, o, lse, do, None, True, None, "upper_left", None, None, None,  # noqa: E731
-                                                 False, None)  # fmt: skip
+    spec = check_spec(check_attention_inputs(q, k, v), q.dtype, causal=True, scale=None, alignment="upper_left",
+                      window=None, softcap=None)  # fmt: skip
+    plan = lambda q: backward.make_backward_plan(q, k, v, o, lse, do, None, spec=spec, deterministic=False)  # noqa: E731
     tiles = lambda plan: (plan.dkdv.constexprs["BLOCK_Q"], plan.dkdv.constexprs["BLOCK_K"])  # noqa: E731
     assert tiles(plan(q)) == (64, 128) and plan(q).tma_dkdv is not None  # (the interpreter emulates TMA)
     strided = torch.randn(1, 8, 128, 4096, dtype=torch.float16).transpose(2, 3)  # head dim not contiguous: no TMA

@@ -7,6 +7,8 @@ several tiles, ragged last tiles and diagonal tiles even at T = 37.
 import pytest
 import torch
 
+from flashtile._checks import check_attention_inputs
+from flashtile._spec import check_spec
 from flashtile.kernels._host import tma_strides
 from flashtile.kernels.forward import flash_attention, forward_config
 from flashtile.reference.causal import diagonal_offset, last_key_tile
@@ -33,6 +35,12 @@ CASES = [
     (1, 4, 1, 37, 16, 32, True, "lower_right", F16),
     (2, 2, 2, 16, 100, 80, True, "lower_right", F32),
 ]
+
+
+def spec_of(q, k, v, causal=False, alignment="upper_left"):
+    """The checked options a launcher's plan builder takes (``_spec.check_spec``), for plans built directly."""
+    return check_spec(check_attention_inputs(q, k, v), q.dtype, causal=causal, scale=None, alignment=alignment,
+                      window=None, softcap=None)
 
 
 def _run_and_check(q, k, v, causal, alignment, **blocks):
@@ -229,7 +237,7 @@ def test_settings_measured_with_descriptors_give_way_to_the_pointer_settings_whe
     k_t = k.transpose(-1, -2).contiguous().transpose(-1, -2)  # head dim strided: no descriptor for k
     for args, tma, expected in [((q, k, v), None, (32, True)), ((q, k, v), False, (16, False)),
                                 ((q, k_t, v), None, (16, False))]:  # fmt: skip
-        plan = forward.make_forward_plan(*args, False, None, "upper_left", None, None, None, None, tma, False)
+        plan = forward.make_forward_plan(*args, spec=spec_of(*args), return_stats=False, tma=tma)
         constexprs = plan.launch.constexprs
         assert (constexprs["BLOCK_K"], constexprs["USE_TMA"]) == expected, (tma, expected)
     o, lse = forward.forward_with_plan(plan, q, k_t, v)  # the fallback's launch computes the same attention
@@ -244,7 +252,8 @@ def test_the_masked_key_loop_is_compiled_only_where_a_tile_needs_the_mask():
 
     for Tk, causal, expected in [(32, False, False), (37, False, True), (32, True, True)]:
         q, k, v = randn(1, 2, 24, 32), randn(1, 2, Tk, 32), randn(1, 2, Tk, 32)
-        plan = make_forward_plan(q, k, v, causal, None, "lower_right", 16, 16, None, None, None, False)
+        plan = make_forward_plan(q, k, v, spec=spec_of(q, k, v, causal, "lower_right"), return_stats=False, block_q=16,
+                                 block_k=16)  # fmt: skip
         assert plan.launch.constexprs["MASKED_TILES"] is expected, (Tk, causal)
         o, row_stats = forward_with_plan(plan, q, k, v)
         o_ref, lse_ref = attention_truth(q.double(), k.double(), v.double(), causal=causal, alignment="lower_right")
@@ -280,7 +289,8 @@ def test_a_call_without_statistics_writes_the_same_o_and_nothing_else(causal, al
 
     q, k, v = randn(1, 2, 37, 32, dtype=torch.float32), randn(1, 1, 50, 32, dtype=torch.float32), randn(
         1, 1, 50, 32, dtype=torch.float32)  # fmt: skip
-    plan = make_forward_plan(q, k, v, causal, None, alignment, 16, 16, None, None, None, True)
+    plan = make_forward_plan(q, k, v, spec=spec_of(q, k, v, causal, alignment), return_stats=True, block_q=16,
+                             block_k=16)  # fmt: skip
     o, row_stats = plan.run(q, k, v)
     o_only, nothing = plan.run(q, k, v, stats=False)
     assert nothing is None and row_stats.shape == (3, 1, 2, 37)

@@ -14,7 +14,7 @@ import torch
 from flashtile import _plans
 from flashtile.kernels import _host
 from flashtile.kernels.decode import flash_decode
-from flashtile.kernels.forward import flash_attention, make_forward_plan
+from flashtile.kernels.forward import checked_forward_plan, flash_attention
 from tests._truth import attention_truth
 
 from ._helpers import DEVICE, FORWARD_TOL, randn
@@ -81,7 +81,7 @@ def test_the_fast_launch_repeats_the_full_launch_bit_for_bit_and_specialises_on_
     q, k, v = _qkv(T=300, D=64, dtype=torch.float16)
     first, _ = flash_attention(q, k, v, causal=True)  # the full Triton path, which keeps the compiled kernel
     plan = next(plan for key, plan in _plans._plans.items()
-                if key[0] is make_forward_plan and key[1][1:4:2] == (q.shape, q.dtype))  # fmt: skip
+                if key[0] is checked_forward_plan and key[1][1:4:2] == (q.shape, q.dtype))  # fmt: skip
     assert len(plan.launch._compiled) == 1
     for _ in range(3):  # the fast path
         again, _ = flash_attention(q, k, v, causal=True)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from flashtile._spec import check_mask
 from flashtile.kernels._host import KernelMask, kernel_mask
 from flashtile.kernels.backward import flash_attention_backward
 from flashtile.kernels.forward import flash_attention
@@ -228,13 +229,25 @@ def test_window_reads_views_through_their_strides(head_dim_outermost):
 def test_a_window_that_is_causal_or_no_mask_runs_the_kernels_plain_paths():
     """The band path (BAND) only where the band has an edge the plain paths lack: (-1, 0) is causal, (-1, -1)
     and windows wider than T are no mask, each compiled exactly as a call without a window."""
-    assert kernel_mask(40, 40, False, "upper_left", None) == KernelMask(False, False, (0, 0))
-    assert kernel_mask(40, 40, False, "upper_left", (-1, -1)) == KernelMask(False, False, (0, 0))
-    assert kernel_mask(40, 40, False, "upper_left", (100, 100)) == KernelMask(False, False, (0, 0))
-    assert kernel_mask(40, 40, False, "upper_left", (-1, 0)) == KernelMask(True, False, (0, 0))
-    assert kernel_mask(30, 50, True, "lower_right", (-1, 7)) == KernelMask(True, False, (0, 0))
-    assert kernel_mask(30, 50, True, "lower_right", (4, 7)) == KernelMask(False, True, (16, 20))
-    assert kernel_mask(40, 40, False, "upper_left", (-1, 3)) == KernelMask(False, True, (-40, 3))
+    def kind(Tq, Tk, causal, alignment, window):  # (CAUSAL, BAND, the band arguments) of one sequence
+        return kernel_mask(check_mask(causal, window, alignment), Tq, Tk)[:3]
+
+    assert kind(40, 40, False, "upper_left", None) == (False, False, (0, 0))
+    assert kind(40, 40, False, "upper_left", (-1, -1)) == (False, False, (0, 0))
+    assert kind(40, 40, False, "upper_left", (100, 100)) == (False, False, (0, 0))
+    assert kind(40, 40, False, "upper_left", (-1, 0)) == (True, False, (0, 0))
+    assert kind(30, 50, True, "lower_right", (-1, 7)) == (True, False, (0, 0))
+    assert kind(30, 50, True, "lower_right", (4, 7)) == (False, True, (16, 20))
+    assert kind(40, 40, False, "upper_left", (-1, 3)) == (False, True, (-40, 3))
+
+
+def test_packed_documents_take_the_plain_paths_where_the_sides_allow_and_pass_the_sides_otherwise():
+    """Without one sequence's sizes (packed documents) the kernels get the window's sides, which each document's
+    programs turn into its own band; (-1, -1) is no mask and (-1, 0) causal in every document."""
+    assert kernel_mask(check_mask(False, None, "upper_left")) == KernelMask(False, False, (-1, -1), None)
+    assert kernel_mask(check_mask(True, None, "lower_right")) == KernelMask(True, False, (-1, 0), None)
+    assert kernel_mask(check_mask(True, (5, 9), "upper_left")) == KernelMask(False, True, (5, 0), None)
+    assert kernel_mask(check_mask(False, (-1, 3), "upper_left")) == KernelMask(False, True, (-1, 3), None)
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,7 @@ graph runs).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -17,13 +18,19 @@ from .._checks import (
     check_flag,
     check_num_splits,
     check_softcap,
-    check_window,
     resolve_scale,
     stats_dtype,
 )
 from .._plans import cached_plan
-from .dense import op_window
+from .._spec import MaskBand, check_mask
 from .tiers import no_autocast, pick_backend, use_backend
+
+
+@dataclass(slots=True)
+class DecodePlans:
+    """The kernels' plan of one kept ``decode_attention`` call, filled by the first call that runs the kernels."""
+
+    kernels: object = None  # kernels.decode.DecodePlan
 
 
 class DecodeCall(NamedTuple):
@@ -34,12 +41,12 @@ class DecodeCall(NamedTuple):
     scale: float  # τ resolved
     num_splits: int | None
     return_lse: bool
-    window: tuple[int, int] | None
+    mask: MaskBand  # (left, 0) around each sequence's lower-right diagonal: the new tokens are causal
     softcap: float | None
-    kernel_plan: list  # [the kernels' DecodePlan], filled by the first call that runs the kernels
+    plans: DecodePlans
 
 
-def check_decode_call(query, key_cache, value_cache, cache_seqlens, block_table, scale, num_splits, return_lse,
+def check_decode_call(query, key_cache, value_cache, cache_seqlens, block_table, *, scale, num_splits, return_lse,
                       window, softcap) -> DecodeCall:  # fmt: skip
     """Every check of ``decode_attention`` that reads only layouts and flags; raises on bad input."""
     shape = check_decode_inputs(query, key_cache, value_cache, cache_seqlens, block_table, check_values=False)
@@ -47,33 +54,36 @@ def check_decode_call(query, key_cache, value_cache, cache_seqlens, block_table,
     num_splits = check_num_splits(num_splits)
     return_lse = check_flag("return_lse", return_lse)
     softcap = check_softcap(softcap, query.dtype)
-    return DecodeCall(shape, scale, num_splits, return_lse, check_window(window), softcap, [None])
+    mask = check_mask(True, window, "lower_right")  # right capped at 0
+    return DecodeCall(shape=shape, scale=scale, num_splits=num_splits, return_lse=return_lse, mask=mask,
+                      softcap=softcap, plans=DecodePlans())  # fmt: skip
 
 
 def run_decode(query, key_cache, value_cache, cache_seqlens, block_table, *, scale, num_splits, return_lse,
                window, softcap):  # fmt: skip
     """``decode_attention`` after its arguments' negative bits are resolved and the window checked: the
     layouts and flags checked once per key, then the values, then the call on its tier."""
-    call = cached_plan(check_decode_call, (query, key_cache, value_cache, cache_seqlens, block_table), scale,
-                       num_splits, return_lse, window, softcap)  # fmt: skip
+    call = cached_plan(check_decode_call, (query, key_cache, value_cache, cache_seqlens, block_table), scale=scale,
+                       num_splits=num_splits, return_lse=return_lse, window=window, softcap=softcap)  # fmt: skip
     if query.is_meta:  # shapes only, nothing computed (and no values to check)
         o, lse = query.new_empty(query.shape), query.new_empty(query.shape[:-1], dtype=stats_dtype(query.dtype))
         return (o, lse) if call.return_lse else o
     if torch.compiler.is_compiling():  # one opaque node, whose eager run checks the values (``decode_op``)
         o, lse = decode_op(query, key_cache, value_cache, cache_seqlens, block_table, call.scale, call.num_splits,
-                           *(call.window or (-1, -1)), call.softcap, pick_backend(query))  # fmt: skip
+                           call.mask.left, call.mask.right, call.softcap, pick_backend(query))  # fmt: skip
         return (o, lse) if call.return_lse else o
     if cache_seqlens is not None or block_table is not None:  # their values: one copy to the host
         check_decode_values(call.shape, cache_seqlens, block_table)
     if pick_backend(query) == "triton":  # the dispatch of flashtile.attention, use_backend included
         # no autograd and no autocast to switch off: the kernels record nothing and choose their own precision
-        plan = call.kernel_plan[0]
+        plan = call.plans.kernels
         if plan is None:
-            from ..kernels.decode import make_decode_plan
+            from ..kernels.decode import plan_decode
 
-            plan = call.kernel_plan[0] = make_decode_plan(
-                query, key_cache, value_cache, cache_seqlens, block_table, call.scale, call.num_splits, None, None,
-                None, call.window, call.softcap, call.return_lse,
+            plan = call.plans.kernels = plan_decode(
+                query, key_cache, value_cache, cache_seqlens, block_table, shape=call.shape, scale=call.scale,
+                mask=call.mask, softcap=call.softcap, num_splits=call.num_splits, store_lse=call.return_lse,
+                o_like_q=False,
             )  # fmt: skip
         o, lse = plan.run(query, key_cache, value_cache, cache_seqlens, block_table)
         return (o, lse) if call.return_lse else o
@@ -82,7 +92,7 @@ def run_decode(query, key_cache, value_cache, cache_seqlens, block_table, *, sca
     with torch.no_grad(), no_autocast(query.device.type):  # inference only; the tiers choose their precision
         o, lse = decode_attention_reference(query, key_cache, value_cache, cache_seqlens, scale=call.scale,
                                             num_splits=call.num_splits, block_table=block_table,
-                                            window=call.window, softcap=call.softcap)  # fmt: skip
+                                            window=call.mask.window, softcap=call.softcap)  # fmt: skip
     return (o, lse) if call.return_lse else o
 
 
@@ -97,7 +107,7 @@ def decode_op(
     they exist, at run time (tracing them would guard on data: torch's data-dependent error under fullgraph)."""
     with use_backend(backend):
         o, lse = run_decode(query, key_cache, value_cache, cache_seqlens, block_table, scale=scale,
-                            num_splits=num_splits, return_lse=True, window=op_window(window_left, window_right),
+                            num_splits=num_splits, return_lse=True, window=(window_left, window_right),
                             softcap=softcap)  # fmt: skip
     return o.contiguous(), lse.contiguous()
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from .._checks import resolve_neg_bits, stats_dtype
-from .dense import op_window
+from .._spec import AttentionSpec, MaskBand, spec_from_op
 from .tiers import REFERENCE_BLOCK, check_backend
 
 
@@ -22,67 +22,63 @@ def index_memory(x: torch.Tensor) -> torch.Tensor:
     return x.contiguous()  # int32 already: the checks refuse any other dtype
 
 
-def clamp_window(window: tuple[int, int], longest: int) -> tuple[int, int]:
-    """The window's sides, each at most ``longest`` (the longest document's query or key count), -1 kept.
+def clamp_band(mask: MaskBand, longest: int) -> MaskBand:
+    """The band's sides, each at most ``longest`` (the longest document's query or key count), -1 kept.
 
     A side of at least a document's max(Tq, Tk) keeps every key on its side in that document, so the clamp
     changes no answer; it keeps the kernels' per-document band (offset - left, offset + right, int32 there)
     from overflowing, as ``reference.masks.window_band`` clamps the band of ``flashtile.attention`` on the host."""
-    return tuple(side if side <= longest else longest for side in window)
+    return mask._replace(left=min(mask.left, longest), right=min(mask.right, longest))
 
 
-def varlen_forward_impl(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, alignment, backend, window_left=-1,
-                        window_right=-1, softcap=None):  # fmt: skip
+def varlen_forward_impl(q, k, v, cu_q, cu_k, *, max_q: int, spec: AttentionSpec, backend: str):
     """(o, lse, stats): o (total_q, H, D) contiguous in q's dtype, lse (H, total_q), and stats (2, H, total_q),
     the kernels' final (m, l), or an empty tensor from the reference tier."""
-    window = op_window(window_left, window_right)
     if check_backend(backend) == "triton":
-        from ..kernels.forward import flash_attention_varlen
+        from ..kernels.forward import varlen_forward_with_spec
 
         cu_q, cu_k = index_memory(cu_q), index_memory(cu_k)  # the kernels read raw memory, not strides
-        return flash_attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal=causal, scale=scale,
-                                      alignment=alignment, window=window, softcap=softcap, checked=True)  # fmt: skip
+        return varlen_forward_with_spec(q, k, v, cu_q, cu_k, max_seqlen_q=max_q, spec=spec)
     from ..reference.varlen import varlen_attention_forward
 
-    o, lse = varlen_attention_forward(q, k, v, cu_q, cu_k, causal, scale, REFERENCE_BLOCK, REFERENCE_BLOCK, alignment,
-                                      window=window, softcap=softcap)  # fmt: skip
+    o, lse = varlen_attention_forward(q, k, v, cu_q, cu_k, False, spec.scale, REFERENCE_BLOCK, REFERENCE_BLOCK,
+                                      spec.mask.alignment, window=spec.mask.window, softcap=spec.softcap)  # fmt: skip
     return o.contiguous(), lse.contiguous(), lse.new_empty((0,))
 
 
-def varlen_backward_impl(do, q, k, v, o, lse, stats, cu_q, cu_k, max_q, max_k, causal, scale, alignment, backend,
-                         window_left=-1, window_right=-1, softcap=None):  # fmt: skip
+def varlen_backward_impl(do, q, k, v, o, lse, stats, cu_q, cu_k, *, max_q: int, max_k: int, spec: AttentionSpec,
+                         backend: str):  # fmt: skip
     """(dq, dk, dv), contiguous, in the inputs' dtype; dk and dv summed over each GQA group."""
     (do,) = resolve_neg_bits(do)
-    window = op_window(window_left, window_right)
     if check_backend(backend) == "triton":
-        from ..kernels.backward import flash_attention_varlen_backward
+        from ..kernels.backward import varlen_backward_with_spec
 
         cu_q, cu_k = index_memory(cu_q), index_memory(cu_k)
-        return flash_attention_varlen_backward(q, k, v, o, lse, do, cu_q, cu_k, max_q, max_k, causal=causal,
-                                               scale=scale, alignment=alignment, stats=stats, window=window,
-                                               softcap=softcap, checked=True)  # fmt: skip
+        return varlen_backward_with_spec(q, k, v, o, lse, do, cu_q, cu_k, max_seqlen_q=max_q, max_seqlen_k=max_k,
+                                         spec=spec, stats=stats)  # fmt: skip
     from ..reference.varlen import varlen_attention_backward
 
-    grads = varlen_attention_backward(q, k, v, o, lse, do.contiguous(), cu_q, cu_k, causal, scale, REFERENCE_BLOCK,
-                                      REFERENCE_BLOCK, alignment, window=window, softcap=softcap)  # fmt: skip
+    grads = varlen_attention_backward(q, k, v, o, lse, do.contiguous(), cu_q, cu_k, False, spec.scale,
+                                      REFERENCE_BLOCK, REFERENCE_BLOCK, spec.mask.alignment, window=spec.mask.window,
+                                      softcap=spec.softcap)  # fmt: skip
     return tuple(g.contiguous() for g in grads)
 
 
 @torch.library.custom_op("flashtile::attention_varlen_fwd", mutates_args=())
 def attention_varlen_fwd(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor, max_q: int,
-    max_k: int, causal: bool, scale: float, alignment: str, backend: str, window_left: int = -1,
-    window_right: int = -1, softcap: float | None = None,
+    max_k: int, scale: float, alignment: str, window_left: int, window_right: int, softcap: float | None,
+    backend: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(o, lse, stats): see ``varlen_forward_impl``."""
-    o, lse, stats = varlen_forward_impl(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, alignment, backend,
-                                        window_left, window_right, softcap)  # fmt: skip
+    """(o, lse, stats): see ``varlen_forward_impl``. The mask travels as its band's two sides (``_spec.MaskBand``)."""
+    spec = spec_from_op(q, k, scale=scale, alignment=alignment, window_left=window_left, window_right=window_right,
+                        softcap=softcap)  # fmt: skip
+    o, lse, stats = varlen_forward_impl(q, k, v, cu_q, cu_k, max_q=max_q, spec=spec, backend=backend)
     return o, lse, (stats.clone() if stats.numel() else stats)  # an op's outputs may not share memory
 
 
 @attention_varlen_fwd.register_fake
-def _(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, alignment, backend, window_left=-1, window_right=-1,
-      softcap=None):  # fmt: skip
+def _(q, k, v, cu_q, cu_k, max_q, max_k, scale, alignment, window_left, window_right, softcap, backend):
     total_q, H, _ = q.shape
     c = stats_dtype(q.dtype)
     stats_shape = (2, H, total_q) if backend == "triton" else (0,)
@@ -93,34 +89,36 @@ def _(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, alignment, backend, wind
 @torch.library.custom_op("flashtile::attention_varlen_bwd", mutates_args=())
 def attention_varlen_bwd(
     do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
-    stats: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor, max_q: int, max_k: int, causal: bool, scale: float,
-    alignment: str, backend: str, window_left: int = -1, window_right: int = -1, softcap: float | None = None,
+    stats: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor, max_q: int, max_k: int, scale: float,
+    alignment: str, window_left: int, window_right: int, softcap: float | None, backend: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv): see ``varlen_backward_impl``."""
-    return varlen_backward_impl(do, q, k, v, o, lse, stats, cu_q, cu_k, max_q, max_k, causal, scale, alignment,
-                                backend, window_left, window_right, softcap)  # fmt: skip
+    spec = spec_from_op(q, k, scale=scale, alignment=alignment, window_left=window_left, window_right=window_right,
+                        softcap=softcap)  # fmt: skip
+    return varlen_backward_impl(do, q, k, v, o, lse, stats, cu_q, cu_k, max_q=max_q, max_k=max_k, spec=spec,
+                                backend=backend)  # fmt: skip
 
 
 @attention_varlen_bwd.register_fake
-def _(do, q, k, v, o, lse, stats, cu_q, cu_k, max_q, max_k, causal, scale, alignment, backend, window_left=-1,
-      window_right=-1, softcap=None):  # fmt: skip
+def _(do, q, k, v, o, lse, stats, cu_q, cu_k, max_q, max_k, scale, alignment, window_left, window_right, softcap,
+      backend):  # fmt: skip
     return tuple(torch.empty_like(x, memory_format=torch.contiguous_format) for x in (q, k, v))
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, cu_q, cu_k, *config = inputs  # max_q, max_k, causal, scale, alignment, backend, window, cap
+    q, k, v, cu_q, cu_k, *arguments = inputs  # max_q, max_k, scale, alignment, the band's sides, softcap, backend
     o, lse, stats = output
     ctx.save_for_backward(q, k, v, o, lse, stats, cu_q, cu_k)  # O(total) extra memory, never P
-    ctx.config = tuple(config)
+    ctx.arguments = tuple(arguments)
     ctx.mark_non_differentiable(lse, stats)
 
 
 def _backward(ctx, do, _dlse, _dstats):
     if do is None:  # o's gradient undefined (gradcheck's undefined-gradient check, a Function returning None): zero
-        return (None,) * (5 + len(ctx.config))
+        return (None,) * (5 + len(ctx.arguments))
     q, k, v, o, lse, stats, cu_q, cu_k = ctx.saved_tensors
-    dq, dk, dv = attention_varlen_bwd(do, q, k, v, o, lse, stats, cu_q, cu_k, *ctx.config)
-    return dq, dk, dv, None, None, *(None,) * len(ctx.config)
+    dq, dk, dv = attention_varlen_bwd(do, q, k, v, o, lse, stats, cu_q, cu_k, *ctx.arguments)
+    return dq, dk, dv, None, None, *(None,) * len(ctx.arguments)
 
 
 attention_varlen_fwd.register_autograd(_backward, setup_context=_setup_context)

@@ -16,11 +16,10 @@ from typing import NamedTuple
 import torch
 import triton
 
-from .._checks import check_block, check_int, recall_fact, remember_fact
+from .._checks import UNBOUNDED, check_block, check_int, recall_fact, remember_fact
 from .._env import is_interpreting, sm_count
+from .._spec import MaskBand
 from ..hopper import H200
-from ..reference.causal import diagonal_offset
-from ..reference.masks import window_band
 
 KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MIN_DOT_BLOCK = 16  # tl.dot needs every dimension of its operands to be at least 16
@@ -137,19 +136,31 @@ class KernelMask(NamedTuple):
 
     causal: bool  # j <= i + offset: the causal path, as without a window
     banded: bool  # lo <= j - i <= hi with both edges: the window path
-    band: tuple[int, int]  # (lo, hi) for the window path; (0, 0), unused, otherwise
+    band: tuple[int, int]  # the kernel's two band arguments (below)
+    diagonals: tuple[int, int] | None  # (lo, hi) of one sequence, clamped into [-Tq, Tk]; None for packed documents
 
 
-def kernel_mask(Tq: int, Tk: int, causal, alignment: str, window) -> KernelMask:
-    """The kernels' mask for a call: its band (``reference.masks.window_band``, which checks window and
-    causal), run as no mask or as the causal mask where the band is one of those (a window without a
-    left edge), so that such a call compiles and runs exactly as a call without a window does."""
-    lo, hi = window_band(Tq, Tk, window, causal, alignment)
+def kernel_mask(mask: MaskBand, Tq: int | None = None, Tk: int | None = None) -> KernelMask:
+    """The kernels' mask for a checked band, run as no mask or as the causal mask where the band is one of
+    those, so that such a call compiles and runs exactly as a call without a window does.
+
+    With one sequence's sizes Tq and Tk, ``band`` is the window path's (lo, hi), lo <= j - i <= hi
+    (``reference.masks.window_band``: an unbounded side becomes an edge no pair reaches), and (0, 0), unused,
+    on the other paths; a band that keeps every pair, or exactly the causal ones, takes those paths. Without
+    them (packed documents, each with its own Tq and Tk), ``band`` is the sides (left, right), which each
+    document's programs turn into its own edges (``_jit.varlen_program``)."""
+    left, right = mask.left, mask.right
+    if Tq is None:
+        causal, everything = left == UNBOUNDED and right == 0, left == right == UNBOUNDED
+        return KernelMask(causal, not (causal or everything), (left, right), None)
+    offset = mask.offset(Tq, Tk)
+    lo = -Tq if left == UNBOUNDED else max(offset - left, -Tq)  # j - i >= -(Tq - 1) always holds
+    hi = Tk if right == UNBOUNDED else min(offset + right, Tk)  # j - i <= Tk - 1 always holds
     if lo == -Tq and hi == Tk:  # every pair: no mask
-        return KernelMask(False, False, (0, 0))
-    if lo == -Tq and hi == diagonal_offset(Tq, Tk, alignment):  # j <= i + offset: causal
-        return KernelMask(True, False, (0, 0))
-    return KernelMask(False, True, (lo, hi))
+        return KernelMask(False, False, (0, 0), (lo, hi))
+    if lo == -Tq and hi == offset:  # j <= i + offset: causal
+        return KernelMask(True, False, (0, 0), (lo, hi))
+    return KernelMask(False, True, (lo, hi), (lo, hi))
 # --8<-- [end:kernel_mask]
 
 
@@ -359,21 +370,6 @@ _current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or _strea
 
 
 # --8<-- [end:launch]
-
-
-def varlen_mask(causal: bool, window) -> tuple[bool, bool, int, int]:
-    """(CAUSAL, BAND, left, right) of packed documents' kernel: the mask is the same rule in every document,
-    but its band depends on each document's Tq and Tk, so the kernel works it out per document from the
-    window's sides (``_jit.varlen_program``). A window without a left edge is no mask (no right edge either)
-    or the causal mask (right edge 0), and runs as such, as ``kernel_mask`` does for one sequence."""
-    left, right = window or (-1, -1)
-    if causal:
-        right = 0  # causal caps the right side
-    if left == -1 and right == -1:
-        return False, False, -1, -1
-    if left == -1 and right == 0:
-        return True, False, -1, 0
-    return False, True, left, right
 
 
 def document_order(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor) -> torch.Tensor:

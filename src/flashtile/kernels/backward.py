@@ -27,24 +27,21 @@ import triton
 import triton.language as tl
 
 from .._checks import (
-    check_alignment,
+    AttentionShape,
     check_attention_inputs,
-    check_causal,
     check_flag,
     check_int,
     check_like,
     check_lse,
     check_max_seqlen,
-    check_softcap,
     check_tensor,
     check_varlen_inputs,
     check_window,
-    resolve_scale,
 )
 from .._env import is_interpreting, sm_count
 from .._layouts import contiguous_strides, empty_like_layout, strides_like
 from .._plans import cached_plan
-from ..reference.causal import diagonal_offset
+from .._spec import AttentionSpec, check_spec
 from ..reference.masks import window_visible_pairs
 from ._host import (
     KERNEL_DTYPES,
@@ -63,7 +60,6 @@ from ._host import (
     resident_programs,
     tile_descriptor,
     use_tma,
-    varlen_mask,
 )
 from ._jit import (
     apply_sign,
@@ -686,27 +682,26 @@ class BackwardPlan(NamedTuple):
         return backward_with_plan(self, q, k, v, o, do, stats, rows)
 
 
-def make_backward_plan(q, k, v, o, lse, do, stats, causal, scale, alignment, block_q, block_k, config,
-                       deterministic, tma=None, window=None, softcap=None) -> BackwardPlan:  # fmt: skip
-    """Check one backward call's arguments and derive its launches; raises on anything the kernels cannot take."""
+def make_backward_plan(q, k, v, o, lse, do, stats, *, spec: AttentionSpec, deterministic: bool, block_q=None,
+                       block_k=None, config=None, tma=None) -> BackwardPlan:  # fmt: skip
+    """Derive one backward call's launches from its checked options (``_spec.check_spec``); raises on a layout,
+    a device or a setting the kernels cannot take."""
     shape = check_attention_inputs(q, k, v, dtypes=KERNEL_DTYPES)
     check_like("o", o, "q", q)
     check_like("do", do, "q", q)
     check_lse(lse, shape, q)
-    check_causal(causal)
-    offset = diagonal_offset(shape.Tq, shape.Tk, check_alignment(alignment))
-    mask = kernel_mask(shape.Tq, shape.Tk, causal, alignment, window)
-    softcap = check_softcap(softcap, q.dtype)
+    offset = spec.mask.offset(shape.Tq, shape.Tk)
+    mask = kernel_mask(spec.mask, shape.Tq, shape.Tk)
+    softcap, scale = spec.softcap, spec.scale
     causal = mask.causal  # a window that is plain causal (or no mask) runs as such
-    scale = resolve_scale(scale, shape.D, q.dtype)
     check_kernel_device("q", q)
     block_q = None if block_q is None else check_tile_size("block_q", block_q)
     block_k = None if block_k is None else check_tile_size("block_k", block_k)
-    deterministic = check_flag("deterministic", deterministic)
     if config is None:
         work = shape.B * shape.H * shape.Tq * shape.Tk * shape.D * (0.5 if causal else 1.0)
         if mask.banded:  # the pairs the window keeps
-            work = shape.B * shape.H * shape.D * window_visible_pairs(shape.Tq, shape.Tk, window, False, alignment)
+            work = shape.B * shape.H * shape.D * window_visible_pairs(shape.Tq, shape.Tk, spec.mask.window, False,
+                                                                      spec.mask.alignment)  # fmt: skip
         config = backward_config(shape.D, q.dtype, max(shape.Tq, shape.Tk), atomic_dq=not deterministic, work=work)
     else:  # a caller's config loads through pointers unless tma says otherwise
         config = dict(check_config(config), tma=False)
@@ -797,6 +792,24 @@ def make_backward_plan(q, k, v, o, lse, do, stats, causal, scale, alignment, blo
     )
 
 
+def checked_backward_plan(q, k, v, o, lse, do, stats, *, causal, scale, alignment, window, softcap, deterministic,
+                          block_q, block_k, config, tma) -> BackwardPlan:  # fmt: skip
+    """``flash_attention_backward``'s plan: its arguments checked into one spec (``_spec.check_spec``), then
+    ``make_backward_plan``; raises on anything the kernels cannot take."""
+    shape = check_attention_inputs(q, k, v, dtypes=KERNEL_DTYPES)
+    spec = check_spec(shape, q.dtype, causal=causal, scale=scale, alignment=alignment, window=window,
+                      softcap=softcap, causal_name="causal")  # fmt: skip
+    return make_backward_plan(q, k, v, o, lse, do, stats, spec=spec, deterministic=check_flag("deterministic",
+                              deterministic), block_q=block_q, block_k=block_k, config=config, tma=tma)  # fmt: skip
+
+
+def backward_with_spec(q, k, v, o, lse, do, stats, spec: AttentionSpec) -> tuple:
+    """(dq, dk, dv) of a call whose options are checked already (``flashtile.attention``'s), from the forward's
+    (m, l) ``stats``: the deterministic plan, kept per layout and spec."""
+    plan = cached_plan(make_backward_plan, (q, k, v, o, lse, do, stats), spec=spec, deterministic=True)
+    return backward_with_plan(plan, q, k, v, o, do, stats if plan.stats_contiguous else stats.contiguous())
+
+
 # --8<-- [start:launcher]
 def flash_attention_backward(
     q, k, v, o, lse, do, causal=False, scale=None, block_q=None, block_k=None, alignment="upper_left", *,
@@ -835,8 +848,9 @@ def flash_attention_backward(
     """
     if window is not None:  # checked before it keys the plans: (True, 0) and (1, 0) hash alike
         window = check_window(window)
-    plan = cached_plan(make_backward_plan, (q, k, v, o, lse, do, stats), causal, scale, alignment, block_q, block_k,
-                       config, deterministic, tma, window, softcap)  # fmt: skip
+    plan = cached_plan(checked_backward_plan, (q, k, v, o, lse, do, stats), causal=causal, scale=scale,
+                       alignment=alignment, window=window, softcap=softcap, deterministic=deterministic,
+                       block_q=block_q, block_k=block_k, config=config, tma=tma)  # fmt: skip
     if stats is None:
         stats = stats_from_lse(lse, plan.scale, plan.softcap)
     elif not plan.stats_contiguous:  # the plan knows: contiguous() is a dispatched call even when it returns stats
@@ -923,15 +937,26 @@ def flash_attention_varlen_backward(
     check_tensor("lse", lse, rank=2, dtypes=(torch.float32,))
     if tuple(lse.shape) != (H, total_q):
         raise ValueError(f"lse must have shape (H, total_q) = {(H, total_q)}, got {tuple(lse.shape)}")
-    check_causal(causal)
-    check_alignment(alignment)
-    window = check_window(window)
-    softcap = check_softcap(softcap, q.dtype)
-    scale = resolve_scale(scale, D, q.dtype)
+    spec = check_spec(AttentionShape(1, H, H_kv, total_q, total_k, D), q.dtype, causal=causal, scale=scale,
+                      alignment=alignment, window=window, softcap=softcap, causal_name="causal")  # fmt: skip
+    return varlen_backward_with_spec(q, k, v, o, lse, do, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_q,
+                                     max_seqlen_k=max_k, spec=spec, block_q=block_q, block_k=block_k,
+                                     stats=stats)  # fmt: skip
+
+
+def varlen_backward_with_spec(q, k, v, o, lse, do, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int,
+                              max_seqlen_k: int, spec: AttentionSpec, block_q=None, block_k=None, stats=None):
+    """``flash_attention_varlen_backward`` on inputs and cu_seqlens checked already (``flashtile.attention_varlen``'s),
+    with the call's checked options: (dq, dk, dv)."""
+    total_q, H, D = q.shape
+    total_k, H_kv, _ = k.shape
+    max_q, max_k = max_seqlen_q, max_seqlen_k
+    scale, softcap = spec.scale, spec.softcap
     check_kernel_device("q", q)
     block_q = None if block_q is None else check_tile_size("block_q", block_q)
     block_k = None if block_k is None else check_tile_size("block_k", block_k)
-    causal_mask, banded, left, right = varlen_mask(causal, window)
+    mask = kernel_mask(spec.mask)  # the sides: each document's programs work out its own band
+    causal_mask, banded, (left, right) = mask.causal, mask.banded, mask.band
     # The pointer path's settings, those of short sequences: on the packed case (8 documents in 16k, D = 128)
     # 32 x 64 dK/dV tiles ran 5 % faster than the 64 x 64 that long sequences take through TMA, and no dQ
     # setting beat the default (bench/results/sweeps/varlen-configs.json)
@@ -961,7 +986,7 @@ def flash_attention_varlen_backward(
                   USE_TMA=False, HEAVIEST_FIRST=False, BAND=banded, SOFTCAP=softcap is not None, CU_Q=cu_seqlens_q,
                   CU_K=cu_seqlens_k, ORDER=document_order(cu_seqlens_q, cu_seqlens_k), VARLEN=True)  # fmt: skip
     sizes = (H, H_kv, total_q, total_k)
-    alignment_flag = int(alignment == "lower_right")  # the kernels' offset under VARLEN: 0 or 1 (varlen_program)
+    alignment_flag = int(spec.mask.alignment == "lower_right")  # the kernels' offset under VARLEN (varlen_program)
     cap = 1.0 if softcap is None else softcap
     backward_dq_kernel[head_batch_grid(-(-max_q // dq_q), H, n_docs)](
         q, k, v, do, o, stats, rows, dq, *strides(q), *strides(k), *strides(v), *strides(do), *strides(o), *strides(dq),

@@ -38,6 +38,7 @@ import triton.language as tl
 
 from .._checks import (
     MAX_NEW_TOKENS,
+    UNBOUNDED,
     DecodeShape,
     check_attention_inputs,
     check_decode_inputs,
@@ -50,7 +51,8 @@ from .._checks import (
 from .._env import is_interpreting, sm_count
 from .._layouts import contiguous_strides, strides_like
 from .._plans import cached_plan
-from ..reference.decode import decode_band, decode_span, pick_num_splits
+from .._spec import AttentionSpec, MaskBand
+from ..reference.decode import decode_span, pick_num_splits
 from ._host import (
     KERNEL_DTYPES,
     KernelLaunch,
@@ -60,6 +62,7 @@ from ._host import (
     dot_precision,
     head_batch_grid,
     head_dim_pad,
+    kernel_mask,
     kernel_scale,
 )
 from ._jit import apply_sign, online_softmax_step, program_offset, soft_cap
@@ -319,34 +322,41 @@ class DecodePlan(NamedTuple):
         return decode_with_plan(self, q, key_cache, value_cache, cache_seqlens, block_table)
 
 
-def make_decode_plan(q, key_cache, value_cache, cache_seqlens, block_table, scale, num_splits, block_k, num_warps,
-                     num_stages, window=None, softcap=None, store_lse=True) -> DecodePlan:  # fmt: skip
-    """Check one call's shapes and flags and derive its launches; raises on anything the kernels cannot take."""
+def make_decode_plan(q, key_cache, value_cache, cache_seqlens, block_table, *, scale, num_splits, window, softcap,
+                     store_lse=True, block_k=None, num_warps=None, num_stages=None) -> DecodePlan:  # fmt: skip
+    """``flash_decode``'s plan: one call's shapes and options checked, then its launches (``plan_decode``);
+    raises on anything the kernels cannot take."""
     shape = check_decode_inputs(q, key_cache, value_cache, cache_seqlens, block_table, dtypes=KERNEL_DTYPES,
                                 check_values=False)
-    band = decode_band(shape.Tq, shape.capacity, check_window(window))  # causal, lower-right per sequence
-    return plan_decode(q, key_cache, value_cache, shape, cache_seqlens, block_table, scale, band, softcap,
-                       num_splits, block_k, num_warps, num_stages, store_lse, o_like_q=False)  # fmt: skip
+    left, _ = check_window(window) or (UNBOUNDED, UNBOUNDED)  # right capped at 0: the new tokens are causal
+    return plan_decode(q, key_cache, value_cache, cache_seqlens, block_table, shape=shape,
+                       scale=resolve_scale(scale, shape.D, q.dtype), mask=MaskBand(left, 0, "lower_right"),
+                       softcap=check_softcap(softcap, q.dtype), num_splits=check_num_splits(num_splits),
+                       store_lse=check_flag("store_lse", store_lse), o_like_q=False, block_k=block_k,
+                       num_warps=num_warps, num_stages=num_stages)  # fmt: skip
 
 
-def make_attention_decode_plan(q, k, v, scale, band, softcap, store_lse) -> DecodePlan:
-    """The plan of a ``flashtile.attention`` call that the decode kernels run (Tq <= 16, no gradient):
-    k and v are a full cache of Tk keys, ``band`` the call's mask (``reference.decode.decode_band``), and
-    o is laid out as ``attention`` lays it out (``_layouts.strides_like(q)``)."""
+def make_attention_decode_plan(q, k, v, *, spec: AttentionSpec, store_lse: bool) -> DecodePlan:
+    """The plan of a ``flashtile.attention`` call that the decode kernels run (Tq <= 16, no gradient), from its
+    checked options: k and v are a full cache of Tk keys, and o is laid out as ``attention`` lays it out
+    (``_layouts.strides_like(q)``)."""
     a = check_attention_inputs(q, k, v, dtypes=KERNEL_DTYPES, names=("query", "key", "value"))
     if a.Tq > MAX_NEW_TOKENS:
         raise ValueError(f"query has {a.Tq} rows; the decode kernels take 1 to {MAX_NEW_TOKENS}")
     shape = DecodeShape(a.B, a.H, a.H_kv, a.Tq, a.D, capacity=a.Tk, page_size=None, num_pages=0)
-    return plan_decode(q, k, v, shape, None, None, scale, band, check_softcap(softcap, q.dtype), None, None, None,
-                       None, store_lse, o_like_q=True)  # fmt: skip
+    return plan_decode(q, k, v, None, None, shape=shape, scale=spec.scale, mask=spec.mask, softcap=spec.softcap,
+                       num_splits=None, store_lse=store_lse, o_like_q=True)  # fmt: skip
 
 
-def plan_decode(q, key_cache, value_cache, shape: DecodeShape, cache_seqlens, block_table, scale, band, softcap,
-                num_splits, block_k, num_warps, num_stages, store_lse, o_like_q) -> DecodePlan:  # fmt: skip
-    """The launches for checked shapes: tiles, split count, strides, the band and the cap."""
+def plan_decode(q, key_cache, value_cache, cache_seqlens, block_table, *, shape: DecodeShape, scale: float,
+                mask: MaskBand, softcap: float | None, num_splits: int | None, store_lse: bool, o_like_q: bool,
+                block_k=None, num_warps=None, num_stages=None) -> DecodePlan:  # fmt: skip
+    """The launches for checked shapes and options: tiles, split count, strides, the band and the cap. The
+    band is measured from each sequence's own lower-right diagonal j = t + length - Tq (``kernel_mask``'s
+    diagonals on the full (Tq, capacity) matrix, shifted), so it keeps its place in a shorter sequence."""
+    lo, hi = kernel_mask(mask, shape.Tq, shape.capacity).diagonals
+    band = (lo - (shape.capacity - shape.Tq), hi - (shape.capacity - shape.Tq))  # reference.decode.decode_band
     check_kernel_device("query", q)
-    softcap = check_softcap(softcap, q.dtype)
-    store_lse = check_flag("store_lse", store_lse)
     config = decode_config(shape.D, q.dtype, shape.group * shape.Tq)
     block_m = config["block_m"]
     block_k = config["block_k"] if block_k is None else check_tile_size("block_k", block_k)
@@ -356,10 +366,9 @@ def plan_decode(q, key_cache, value_cache, shape: DecodeShape, cache_seqlens, bl
     )
     n_row_blocks = -(-shape.group * shape.Tq // block_m)
     programs = shape.B * shape.H_kv * n_row_blocks  # without splits: often far fewer than the SMs
-    num_splits = check_num_splits(num_splits)
     if num_splits is None:  # picked for the keys a window leaves, not the whole cache
         num_splits = pick_num_splits(programs, decode_span(shape.capacity, shape.Tq, band), sm_count(q.device))
-    units = kernel_scale(resolve_scale(scale, shape.D, q.dtype))
+    units = kernel_scale(scale)
     qk_scale = units.qk_scale if softcap is None else math.log2(math.e)  # capped scores are in natural units (soft_cap)
     B, H, Tq, D = shape.B, shape.H, shape.Tq, shape.D
     # o as attention lays it out (q's own layout where q is dense), or contiguous (decode_attention's)
@@ -439,7 +448,8 @@ def flash_decode(
     """
     if window is not None:  # checked before it keys the plans: (True, 0) and (1, 0) hash alike
         window = check_window(window)
-    plan = cached_plan(make_decode_plan, (q, key_cache, value_cache, cache_seqlens, block_table), scale,
-                       num_splits, block_k, num_warps, num_stages, window, softcap)  # fmt: skip
+    plan = cached_plan(make_decode_plan, (q, key_cache, value_cache, cache_seqlens, block_table), scale=scale,
+                       num_splits=num_splits, window=window, softcap=softcap, block_k=block_k, num_warps=num_warps,
+                       num_stages=num_stages)  # fmt: skip
     return decode_with_plan(plan, q, key_cache, value_cache, cache_seqlens, block_table)
 # --8<-- [end:launcher]

@@ -34,21 +34,18 @@ import triton
 import triton.language as tl
 
 from .._checks import (
-    check_alignment,
+    AttentionShape,
     check_attention_inputs,
-    check_causal,
     check_flag,
     check_int,
     check_max_seqlen,
-    check_softcap,
     check_tensor,
     check_varlen_inputs,
     check_window,
-    resolve_scale,
 )
 from .._layouts import strides_like
 from .._plans import cached_plan
-from ..reference.causal import diagonal_offset
+from .._spec import AttentionSpec, check_spec
 from ._host import (
     KERNEL_DTYPES,
     LOG2E,
@@ -65,7 +62,6 @@ from ._host import (
     resident_programs,
     tile_descriptor,
     use_tma,
-    varlen_mask,
 )
 from ._jit import (
     SHIFT_LIMIT,
@@ -383,18 +379,15 @@ class ForwardPlan(NamedTuple):
         return forward_with_plan(self, q, k, v, stats)
 
 
-def make_forward_plan(q, k, v, causal, scale, alignment, block_q, block_k, num_warps, num_stages, tma,
-                      return_stats, window=None, softcap=None) -> ForwardPlan:  # fmt: skip
-    """Validate one call's arguments and derive its launch; raises on anything the kernel cannot take."""
+def make_forward_plan(q, k, v, *, spec: AttentionSpec, return_stats: bool, block_q=None, block_k=None,
+                      num_warps=None, num_stages=None, tma=None) -> ForwardPlan:  # fmt: skip
+    """Derive one call's launch from its checked options (``_spec.check_spec``); raises on a layout, a device or
+    a launch setting the kernel cannot take."""
     shape = check_attention_inputs(q, k, v, dtypes=KERNEL_DTYPES)
-    check_causal(causal)
-    check_alignment(alignment)
-    mask = kernel_mask(shape.Tq, shape.Tk, causal, alignment, window)
-    softcap = check_softcap(softcap, q.dtype)
+    mask = kernel_mask(spec.mask, shape.Tq, shape.Tk)
+    softcap = spec.softcap
     causal = mask.causal  # a window that is plain causal (or no mask) runs as such
-    return_stats = check_flag("return_stats", return_stats)
     tma = None if tma is None else check_flag("tma", tma)
-    scale = resolve_scale(scale, shape.D, q.dtype)
     check_kernel_device("q", q)
     length_class = 512 if shape.Tq <= 512 else (1024 if shape.Tq <= 1024 else 4096)  # so the cache stays small
     config = forward_config(shape.D, q.dtype, q.device.type == "cpu", causal, length_class)
@@ -404,8 +397,8 @@ def make_forward_plan(q, k, v, causal, scale, alignment, block_q, block_k, num_w
     block_q, block_k, num_warps, num_stages, own_settings = launch_settings(config, block_q, block_k, num_warps,
                                                                             num_stages)  # fmt: skip
     B, H, H_kv, Tq, Tk, D = shape
-    units = kernel_scale(scale)
-    offset = diagonal_offset(Tq, Tk, alignment)
+    units = kernel_scale(spec.scale)
+    offset = spec.mask.offset(Tq, Tk)
     qk_scale = units.qk_scale if softcap is None else LOG2E  # capped scores are in natural units (soft_cap)
     # the programs of one query head stream its kv head's K and V, which the group's heads share
     n_tiles = -(-Tq // block_q)  # cdiv in plain Python: triton.cdiv is a jit function
@@ -447,6 +440,18 @@ def make_forward_plan(q, k, v, causal, scale, alignment, block_q, block_k, num_w
     )
 
 
+def checked_forward_plan(q, k, v, *, causal, scale, alignment, window, softcap, return_stats, block_q, block_k,
+                         num_warps, num_stages, tma) -> ForwardPlan:  # fmt: skip
+    """``flash_attention``'s plan: its arguments checked into one spec (``_spec.check_spec``), then
+    ``make_forward_plan``; raises on anything the kernel cannot take."""
+    shape = check_attention_inputs(q, k, v, dtypes=KERNEL_DTYPES)
+    spec = check_spec(shape, q.dtype, causal=causal, scale=scale, alignment=alignment, window=window,
+                      softcap=softcap, causal_name="causal")  # fmt: skip
+    return make_forward_plan(q, k, v, spec=spec, return_stats=check_flag("return_stats", return_stats),
+                             block_q=block_q, block_k=block_k, num_warps=num_warps, num_stages=num_stages,
+                             tma=tma)  # fmt: skip
+
+
 def flash_attention(
     q, k, v, causal=False, scale=None, alignment="upper_left", block_q=None, block_k=None, *,
     num_warps=None, num_stages=None, return_stats=False, tma=None, window=None, softcap=None,
@@ -478,10 +483,19 @@ def flash_attention(
     """
     if window is not None:  # checked before it keys the plans: (True, 0) and (1, 0) hash alike
         window = check_window(window)
-    plan = cached_plan(make_forward_plan, (q, k, v), causal, scale, alignment, block_q, block_k, num_warps,
-                       num_stages, tma, return_stats, window, softcap)  # fmt: skip
+    plan = cached_plan(checked_forward_plan, (q, k, v), causal=causal, scale=scale, alignment=alignment,
+                       window=window, softcap=softcap, return_stats=return_stats, block_q=block_q, block_k=block_k,
+                       num_warps=num_warps, num_stages=num_stages, tma=tma)  # fmt: skip
     o, row_stats = forward_with_plan(plan, q, k, v)
     return (o, row_stats[0], row_stats[1:]) if plan.return_stats else (o, row_stats[0])
+
+
+def forward_with_spec(q, k, v, spec: AttentionSpec) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(o, lse, stats) of a call whose options are checked already (``flashtile.attention``'s): the plan kept
+    per layout and spec."""
+    plan = cached_plan(make_forward_plan, (q, k, v), spec=spec, return_stats=True)
+    o, row_stats = forward_with_plan(plan, q, k, v)
+    return o, row_stats[0], row_stats[1:]
 
 
 def forward_with_plan(plan: ForwardPlan, q, k, v, stats: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -549,20 +563,29 @@ def flash_attention_varlen(
         check_max_seqlen("max_seqlen_q", max_seqlen_q, max((e - s for (s, e), _ in documents), default=0))
         check_max_seqlen("max_seqlen_k", max_seqlen_k, max((e - s for _, (s, e) in documents), default=0))
     max_q = check_int("max_seqlen_q", max_seqlen_q, minimum=1)
-    check_causal(causal)
-    check_alignment(alignment)
-    window = check_window(window)
-    softcap = check_softcap(softcap, q.dtype)
+    shape = AttentionShape(1, q.shape[1], k.shape[1], q.shape[0], k.shape[0], q.shape[2])
+    spec = check_spec(shape, q.dtype, causal=causal, scale=scale, alignment=alignment, window=window, softcap=softcap,
+                      causal_name="causal")  # fmt: skip
+    return varlen_forward_with_spec(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_q, spec=spec,
+                                    block_q=block_q, block_k=block_k, num_warps=num_warps,
+                                    num_stages=num_stages)  # fmt: skip
+
+
+def varlen_forward_with_spec(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int, spec: AttentionSpec,
+                             block_q=None, block_k=None, num_warps=None, num_stages=None):  # fmt: skip
+    """``flash_attention_varlen`` on inputs and cu_seqlens checked already (``flashtile.attention_varlen``'s), with
+    the call's checked options: (o, lse, stats)."""
     total_q, H, D = q.shape
     H_kv = k.shape[1]
-    scale = resolve_scale(scale, D, q.dtype)
     check_kernel_device("q", q)
-    causal_mask, banded, left, right = varlen_mask(causal, window)
-    config = varlen_forward_config(D, q.dtype, q.device.type == "cpu", causal_mask, max_q)
+    mask = kernel_mask(spec.mask)  # the sides: each document's programs work out its own band
+    softcap = spec.softcap
+    left, right = mask.band
+    config = varlen_forward_config(D, q.dtype, q.device.type == "cpu", mask.causal, max_seqlen_q)
     block_q, block_k, num_warps, num_stages, own_settings = launch_settings(config, block_q, block_k, num_warps,
                                                                             num_stages)  # fmt: skip
     maxnreg = config.get("maxnreg") if own_settings else None
-    units = kernel_scale(scale)
+    units = kernel_scale(spec.scale)
     qk_scale = units.qk_scale if softcap is None else LOG2E
     o = torch.empty((total_q, H, D), dtype=q.dtype, device=q.device)
     row_stats = torch.empty((3, H, total_q), dtype=torch.float32, device=q.device)  # lse, m, l
@@ -571,13 +594,13 @@ def flash_attention_varlen(
     def strides(x):  # (total, heads, D) seen as (1, heads, total, D): the batch stride is never stepped
         return 0, x.stride(1), x.stride(0), x.stride(2)
 
-    _forward_kernel[head_batch_grid(-(-max_q // block_q), H, n_docs)](
+    _forward_kernel[head_batch_grid(-(-max_seqlen_q // block_q), H, n_docs)](
         q, k, v, o, row_stats, *strides(q), *strides(k), *strides(v), *strides(o),
-        H, H // H_kv, total_q, k.shape[0], int(alignment == "lower_right"), qk_scale, H * total_q, 1, left, right,
-        units.unit, 1.0 if softcap is None else softcap,
-        HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D), BLOCK_Q=block_q, BLOCK_K=block_k, CAUSAL=causal_mask,
+        H, H // H_kv, total_q, k.shape[0], int(spec.mask.alignment == "lower_right"), qk_scale, H * total_q, 1, left,
+        right, units.unit, 1.0 if softcap is None else softcap,
+        HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D), BLOCK_Q=block_q, BLOCK_K=block_k, CAUSAL=mask.causal,
         SIGN=units.sign, USE_TMA=False, DOT_PRECISION=dot_precision(q.dtype), INTERPRETED=q.device.type == "cpu",
-        HEAVIEST_FIRST=False, MASKED_TILES=True, BAND=banded, SOFTCAP=softcap is not None,
+        HEAVIEST_FIRST=False, MASKED_TILES=True, BAND=mask.banded, SOFTCAP=softcap is not None,
         CU_Q=cu_seqlens_q, CU_K=cu_seqlens_k, ORDER=document_order(cu_seqlens_q, cu_seqlens_k), VARLEN=True,
         num_warps=num_warps, num_stages=num_stages, **({"maxnreg": maxnreg} if maxnreg else {}),
     )  # fmt: skip
