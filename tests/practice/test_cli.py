@@ -268,3 +268,19 @@ def test_one_steps_check_costs_under_4_seconds_of_cpu(step):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.rstrip().endswith("1 of 1 steps pass")
     assert cpu < 4.0, f"{step}: {cpu:.2f} s of CPU"
+
+
+def test_the_autograd_step_runs_its_gradients_in_the_worker(tmp_path, capfd):
+    # the graph cannot cross processes: the worker runs the call and its backward, and measures what autograd
+    # saved; a right Function passes, one that lets autograd record the tiles fails the saved-bytes case
+    here = f"import sys\nsys.path.insert(0, {str(HERE.parents[1])!r})\nfrom tests.practice._reader_drills import "
+    (tmp_path / "autograd.py").write_text(here + "make_autograd\nreference_attention = make_autograd()"
+                                          ".reference_attention\n", encoding="utf-8")
+    proc = practice_here(capfd, "check", tmp_path, "--step", "autograd")
+    assert proc.returncode == 0 and "1 of 1 steps pass" in proc.stdout, proc.stdout + proc.stderr
+    (tmp_path / "autograd.py").write_text(here + "make_autograd\nreference_attention = make_autograd("
+                                          "no_function=True).reference_attention\n", encoding="utf-8")
+    proc = practice_here(capfd, "check", tmp_path, "--step", "autograd")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "FAILED autograd: B=1 H=1 Tq=128 Tk=128" in proc.stdout and "autograd saved" in proc.stdout
+    assert "hint:  autograd saved more than q, k, v, o and lse" in proc.stdout

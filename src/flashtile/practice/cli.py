@@ -521,7 +521,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             return interview(args.questions, args.difficulty, args.dir, args.step, args.minutes, args.record,
                              args.seed)
-        except ValueError as exc:
+        except (ValueError, OSError) as exc:  # bad arguments, a record that is not one, a bank not installed
             print(f"error: {exc}", file=sys.stderr)
             return 2
         except KeyboardInterrupt:
