@@ -698,20 +698,34 @@ def _stats_symptom(x: torch.Tensor, block: int, lse) -> Hint | None:
         return None
     got = lse.detach().double().cpu()
     finite = torch.isfinite(x)
-    if (~torch.isfinite(got) & torch.isfinite(truth)).any():
-        if x[finite].abs().max() > EXP_LIMIT[torch.float64] and not torch.isnan(got).any():
+    largest = x[finite].abs().max().item() if finite.any() else 0.0
+    if (~torch.isfinite(got) & torch.isfinite(truth)).any() or torch.isnan(got).any():
+        if largest > EXP_LIMIT[torch.float64] and not torch.isnan(got).any():
             return HINT_MAX
         empty_first = torch.isneginf(x[..., :block]).all(-1)
         if torch.isnan(got).any() and (torch.isnan(got) <= (empty_first | torch.isneginf(truth))).all():
             return HINT_NEG_INF
-        if x[finite].abs().max() > EXP_LIMIT[torch.float64]:
+        if largest > EXP_LIMIT[torch.float64]:
             return HINT_MAX
     units = lse_units_symptom(got, truth, x.amax(dim=-1), 1e-12)
     if units is not None:
         return units
-    if rescale_symptom(wrong_entries(got, truth, 1e-12), grows_after_first_block(x, block)):
+    if matches(got, stats_without_rescale(x, block), 1e-12) or rescale_symptom(
+            wrong_entries(got, truth, 1e-12), grows_after_first_block(x, block)):
         return HINT_RESCALE
     return None
+
+
+def stats_without_rescale(x: torch.Tensor, block: int) -> torch.Tensor:
+    """The lse that streaming x in blocks gives when l is never moved onto a new max (a known mistake)."""
+    x = x.double()
+    m = torch.full(x.shape[:-1], float("-inf"), dtype=torch.float64)
+    l = torch.zeros_like(m)
+    for start in range(0, x.shape[-1], block):
+        m = torch.maximum(m, x[..., start:start + block].amax(-1))
+        safe = torch.where(torch.isneginf(m), 0.0, m)
+        l = l + torch.exp(x[..., start:start + block] - safe[..., None]).sum(-1)
+    return torch.where(l == 0, float("-inf"), m + torch.log(torch.where(l == 0, 1.0, l)))
 
 
 def _stats_case(x: torch.Tensor, block: int):
@@ -729,6 +743,8 @@ def nan_symptom(*values) -> Hint | None:
     return HINT_NEG_INF if any(isinstance(t, torch.Tensor) and torch.isnan(t).any() for t in values) else None
 
 
+HINT_RAW_EXP = replace(HINT_MAX, nudge="your l adds exp(x) of the block's raw values, not exp(x - m_new): look "
+                       "at the exp in the update")
 HINT_MERGE_RESCALE = replace(HINT_RESCALE, nudge="your merge is l_a + l_b, each left on its own max: look at the "
                              "factors that move l_a and l_b onto the common max m = max(m_a, m_b)",
                              formula="l = exp(m_a - m) * l_a + exp(m_b - m) * l_b")
@@ -745,7 +761,12 @@ def _merge_case(x: torch.Tensor, cut: int, block: int):
             m_a64, l_a64, m_b64, l_b64 = (t.double() for t in (m_a, l_a, m_b, l_b))
             if matches(lse, torch.maximum(m_a64, m_b64) + torch.log(l_a64 + l_b64), 1e-12):
                 return HINT_MERGE_RESCALE
-            return nan_symptom(l, lse)
+            if matches(lse, stats_without_rescale(x[..., :cut], block).logaddexp(
+                    stats_without_rescale(x[..., cut:], block)), 1e-12):
+                return HINT_RESCALE  # the merge is right; the stats it merged were streamed without rescale
+            units = lse_units_symptom(lse.detach().double(), logsumexp_truth(x), x.amax(-1), 1e-12) if isinstance(
+                lse, torch.Tensor) else None
+            return units or nan_symptom(l, lse)
 
         with_symptom(lambda: compare("lse of merge(left, right)", lse, logsumexp_truth(x), 1e-12), symptom)
         empty_m = torch.full_like(m_a, float("-inf"))
@@ -791,9 +812,14 @@ def _update_from_state_case(seen: torch.Tensor, x: torch.Tensor):
         full = torch.cat([seen, x], dim=-1)
         compare("m after the update", m, full.amax(dim=-1), 0.0)
         got = m.double() + torch.log(l.double()) if isinstance(l, torch.Tensor) else l
-        wrong = lambda: wrong_entries(got, logsumexp_truth(full), 1e-12)  # noqa: E731
-        with_symptom(lambda: compare("m + log(l) after the update", got, logsumexp_truth(full), 1e-12),
-                     lambda: HINT_RESCALE if rescale_symptom(wrong(), x.amax(-1) > m0) else None)
+        def symptom():
+            m_new = full.amax(dim=-1)
+            if matches(got, m_new + torch.log(l0 + torch.exp(x).sum(-1)), 1e-12):  # exp of the raw block
+                return HINT_RAW_EXP
+            wrong = wrong_entries(got, logsumexp_truth(full), 1e-12)
+            return HINT_RESCALE if rescale_symptom(wrong, x.amax(-1) > m0) else None
+
+        with_symptom(lambda: compare("m + log(l) after the update", got, logsumexp_truth(full), 1e-12), symptom)
     return run
 
 
@@ -1051,15 +1077,15 @@ def backward_symptom(s, inputs, out, grads, same) -> Hint | None:
         return HINT_NEG_INF if torch.isneginf(lse).any() else None
     if not all(isinstance(g, torch.Tensor) and g.shape == r.shape for g, r in zip(out, grads)):
         return None
+    if s.causal and s.Tq != s.Tk:
+        if same(s.scale, "lower_right" if s.alignment == "upper_left" else "upper_left"):
+            return HINT_ALIGNMENT
     if s.causal:  # P unmasked: everywhere, or within the tiles a skipping loop visits
         seen = visible(s.Tq, s.Tk, True, s.alignment).double()
         tiles = torch.nn.functional.max_pool2d(seen[None], (s.block_q, s.block_k), ceil_mode=True)[0]
         in_tiles = tiles.repeat_interleave(s.block_q, 0).repeat_interleave(s.block_k, 1)[:s.Tq, :s.Tk] > 0
         if same(s.scale, s.alignment, causal=False) or same(s.scale, s.alignment, mask=in_tiles):
             return HINT_MASK_BACKWARD
-    if s.causal and s.Tq != s.Tk:
-        if same(s.scale, "lower_right" if s.alignment == "upper_left" else "upper_left"):
-            return HINT_ALIGNMENT
     a = AttentionInputs(q, k, v, s.causal, s.scale, s.alignment, s.block_k, 1e-10, torch.float64)
     for tau, hint in a.other_scales():
         if same(tau, s.alignment):
