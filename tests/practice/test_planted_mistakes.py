@@ -128,3 +128,14 @@ def test_at_least_fourteen_mistakes_and_every_rule_of_the_issue_list():
     assert len(PLANTS) >= 14
     assert {"rescale", "rescale_l", "rescale_acc", "normalised_acc", "temperature_log2e", "temperature_ln2",
             "strict_mask", "delta_tile", "factor", "log_base"} <= {p[4] for p in PLANTS}
+
+
+@pytest.mark.parametrize("mistake, step, source, edits, rule, words", PLANTS, ids=[p[0] for p in PLANTS])
+def test_every_case_a_planted_mistake_fails_names_the_same_mistake(tmp_path, mistake, step, source, edits, rule,
+                                                                   words):
+    """Under -v every failing case is shown: each must name the one mistake, not a different guess per case."""
+    tag = "".join(c if c.isalnum() else "_" for c in mistake)[:40] + "_all"
+    result = run_step(step_named(step), planted(tmp_path, source, edits, tag))
+    # a case on which two mistakes give the same output names both ("mask_backward+alignment"), this one among them
+    assert result.failures and all(rule in f.hint.name.split("+") for f in result.failures), [
+        (f.case, f.hint.name) for f in result.failures]

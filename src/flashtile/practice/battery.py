@@ -1077,15 +1077,22 @@ def backward_symptom(s, inputs, out, grads, same) -> Hint | None:
         return HINT_NEG_INF if torch.isneginf(lse).any() else None
     if not all(isinstance(g, torch.Tensor) and g.shape == r.shape for g, r in zip(out, grads)):
         return None
-    if s.causal and s.Tq != s.Tk:
-        if same(s.scale, "lower_right" if s.alignment == "upper_left" else "upper_left"):
-            return HINT_ALIGNMENT
+    other = s.causal and s.Tq != s.Tk and same(s.scale, "lower_right" if s.alignment == "upper_left" else
+                                               "upper_left")
+    unmasked = False
     if s.causal:  # P unmasked: everywhere, or within the tiles a skipping loop visits
         seen = visible(s.Tq, s.Tk, True, s.alignment).double()
         tiles = torch.nn.functional.max_pool2d(seen[None], (s.block_q, s.block_k), ceil_mode=True)[0]
         in_tiles = tiles.repeat_interleave(s.block_q, 0).repeat_interleave(s.block_k, 1)[:s.Tq, :s.Tk] > 0
-        if same(s.scale, s.alignment, causal=False) or same(s.scale, s.alignment, mask=in_tiles):
-            return HINT_MASK_BACKWARD
+        unmasked = same(s.scale, s.alignment, causal=False) or same(s.scale, s.alignment, mask=in_tiles)
+    if other and unmasked:  # on this case the two mistakes give the same gradients: say both
+        return Hint("mask_backward+alignment", "your gradients are both the other alignment's and those of an "
+                    "unmasked P (on this case the two coincide): look at the mask's offset and at the mask on the "
+                    "recomputed P", f"{HINT_ALIGNMENT.formula}; {HINT_MASK_BACKWARD.formula}")
+    if other:
+        return HINT_ALIGNMENT
+    if unmasked:
+        return HINT_MASK_BACKWARD
     a = AttentionInputs(q, k, v, s.causal, s.scale, s.alignment, s.block_k, 1e-10, torch.float64)
     for tau, hint in a.other_scales():
         if same(tau, s.alignment):
