@@ -78,6 +78,7 @@ this order, and check each step as you go:
     python -m flashtile.practice check . --fast   # fewer cases, quicker
     python -m flashtile.practice check . -v       # every failing case, not only the first of each step
     python -m flashtile.practice check . --hint formula   # each hint with its formula
+    python -m flashtile.practice interview --dir .        # a mock interview: questions, then a timed step
 
 | # | step | file | functions | chapter |
 |---|---|---|---|---|
