@@ -66,3 +66,10 @@ def test_a_planted_bug_fails_its_drill_with_a_nudge_that_names_it(bug, step, imp
     assert first.hint.name == rule, (bug, first.case, first.error, first.hint)
     for word in words:
         assert word in first.hint.nudge, (bug, word, first.hint.nudge)
+
+
+@pytest.mark.parametrize("bug, step, impl, case, rule, words", PLANTED, ids=[p[0] for p in PLANTED])
+def test_every_case_a_planted_bug_fails_names_the_same_bug(bug, step, impl, case, rule, words):
+    result = run_step(step_named(step), impl())
+    assert result.failures and {f.hint.name for f in result.failures} == {rule}, [
+        (f.case, f.hint.name) for f in result.failures]
