@@ -766,7 +766,7 @@ def _merge_case(x: torch.Tensor, cut: int, block: int):
                 return HINT_RESCALE  # the merge is right; the stats it merged were streamed without rescale
             units = lse_units_symptom(lse.detach().double(), logsumexp_truth(x), x.amax(-1), 1e-12) if isinstance(
                 lse, torch.Tensor) else None
-            return units or nan_symptom(l, lse)
+            return units  # (neither state is empty here: a NaN is no -inf - (-inf))
 
         with_symptom(lambda: compare("lse of merge(left, right)", lse, logsumexp_truth(x), 1e-12), symptom)
         empty_m = torch.full_like(m_a, float("-inf"))
