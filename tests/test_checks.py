@@ -142,7 +142,7 @@ def test_online_softmax_rejects_bad_block_and_empty_rows():
 
 
 def test_a_remembered_fact_lasts_until_its_tensor_is_written_to():
-    from flashtile._checks import _facts, recall_fact, remember_fact
+    from flashtile._plans import _facts, recall_fact, remember_fact
 
     x = torch.arange(6, dtype=torch.int32)
     remember_fact("values", x, [0, 1, 2, 3, 4, 5])

@@ -100,11 +100,12 @@ def main(out: Path) -> None:
     o_ft, lse_ft, stats_ft = flash_attention(q, k, v, causal=True, return_stats=True)
     scale = D**-0.5
 
-    spec = api.check_attention_call(q, k, v, True, scale, False, "upper_left", False).spec  # the checked options
+    spec = api.check_attention_call(q, k, v, is_causal=True, scale=scale, enable_gqa=False, alignment="upper_left",
+                                    return_lse=False, window=None, softcap=None).spec  # the checked options
 
     def ft_fwd_then_impl():
         o, lse, stats = api.forward_impl(q, k, v, spec, "triton")
-        return api.backward_impl(do, q, k, v, o, lse, stats, spec, "triton")
+        return api.backward_impl(do, q, k, v, o, lse, stats, spec=spec, backend="triton")
 
     def ft_bwd_launcher():
         return flash_attention_backward(q, k, v, o_ft, lse_ft, do, True, scale, stats=stats_ft)

@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import math
 import numbers
-import weakref
 from typing import NamedTuple
 
 import numpy as np
 import torch
+
+from ._plans import recall_fact, remember_fact  # kept facts about values: the caches live in _plans
 
 ALIGNMENTS = ("upper_left", "lower_right")
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -487,42 +488,6 @@ def check_max_seqlen(name: str, value, longest: int) -> int:
     if value < longest:
         raise ValueError(f"{name} must be at least the longest document's length, {longest}, got {value}")
     return value
-
-
-KEPT_FACTS = 256  # facts remember_fact keeps; past that it starts over
-_facts: dict[tuple, tuple] = {}  # (what, id) -> (weak reference, version, address, fact)
-
-
-def remember_fact(what: str, x: torch.Tensor, fact) -> None:
-    """Keep ``fact`` (something learned by reading x's values: the values themselves, or that they passed a
-    check) until x is written to. Reading a device tensor on the host waits for every kernel queued before
-    it, so a fact read once per tensor and write saves a wait per call.
-
-    ``recall_fact`` gives the fact back while it is the same tensor object (a weak reference: a new tensor at
-    a reused id never matches) with the same version count (advanced by every in-place write through PyTorch,
-    through any view of its memory) and address. Writes that bypass the version count (``.data``, a NumPy
-    view, a kernel of one's own) are not seen: whoever relies on a fact must stay safe when it is stale.
-    Tensors made under ``torch.inference_mode`` keep no version count: nothing is kept for them.
-    """
-    if x.is_inference():
-        return
-    key = (what, id(x))
-
-    def forget(ref, key=key, facts=_facts):  # the tensor is gone; its id may be given to another one
-        if facts.get(key, (None,))[0] is ref:  # (facts bound here: at interpreter exit the global may be None)
-            del facts[key]
-
-    if len(_facts) >= KEPT_FACTS:
-        _facts.clear()
-    _facts[key] = (weakref.ref(x, forget), x._version, x.data_ptr(), fact)
-
-
-def recall_fact(what: str, x: torch.Tensor, default=None):
-    """The fact ``remember_fact(what, x, fact)`` kept, if x is unchanged since; ``default`` otherwise."""
-    entry = _facts.get((what, id(x)))
-    if entry is None or entry[0]() is not x or x.is_inference() or (x._version, x.data_ptr()) != entry[1:3]:
-        return default
-    return entry[3]
 
 
 def host_values(x: torch.Tensor) -> list:

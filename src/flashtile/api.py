@@ -161,13 +161,17 @@ def attention(
         check_window(window)
     compiling = torch.compiler.is_compiling()
     if compiling:  # traced once: no table of plans inside the graph
-        call = check_attention_call(query, key, value, *flags)
+        call = check_attention_call(query, key, value, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
+                                    alignment=alignment, return_lse=return_lse, window=window,
+                                    softcap=softcap)  # fmt: skip
     else:  # eager: the checks run once per layout and flags, then the call is kept under its key
         query, key, value = unwrap_dead_wrappers((query, key, value))  # as Function.apply would (_eager_apply)
         plan_key = call_key(query, key, value, flags)
         call = kept(plan_key)
         if call is None:
-            call = check_attention_call(query, key, value, *flags)
+            call = check_attention_call(query, key, value, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
+                                        alignment=alignment, return_lse=return_lse, window=window,
+                                        softcap=softcap)  # fmt: skip
             keep(plan_key, call)
         refuse_unsupported_autograd_modes()
     return cast_and_dispatch(query, key, value, call, compiling)

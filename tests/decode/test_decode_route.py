@@ -33,14 +33,16 @@ def test_the_route_is_the_decode_kernel_bit_for_bit():
 
 def test_decode_route_takes_short_calls_without_a_gradient_on_the_triton_tier_only():
     q, k, v = make(1, 2, 2, 16, 40, 8)
-    call = check_attention_call(q, k, v, True, None, False, "lower_right", False)
+    options = dict(is_causal=True, scale=None, enable_gqa=False, alignment="lower_right", return_lse=False,
+                   window=None, softcap=None)
+    call = check_attention_call(q, k, v, **options)
     assert pick_backend(q) == "triton"  # the interpreter (conftest)
     assert decode_route(q, k, v, call, "triton")
     assert not decode_route(q, k, v, call, "reference")
     assert not decode_route(q, k.requires_grad_(), v, call, "triton")  # autograd records it: the forward kernel
     with torch.no_grad():
         assert decode_route(q, k, v, call, "triton")
-    long = check_attention_call(*make(1, 2, 2, 17, 40, 8), True, None, False, "lower_right", False)
+    long = check_attention_call(*make(1, 2, 2, 17, 40, 8), **options)
     assert not long.short and not decode_route(q, k, v, long, "triton")  # 17 rows: the forward kernel
 
 

@@ -50,13 +50,13 @@ def forward_impl(q, k, v, spec: AttentionSpec, backend: str):
     return empty_like_layout(o, strides_like(q)).copy_(o), lse.contiguous(), lse.new_empty((0,))
 
 
-def backward_impl(do, q, k, v, o, lse, stats, spec: AttentionSpec, backend: str):
+def backward_impl(do, q, k, v, o, lse, stats, *, spec: AttentionSpec, backend: str):
     """What the backward op computes, callable without the op: (dq, dk, dv), see ``attention_bwd``."""
     (do,) = resolve_neg_bits(do)  # an upstream gradient may be a negative view: the kernels read memory
     if check_backend(backend) == "triton":  # the launcher's gradients are new tensors, laid out like q, k, v
         from ..kernels.backward import backward_with_spec
 
-        return backward_with_spec(q, k, v, o, lse, do, stats, spec)
+        return backward_with_spec(q, k, v, o, lse, do, stats, spec=spec)
     from ..reference.backward import flash_attention_backward
 
     grads = flash_attention_backward(q, k, v, o, lse, do, False, spec.scale, REFERENCE_BLOCK, REFERENCE_BLOCK,
@@ -113,7 +113,7 @@ def attention_bwd(
     (``_layouts.strides_like``), contiguous otherwise; dk and dv summed over each GQA group."""
     spec = spec_from_op(q, k, scale=scale, alignment=alignment, window_left=window_left, window_right=window_right,
                         softcap=softcap)  # fmt: skip
-    return backward_impl(do, q, k, v, o, lse, stats, spec, backend)
+    return backward_impl(do, q, k, v, o, lse, stats, spec=spec, backend=backend)
 
 
 @attention_bwd.register_fake
@@ -194,7 +194,7 @@ class _EagerAttention(torch.autograd.Function):
         if graph:
             dq, dk, dv = attention_bwd(do, q, k, v, o, lse, stats, *op_arguments(ctx.spec), ctx.backend)
         else:
-            dq, dk, dv = backward_impl(do, q, k, v, o, lse, stats, ctx.spec, ctx.backend)
+            dq, dk, dv = backward_impl(do, q, k, v, o, lse, stats, spec=ctx.spec, backend=ctx.backend)
         return dq, dk, dv, None, None, None, None
 
 
@@ -248,8 +248,8 @@ class AttentionCall(NamedTuple):
     plain: bool  # plain_inputs(query, key, value): their types and device are part of the key
 
 
-def check_attention_call(query, key, value, is_causal, scale, enable_gqa, alignment, return_lse, window=None,
-                         softcap=None) -> AttentionCall:  # fmt: skip
+def check_attention_call(query, key, value, *, is_causal, scale, enable_gqa, alignment, return_lse, window,
+                         softcap) -> AttentionCall:  # fmt: skip
     """Every check of ``flashtile.attention`` that reads only layouts and flags; raises on bad input."""
     shape = check_attention_inputs(query, key, value, names=("query", "key", "value"))
     spec = check_spec(shape, query.dtype, causal=is_causal, scale=scale, alignment=alignment, window=window,

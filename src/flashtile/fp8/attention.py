@@ -146,8 +146,9 @@ def fp8_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fa
         raise ValueError("attn_mask, window and softcap are not supported with float8_e4m3fn inputs; pass "
                          "is_causal=True for a causal mask")  # fmt: skip
     # the checks of the layouts and flags, and the kernel's launch, once per layout (``check_fp8_call``)
-    call = cached_plan(check_fp8_call, (query, key, value, descale_q, descale_k, descale_v), dropout_p, is_causal,
-                       scale, enable_gqa, alignment, return_lse, out_dtype, backend)  # fmt: skip
+    call = cached_plan(check_fp8_call, (query, key, value, descale_q, descale_k, descale_v), dropout_p=dropout_p,
+                       is_causal=is_causal, scale=scale, enable_gqa=enable_gqa, alignment=alignment,
+                       return_lse=return_lse, out_dtype=out_dtype, backend=backend)  # fmt: skip
     factors = [row_factors(name, d, rows, ones) for name, d, rows, ones in
                zip(FACTOR_NAMES, (descale_q, descale_k, descale_v), call.rows, call.ones)]  # fmt: skip
     if call.kernel_plan is not None:
@@ -174,7 +175,7 @@ class Fp8Call(NamedTuple):
     kernel_plan: Fp8Plan | None  # the Triton tier's launch; None on the emulation's tier
 
 
-def check_fp8_call(query, key, value, descale_q, descale_k, descale_v, dropout_p, is_causal, scale, enable_gqa,
+def check_fp8_call(query, key, value, descale_q, descale_k, descale_v, *, dropout_p, is_causal, scale, enable_gqa,
                    alignment, return_lse, out_dtype, backend) -> Fp8Call:  # fmt: skip
     """Every check of an FP8 call but the factors' values, and its tier: the kernel's plan on CUDA (or under
     ``use_backend("triton")``), the emulation otherwise."""
@@ -203,7 +204,8 @@ def check_fp8_call(query, key, value, descale_q, descale_k, descale_v, dropout_p
         from ..kernels.fp8_forward import make_fp8_forward_plan
 
         factors = [o if d is None else (d if d.dim() else d.expand(r)) for d, r, o in zip(descales, rows, ones)]
-        kernel_plan = make_fp8_forward_plan(query, key, value, *factors, is_causal, scale, alignment, out_dtype, None)
+        kernel_plan = make_fp8_forward_plan(query, key, value, *factors, causal=is_causal, scale=scale,
+                                            alignment=alignment, out_dtype=out_dtype)  # fmt: skip
     return Fp8Call(is_causal, scale, return_lse, out_dtype, rows, ones, kernel_plan)
 
 

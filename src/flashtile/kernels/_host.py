@@ -16,8 +16,9 @@ from typing import NamedTuple
 import torch
 import triton
 
-from .._checks import UNBOUNDED, check_block, check_int, recall_fact, remember_fact
+from .._checks import UNBOUNDED, check_block, check_int
 from .._env import is_interpreting, sm_count
+from .._plans import recall_fact, remember_fact
 from .._spec import MaskBand
 from ..hopper import H200
 
@@ -379,7 +380,7 @@ def document_order(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor) -> to
     document packed last would start last and leave a tail of busy SMs; on the benchmark's eight documents
     longest first ran 3 % faster than as packed, shortest first 3 % slower, forward and backward alike
     (bench/results/sweeps/varlen-document-order.json). Worked out on the device (no wait for the GPU) and
-    kept while both cu_seqlens are unchanged (``_checks.remember_fact``); any order is a permutation of
+    kept while both cu_seqlens are unchanged (``_plans.remember_fact``); any order is a permutation of
     the documents, so a stale one costs speed, never correctness."""
     keys = (cu_seqlens_k, cu_seqlens_k._version, cu_seqlens_k.data_ptr())
     kept = recall_fact("launch order", cu_seqlens_q)

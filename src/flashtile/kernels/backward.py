@@ -803,7 +803,7 @@ def checked_backward_plan(q, k, v, o, lse, do, stats, *, causal, scale, alignmen
                               deterministic), block_q=block_q, block_k=block_k, config=config, tma=tma)  # fmt: skip
 
 
-def backward_with_spec(q, k, v, o, lse, do, stats, spec: AttentionSpec) -> tuple:
+def backward_with_spec(q, k, v, o, lse, do, stats, *, spec: AttentionSpec) -> tuple:
     """(dq, dk, dv) of a call whose options are checked already (``flashtile.attention``'s), from the forward's
     (m, l) ``stats``: the deterministic plan, kept per layout and spec."""
     plan = cached_plan(make_backward_plan, (q, k, v, o, lse, do, stats), spec=spec, deterministic=True)

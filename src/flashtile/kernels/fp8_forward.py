@@ -252,15 +252,15 @@ def fp8_forward(q8, k8, v8, descale_q, descale_k, descale_v, causal=False, scale
     along T, ``one_per_head``) take the kernel's cheaper step: no factor on each score, no ratio on P. V with
     its keys contiguous (``quantize(v, ..., keys_contiguous=True)``) is read as it is; another layout is copied."""
     q8, k8, v8, descale_q, descale_k, descale_v = resolve_neg_bits(q8, k8, v8, descale_q, descale_k, descale_v)
-    plan = cached_plan(make_fp8_forward_plan, (q8, k8, v8, descale_q, descale_k, descale_v), causal, scale, alignment,
-                       out_dtype, block_k)  # fmt: skip
+    plan = cached_plan(make_fp8_forward_plan, (q8, k8, v8, descale_q, descale_k, descale_v), causal=causal,
+                       scale=scale, alignment=alignment, out_dtype=out_dtype, block_k=block_k)  # fmt: skip
     for name, descale in (("descale_q", descale_q), ("descale_k", descale_k), ("descale_v", descale_v)):
         check_descale_values(name, descale)
     return plan.run(q8, k8, v8, descale_q, descale_k, descale_v)
 
 
-def make_fp8_forward_plan(q8, k8, v8, descale_q, descale_k, descale_v, causal, scale, alignment, out_dtype,
-                          block_k) -> Fp8Plan:  # fmt: skip
+def make_fp8_forward_plan(q8, k8, v8, descale_q, descale_k, descale_v, *, causal, scale, alignment, out_dtype,
+                          block_k=None) -> Fp8Plan:  # fmt: skip
     """``fp8_forward``'s checks of everything but the factors' values, and its launch at ``fp8_config``'s settings."""
     B, H, H_kv, Tq, Tk, D = check_fp8_inputs(q8, k8, v8, descale_q, descale_k, descale_v, values=False)
     check_causal(causal)
@@ -278,8 +278,9 @@ def make_fp8_forward_plan(q8, k8, v8, descale_q, descale_k, descale_v, causal, s
                         "issue 11584); pass out_dtype=torch.float32 there")  # fmt: skip
     config = fp8_config(D)
     config.pop("block_k")
-    return fp8_launch_plan(q8, k8, v8, descale_q, descale_k, descale_v, causal, scale,
-                           diagonal_offset(Tq, Tk, alignment), out_dtype, block_k, **config)  # fmt: skip
+    return fp8_launch_plan(q8, k8, v8, descale_q, descale_k, descale_v, causal=causal, scale=scale,
+                           offset=diagonal_offset(Tq, Tk, alignment), out_dtype=out_dtype, block_k=block_k,
+                           **config)  # fmt: skip
 
 
 class Fp8Plan(NamedTuple):
@@ -307,7 +308,7 @@ class Fp8Plan(NamedTuple):
         return o, lse
 
 
-def fp8_launch_plan(q8, k8, v8, descale_q, descale_k, descale_v, causal, scale, offset, out_dtype, block_k,
+def fp8_launch_plan(q8, k8, v8, descale_q, descale_k, descale_v, *, causal, scale, offset, out_dtype, block_k,
                     block_q, num_warps, num_stages) -> Fp8Plan:  # fmt: skip
     """The launch of arguments ``make_fp8_forward_plan`` has checked, at the given tiles, warps and stages. The
     factors' layout picks the step (``one_per_head``): with V's one per head every ratio is exactly 1, so
@@ -340,11 +341,10 @@ def fp8_launch_plan(q8, k8, v8, descale_q, descale_k, descale_v, causal, scale, 
     return Fp8Plan((B, H, Tq, D), out_dtype, copy_v, v_ratios, launch)
 
 
-def launch_fp8_forward(q8, k8, v8, descale_q, descale_k, descale_v, causal, scale, offset, out_dtype, block_k,
-                       block_q, num_warps, num_stages):  # fmt: skip
-    """``fp8_launch_plan``'s launch, run once: for probes that time other settings than ``fp8_config``'s."""
-    plan = fp8_launch_plan(q8, k8, v8, descale_q, descale_k, descale_v, causal, scale, offset, out_dtype, block_k,
-                           block_q, num_warps, num_stages)  # fmt: skip
+def launch_fp8_forward(q8, k8, v8, descale_q, descale_k, descale_v, **settings):
+    """``fp8_launch_plan``'s launch, run once: for probes that time other settings than ``fp8_config``'s.
+    ``settings``: ``fp8_launch_plan``'s keywords (causal, scale, offset, out_dtype and the launch settings)."""
+    plan = fp8_launch_plan(q8, k8, v8, descale_q, descale_k, descale_v, **settings)
     return plan.run(q8, k8, v8, descale_q, descale_k, descale_v)
 
 
