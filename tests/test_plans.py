@@ -67,10 +67,10 @@ def test_the_plan_table_starts_over_when_full(monkeypatch):
 def test_a_key_built_by_its_caller_is_kept_and_found_and_none_or_an_unhashable_one_never_is(monkeypatch):
     monkeypatch.setattr(_plans, "_plans", {})
     plan = object()
-    assert _plans.keep(("call", 1), plan) is plan and _plans.kept(("call", 1)) is plan
-    assert _plans.kept(("call", True)) is plan  # equal keys are one key: callers put each flag's type in theirs
-    assert _plans.keep(None, plan) is plan and _plans.kept(None) is None
-    assert _plans.keep(("call", [1]), plan) is plan and _plans.kept(("call", [1])) is None
+    assert _plans.keep_plan(("call", 1), plan) is plan and _plans.kept_plan(("call", 1)) is plan
+    assert _plans.kept_plan(("call", True)) is plan  # equal keys are one key: callers put each flag's type in theirs
+    assert _plans.keep_plan(None, plan) is plan and _plans.kept_plan(None) is None
+    assert _plans.keep_plan(("call", [1]), plan) is plan and _plans.kept_plan(("call", [1])) is None
     assert list(_plans._plans) == [("call", 1)]
 
 

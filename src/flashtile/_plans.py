@@ -5,7 +5,7 @@ layouts and the options alone, never from the values in the tensors, so the resu
 set of options can be kept and reused; a few facts about tensor values are kept while the tensor is unchanged.
 This module imports no Triton, so the entry points can use it too.
 
-* **Plans** (``_plans``, through ``cached_plan``, ``keep`` and ``kept``): a checked call or a launch plan
+* **Plans** (``_plans``, through ``cached_plan``, ``keep_plan`` and ``kept_plan``): a checked call or a launch plan
   (``_dispatch.dense.AttentionCall``, ``_dispatch.decode.DecodeCall``, ``kernels.forward.ForwardPlan``,
   ``kernels.backward.BackwardPlan``, ``kernels.decode.DecodePlan``, ``fp8``'s plans). Key: the function that
   made it, ``layout_key`` of each tensor (type, shape, strides, dtype, device, 16-byte alignment, negative bit)
@@ -63,12 +63,12 @@ def cached_plan(make_plan, tensors, *flags, **options):
     except (AttributeError, TypeError, RuntimeError):
         return make_plan(*tensors, *flags, **options)
     if plan is None:
-        plan = keep(key, make_plan(*tensors, *flags, **options))
+        plan = keep_plan(key, make_plan(*tensors, *flags, **options))
     return plan
 
 
-def kept(key):
-    """The plan kept under a key a caller built itself (``api.call_key``), or None: for a key never kept,
+def kept_plan(key):
+    """The plan kept under a key a caller built itself (``_dispatch.dense.call_key``), or None: for a key never kept,
     for None (no key could be formed), and for a key that cannot be hashed (a list among the flags)."""
     try:
         return _plans.get(key)
@@ -76,7 +76,7 @@ def kept(key):
         return None
 
 
-def keep(key, plan):
+def keep_plan(key, plan):
     """Keep ``plan`` under ``key`` and return it; nothing is kept under None or under a key that cannot be hashed."""
     try:
         hash(key)

@@ -32,7 +32,7 @@ Eager calls on plain CPU or CUDA tensors run the same implementations without th
 (``run_forward``), which costs a fraction of the op's host time per call (bench/PERF_LOG.md, v5;
 ``bench/results/overhead.json``). An eager call whose layout and flags were seen before finds its checked
 call by one key (``call_key``) and reads again only what may change between two such calls; its backward
-runs from a plan kept with the call (``backward_kernel``).
+runs from a plan kept with the call (``backward_from_kept_plan``).
 Reverse-mode autograd is supported once (no double backward); forward-mode AD and ``torch.func``
 transforms raise ``NotImplementedError`` rather than return a wrong tangent. Under ``torch.autocast``
 the inputs are cast to the autocast dtype first, as ``scaled_dot_product_attention`` does.
@@ -66,7 +66,7 @@ from ._dispatch.tiers import (
     refused_mode,
     use_backend,
 )
-from ._plans import keep, kept
+from ._plans import keep_plan, kept_plan
 
 __all__ = [  # the entry point; the tier choice and the ops live in flashtile._dispatch, named here too
     "BACKENDS",
@@ -139,7 +139,7 @@ def attention(
     # anything else, and the first call of a key, goes through every check below.
     if attn_mask is descale_q is descale_k is descale_v is out_dtype is None and dropout_p.__class__ is float \
             and dropout_p == 0.0 and not torch.compiler.is_compiling():  # fmt: skip
-        call = kept(call_key(query, key, value, flags))
+        call = kept_plan(call_key(query, key, value, flags))
         if call is not None and not refused_mode():
             return cast_and_dispatch(query, key, value, call, compiling=False)
     if descale_q is not None or descale_k is not None or descale_v is not None or out_dtype is not None or getattr(
@@ -167,12 +167,12 @@ def attention(
     else:  # eager: the checks run once per layout and flags, then the call is kept under its key
         query, key, value = unwrap_dead_wrappers((query, key, value))  # as Function.apply would (_eager_apply)
         plan_key = call_key(query, key, value, flags)
-        call = kept(plan_key)
+        call = kept_plan(plan_key)
         if call is None:
             call = check_attention_call(query, key, value, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
                                         alignment=alignment, return_lse=return_lse, window=window,
                                         softcap=softcap)  # fmt: skip
-            keep(plan_key, call)
+            keep_plan(plan_key, call)
         refuse_unsupported_autograd_modes()
     return cast_and_dispatch(query, key, value, call, compiling)
 # --8<-- [end:attention]

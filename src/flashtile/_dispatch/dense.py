@@ -9,7 +9,7 @@ implementations below. Eager calls on plain CPU or CUDA tensors run the same imp
 the op's dispatcher (``run_forward``), which costs a fraction of the op's host time per call
 (``bench/results/overhead.json``). An eager call whose layout and flags were seen before finds its
 checked call by one key (``call_key``); its backward runs from a plan kept with the call
-(``backward_kernel``).
+(``backward_from_kept_plan``).
 """
 
 from __future__ import annotations
@@ -162,7 +162,7 @@ class _EagerAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, spec, backend, return_lse, call=None):
         if call is not None:  # a flashtile.attention call with its kept kernel plan: no second plan lookup
-            o, row_stats = forward_kernel(q, k, v, call)
+            o, row_stats = forward_from_kept_plan(q, k, v, call)
             ctx.save_for_backward(q, k, v, o, row_stats)  # (lse, m, l) in one buffer: views only where needed
             lse = row_stats[0] if return_lse else None
         else:
@@ -187,7 +187,7 @@ class _EagerAttention(torch.autograd.Function):
         if ctx.call is not None:
             q, k, v, o, row_stats = ctx.saved_tensors
             if not graph:  # the call's kept backward plan: straight to the kernels
-                return (*backward_kernel(do, q, k, v, o, row_stats, ctx.call), None, None, None, None)
+                return (*backward_from_kept_plan(do, q, k, v, o, row_stats, ctx.call), None, None, None, None)
             lse, stats = row_stats[0], row_stats[1:]
         else:
             q, k, v, o, lse, stats = ctx.saved_tensors
@@ -301,7 +301,7 @@ def dispatch(query, key, value, call: AttentionCall, own_inputs: bool):
     if own_inputs and call.plain and backend == "triton":
         if records_gradient(query, key, value):
             return _eager_apply(query, key, value, spec, "triton", spec.return_lse, call)
-        o, row_stats = forward_kernel(query, key, value, call, stats=spec.return_lse)
+        o, row_stats = forward_from_kept_plan(query, key, value, call, stats=spec.return_lse)
         return (o, row_stats[0]) if spec.return_lse else o
     o, lse = run_forward(query, key, value, spec, backend)
     return (o, lse) if spec.return_lse else o
@@ -360,7 +360,7 @@ def _(q, k, v, scale, alignment, window_left, window_right, softcap):
 # --8<-- [end:decode_route]
 
 
-def forward_kernel(q, k, v, call: AttentionCall, stats: bool = True):
+def forward_from_kept_plan(q, k, v, call: AttentionCall, stats: bool = True):
     """The Triton forward from the call's kept plan (worked out from the call's spec the first time): o and
     the row statistics (lse, m, l), with no view made that the caller does not ask for; without ``stats``,
     o and None (the kernel then stores no statistics)."""
@@ -375,7 +375,7 @@ def forward_kernel(q, k, v, call: AttentionCall, stats: bool = True):
 MAX_GRADIENT_LAYOUTS = 8  # layouts of do whose backward plans one kept call holds; past that it starts over
 
 
-def backward_kernel(do, q, k, v, o, row_stats, call: AttentionCall):
+def backward_from_kept_plan(do, q, k, v, o, row_stats, call: AttentionCall):
     """(dq, dk, dv) from the call's kept backward plan, for a call ``_EagerAttention`` ran from its kept
     forward plan. The call's key fixes the layouts of q, k and v, and o and the row statistics are that
     forward's fresh outputs, so the one input whose layout can change is do: the plans are kept by its
