@@ -73,7 +73,7 @@ def main() -> None:
 
     result = compile_in_fresh_process(BODY)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    provenance = dict(target="sm_90a (ptxas -v, no GPU)", triton=triton.__version__, commit=commit,
+    provenance = dict(compiled_for="sm_90a (ptxas -v, no GPU)", triton=triton.__version__, commit=commit,
                       date_utc=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
                       method="bf16, causal, contiguous-launch hints; each kernel at rung 4's settings for its D; "
                              "registers and spill stores from ptxas -v; ex2, fma, wgmma, ld.global: PTX counts")
