@@ -116,7 +116,7 @@ def test_wide_listings_only_shrink():
     """Each excused section still exists, is still shown and is still too wide: the list only shrinks."""
     shown = set(SHOWN)
     stale = []
-    for (path, section), why in sorted(WIDE.items()):
+    for path, section in sorted(WIDE):
         entry = f"{path}:{section}"
         if numbered_section(path, section) is None:
             stale.append(f"{entry}: no such section any more")
