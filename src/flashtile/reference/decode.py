@@ -50,34 +50,42 @@ MIN_KEYS_PER_SPLIT = 256  # a split reads at least this many keys, so the merge 
 
 # --8<-- [start:bytes]
 def kv_cache_bytes(lengths, H_kv: int, D: int, itemsize: int) -> int:
-    """Bytes of K and V one decode step must read: every valid key and value of every KV head, once.
+    """Bytes of K and V one decode step must read: every valid key and value of every KV
+    head, once.
 
-    Divided by the memory bandwidth it is a lower bound on the step's time, whatever the kernel: the
-    new tokens' few rows of Q and O are negligible next to it.
+    Divided by the memory bandwidth it is a lower bound on the step's time, whatever the
+    kernel: the new tokens' few rows of Q and O are negligible next to it.
     """
     return 2 * H_kv * sum(int(n) for n in lengths) * D * itemsize  # 2: K and V
 # --8<-- [end:bytes]
 
 
 # --8<-- [start:band]
-def decode_band(Tq: int, Tk: int, window=None, causal: bool = True, alignment: str = "lower_right") -> tuple[int, int]:
-    """(lo, hi): new token t sees key j iff lo <= j - (t + Tk - Tq) <= hi, the mask ``reference.masks``
-    keeps on a (Tq, Tk) score matrix, measured from the lower-right diagonal j = t + Tk - Tq.
+def decode_band(
+    Tq: int, Tk: int, window=None, causal: bool = True, alignment: str = "lower_right"
+) -> tuple[int, int]:
+    """(lo, hi): new token t sees key j iff lo <= j - (t + Tk - Tq) <= hi, the mask
+    ``reference.masks`` keeps on a (Tq, Tk) score matrix, measured from the lower-right
+    diagonal j = t + Tk - Tq.
 
-    ``decode_attention``'s own band is (-left, 0) for a window (left, right) (right capped at 0: the
-    new tokens are causal), and (-Tk, 0) without a left edge: -Tk reaches before key 0 from any row.
-    Applied to a sequence of ``length`` <= Tk keys, the band keeps its place against that sequence's
-    own diagonal (lower-right per sequence): row t sees keys t + length - Tq + lo .. t + length - Tq + hi.
+    ``decode_attention``'s own band is (-left, 0) for a window (left, right) (right
+    capped at 0: the new tokens are causal), and (-Tk, 0) without a left edge: -Tk
+    reaches before key 0 from any row. Applied to a sequence of ``length`` <= Tk keys,
+    the band keeps its place against that sequence's own diagonal (lower-right per
+    sequence): row t sees keys t + length - Tq + lo .. t + length - Tq + hi.
     """
-    lo, hi = window_band(Tq, Tk, window, causal, alignment)  # lo <= j - t <= hi, clamped into [-Tq, Tk]
+    # lo <= j - t <= hi, clamped into [-Tq, Tk]
+    lo, hi = window_band(Tq, Tk, window, causal, alignment)
     shift = Tk - Tq  # the lower-right diagonal's j - t
     return lo - shift, hi - shift
 
 
 def decode_keys(length: int, Tq: int, band: tuple[int, int]) -> tuple[int, int]:
-    """[first, end): the keys of a sequence of ``length`` keys that at least one new token sees.
+    """[first, end): the keys of a sequence of ``length`` keys that at least one new
+    token sees.
 
-    Row 0 sees the lowest keys (from length - Tq + lo), row Tq - 1 the highest (up to length - 1 + hi).
+    Row 0 sees the lowest keys (from length - Tq + lo), row Tq - 1 the highest (up to
+    length - 1 + hi).
     """
     lo, hi = band
     first = max(length - Tq + lo, 0)
@@ -86,19 +94,24 @@ def decode_keys(length: int, Tq: int, band: tuple[int, int]) -> tuple[int, int]:
 
 
 def decode_span(capacity: int, Tq: int, band: tuple[int, int]) -> int:
-    """The most keys one sequence's new tokens see together (at least 1): what the split count is picked for."""
+    """The most keys one sequence's new tokens see together (at least 1): what the split
+    count is picked for."""
     first, end = decode_keys(capacity, Tq, band)
     return max(end - first, 1)
 # --8<-- [end:band]
 
 
 # --8<-- [start:split_bounds]
-def split_bounds(length: int, num_splits: int, block_k: int, first: int = 0) -> list[tuple[int, int]]:
-    """[start, end) of each of ``num_splits`` key slices of the keys first .. length - 1 of one sequence.
+def split_bounds(
+    length: int, num_splits: int, block_k: int, first: int = 0
+) -> list[tuple[int, int]]:
+    """[start, end) of each of ``num_splits`` key slices of the keys first .. length - 1
+    of one sequence.
 
-    Slices are whole key tiles, counted from the tile that holds key ``first`` (the tiles before it are
-    never read; the last tile may be short), the same number of tiles each, so a slice starts on a tile
-    boundary. With more splits than tiles the trailing slices are empty (start = end).
+    Slices are whole key tiles, counted from the tile that holds key ``first`` (the
+    tiles before it are never read; the last tile may be short), the same number of
+    tiles each, so a slice starts on a tile boundary. With more splits than tiles the
+    trailing slices are empty (start = end).
     """
     first_tile = first // block_k
     n_tiles = max(-(-length // block_k) - first_tile, 0)
@@ -114,11 +127,13 @@ def split_bounds(length: int, num_splits: int, block_k: int, first: int = 0) -> 
 
 # --8<-- [start:num_splits]
 def pick_num_splits(programs: int, capacity: int, sm_count: int = H200_SM_COUNT) -> int:
-    """How many slices to cut each sequence's keys into, when ``programs`` programs exist without splits.
+    """How many slices to cut each sequence's keys into, when ``programs`` programs
+    exist without splits.
 
-    Enough programs already fill the GPU: 1. Otherwise the split count whose programs fill the last
-    wave best (waves / ceil(waves), ties to fewer splits), keeping at least MIN_KEYS_PER_SPLIT keys
-    per split so that the merge reads and writes little next to the cache.
+    Enough programs already fill the GPU: 1. Otherwise the split count whose programs
+    fill the last wave best (waves / ceil(waves), ties to fewer splits), keeping at
+    least MIN_KEYS_PER_SPLIT keys per split so that the merge reads and writes little
+    next to the cache.
     """
     if programs >= sm_count:
         return 1
@@ -133,42 +148,71 @@ def pick_num_splits(programs: int, capacity: int, sm_count: int = H200_SM_COUNT)
 
 
 # --8<-- [start:gather_pages]
-def gather_pages(pages: torch.Tensor, table_row: torch.Tensor, length: int) -> torch.Tensor:
+def gather_pages(
+    pages: torch.Tensor, table_row: torch.Tensor, length: int
+) -> torch.Tensor:
     """The first ``length`` keys of one paged sequence, contiguous: (H_kv, length, D).
 
-    pages: (num_pages, H_kv, page_size, D); table_row: (max_pages,) int, entry j is the page holding
-    keys j * page_size ... (j + 1) * page_size - 1. Only the first ceil(length / page_size) entries are read.
+    pages: (num_pages, H_kv, page_size, D); table_row: (max_pages,) int, entry j is the
+    page holding keys j * page_size ... (j + 1) * page_size - 1. Only the first
+    ceil(length / page_size) entries are read.
     """
     page_size = pages.shape[2]
-    used = table_row[: -(-length // page_size)].long()  # the pages this sequence's keys lie in
+    # the pages this sequence's keys lie in
+    used = table_row[: -(-length // page_size)].long()
     picked = pages[used]  # (used, H_kv, page_size, D), in the sequence's order
-    return picked.transpose(0, 1).flatten(1, 2)[:, :length]  # (H_kv, used * page_size, D), cut to length
+    # (H_kv, used * page_size, D), cut to length
+    return picked.transpose(0, 1).flatten(1, 2)[:, :length]
 # --8<-- [end:gather_pages]
 
 
 # --8<-- [start:partial]
-def attend_split(q, k, v, k_start: int, k_end: int, length: int, scale: float, band=None, softcap=None):
-    """Partial (o_s, lse_s) of the new tokens q (H, Tq, D) over keys [k_start, k_end) of one sequence.
+def attend_split(
+    q,
+    k,
+    v,
+    k_start: int,
+    k_end: int,
+    length: int,
+    scale: float,
+    band=None,
+    softcap=None,
+):
+    """Partial (o_s, lse_s) of the new tokens q (H, Tq, D) over keys [k_start, k_end) of
+    one sequence.
 
-    k, v: (H, length, D). New token t sees key j iff lo <= j - (t + length - Tq) <= hi (``decode_band``; None:
-    causal), so a slice may hide every key from a row: o_s = 0, lse_s = -inf, which merges as nothing.
-    A key or value the row does not see never reaches it (``forward.masked_pv``); lse_s is float64.
+    k, v: (H, length, D). New token t sees key j iff lo <= j - (t + length - Tq) <= hi
+    (``decode_band``; None: causal), so a slice may hide every key from a row: o_s = 0,
+    lse_s = -inf, which merges as nothing. A key or value the row does not see never
+    reaches it (``forward.masked_pv``); lse_s is float64.
     """
     Tq = q.shape[-2]
     lo, hi = (-length, 0) if band is None else band
-    s = scale * (q @ k[:, k_start:k_end].transpose(-1, -2)).double()  # (H, Tq, keys), float64: see forward
-    s = softcap_scores(s, softcap)  # unchanged without a cap; the mask's -inf comes after it
-    position = torch.arange(Tq, device=q.device)[:, None] + length - Tq  # each new token's own key
+    # (H, Tq, keys), float64: see forward
+    s = scale * (q @ k[:, k_start:k_end].transpose(-1, -2)).double()
+    # unchanged without a cap; the mask's -inf comes after it
+    s = softcap_scores(s, softcap)
+    # each new token's own key
+    position = torch.arange(Tq, device=q.device)[:, None] + length - Tq
     j = torch.arange(k_start, k_end, device=q.device)[None, :]
     keep = (j - position >= lo) & (j - position <= hi)  # the band, lower-right
     s = s.masked_fill(~keep, float("-inf"))
-    m = s.amax(dim=-1) if s.shape[-1] else torch.full(s.shape[:-1], float("-inf"), dtype=s.dtype, device=s.device)
-    p = safe_exp_diff(s, m[..., None])  # (H, Tq, keys); rows that see nothing give 0, not NaN
+    m = (
+        s.amax(dim=-1)
+        if s.shape[-1]
+        else torch.full(s.shape[:-1], float("-inf"), dtype=s.dtype, device=s.device)
+    )
+    # (H, Tq, keys); rows that see nothing give 0, not NaN
+    p = safe_exp_diff(s, m[..., None])
     l = p.sum(dim=-1)
-    acc = masked_pv(p.to(q.dtype), v[:, k_start:k_end], keep)  # (H, Tq, D); a hidden value never reaches a row
+    # (H, Tq, D); a hidden value never reaches a row
+    acc = masked_pv(p.to(q.dtype), v[:, k_start:k_end], keep)
     empty = (l == 0)[..., None]
-    o_s = torch.where(empty, 0.0, acc / torch.where(empty, 1.0, l.to(acc.dtype)[..., None]))
-    return o_s, lse_from_stats(m, l)  # lse_s float64: merged so, rounded once at the end
+    o_s = torch.where(
+        empty, 0.0, acc / torch.where(empty, 1.0, l.to(acc.dtype)[..., None])
+    )
+    # lse_s float64: merged so, rounded once at the end
+    return o_s, lse_from_stats(m, l)
 # --8<-- [end:partial]
 
 
@@ -183,42 +227,73 @@ def sequence_keys(key_cache, value_cache, b: int, length: int, block_table, H: i
 
 # --8<-- [start:reference]
 def decode_attention_reference(
-    query, key_cache, value_cache, cache_seqlens=None, *, scale=None, num_splits=None, block_table=None,
-    block_k: int = REFERENCE_BLOCK_K, order=None, window=None, softcap=None,
+    query,
+    key_cache,
+    value_cache,
+    cache_seqlens=None,
+    *,
+    scale=None,
+    num_splits=None,
+    block_table=None,
+    block_k: int = REFERENCE_BLOCK_K,
+    order=None,
+    window=None,
+    softcap=None,
 ):
-    """``flashtile.decode_attention`` on the reference tier: split, attend each slice, merge.
+    """``flashtile.decode_attention`` on the reference tier: split, attend each slice,
+    merge.
 
-    Arguments as in ``flashtile.decode_attention``; ``block_k`` is the tile the slices are counted in
-    and ``order`` an optional permutation of range(num_splits), the order the partials are merged in
-    (to show that it does not matter). Returns (o, lse): o in query's dtype, lse float32 (float64 for
-    float64 inputs); 16-bit inputs are computed in float32, like the kernels' accumulators.
+    Arguments as in ``flashtile.decode_attention``; ``block_k`` is the tile the slices
+    are counted in and ``order`` an optional permutation of range(num_splits), the order
+    the partials are merged in (to show that it does not matter). Returns (o, lse): o in
+    query's dtype, lse float32 (float64 for float64 inputs); 16-bit inputs are computed
+    in float32, like the kernels' accumulators.
     """
-    shape = check_decode_inputs(query, key_cache, value_cache, cache_seqlens, block_table)
+    shape = check_decode_inputs(
+        query, key_cache, value_cache, cache_seqlens, block_table
+    )
     block_k = check_block("block_k", block_k)
     num_splits = check_num_splits(num_splits)
     softcap = check_softcap(softcap, query.dtype)
-    band = decode_band(shape.Tq, shape.capacity, check_window(window))  # causal, lower-right, per sequence
+    # causal, lower-right, per sequence
+    band = decode_band(shape.Tq, shape.capacity, check_window(window))
     if num_splits is None:
-        num_splits = pick_num_splits(shape.B * shape.H_kv, decode_span(shape.capacity, shape.Tq, band),
-                                     sm_count(query.device))  # fmt: skip
+        num_splits = pick_num_splits(
+            shape.B * shape.H_kv,
+            decode_span(shape.capacity, shape.Tq, band),
+            sm_count(query.device),
+        )
     scale = resolve_scale(scale, shape.D, query.dtype)
     c = stats_dtype(query.dtype)
-    lengths = [shape.capacity] * shape.B if cache_seqlens is None else cache_seqlens.tolist()
+    lengths = (
+        [shape.capacity] * shape.B if cache_seqlens is None else cache_seqlens.tolist()
+    )
     order = range(num_splits) if order is None else list(order)
     if sorted(order) != list(range(num_splits)):
-        raise ValueError(f"order must be a permutation of range(num_splits) = range({num_splits}), got {order}")
+        raise ValueError(
+            f"order must be a permutation of range(num_splits) = range({num_splits}), "
+            f"got {order}"
+        )
 
     o = torch.empty(query.shape, dtype=query.dtype, device=query.device)
     lse = torch.empty(query.shape[:-1], dtype=c, device=query.device)
-    for b, length in enumerate(lengths):  # ragged: each sequence has its own length and its own slices
+    # ragged: each sequence has its own length and its own slices
+    for b, length in enumerate(lengths):
         k, v = sequence_keys(key_cache, value_cache, b, length, block_table, shape.H, c)
         q = query[b].to(c)  # (H, Tq, D)
-        first, end = decode_keys(length, shape.Tq, band)  # the keys some new token sees: no other tile is read
+        # the keys some new token sees: no other tile is read
+        first, end = decode_keys(length, shape.Tq, band)
         bounds = split_bounds(end, num_splits, block_k, first)
-        o_b = torch.zeros(q.shape, dtype=c, device=q.device)  # the empty state: o = 0, lse = -inf
-        lse_b = torch.full(q.shape[:-1], float("-inf"), dtype=torch.float64, device=q.device)  # rounded once, below
+        # the empty state: o = 0, lse = -inf
+        o_b = torch.zeros(q.shape, dtype=c, device=q.device)
+        # rounded once, below
+        lse_b = torch.full(
+            q.shape[:-1], float("-inf"), dtype=torch.float64, device=q.device
+        )
         for split in order:
-            o_s, lse_s = attend_split(q, k, v, *bounds[split], length, scale, band, softcap)
+            o_s, lse_s = attend_split(
+                q, k, v, *bounds[split], length, scale, band, softcap
+            )
             o_b, lse_b = merge_partials(o_b, lse_b, o_s, lse_s)
         o[b], lse[b] = o_b.to(query.dtype), lse_b
     return o, lse

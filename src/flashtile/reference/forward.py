@@ -43,7 +43,8 @@ TileCallback = Callable[[int, int, TileKind], None]
 
 # --8<-- [start:softcap]
 def softcap_scores(s: torch.Tensor, softcap: float | None) -> torch.Tensor:
-    """Soft-capping (Gemma-2): each scaled score x becomes softcap * tanh(x / softcap), in (-softcap, softcap).
+    """Soft-capping (Gemma-2): each scaled score x becomes softcap * tanh(x / softcap),
+    in (-softcap, softcap).
 
     Applied before the mask, so a hidden pair's -inf is set after it and stays -inf.
     """
@@ -74,34 +75,54 @@ def masked_pv(p: torch.Tensor, v: torch.Tensor, keep: torch.Tensor) -> torch.Ten
 
 # --8<-- [start:tile_loop]
 def forward_query_tile(
-    q_tile, k, v, q_start, q_end, scale, block_k, band, on_tile=None, q_index=0, softcap=None, start=None
+    q_tile,
+    k,
+    v,
+    q_start,
+    q_end,
+    scale,
+    block_k,
+    band,
+    on_tile=None,
+    q_index=0,
+    softcap=None,
+    start=None,
 ):
-    """Run one query tile [q_start, q_end) over the key tiles it needs; return its (m, l, acc).
+    """Run one query tile [q_start, q_end) over the key tiles it needs;
+    return its (m, l, acc).
 
-    ``band`` is the mask as the diagonals it keeps, lo <= j - i <= hi (``reference.masks``): causal is
-    (-Tq, offset), no mask (-Tq, Tk), where every tile is FULL. The scores and (m, l) are float64 (the dot
-    itself is q_tile's dtype): a score past float32's range, which τ near its limit gives, stays finite.
-    ``start`` is the (m, l) the rows begin from: None for (-inf, 0), no key seen; a sink's (sink, 1).
+    ``band`` is the mask as the diagonals it keeps, lo <= j - i <= hi
+    (``reference.masks``): causal is (-Tq, offset), no mask (-Tq, Tk), where every tile
+    is FULL. The scores and (m, l) are float64 (the dot itself is q_tile's dtype): a
+    score past float32's range, which τ near its limit gives, stays finite. ``start`` is
+    the (m, l) the rows begin from: None for (-inf, 0), no key seen; a sink's (sink, 1).
     """
     Tk = k.shape[-2]
     # --8<-- [start:state]
-    m = torch.full(q_tile.shape[:-1], float("-inf"), dtype=torch.float64, device=q_tile.device)
+    m = torch.full(
+        q_tile.shape[:-1], float("-inf"), dtype=torch.float64, device=q_tile.device
+    )
     l = torch.zeros_like(m)
-    acc = q_tile.new_zeros((*q_tile.shape[:-1], v.shape[-1]))  # (..., block_q, d_v): as wide as v
-    if start is not None:  # a sink: the rows have seen one key already, whose value is zero
+    # (..., block_q, d_v): as wide as v
+    acc = q_tile.new_zeros((*q_tile.shape[:-1], v.shape[-1]))
+    if start is not None:
+        # a sink: the rows have seen one key already, whose value is zero
         m, l = start
     # --8<-- [end:state]
-    # Key tiles outside the band are SKIP: the loop runs from first_key_tile and stops at last_key_tile.
+    # Key tiles outside the band are SKIP: the loop runs from first_key_tile and stops
+    # at last_key_tile.
     for k_index in key_tile_range(q_start, q_end, Tk, block_k, band):
         k_start, k_end = k_index * block_k, min((k_index + 1) * block_k, Tk)
         kind = classify_band_tile(q_start, q_end, k_start, k_end, band)
         if on_tile is not None:
             on_tile(q_index, k_index, kind)
-        s = scale * (q_tile @ k[..., k_start:k_end, :].transpose(-1, -2)).double()  # (..., block_q, block_k)
+        # (..., block_q, block_k)
+        s = scale * (q_tile @ k[..., k_start:k_end, :].transpose(-1, -2)).double()
         s = softcap_scores(s, softcap)  # s unchanged without a cap
         keep = None
         # --8<-- [start:mask]
-        if kind is TileKind.DIAGONAL:  # only tiles crossing an edge of the band pay for a mask
+        # only tiles crossing an edge of the band pay for a mask
+        if kind is TileKind.DIAGONAL:
             i = torch.arange(q_start, q_end, device=s.device)[:, None]
             j = torch.arange(k_start, k_end, device=s.device)[None, :]
             keep = band_keeps(i, j, band)
@@ -113,7 +134,8 @@ def forward_query_tile(
         p = safe_exp_diff(s, m_new[..., None])  # this tile's unnormalised probabilities
         l = alpha * l + p.sum(dim=-1)
         p, v_tile = p.to(acc.dtype), v[..., k_start:k_end, :]
-        pv = p @ v_tile if keep is None else masked_pv(p, v_tile, keep)  # a hidden value never reaches a row
+        # a hidden value never reaches a row
+        pv = p @ v_tile if keep is None else masked_pv(p, v_tile, keep)
         acc = alpha.to(acc.dtype)[..., None] * acc + pv
         m = m_new
         # --8<-- [end:rescale]
@@ -176,13 +198,32 @@ def flash_attention_forward(
     # --8<-- [start:epilogue]
     for q_index, (q_start, q_end) in enumerate(tile_ranges(shape.Tq, block_q)):
         q_tile = q[..., q_start:q_end, :].to(c)
-        start = None if sinks is None else sink_start_state(sinks, (shape.B, shape.H, q_end - q_start))
-        m, l, acc = forward_query_tile(
-            q_tile, k, v, q_start, q_end, scale, block_k, band, on_tile, q_index, softcap, start
+        start = (
+            None
+            if sinks is None
+            else sink_start_state(sinks, (shape.B, shape.H, q_end - q_start))
         )
-        empty = (l == 0)[..., None]  # a row that saw no key keeps acc = 0: o = 0, not 0 / 0 (a NaN l stays NaN)
+        m, l, acc = forward_query_tile(
+            q_tile,
+            k,
+            v,
+            q_start,
+            q_end,
+            scale,
+            block_k,
+            band,
+            on_tile,
+            q_index,
+            softcap,
+            start,
+        )
+        # a row that saw no key keeps acc = 0: o = 0, not 0 / 0 (a NaN l stays NaN)
+        empty = (l == 0)[..., None]
         l_c = l.to(acc.dtype)
-        o[..., q_start:q_end, :] = torch.where(empty, 0.0, acc / torch.where(empty, 1.0, l_c[..., None])).to(q.dtype)
-        lse[..., q_start:q_end] = lse_from_stats(m, l)  # float64, rounded once into lse's dtype
+        o[..., q_start:q_end, :] = torch.where(
+            empty, 0.0, acc / torch.where(empty, 1.0, l_c[..., None])
+        ).to(q.dtype)
+        # float64, rounded once into lse's dtype
+        lse[..., q_start:q_end] = lse_from_stats(m, l)
     # --8<-- [end:epilogue]
     return o, lse
