@@ -55,14 +55,19 @@ class Band(NamedTuple):
 
 
 # --8<-- [start:band]
-def window_band(Tq: int, Tk: int, window=None, causal: bool = False, alignment: str = "upper_left") -> Band:
-    """The band (lo, hi) of the window (left, right) on a (Tq, Tk) score matrix; -1 is unbounded."""
+def window_band(
+    Tq: int, Tk: int, window=None, causal: bool = False, alignment: str = "upper_left"
+) -> Band:
+    """The band (lo, hi) of the window (left, right) on a (Tq, Tk) score matrix; -1 is
+    unbounded."""
     left, right = check_window(window) or (UNBOUNDED, UNBOUNDED)
     if check_causal(causal):
         right = 0  # causal caps the right side: no key after the diagonal
     offset = diagonal_offset(Tq, Tk, alignment)
-    lo = -Tq if left == UNBOUNDED else max(offset - left, -Tq)  # j - i >= -(Tq - 1) always holds
-    hi = Tk if right == UNBOUNDED else min(offset + right, Tk)  # j - i <= Tk - 1 always holds
+    # j - i >= -(Tq - 1) always holds
+    lo = -Tq if left == UNBOUNDED else max(offset - left, -Tq)
+    # j - i <= Tk - 1 always holds
+    hi = Tk if right == UNBOUNDED else min(offset + right, Tk)
     return Band(lo, hi)
 
 
@@ -71,7 +76,14 @@ def band_keeps(i: torch.Tensor, j: torch.Tensor, band: Band) -> torch.Tensor:
     return (band.lo <= j - i) & (j - i <= band.hi)
 
 
-def window_mask(Tq: int, Tk: int, window=None, causal: bool = False, alignment: str = "upper_left", device=None):
+def window_mask(
+    Tq: int,
+    Tk: int,
+    window=None,
+    causal: bool = False,
+    alignment: str = "upper_left",
+    device=None,
+):
     """Boolean (Tq, Tk) mask, True where query i may attend to key j."""
     band = window_band(Tq, Tk, window, causal, alignment)
     i = torch.arange(Tq, device=device)[:, None]
@@ -81,11 +93,15 @@ def window_mask(Tq: int, Tk: int, window=None, causal: bool = False, alignment: 
 
 
 # --8<-- [start:classify]
-def classify_band_tile(q_start: int, q_end: int, k_start: int, k_end: int, band: Band) -> TileKind:
-    """Classify the tile rows [q_start, q_end) x columns [k_start, k_end) under lo <= j - i <= hi."""
+def classify_band_tile(
+    q_start: int, q_end: int, k_start: int, k_end: int, band: Band
+) -> TileKind:
+    """Classify the tile rows [q_start, q_end) x columns [k_start, k_end) under
+    lo <= j - i <= hi."""
     lowest = k_start - (q_end - 1)  # j - i at the tile's bottom-left pair
     highest = (k_end - 1) - q_start  # j - i at the tile's top-right pair
-    if band.lo <= lowest and highest <= band.hi:  # both extreme pairs inside the band, so all are
+    # both extreme pairs inside the band, so all are
+    if band.lo <= lowest and highest <= band.hi:
         return TileKind.FULL
     if highest < band.lo or lowest > band.hi:  # the tile's diagonals all miss the band
         return TileKind.SKIP
@@ -97,22 +113,30 @@ def classify_band_tile(q_start: int, q_end: int, k_start: int, k_end: int, band:
 def first_key_tile(q_start: int, Tk: int, block_k: int, lo: int) -> int:
     """Index of the first key tile a query tile starting at ``q_start`` needs.
 
-    The tile's first row q_start sees keys from q_start + lo on, the smallest visible key of the whole
-    tile, so the first key tile needed is the one holding that column (key 0's when it is negative).
-    When that column is past the last key (not merely past the last full tile: a short last tile ends
-    at Tk), the tile needs none and the answer is the number of key tiles, so that
+    The tile's first row q_start sees keys from q_start + lo on, the smallest visible
+    key of the whole tile, so the first key tile needed is the one holding that column
+    (key 0's when it is negative). When that column is past the last key (not merely
+    past the last full tile: a short last tile ends at Tk), the tile needs none and the
+    answer is the number of key tiles, so that
     ``range(first_key_tile(...), last_key_tile(...))`` is empty.
     """
     check_block("block_k", block_k)
     first_visible_key = max(q_start + lo, 0)
-    if first_visible_key > Tk - 1:  # the whole tile sees no key (a window that starts past the last key)
+    # the whole tile sees no key (a window that starts past the last key)
+    if first_visible_key > Tk - 1:
         return -(-Tk // block_k)
     return first_visible_key // block_k
 
 
-def key_tile_range(q_start: int, q_end: int, Tk: int, block_k: int, band: Band) -> range:
-    """The key tiles the query tile [q_start, q_end) visits: every one that is not SKIP, in order."""
-    return range(first_key_tile(q_start, Tk, block_k, band.lo), last_key_tile(q_end, Tk, block_k, band.hi))
+def key_tile_range(
+    q_start: int, q_end: int, Tk: int, block_k: int, band: Band
+) -> range:
+    """The key tiles the query tile [q_start, q_end) visits: every one that is not SKIP,
+    in order."""
+    return range(
+        first_key_tile(q_start, Tk, block_k, band.lo),
+        last_key_tile(q_end, Tk, block_k, band.hi),
+    )
 # --8<-- [end:first_key_tile]
 
 
@@ -131,20 +155,31 @@ def window_tile_map(
 
 # --8<-- [start:counts]
 def count_visited_window_tiles(
-    Tq: int, Tk: int, block_q: int, block_k: int, window=None, causal: bool = False, alignment: str = "upper_left"
+    Tq: int,
+    Tk: int,
+    block_q: int,
+    block_k: int,
+    window=None,
+    causal: bool = False,
+    alignment: str = "upper_left",
 ) -> int:
-    """How many (query tile, key tile) pairs the forward computes: the length of each query tile's run."""
+    """How many (query tile, key tile) pairs the forward computes: the length of each
+    query tile's run."""
     check_block("block_q", block_q)
     check_block("block_k", block_k)
     band = window_band(Tq, Tk, window, causal, alignment)
-    return sum(len(key_tile_range(qs, qe, Tk, block_k, band)) for qs, qe in tile_ranges(Tq, block_q))
+    return sum(
+        len(key_tile_range(qs, qe, Tk, block_k, band))
+        for qs, qe in tile_ranges(Tq, block_q)
+    )
 
 
 def pairs_on_or_below(Tq: int, Tk: int, h: int) -> int:
     """#{(i, j) : 0 <= i < Tq, 0 <= j < Tk, j - i <= h}, in closed form.
 
-    Row i keeps clamp(i + h + 1, 0, Tk) keys, so the count is the sum of clamp(x, 0, Tk) over
-    x = h + 1 .. h + Tq, which is C(h + Tq) - C(h) with C(n) = sum over x = 1..n of min(x, Tk).
+    Row i keeps clamp(i + h + 1, 0, Tk) keys, so the count is the sum of clamp(x, 0, Tk)
+    over x = h + 1 .. h + Tq, which is C(h + Tq) - C(h) with C(n) = sum over x = 1..n of
+    min(x, Tk).
     """
 
     def C(n: int) -> int:
@@ -157,8 +192,11 @@ def pairs_on_or_below(Tq: int, Tk: int, h: int) -> int:
     return C(h + Tq) - C(h)
 
 
-def window_visible_pairs(Tq: int, Tk: int, window=None, causal: bool = False, alignment: str = "upper_left") -> int:
-    """Number of (query, key) pairs the window keeps: those with j - i <= hi, less those with j - i < lo."""
+def window_visible_pairs(
+    Tq: int, Tk: int, window=None, causal: bool = False, alignment: str = "upper_left"
+) -> int:
+    """Number of (query, key) pairs the window keeps: those with j - i <= hi, less those
+    with j - i < lo."""
     Tq, Tk = check_int("Tq", Tq), check_int("Tk", Tk)
     band = window_band(Tq, Tk, window, causal, alignment)
     return pairs_on_or_below(Tq, Tk, band.hi) - pairs_on_or_below(Tq, Tk, band.lo - 1)
@@ -185,21 +223,44 @@ def _lengths(name: str, cu_seqlens) -> list[int]:
 
 
 # --8<-- [start:documents]
-def document_ranges(cu_seqlens_q, cu_seqlens_k) -> list[tuple[tuple[int, int], tuple[int, int]]]:
-    """((q_start, q_end), (k_start, k_end)) of every document, from the cumulative lengths."""
-    cu_q, cu_k = _lengths("cu_seqlens_q", cu_seqlens_q), _lengths("cu_seqlens_k", cu_seqlens_k)
+def document_ranges(
+    cu_seqlens_q, cu_seqlens_k
+) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    """((q_start, q_end), (k_start, k_end)) of every document, from the cumulative
+    lengths."""
+    cu_q, cu_k = (
+        _lengths("cu_seqlens_q", cu_seqlens_q),
+        _lengths("cu_seqlens_k", cu_seqlens_k),
+    )
     if len(cu_q) != len(cu_k):
-        raise ValueError(f"cu_seqlens_q describes {len(cu_q) - 1} documents but cu_seqlens_k {len(cu_k) - 1}")
-    return [((cu_q[d], cu_q[d + 1]), (cu_k[d], cu_k[d + 1])) for d in range(len(cu_q) - 1)]
+        raise ValueError(
+            f"cu_seqlens_q describes {len(cu_q) - 1} documents "
+            f"but cu_seqlens_k {len(cu_k) - 1}"
+        )
+    return [
+        ((cu_q[d], cu_q[d + 1]), (cu_k[d], cu_k[d + 1])) for d in range(len(cu_q) - 1)
+    ]
 
 
-def document_mask(cu_seqlens_q, cu_seqlens_k, window=None, causal=False, alignment="upper_left", device=None):
-    """Boolean (total_q, total_k) mask: block-diagonal, each document's block its own window mask."""
+def document_mask(
+    cu_seqlens_q,
+    cu_seqlens_k,
+    window=None,
+    causal=False,
+    alignment="upper_left",
+    device=None,
+):
+    """Boolean (total_q, total_k) mask: block-diagonal, each document's block its own
+    window mask."""
     documents = document_ranges(cu_seqlens_q, cu_seqlens_k)
-    mask = torch.zeros(documents[-1][0][1], documents[-1][1][1], dtype=torch.bool, device=device)
+    mask = torch.zeros(
+        documents[-1][0][1], documents[-1][1][1], dtype=torch.bool, device=device
+    )
     for (qs, qe), (ks, ke) in documents:
         if qe > qs and ke > ks:  # an empty document keeps no pair
-            mask[qs:qe, ks:ke] = window_mask(qe - qs, ke - ks, window, causal, alignment, device)
+            mask[qs:qe, ks:ke] = window_mask(
+                qe - qs, ke - ks, window, causal, alignment, device
+            )
     return mask
 # --8<-- [end:documents]
 
