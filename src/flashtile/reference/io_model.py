@@ -63,17 +63,22 @@ def standard_attention_traffic(T: int, d: int) -> Traffic:
 
 # --8<-- [start:tiles]
 def paper_tile_sizes(M: int, d: int) -> tuple[int, int]:
-    """(block_q, block_k), the paper's (B_r, B_c), of Algorithm 1 for an on-chip memory of M elements.
+    """(block_q, block_k), the paper's (B_r, B_c), of Algorithm 1 for an on-chip memory
+    of M elements.
 
-    Four d-wide blocks must fit in M elements: K_j and V_j (block_k x d each) plus Q_i and O_i
-    (block_q x d each, and block_q <= block_k). The largest key tile with 4 * block_k * d <= M is the
-    floor of M / 4d; the paper writes a ceiling, which overshoots M whenever 4d does not divide it.
-    block_q is further capped at d so that the block_q x block_k score tile is at most M/4 too.
+    Four d-wide blocks must fit in M elements: K_j and V_j (block_k x d each) plus Q_i
+    and O_i (block_q x d each, and block_q <= block_k). The largest key tile with
+    4 * block_k * d <= M is the floor of M / 4d; the paper writes a ceiling, which
+    overshoots M whenever 4d does not divide it. block_q is further capped at d so that
+    the block_q x block_k score tile is at most M/4 too.
     """
     check_block("M", M)
     check_block("d", d)
     if M < 4 * d:
-        raise ValueError(f"M must hold one row of each of K_j, V_j, Q_i, O_i: M >= 4*d = {4 * d}, got {M}")
+        raise ValueError(
+            f"M must hold one row of each of K_j, V_j, Q_i, O_i: M >= 4*d = {4 * d}, "
+            f"got {M}"
+        )
     block_k = M // (4 * d)  # B_c = floor(M / 4d)
     block_q = min(block_k, d)  # B_r = min(B_c, d)
     return block_q, block_k
@@ -88,11 +93,14 @@ def sram_footprint(M: int, d: int) -> int:
 
 # --8<-- [start:flash]
 def flash_attention_traffic(T: int, d: int, M: int) -> Traffic:
-    """Elements moved by Algorithm 1 with the paper's tile sizes for on-chip memory M (elements)."""
+    """Elements moved by Algorithm 1 with the paper's tile sizes for on-chip memory M
+    (elements)."""
     check_block("T", T)
     _block_q, block_k = paper_tile_sizes(M, d)
-    outer_steps = math.ceil(T / block_k)  # T_c: one pass over all query tiles per key/value tile
-    reads = 2 * T * d + outer_steps * (2 * T * d + 2 * T)  # K, V once | Q, O, l, m every pass
+    # T_c: one pass over all query tiles per key/value tile
+    outer_steps = math.ceil(T / block_k)
+    # K, V once | Q, O, l, m every pass
+    reads = 2 * T * d + outer_steps * (2 * T * d + 2 * T)
     writes = outer_steps * (T * d + 2 * T)  # O, l, m every pass
     return Traffic(reads, writes)
 # --8<-- [end:flash]
@@ -100,15 +108,19 @@ def flash_attention_traffic(T: int, d: int, M: int) -> Traffic:
 
 # --8<-- [start:query_outer]
 def query_outer_traffic(T: int, d: int, M: int) -> Traffic:
-    """Elements moved with the query tiles outside (the FlashAttention-2 order of Part A's forward and the kernels).
+    """Elements moved with the query tiles outside (the FlashAttention-2 order of
+    Part A's forward and the kernels).
 
-    The same four d-wide blocks fit in M, with the roles exchanged: the query tile Q_r and its
-    accumulator stay on chip for the whole inner loop, so block_q = floor(M / 4d) and block_k =
-    min(block_q, d). Q is read once and O and lse written once; K and V are read once per query tile.
+    The same four d-wide blocks fit in M, with the roles exchanged: the query tile Q_r
+    and its accumulator stay on chip for the whole inner loop, so
+    block_q = floor(M / 4d) and block_k = min(block_q, d). Q is read once and O and lse
+    written once; K and V are read once per query tile.
     """
     check_block("T", T)
-    _small, block_q = paper_tile_sizes(M, d)  # the larger tile goes to the loop that stays on chip
-    outer_steps = math.ceil(T / block_q)  # T_r: one pass over all key tiles per query tile
+    # the larger tile goes to the loop that stays on chip
+    _small, block_q = paper_tile_sizes(M, d)
+    # T_r: one pass over all key tiles per query tile
+    outer_steps = math.ceil(T / block_q)
     reads = T * d + outer_steps * 2 * T * d  # Q once | K, V every pass
     writes = T * d + T  # O and lse, once
     return Traffic(reads, writes)
@@ -175,9 +187,10 @@ def theorem2_bound(T: int, d: int, M: int) -> float:
 def traffic_ratio_limit(d: int, M: int) -> Fraction:
     """lim over T -> infinity of flash traffic / (T^2 d^2 / M), exactly.
 
-    traffic / T^2 = 2d/T + ceil(T / B_c) (3d + 4) / T  ->  (3d + 4) / B_c, so the ratio tends to
-    (3d + 4) M / (d^2 B_c). With B_c = M / 4d exactly (4d divides M) that is 12 + 16/d; otherwise the
-    floor makes B_c a little smaller and the limit a little larger.
+    traffic / T^2 = 2d/T + ceil(T / B_c) (3d + 4) / T  ->  (3d + 4) / B_c, so the ratio
+    tends to (3d + 4) M / (d^2 B_c). With B_c = M / 4d exactly (4d divides M) that is
+    12 + 16/d; otherwise the floor makes B_c a little smaller and the limit a little
+    larger.
     """
     _block_q, block_k = paper_tile_sizes(M, d)
     return Fraction((3 * d + 4) * M, d * d * block_k)
@@ -186,14 +199,16 @@ def traffic_ratio_limit(d: int, M: int) -> Fraction:
 
 # --8<-- [start:lower]
 def attention_traffic_lower_bound(T: int, d: int, M: int) -> int:
-    """Fewest HBM accesses of any exact attention that builds each score from its d products.
+    """Fewest HBM accesses of any exact attention that builds each score from its d
+    products.
 
-    Cut a run into segments of M accesses. In one segment the chip can use at most 2M elements of Q
-    and K (M held at the start, M read), so a + b <= 2M/d whole rows, and at most a * b <= r^2 / 4 scores
-    (r = floor(2M/d)) get all d products there. Any other score worked on in the segment carries a
-    partial sum across one of its ends: on chip (at most M at each end) or through HBM (at most M
-    accesses), so at most 3M of them, d products each. All T^2 d products need that many segments;
-    every segment but the last is full. Reading Q, K, V and writing O (4Td) is a floor on its own.
+    Cut a run into segments of M accesses. In one segment the chip can use at most 2M
+    elements of Q and K (M held at the start, M read), so a + b <= 2M/d whole rows, and
+    at most a * b <= r^2 / 4 scores (r = floor(2M/d)) get all d products there. Any
+    other score worked on in the segment carries a partial sum across one of its ends:
+    on chip (at most M at each end) or through HBM (at most M accesses), so at most 3M
+    of them, d products each. All T^2 d products need that many segments; every segment
+    but the last is full. Reading Q, K, V and writing O (4Td) is a floor on its own.
     """
     check_block("T", T)
     check_block("d", d)
