@@ -45,32 +45,42 @@ from .naive import expand_kv_heads
 
 # --8<-- [start:delta]
 def backward_delta(o: torch.Tensor, do: torch.Tensor) -> torch.Tensor:
-    """D = rowsum(dO * O), shape (B, H, Tq): the only per-row quantity the backward needs besides lse."""
+    """D = rowsum(dO * O), shape (B, H, Tq): the only per-row quantity the backward
+    needs besides lse."""
     return (do * o).sum(dim=-1)
 # --8<-- [end:delta]
 
 
 # --8<-- [start:recompute_p]
-def recompute_p(s: torch.Tensor, lse_tile: torch.Tensor, visible: torch.Tensor | None) -> torch.Tensor:
-    """P = exp(S - lse) for one tile, zero where the forward masked the score (or the row saw nothing).
+def recompute_p(
+    s: torch.Tensor, lse_tile: torch.Tensor, visible: torch.Tensor | None
+) -> torch.Tensor:
+    """P = exp(S - lse) for one tile, zero where the forward masked the score (or the
+    row saw nothing).
 
-    Without the mask, a hidden key would get exp(S - lse) > 0 here although the forward gave it
-    probability 0: the same mask must be applied in both directions. Only lse = -inf (a row that saw
-    no key) means P = 0; a NaN or +inf lse must reach P, so the row that saw a NaN gets NaN gradients.
+    Without the mask, a hidden key would get exp(S - lse) > 0 here although the forward
+    gave it probability 0: the same mask must be applied in both directions. Only
+    lse = -inf (a row that saw no key) means P = 0; a NaN or +inf lse must reach P, so
+    the row that saw a NaN gets NaN gradients.
     """
     keep = ~torch.isneginf(lse_tile)[..., None].expand_as(s)
     if visible is not None:
         keep = keep & visible
-    return torch.where(keep, torch.exp(s - torch.where(keep, lse_tile[..., None], 0.0)), 0.0)
+    return torch.where(
+        keep, torch.exp(s - torch.where(keep, lse_tile[..., None], 0.0)), 0.0
+    )
 # --8<-- [end:recompute_p]
 
 
 # --8<-- [start:softcap_backward]
-def softcap_backward(ds: torch.Tensor, x: torch.Tensor, softcap: float | None) -> torch.Tensor:
-    """The gradient with respect to the uncapped score x, given ds with respect to s = softcap * tanh(x / softcap).
+def softcap_backward(
+    ds: torch.Tensor, x: torch.Tensor, softcap: float | None
+) -> torch.Tensor:
+    """The gradient with respect to the uncapped score x, given ds with respect to
+    s = softcap * tanh(x / softcap).
 
-    ds/dx = softcap * (1 - tanh^2(x / softcap)) / softcap = 1 - tanh^2(x / softcap): 1 for small scores,
-    near 0 where the cap saturates. Without a cap, ds is the answer.
+    ds/dx = softcap * (1 - tanh^2(x / softcap)) / softcap = 1 - tanh^2(x / softcap):
+    1 for small scores, near 0 where the cap saturates. Without a cap, ds is the answer.
     """
     if softcap is None:
         return ds
@@ -128,11 +138,13 @@ def flash_attention_backward(
     dk_rep = torch.empty_like(k_rep)
     dv_rep = torch.empty_like(v_rep)
     # --8<-- [start:tile_loop]
-    for k_start, k_end in tile_ranges(Tk, block_k):  # outer: one key tile, its dK and dV stay local
+    # outer: one key tile, its dK and dV stay local
+    for k_start, k_end in tile_ranges(Tk, block_k):
         k_tile, v_tile = k_rep[..., k_start:k_end, :], v_rep[..., k_start:k_end, :]
         dk = torch.zeros_like(k_tile)
         dv = torch.zeros_like(v_tile)
-        for q_start, q_end in tile_ranges(Tq, block_q):  # inner: every query tile that sees it
+        # inner: every query tile that sees it
+        for q_start, q_end in tile_ranges(Tq, block_q):
             kind = classify_band_tile(q_start, q_end, k_start, k_end, band)
             if kind is TileKind.SKIP:
                 continue
@@ -142,14 +154,17 @@ def flash_attention_backward(
                 j = torch.arange(k_start, k_end, device=q.device)[None, :]
                 visible = band_keeps(i, j, band)
             q_tile, do_tile = q[..., q_start:q_end, :], do[..., q_start:q_end, :]
-            x = scale * (q_tile @ k_tile.transpose(-1, -2))  # the scaled scores, before any cap
+            # the scaled scores, before any cap
+            x = scale * (q_tile @ k_tile.transpose(-1, -2))
             s = softcap_scores(x, softcap)
             p = recompute_p(s, lse[..., q_start:q_end], visible)
             dv += p.transpose(-1, -2) @ do_tile  # dV = P^T dO
             dp = do_tile @ v_tile.transpose(-1, -2)  # dP = dO V^T
             ds = p * (dp - delta[..., q_start:q_end, None])  # dS = P * (dP - D)
-            ds = softcap_backward(ds, x, softcap)  # through the cap: dX = dS * (1 - tanh^2(x / softcap))
-            if visible is not None:  # a hidden pair has dS = 0, even when its row's D is NaN
+            # through the cap: dX = dS * (1 - tanh^2(x / softcap))
+            ds = softcap_backward(ds, x, softcap)
+            # a hidden pair has dS = 0, even when its row's D is NaN
+            if visible is not None:
                 ds = torch.where(visible, ds, 0.0)
             dq[..., q_start:q_end, :] += scale * (ds @ k_tile)  # dQ = scale * dS K
             dk += scale * (ds.transpose(-1, -2) @ q_tile)  # dK = scale * dS^T Q
@@ -157,7 +172,8 @@ def flash_attention_backward(
         dv_rep[..., k_start:k_end, :] = dv
     # --8<-- [end:tile_loop]
     # --8<-- [start:gqa_sum]
-    # Query heads h = g * group + r all read key/value head g, so their gradients add up there.
+    # Query heads h = g * group + r all read key/value head g, so their gradients add up
+    # there.
     dk = dk_rep.view(B, H_kv, H // H_kv, Tk, D).sum(dim=2)
     dv = dv_rep.view(B, H_kv, H // H_kv, Tk, d_v).sum(dim=2)
     # --8<-- [end:gqa_sum]
