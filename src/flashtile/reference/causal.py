@@ -43,7 +43,9 @@ def diagonal_offset(Tq: int, Tk: int, alignment: str = "upper_left") -> int:
     return 0 if alignment == "upper_left" else Tk - Tq
 
 
-def causal_mask(Tq: int, Tk: int, alignment: str = "upper_left", device=None) -> torch.Tensor:
+def causal_mask(
+    Tq: int, Tk: int, alignment: str = "upper_left", device=None
+) -> torch.Tensor:
     """Boolean (Tq, Tk) mask, True where query i may attend to key j."""
     offset = diagonal_offset(Tq, Tk, alignment)
     i = torch.arange(Tq, device=device)[:, None]
@@ -53,11 +55,16 @@ def causal_mask(Tq: int, Tk: int, alignment: str = "upper_left", device=None) ->
 
 
 # --8<-- [start:classify]
-def classify_tile(q_start: int, q_end: int, k_start: int, k_end: int, offset: int) -> TileKind:
-    """Classify the tile rows [q_start, q_end) x columns [k_start, k_end) under j <= i + offset."""
-    if k_end - 1 <= q_start + offset:  # the tile's top-right pair is visible, so all are
+def classify_tile(
+    q_start: int, q_end: int, k_start: int, k_end: int, offset: int
+) -> TileKind:
+    """Classify the tile rows [q_start, q_end) x columns [k_start, k_end) under
+    j <= i + offset."""
+    # the tile's top-right pair is visible, so all are
+    if k_end - 1 <= q_start + offset:
         return TileKind.FULL
-    if k_start > q_end - 1 + offset:  # the tile's bottom-left pair is hidden, so all are
+    # the tile's bottom-left pair is hidden, so all are
+    if k_start > q_end - 1 + offset:
         return TileKind.SKIP
     return TileKind.DIAGONAL
 # --8<-- [end:classify]
@@ -84,9 +91,9 @@ def tile_map(Tq: int, Tk: int, block_q: int, block_k: int, alignment: str = "upp
 def last_key_tile(q_end: int, Tk: int, block_k: int, offset: int) -> int:
     """Number of key tiles a query tile ending at ``q_end`` needs (tiles 0 .. n-1).
 
-    The tile's last row q_end - 1 sees keys up to q_end - 1 + offset, so the last key tile it needs
-    is the one holding that column. Integer floor division, not rounding: this is the off-by-one
-    that bites when the block sizes do not divide T.
+    The tile's last row q_end - 1 sees keys up to q_end - 1 + offset, so the last key
+    tile it needs is the one holding that column. Integer floor division, not rounding:
+    this is the off-by-one that bites when the block sizes do not divide T.
     """
     check_block("block_k", block_k)
     last_visible_key = q_end - 1 + offset

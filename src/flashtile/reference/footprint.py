@@ -19,8 +19,10 @@ from torch.overrides import TorchFunctionMode
 
 
 # --8<-- [start:largest]
-class largest_tensor(TorchFunctionMode):  # lower case: it reads as a function, ``with largest_tensor() as seen``
-    """Inside the block, ``.numel`` is the size of the largest tensor any torch function has returned."""
+# lower case: it reads as a function, ``with largest_tensor() as seen``
+class largest_tensor(TorchFunctionMode):
+    """Inside the block, ``.numel`` is the size of the largest tensor any torch function
+    has returned."""
 
     def __init__(self):
         super().__init__()
@@ -38,7 +40,8 @@ class largest_tensor(TorchFunctionMode):  # lower case: it reads as a function, 
 # --8<-- [start:saved]
 @contextlib.contextmanager
 def saved_tensor_shapes():
-    """Yield a list that fills with the shape of every tensor autograd saves inside the block."""
+    """Yield a list that fills with the shape of every tensor autograd saves inside the
+    block."""
     shapes: list[tuple[int, ...]] = []
 
     def record(t: torch.Tensor) -> torch.Tensor:

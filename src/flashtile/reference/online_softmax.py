@@ -45,10 +45,14 @@ def safe_exp_diff(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 # --8<-- [start:update]
 def online_softmax_update(m: torch.Tensor, l: torch.Tensor, x_block: torch.Tensor):
-    """Fold one block of columns x_block (..., n) into the running state (m, l) of shape (...)."""
-    check_same_rows(("m", m), ("l", l), ("x_block.shape[:-1]", x_block.detach()[..., 0]))
+    """Fold one block of columns x_block (..., n) into the running state (m, l)
+    of shape (...)."""
+    check_same_rows(
+        ("m", m), ("l", l), ("x_block.shape[:-1]", x_block.detach()[..., 0])
+    )
     m_new = torch.maximum(m, x_block.amax(dim=-1))  # the max can only grow
-    alpha = safe_exp_diff(m, m_new)  # moves the old sum onto the new max: <= 1, never overflows
+    # moves the old sum onto the new max: <= 1, never overflows
+    alpha = safe_exp_diff(m, m_new)
     l_new = alpha * l + safe_exp_diff(x_block, m_new[..., None]).sum(dim=-1)
     return m_new, l_new
 # --8<-- [end:update]
@@ -78,9 +82,9 @@ def online_softmax_stats(x: torch.Tensor, block: int):
 def lse_from_stats(m: torch.Tensor, l: torch.Tensor) -> torch.Tensor:
     """lse = m + log l, with the conventions of torch.logsumexp at the edges.
 
-    A row that saw nothing (m = -inf, l = 0) gets -inf, not -inf + log 0 = NaN. A row whose max is
-    +inf gets +inf (its l is exp(inf - inf) = NaN). A NaN anywhere in the row stays NaN: NaN == 0 is
-    False, so such a row never passes for an empty one.
+    A row that saw nothing (m = -inf, l = 0) gets -inf, not -inf + log 0 = NaN. A row
+    whose max is +inf gets +inf (its l is exp(inf - inf) = NaN). A NaN anywhere in the
+    row stays NaN: NaN == 0 is False, so such a row never passes for an empty one.
     """
     check_same_rows(("m", m), ("l", l))
     lse = torch.where(torch.isposinf(m), m, m + torch.log(l))
@@ -90,7 +94,8 @@ def lse_from_stats(m: torch.Tensor, l: torch.Tensor) -> torch.Tensor:
 
 # --8<-- [start:merge]
 def merge(m_a: torch.Tensor, l_a: torch.Tensor, m_b: torch.Tensor, l_b: torch.Tensor):
-    """Combine the states of two disjoint parts of the same row into the state of their union."""
+    """Combine the states of two disjoint parts of the same row into the state of their
+    union."""
     check_same_rows(("m_a", m_a), ("l_a", l_a), ("m_b", m_b), ("l_b", l_b))
     m = torch.maximum(m_a, m_b)
     l = safe_exp_diff(m_a, m) * l_a + safe_exp_diff(m_b, m) * l_b
