@@ -24,32 +24,47 @@ def expand_kv_heads(x: torch.Tensor, H: int) -> torch.Tensor:
 
 
 # --8<-- [start:naive]
-def naive_attention(q, k, v, causal: bool = False, scale: float | None = None, alignment: str = "upper_left"):
+def naive_attention(
+    q,
+    k,
+    v,
+    causal: bool = False,
+    scale: float | None = None,
+    alignment: str = "upper_left",
+):
     """Softmax attention through the full T x T matrices.
 
     Args:
         q: (B, H, Tq, D). k, v: (B, H_kv, Tk, D) with H a multiple of H_kv.
-        causal: apply the causal mask of ``alignment`` (see ``flashtile.reference.causal``).
+        causal: apply the causal mask of ``alignment``
+            (see ``flashtile.reference.causal``).
         scale: τ, multiplies Q K^T; defaults to 1/sqrt(D).
 
     Returns:
-        o: (B, H, Tq, D) in q's dtype, and lse: (B, H, Tq), the natural-log log-sum-exp of each row
-        of the scaled, masked scores, in float32 (float64 for float64 inputs). Rows that see no key get
-        o = 0 and lse = -inf; a row that sees a NaN gets NaN.
+        o: (B, H, Tq, D) in q's dtype, and lse: (B, H, Tq), the natural-log log-sum-exp
+        of each row of the scaled, masked scores, in float32 (float64 for float64
+        inputs). Rows that see no key get o = 0 and lse = -inf; a row that sees a NaN
+        gets NaN.
     """
     shape = check_attention_inputs(q, k, v)
     check_causal(causal)
     check_alignment(alignment)
     scale = resolve_scale(scale, shape.D, q.dtype)
-    c = stats_dtype(q.dtype)  # 16-bit inputs are computed in float32, like the kernels' accumulators
+    # 16-bit inputs are computed in float32, like the kernels' accumulators
+    c = stats_dtype(q.dtype)
     k, v = expand_kv_heads(k.to(c), shape.H), expand_kv_heads(v.to(c), shape.H)
 
-    s = scale * (q.to(c) @ k.transpose(-1, -2))  # (B, H, Tq, Tk): the matrix FlashAttention never stores
+    # (B, H, Tq, Tk): the matrix FlashAttention never stores
+    s = scale * (q.to(c) @ k.transpose(-1, -2))
     if causal:
-        s = s.masked_fill(~causal_mask(shape.Tq, shape.Tk, alignment, q.device), float("-inf"))
-    lse = torch.logsumexp(s, dim=-1)  # -inf for a row that sees no key, NaN for a row that sees a NaN
-    # exp(s - lse) would be exp(-inf - (-inf)) = NaN on a row that sees no key; give it P = 0 instead.
-    # Only that row: a NaN or +inf lse must stay in, so the row that saw it comes out NaN.
+        s = s.masked_fill(
+            ~causal_mask(shape.Tq, shape.Tk, alignment, q.device), float("-inf")
+        )
+    # -inf for a row that sees no key, NaN for a row that sees a NaN
+    lse = torch.logsumexp(s, dim=-1)
+    # exp(s - lse) would be exp(-inf - (-inf)) = NaN on a row that sees no key; give it
+    # P = 0 instead. Only that row: a NaN or +inf lse must stay in, so the row that saw
+    # it comes out NaN.
     empty = torch.isneginf(lse)[..., None]
     p = torch.where(empty, 0.0, torch.exp(s - torch.where(empty, 0.0, lse[..., None])))
     o = p @ v
@@ -58,15 +73,21 @@ def naive_attention(q, k, v, causal: bool = False, scale: float | None = None, a
 
 
 # --8<-- [start:counts]
-def score_matrix_bytes(B: int, H: int, Tq: int, Tk: int, dtype: torch.dtype = torch.bfloat16) -> int:
+def score_matrix_bytes(
+    B: int, H: int, Tq: int, Tk: int, dtype: torch.dtype = torch.bfloat16
+) -> int:
     """Bytes of one materialised (B, H, Tq, Tk) score matrix; P costs the same again."""
     return B * H * Tq * Tk * torch.empty((), dtype=dtype).element_size()
 
 
-def naive_hbm_bytes(B: int, H: int, Tq: int, Tk: int, D: int, dtype: torch.dtype = torch.bfloat16) -> int:
-    """HBM bytes moved by unfused attention: three kernels, S and P each written once and read once.
+def naive_hbm_bytes(
+    B: int, H: int, Tq: int, Tk: int, D: int, dtype: torch.dtype = torch.bfloat16
+) -> int:
+    """HBM bytes moved by unfused attention: three kernels, S and P each written once
+    and read once.
 
-    read Q, K (write S) -> read S (write P) -> read P, V (write O). S and P are the T^2 terms.
+    read Q, K (write S) -> read S (write P) -> read P, V (write O). S and P are the T^2
+    terms.
     """
     size = torch.empty((), dtype=dtype).element_size()
     qkvo = B * H * (2 * Tq * D + 2 * Tk * D)
@@ -74,7 +95,9 @@ def naive_hbm_bytes(B: int, H: int, Tq: int, Tk: int, D: int, dtype: torch.dtype
     return size * (qkvo + 4 * scores)
 
 
-def visible_pairs(Tq: int, Tk: int, causal: bool = False, alignment: str = "upper_left") -> int:
+def visible_pairs(
+    Tq: int, Tk: int, causal: bool = False, alignment: str = "upper_left"
+) -> int:
     """Number of (query, key) pairs that contribute, counted exactly."""
     Tq, Tk = check_int("Tq", Tq), check_int("Tk", Tk)
     check_causal(causal)
@@ -87,9 +110,16 @@ def visible_pairs(Tq: int, Tk: int, causal: bool = False, alignment: str = "uppe
 
 
 def attention_flops(
-    B: int, H: int, Tq: int, Tk: int, D: int, causal: bool = False, alignment: str = "upper_left"
+    B: int,
+    H: int,
+    Tq: int,
+    Tk: int,
+    D: int,
+    causal: bool = False,
+    alignment: str = "upper_left",
 ) -> int:
-    """Matmul FLOPs of the forward: 2*D for S = Q K^T and 2*D for O = P V, per visible pair.
+    """Matmul FLOPs of the forward: 2*D for S = Q K^T and 2*D for O = P V, per visible
+    pair.
 
     The backward does 2.5x this (five matmuls instead of two).
     """
