@@ -47,38 +47,53 @@ class NoSecondDerivative(torch.autograd.Function):
 class FlashAttentionFunction(torch.autograd.Function):
     """Reference FlashAttention with a tiled backward; saves (q, k, v, o, lse) only."""
 
-    # forward and setup_context are separate so that torch.func.grad works; forward-mode AD (no jvp) and
-    # vmap (the forward writes tiles in place) raise torch's own clear errors instead of a wrong tangent.
+    # forward and setup_context are separate so that torch.func.grad works;
+    # forward-mode AD (no jvp) and vmap (the forward writes tiles in place) raise
+    # torch's own clear errors instead of a wrong tangent.
     @staticmethod
-    def forward(q, k, v, causal, scale, block_q, block_k, alignment, window=None, softcap=None, sinks=None):
-        return flash_attention_forward(q, k, v, causal, scale, block_q, block_k, alignment, window=window,
-                                       softcap=softcap, sinks=sinks)  # fmt: skip
+    def forward(
+        q, k, v, causal, scale, block_q, block_k, alignment,
+        window=None, softcap=None, sinks=None,
+    ):  # fmt: skip
+        return flash_attention_forward(
+            q, k, v, causal, scale, block_q, block_k, alignment,
+            window=window, softcap=softcap, sinks=sinks,
+        )  # fmt: skip
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        q, k, v, causal, scale, block_q, block_k, alignment, *extra = inputs  # apply() may leave the last ones out
+        # apply() may leave the last ones out
+        q, k, v, causal, scale, block_q, block_k, alignment, *extra = inputs
         window, softcap, sinks = (*extra, None, None, None)[:3]
         o, lse = output
-        ctx.save_for_backward(q, k, v, o, lse, *([] if sinks is None else [sinks]))  # lse: O(T), not O(T^2)
+        # lse: O(T), not O(T^2)
+        ctx.save_for_backward(q, k, v, o, lse, *([] if sinks is None else [sinks]))
         ctx.config = (causal, scale, block_q, block_k, alignment)
-        ctx.masks = dict(window=window, softcap=softcap)  # the same window and cap in both directions
+        # the same window and cap in both directions
+        ctx.masks = dict(window=window, softcap=softcap)
         ctx.mark_non_differentiable(lse)
 
     @staticmethod
     def backward(ctx, do, _dlse):
         q, k, v, o, lse, *sinks = ctx.saved_tensors
         causal, scale, block_q, block_k, alignment = ctx.config
-        with torch.no_grad():  # the tiled backward is not differentiable: record nothing of it
+        # the tiled backward is not differentiable: record nothing of it
+        with torch.no_grad():
             do = do.contiguous()
-            grads = flash_attention_backward(q, k, v, o, lse, do, causal, scale, block_q, block_k, alignment,
-                                             **ctx.masks)  # fmt: skip
+            grads = flash_attention_backward(
+                q, k, v, o, lse, do, causal, scale, block_q, block_k, alignment,
+                **ctx.masks,
+            )  # fmt: skip
             if sinks:  # the sinks' column of dS, summed per head (reference.sinks)
                 grads = (*grads, sink_gradient(sinks[0], lse, backward_delta(o, do)))
-        if torch.is_grad_enabled():  # create_graph=True: a second backward through them raises, never lies
+        # create_graph=True: a second backward through them raises, never lies
+        if torch.is_grad_enabled():
             grads = NoSecondDerivative.apply(q, k, v, do, *grads)
         dq, dk, dv, *dsinks = grads
         dsinks = dsinks[0] if dsinks else None
-        return (dq, dk, dv, None, None, None, None, None, None, None, dsinks)[: len(ctx.needs_input_grad)]
+        return (dq, dk, dv, None, None, None, None, None, None, None, dsinks)[
+            : len(ctx.needs_input_grad)
+        ]
 # --8<-- [end:function]
 
 

@@ -28,30 +28,37 @@ def as_batch(x: torch.Tensor, start: int, end: int) -> torch.Tensor:
 
 # --8<-- [start:forward]
 def varlen_attention_forward(
-    q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, scale=None, block_q=16, block_k=16,
-    alignment="upper_left", *, window=None, softcap=None,
+    q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, scale=None,
+    block_q=16, block_k=16, alignment="upper_left", *, window=None, softcap=None,
 ):  # fmt: skip
     """Attention within each packed document.
 
     Args:
         q: (total_q, H, D); k, v: (total_k, H_kv, D), H a multiple of H_kv.
-        cu_seqlens_q, cu_seqlens_k: int32 (n_documents + 1,), 0 first, non-decreasing, ending at
-            total_q and total_k.
-        causal, scale, block_q, block_k, alignment, window, softcap: as ``flash_attention_forward``,
-            applied to each document on its own.
+        cu_seqlens_q, cu_seqlens_k: int32 (n_documents + 1,), 0 first, non-decreasing,
+            ending at total_q and total_k.
+        causal, scale, block_q, block_k, alignment, window, softcap: as
+            ``flash_attention_forward``, applied to each document on its own.
 
     Returns:
         o (total_q, H, D) in q's dtype and lse (H, total_q) in ``stats_dtype(q.dtype)``.
     """
     H, _, _, documents = check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k)
     window, softcap = check_window(window), check_softcap(softcap, q.dtype)
-    o = torch.zeros(q.shape, dtype=q.dtype, device=q.device)  # a blind row keeps o = 0 ...
-    lse = torch.full((H, q.shape[0]), float("-inf"), dtype=stats_dtype(q.dtype), device=q.device)  # ... lse = -inf
+    # a blind row keeps o = 0 ...
+    o = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
+    # ... lse = -inf
+    lse = torch.full(
+        (H, q.shape[0]), float("-inf"), dtype=stats_dtype(q.dtype), device=q.device
+    )
     for (q_start, q_end), (k_start, k_end) in documents:
-        if q_end == q_start or k_end == k_start:  # no queries, or queries that see no key
+        # no queries, or queries that see no key
+        if q_end == q_start or k_end == k_start:
             continue
         o_d, lse_d = flash_attention_forward(
-            as_batch(q, q_start, q_end), as_batch(k, k_start, k_end), as_batch(v, k_start, k_end),
+            as_batch(q, q_start, q_end),
+            as_batch(k, k_start, k_end),
+            as_batch(v, k_start, k_end),
             causal, scale, block_q, block_k, alignment, window=window, softcap=softcap,
         )  # fmt: skip
         o[q_start:q_end] = o_d[0].transpose(0, 1)
