@@ -16,16 +16,15 @@ from flashtile.bench.common import save_result
 from flashtile.bench.overhead import SHAPE, interleaved_us_per_call, overhead_row
 from flashtile.bench.providers import make_inputs
 from flashtile.kernels._host import _current_stream, specialization
-from flashtile.kernels.forward import checked_forward_plan, flash_attention, forward_with_plan
+from flashtile.kernels.forward import LAUNCHER_OPTIONS, checked_forward_plan, flash_attention, forward_with_plan
 
 CALLS = 2000
 
 
 def pieces(q, k, v):
     causal = SHAPE["causal"]
-    flags = dict(causal=causal, scale=None, alignment="upper_left", window=None, softcap=None, return_stats=False,
-                 block_q=None, block_k=None, num_warps=None, num_stages=None, tma=None)  # flash_attention's plan
-    plan = cached_plan(checked_forward_plan, (q, k, v), **flags)
+    flags = (causal, None, "upper_left", None, None, False, None, None, None, None, None)  # flash_attention's
+    plan = cached_plan(checked_forward_plan, (q, k, v), *flags, names=LAUNCHER_OPTIONS)
     o = torch.empty(plan.out_shape, dtype=q.dtype, device=q.device)
     stats = torch.empty((3, *plan.out_shape[:3]), dtype=torch.float32, device=q.device)
     launch = plan.launch
@@ -39,7 +38,7 @@ def pieces(q, k, v):
         "sdpa": lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal),
         "attention": lambda: attention(q, k, v, is_causal=causal),
         "launcher": lambda: flash_attention(q, k, v, causal=causal),
-        "plan_lookup": lambda: cached_plan(checked_forward_plan, (q, k, v), **flags),
+        "plan_lookup": lambda: cached_plan(checked_forward_plan, (q, k, v), *flags, names=LAUNCHER_OPTIONS),
         "forward_with_plan": lambda: forward_with_plan(plan, q, k, v),
         "two_empty": lambda: (torch.empty(plan.out_shape, dtype=q.dtype, device=q.device),
                               torch.empty(shape3, dtype=torch.float32, device=q.device)),  # fmt: skip

@@ -48,23 +48,33 @@ def layout_key(x: torch.Tensor | None) -> tuple | None:
     return type(x), x.shape, x.stride(), x.dtype, x.device, x.data_ptr() % 16 == 0, x.is_neg()
 
 
-def cached_plan(make_plan, tensors, *flags, **options):
-    """``make_plan(*tensors, *flags, **options)``, worked out once per layout of the tensors and option values.
+def cached_plan(make_plan, tensors, *values, names: tuple[str, ...] = ()):
+    """``make_plan(*tensors, *values)``, worked out once per layout of the tensors and option values.
 
-    A launcher's checks read only the tensors' layouts and the flags (with their types: ``True`` and
-    ``1`` are different arguments), so a call whose key was seen before has passed them already, and
-    gets the same launch. Anything that cannot form a key (a non-tensor, an unhashable flag) goes
-    straight to ``make_plan``, whose checks say what is wrong.
+    ``names``: the keyword-only parameters of ``make_plan`` that the last ``len(names)`` values fill, in that
+    order (a plan builder takes its options by name; the key is built from the values alone, as cheaply as
+    from positional flags, so every call of one ``make_plan`` passes the same names). A launcher's checks read
+    only the tensors' layouts and the values (with their types: ``True`` and ``1`` are different arguments),
+    so a call whose key was seen before has passed them already, and gets the same launch. Anything that
+    cannot form a key (a non-tensor, an unhashable value) goes straight to ``make_plan``, whose checks say
+    what is wrong.
     """
     try:
-        key = (make_plan, *map(layout_key, tensors), *map(type, flags), *flags, *options,
-               *map(type, options.values()), *options.values())  # flat: one tuple to hash  # fmt: skip
+        key = (make_plan, *map(layout_key, tensors), *map(type, values), *values)  # flat: one tuple to hash
         plan = _plans.get(key)
     except (AttributeError, TypeError, RuntimeError):
-        return make_plan(*tensors, *flags, **options)
+        return _make(make_plan, tensors, values, names)
     if plan is None:
-        plan = keep_plan(key, make_plan(*tensors, *flags, **options))
+        plan = keep_plan(key, _make(make_plan, tensors, values, names))
     return plan
+
+
+def _make(make_plan, tensors, values, names):
+    """``make_plan`` called with the values that ``names`` names as keywords, the others after the tensors."""
+    if not names:
+        return make_plan(*tensors, *values)
+    leading = len(values) - len(names)
+    return make_plan(*tensors, *values[:leading], **dict(zip(names, values[leading:])))
 
 
 def kept_plan(key):

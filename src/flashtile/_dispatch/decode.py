@@ -63,8 +63,9 @@ def run_decode(query, key_cache, value_cache, cache_seqlens, block_table, *, sca
                window, softcap):  # fmt: skip
     """``decode_attention`` after its arguments' negative bits are resolved and the window checked: the
     layouts and flags checked once per key, then the values, then the call on its tier."""
-    call = cached_plan(check_decode_call, (query, key_cache, value_cache, cache_seqlens, block_table), scale=scale,
-                       num_splits=num_splits, return_lse=return_lse, window=window, softcap=softcap)  # fmt: skip
+    call = cached_plan(check_decode_call, (query, key_cache, value_cache, cache_seqlens, block_table), scale,
+                       num_splits, return_lse, window, softcap,
+                       names=("scale", "num_splits", "return_lse", "window", "softcap"))  # fmt: skip
     if query.is_meta:  # shapes only, nothing computed (and no values to check)
         o, lse = query.new_empty(query.shape), query.new_empty(query.shape[:-1], dtype=stats_dtype(query.dtype))
         return (o, lse) if call.return_lse else o

@@ -334,7 +334,8 @@ def decode_forward(q, k, v, call: AttentionCall, own_inputs: bool):
         from ..kernels.decode import make_attention_decode_plan
 
         if not own_inputs:  # autocast copies: not the call's own inputs, so the plan is kept by layout instead
-            plan = cached_plan(make_attention_decode_plan, (q, k, v), spec=spec, store_lse=spec.return_lse)
+            plan = cached_plan(make_attention_decode_plan, (q, k, v), spec, spec.return_lse,
+                               names=("spec", "store_lse"))  # fmt: skip
         else:
             plan = call.plans.decode = make_attention_decode_plan(q, k, v, spec=spec, store_lse=spec.return_lse)
     return plan.run(q, k, v)
@@ -351,7 +352,7 @@ def attention_decode(
 
     spec = spec_from_op(q, k, scale=scale, alignment=alignment, window_left=window_left, window_right=window_right,
                         softcap=softcap)  # fmt: skip
-    return cached_plan(make_attention_decode_plan, (q, k, v), spec=spec, store_lse=True).run(q, k, v)
+    return cached_plan(make_attention_decode_plan, (q, k, v), spec, True, names=("spec", "store_lse")).run(q, k, v)
 
 
 @attention_decode.register_fake

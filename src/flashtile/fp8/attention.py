@@ -146,9 +146,8 @@ def fp8_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fa
         raise ValueError("attn_mask, window and softcap are not supported with float8_e4m3fn inputs; pass "
                          "is_causal=True for a causal mask")  # fmt: skip
     # the checks of the layouts and flags, and the kernel's launch, once per layout (``check_fp8_call``)
-    call = cached_plan(check_fp8_call, (query, key, value, descale_q, descale_k, descale_v), dropout_p=dropout_p,
-                       is_causal=is_causal, scale=scale, enable_gqa=enable_gqa, alignment=alignment,
-                       return_lse=return_lse, out_dtype=out_dtype, backend=backend)  # fmt: skip
+    call = cached_plan(check_fp8_call, (query, key, value, descale_q, descale_k, descale_v), dropout_p, is_causal,
+                       scale, enable_gqa, alignment, return_lse, out_dtype, backend, names=FP8_CALL_OPTIONS)
     factors = [row_factors(name, d, rows, ones) for name, d, rows, ones in
                zip(FACTOR_NAMES, (descale_q, descale_k, descale_v), call.rows, call.ones)]  # fmt: skip
     if call.kernel_plan is not None:
@@ -173,6 +172,10 @@ class Fp8Call(NamedTuple):
     rows: tuple  # (B, H, Tq), (B, H_kv, Tk), (B, H_kv, Tk): the factors' shapes, one per row
     ones: tuple  # for a factor given as None, an all-ones (B, H, T) view (stride 0) to stand for it; else None
     kernel_plan: Fp8Plan | None  # the Triton tier's launch; None on the emulation's tier
+
+
+FP8_CALL_OPTIONS = ("dropout_p", "is_causal", "scale", "enable_gqa", "alignment", "return_lse", "out_dtype",
+                    "backend")  # check_fp8_call's, as fp8_attention keys its calls
 
 
 def check_fp8_call(query, key, value, descale_q, descale_k, descale_v, *, dropout_p, is_causal, scale, enable_gqa,

@@ -792,6 +792,10 @@ def make_backward_plan(q, k, v, o, lse, do, stats, *, spec: AttentionSpec, deter
     )
 
 
+LAUNCHER_OPTIONS = ("causal", "scale", "alignment", "window", "softcap", "deterministic", "block_q", "block_k",
+                    "config", "tma")  # checked_backward_plan's, as flash_attention_backward keys its plans
+
+
 def checked_backward_plan(q, k, v, o, lse, do, stats, *, causal, scale, alignment, window, softcap, deterministic,
                           block_q, block_k, config, tma) -> BackwardPlan:  # fmt: skip
     """``flash_attention_backward``'s plan: its arguments checked into one spec (``_spec.check_spec``), then
@@ -806,7 +810,7 @@ def checked_backward_plan(q, k, v, o, lse, do, stats, *, causal, scale, alignmen
 def backward_with_spec(q, k, v, o, lse, do, stats, *, spec: AttentionSpec) -> tuple:
     """(dq, dk, dv) of a call whose options are checked already (``flashtile.attention``'s), from the forward's
     (m, l) ``stats``: the deterministic plan, kept per layout and spec."""
-    plan = cached_plan(make_backward_plan, (q, k, v, o, lse, do, stats), spec=spec, deterministic=True)
+    plan = cached_plan(make_backward_plan, (q, k, v, o, lse, do, stats), spec, True, names=("spec", "deterministic"))
     return backward_with_plan(plan, q, k, v, o, do, stats if plan.stats_contiguous else stats.contiguous())
 
 
@@ -848,9 +852,8 @@ def flash_attention_backward(
     """
     if window is not None:  # checked before it keys the plans: (True, 0) and (1, 0) hash alike
         window = check_window(window)
-    plan = cached_plan(checked_backward_plan, (q, k, v, o, lse, do, stats), causal=causal, scale=scale,
-                       alignment=alignment, window=window, softcap=softcap, deterministic=deterministic,
-                       block_q=block_q, block_k=block_k, config=config, tma=tma)  # fmt: skip
+    plan = cached_plan(checked_backward_plan, (q, k, v, o, lse, do, stats), causal, scale, alignment, window, softcap,
+                       deterministic, block_q, block_k, config, tma, names=LAUNCHER_OPTIONS)  # fmt: skip
     if stats is None:
         stats = stats_from_lse(lse, plan.scale, plan.softcap)
     elif not plan.stats_contiguous:  # the plan knows: contiguous() is a dispatched call even when it returns stats

@@ -448,8 +448,8 @@ def flash_decode(
     """
     if window is not None:  # checked before it keys the plans: (True, 0) and (1, 0) hash alike
         window = check_window(window)
-    plan = cached_plan(make_decode_plan, (q, key_cache, value_cache, cache_seqlens, block_table), scale=scale,
-                       num_splits=num_splits, window=window, softcap=softcap, block_k=block_k, num_warps=num_warps,
-                       num_stages=num_stages)  # fmt: skip
+    plan = cached_plan(make_decode_plan, (q, key_cache, value_cache, cache_seqlens, block_table), scale, num_splits,
+                       window, softcap, block_k, num_warps, num_stages,
+                       names=("scale", "num_splits", "window", "softcap", "block_k", "num_warps", "num_stages"))
     return decode_with_plan(plan, q, key_cache, value_cache, cache_seqlens, block_table)
 # --8<-- [end:launcher]

@@ -440,6 +440,10 @@ def make_forward_plan(q, k, v, *, spec: AttentionSpec, return_stats: bool, block
     )
 
 
+LAUNCHER_OPTIONS = ("causal", "scale", "alignment", "window", "softcap", "return_stats", "block_q", "block_k",
+                    "num_warps", "num_stages", "tma")  # checked_forward_plan's, as flash_attention keys its plans
+
+
 def checked_forward_plan(q, k, v, *, causal, scale, alignment, window, softcap, return_stats, block_q, block_k,
                          num_warps, num_stages, tma) -> ForwardPlan:  # fmt: skip
     """``flash_attention``'s plan: its arguments checked into one spec (``_spec.check_spec``), then
@@ -483,9 +487,8 @@ def flash_attention(
     """
     if window is not None:  # checked before it keys the plans: (True, 0) and (1, 0) hash alike
         window = check_window(window)
-    plan = cached_plan(checked_forward_plan, (q, k, v), causal=causal, scale=scale, alignment=alignment,
-                       window=window, softcap=softcap, return_stats=return_stats, block_q=block_q, block_k=block_k,
-                       num_warps=num_warps, num_stages=num_stages, tma=tma)  # fmt: skip
+    plan = cached_plan(checked_forward_plan, (q, k, v), causal, scale, alignment, window, softcap, return_stats,
+                       block_q, block_k, num_warps, num_stages, tma, names=LAUNCHER_OPTIONS)  # fmt: skip
     o, row_stats = forward_with_plan(plan, q, k, v)
     return (o, row_stats[0], row_stats[1:]) if plan.return_stats else (o, row_stats[0])
 
@@ -493,7 +496,7 @@ def flash_attention(
 def forward_with_spec(q, k, v, spec: AttentionSpec) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(o, lse, stats) of a call whose options are checked already (``flashtile.attention``'s): the plan kept
     per layout and spec."""
-    plan = cached_plan(make_forward_plan, (q, k, v), spec=spec, return_stats=True)
+    plan = cached_plan(make_forward_plan, (q, k, v), spec, True, names=("spec", "return_stats"))
     o, row_stats = forward_with_plan(plan, q, k, v)
     return o, row_stats[0], row_stats[1:]
 

@@ -252,8 +252,8 @@ def fp8_forward(q8, k8, v8, descale_q, descale_k, descale_v, causal=False, scale
     along T, ``one_per_head``) take the kernel's cheaper step: no factor on each score, no ratio on P. V with
     its keys contiguous (``quantize(v, ..., keys_contiguous=True)``) is read as it is; another layout is copied."""
     q8, k8, v8, descale_q, descale_k, descale_v = resolve_neg_bits(q8, k8, v8, descale_q, descale_k, descale_v)
-    plan = cached_plan(make_fp8_forward_plan, (q8, k8, v8, descale_q, descale_k, descale_v), causal=causal,
-                       scale=scale, alignment=alignment, out_dtype=out_dtype, block_k=block_k)  # fmt: skip
+    plan = cached_plan(make_fp8_forward_plan, (q8, k8, v8, descale_q, descale_k, descale_v), causal, scale, alignment,
+                       out_dtype, block_k, names=("causal", "scale", "alignment", "out_dtype", "block_k"))
     for name, descale in (("descale_q", descale_q), ("descale_k", descale_k), ("descale_v", descale_v)):
         check_descale_values(name, descale)
     return plan.run(q8, k8, v8, descale_q, descale_k, descale_v)
