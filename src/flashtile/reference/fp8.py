@@ -131,32 +131,50 @@ def check_fp8_inputs(q8, k8, v8, descale_q, descale_k, descale_v, values: bool =
 
 
 # --8<-- [start:fp8-emulation]
-def fp8_attention_forward(q8, k8, v8, descale_q, descale_k, descale_v, causal=False, scale=None,
-                          block_k=None, alignment="upper_left"):  # fmt: skip
-    """Attention of E4M3 inputs as the FP8 kernel computes it, every step but the roundings in float64.
+def fp8_attention_forward(
+    q8, k8, v8, descale_q, descale_k, descale_v, causal=False, scale=None,
+    block_k=None, alignment="upper_left",
+):  # fmt: skip
+    """Attention of E4M3 inputs as the FP8 kernel computes it, every step but the
+    roundings in float64.
 
     Args:
-        q8: (B, H, Tq, D), k8 and v8: (B, H_kv, Tk, D), float8_e4m3fn, H a multiple of H_kv.
-        descale_q: (B, H, Tq), descale_k and descale_v: (B, H_kv, Tk), float32, positive: row r of x
-            stands for ``x8[r] * descale[r]`` (what ``flashtile.fp8.quantize`` returns).
-        causal, alignment, scale: as ``flashtile.attention``; scale τ defaults to 1/sqrt(D).
-        block_k: the key tile; P is rounded tile by tile against the running max, as in the kernel. None:
-            the kernel's own, ``fp8_block_k(D)``.
+        q8: (B, H, Tq, D), k8 and v8: (B, H_kv, Tk, D), float8_e4m3fn, H a multiple
+            of H_kv.
+        descale_q: (B, H, Tq), descale_k and descale_v: (B, H_kv, Tk), float32,
+            positive: row r of x stands for ``x8[r] * descale[r]`` (what
+            ``flashtile.fp8.quantize`` returns).
+        causal, alignment, scale: as ``flashtile.attention``; scale τ defaults to
+            1/sqrt(D).
+        block_k: the key tile; P is rounded tile by tile against the running max, as in
+            the kernel. None: the kernel's own, ``fp8_block_k(D)``.
 
     Returns:
-        o (B, H, Tq, D) and lse (B, H, Tq), float64. A row that sees no key gets o = 0, lse = -inf.
+        o (B, H, Tq, D) and lse (B, H, Tq), float64. A row that sees no key gets o = 0,
+        lse = -inf.
     """
-    q8, k8, v8, descale_q, descale_k, descale_v = resolve_neg_bits(q8, k8, v8, descale_q, descale_k, descale_v)
+    q8, k8, v8, descale_q, descale_k, descale_v = resolve_neg_bits(
+        q8, k8, v8, descale_q, descale_k, descale_v
+    )
     shape = check_fp8_inputs(q8, k8, v8, descale_q, descale_k, descale_v)
     check_causal(causal)
     check_alignment(alignment)
-    block_k = check_block("block_k", fp8_block_k(shape.D) if block_k is None else block_k)
-    scale = resolve_scale(scale, shape.D, torch.float32)  # the kernel's statistics are float32
-    q = q8.double() * descale_q.double()[..., None]  # (B, H, Tq, D): the values the codes stand for
-    k = expand_kv_heads(k8.double() * descale_k.double()[..., None], shape.H)  # (B, H, Tk, D)
+    block_k = check_block(
+        "block_k", fp8_block_k(shape.D) if block_k is None else block_k
+    )
+    # the kernel's statistics are float32
+    scale = resolve_scale(scale, shape.D, torch.float32)
+    # (B, H, Tq, D): the values the codes stand for
+    q = q8.double() * descale_q.double()[..., None]
+    # (B, H, Tk, D)
+    k = expand_kv_heads(k8.double() * descale_k.double()[..., None], shape.H)
     v = expand_kv_heads(v8.double(), shape.H)  # V stays in codes: its factors ride on P
-    v_scale = descale_v.double().amax(dim=-1, keepdim=True)  # (B, H_kv, 1), the head's largest V factor
-    v_ratio = expand_kv_heads((descale_v.double() / v_scale)[..., None], shape.H)[..., 0]  # (B, H, Tk), in (0, 1]
+    # (B, H_kv, 1), the head's largest V factor
+    v_scale = descale_v.double().amax(dim=-1, keepdim=True)
+    # (B, H, Tk), in (0, 1]
+    v_ratio = expand_kv_heads(
+        (descale_v.double() / v_scale)[..., None], shape.H
+    )[..., 0]
     offset = diagonal_offset(shape.Tq, shape.Tk, alignment)
     i = torch.arange(shape.Tq, device=q.device)[:, None]
 
@@ -165,19 +183,25 @@ def fp8_attention_forward(q8, k8, v8, descale_q, descale_k, descale_v, causal=Fa
     acc = torch.zeros_like(q)
     for k_start in range(0, shape.Tk, block_k):
         k_end = min(k_start + block_k, shape.Tk)
-        s = scale * (q @ k[..., k_start:k_end, :].transpose(-1, -2))  # (B, H, Tq, block_k)
+        # (B, H, Tq, block_k)
+        s = scale * (q @ k[..., k_start:k_end, :].transpose(-1, -2))
         if causal:
             j = torch.arange(k_start, k_end, device=q.device)[None, :]
             s = s.masked_fill(j > i + offset, float("-inf"))
         m_new = torch.maximum(m, s.amax(dim=-1))
         alpha = safe_exp_diff(m, m_new)
-        p = safe_exp_diff(s, m_new[..., None])  # in [0, 1]: m_new is at least every score of the row
+        # in [0, 1]: m_new is at least every score of the row
+        p = safe_exp_diff(s, m_new[..., None])
         l = alpha * l + p.sum(dim=-1)  # the normaliser sums the unrounded p
-        p8 = to_e4m3(p * v_ratio[..., None, k_start:k_end] * P_SCALE)  # P rounded to E4M3, V's factors on it
+        # P rounded to E4M3, V's factors on it
+        p8 = to_e4m3(p * v_ratio[..., None, k_start:k_end] * P_SCALE)
         acc = alpha[..., None] * acc + p8.double() @ v[..., k_start:k_end, :]
         m = m_new
-    o_scale = expand_kv_heads(v_scale[..., None], shape.H)[..., 0] / P_SCALE  # (B, H, 1): P's and V's factors
+    # (B, H, 1): P's and V's factors
+    o_scale = expand_kv_heads(v_scale[..., None], shape.H)[..., 0] / P_SCALE
     empty = (l == 0)[..., None]  # a row that saw no key: o = 0, not 0 / 0
-    o = torch.where(empty, 0.0, acc * o_scale[..., None] / torch.where(empty, 1.0, l[..., None]))
+    o = torch.where(
+        empty, 0.0, acc * o_scale[..., None] / torch.where(empty, 1.0, l[..., None])
+    )
     return o, lse_from_stats(m, l)
 # --8<-- [end:fp8-emulation]
