@@ -41,7 +41,7 @@ from flashtile.practice.battery import (
 )
 from flashtile.practice.truth import attention_grads_truth, backward_equations
 
-from . import _reader_drills, _reader_forward, _reader_kernels, _reader_online_softmax
+from . import _reader_backward_kernel, _reader_drills, _reader_forward, _reader_kernels, _reader_online_softmax
 
 REPO = Path(__file__).resolve().parents[2]
 PRACTICE = REPO / "src" / "flashtile" / "practice"
@@ -72,6 +72,7 @@ READERS = {
     "backward": lambda: _reader_forward.make_backward(),
     "fused_softmax": lambda: _reader_kernels.make_softmax(),
     "forward_kernel": lambda: _reader_kernels.make_forward(),
+    "backward_kernel": lambda: _reader_backward_kernel.make_backward(),
     "autograd": lambda: _reader_drills.make_autograd(),
     "gqa": lambda: _reader_drills.make_gqa(),
     "window": lambda: _reader_drills.make_window(),
@@ -280,8 +281,8 @@ def test_every_case_name_says_its_shapes_or_sizes():
 
 def test_steps_follow_the_labs_order():
     assert [s.name for s in battery.STEPS] == [
-        "online_softmax", "forward", "causal", "backward", "fused_softmax", "forward_kernel", "autograd", "gqa",
-        "window", "paged", "decode", "varlen"]
+        "online_softmax", "forward", "causal", "backward", "fused_softmax", "forward_kernel", "backward_kernel",
+        "autograd", "gqa", "window", "paged", "decode", "varlen"]
 
 
 def test_the_footprint_is_not_wrapped_to_disable_dynamo():

@@ -2,10 +2,12 @@
 (``nudge``) that names that mistake.
 
 The PyTorch steps plant into a copy of the package's own reference modules (``flashtile.reference``);
-the kernel step plants into a copy of the reader-style Triton kernel of ``tests/practice/_reader_kernels.py``
-(the package's kernel is spread over several modules). Each mistake is one textual edit of the source,
-written to a temporary file and imported from there, so the planted code is exactly the solution with
-that one line changed; a plant whose text is no longer in the source fails loudly.
+the kernel steps plant into a copy of a reader-style Triton kernel, ``tests/practice/_reader_kernels.py``
+for the forward and ``tests/practice/_reader_backward_kernel.py`` for the backward (the package's kernels are
+spread over several modules). Each mistake is one or two textual edits of the source (the same line in each
+kernel, where a reader would make it in both), written to a temporary file and imported from there, so the
+planted code is exactly the solution with those lines changed; a plant whose text is no longer in the
+source fails loudly.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from flashtile.practice.battery import run_step, step_named
 REPO = Path(__file__).resolve().parents[2]
 REFERENCE = REPO / "src" / "flashtile" / "reference"
 READER_KERNELS = Path(__file__).with_name("_reader_kernels.py")
+READER_BACKWARD_KERNEL = Path(__file__).with_name("_reader_backward_kernel.py")
+READERS = {"kernel": (READER_KERNELS, "make_forward"), "backward_kernel": (READER_BACKWARD_KERNEL, "make_backward")}
 
 # (mistake, step, source file, [(text, replacement), ...], the rule's name, words its nudge must contain)
 PLANTS = [
@@ -79,25 +83,77 @@ PLANTS = [
      "log_base", ["mixes log bases"]),
     ("acc not rescaled in the kernel", "forward_kernel", "kernel",
      [("acc = acc * alpha[:, None] + tl.dot(", "acc = acc + tl.dot(")], "rescale_acc", ["not acc"]),
+    # the Triton backward: planted in a copy of tests/practice/_reader_backward_kernel.py
+    ("D summed over the current key tile only, in both kernels", "backward_kernel", "backward_kernel",
+     [("dst = pt * (dpt - delta[None, :])", "dst = pt * (dpt - tl.sum(pt * dpt, 0)[None, :])"),
+      ("ds = p * (dp - delta[:, None])", "ds = p * (dp - tl.sum(p * dp, 1)[:, None])")], "delta_tile",
+     ["D summed over the current key tile"]),
+    ("D summed over the key tile in the dK/dV kernel only", "backward_kernel", "backward_kernel",
+     [("dst = pt * (dpt - delta[None, :])", "dst = pt * (dpt - tl.sum(pt * dpt, 0)[None, :])")], "delta_tile",
+     ["D summed over the current key tile"]),
+    ("dS without -D", "backward_kernel", "backward_kernel",
+     [("dst = pt * (dpt - delta[None, :])", "dst = pt * dpt"), ("ds = p * (dp - delta[:, None])", "ds = p * dp")],
+     "delta_missing", ["without D"]),
+    ("the causal mask left out of the recomputed P in both kernels", "backward_kernel", "backward_kernel",
+     [("hidden_t = hidden_t | (j[:, None] > i[None, :] + offset)", "hidden_t = hidden_t"),
+      ("hidden = hidden | (j[None, :] > i[:, None] + offset)", "hidden = hidden")], "mask_backward",
+     ["no mask", "recomputed P"]),
+    ("the causal mask left out of the dQ kernel only", "backward_kernel", "backward_kernel",
+     [("hidden = hidden | (j[None, :] > i[:, None] + offset)", "hidden = hidden")], "mask_backward",
+     ["no mask", "recomputed P"]),
+    ("τ missing from dK in the kernel", "backward_kernel", "backward_kernel",
+     [("dk = dk * scale", "dk = dk")], "factor", ["dK", "τ missing"]),
+    ("τ missing from dQ in the kernel", "backward_kernel", "backward_kernel",
+     [("dq = dq * scale", "dq = dq")], "factor", ["dQ", "τ missing"]),
+    ("P from exp of log2-unit scores (exp where exp2 belongs)", "backward_kernel", "backward_kernel",
+     [("pt = tl.math.exp2(st - lse_col[None, :])", "pt = tl.exp(st - lse_col[None, :])"),
+      ("p = tl.math.exp2(s - lse_row[:, None])", "p = tl.exp(s - lse_row[:, None])")], "p_units",
+     ["exp applied to log2 units"]),
+    ("lse not converted to log2 units for exp2", "backward_kernel", "backward_kernel",
+     [('lse_col = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)',
+       'lse_col = tl.where(lse == float("-inf"), float("inf"), lse)'),
+      ('lse_row = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)',
+       'lse_row = tl.where(lse == float("-inf"), float("inf"), lse)')], "p_units", ["different log units"]),
+    ("qk_scale without log2(e), lse converted", "backward_kernel", "backward_kernel",
+     [("qk_scale = tau * LOG2E", "qk_scale = tau")], "p_units", ["different log units"]),
+    ("dV from P, not Pᵀ", "backward_kernel", "backward_kernel",
+     [("dv += tl.dot(pt.to(do.dtype), do, input_precision=DOT)",
+       "dv += tl.dot(tl.trans(pt).to(do.dtype), do, input_precision=DOT)")], "dv_line", ["Pᵀ, not P"]),
+    ("no guard for lse = -inf in the backward", "backward_kernel", "backward_kernel",
+     [('lse_col = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)',
+       "lse_col = lse * 1.4426950408889634"),
+      ('lse_row = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)',
+       "lse_row = lse * 1.4426950408889634")], "neg_inf", ["NaN", "lse = -inf", "recomputed"]),
+    ("alignment ignored in the backward kernels", "backward_kernel", "backward_kernel",
+     [('offset = 0 if alignment == "upper_left" else Tk - Tq', "offset = 0")], "alignment", ["alignment"]),
+    ("the dK/dV grid without the batch axis", "backward_kernel", "backward_kernel",
+     [("_dkdv_kernel[(triton.cdiv(Tk, block_k), H, B)]", "_dkdv_kernel[(triton.cdiv(Tk, block_k), H)]")],
+     "batch", ["later batch"]),
+    ("the dK/dV loop starts at the key tile's own row (offset ignored)", "backward_kernel", "backward_kernel",
+     [("lo = tl.maximum(k_index * BLOCK_K - offset, 0) // BLOCK_Q * BLOCK_Q", "lo = k_index * BLOCK_K // BLOCK_Q * BLOCK_Q")],
+     "dkdv_program", ["key tile's program", "starts under causal"]),
+    ("the dQ loop's bound without the offset", "backward_kernel", "backward_kernel",
+     [("hi = tl.minimum(Tk, tl.maximum(tl.minimum(q_index * BLOCK_Q + BLOCK_Q, Tq) + offset, 0))",
+       "hi = tl.minimum(Tk, tl.minimum(q_index * BLOCK_Q + BLOCK_Q, Tq))")], "dq_line", ["loop over the key tiles"]),
 ]
 
 
 def planted(tmp_path: Path, source: str, edits: list[tuple[str, str]], tag: str):
     """The solution ``source`` with ``edits`` applied, written under tmp_path and imported from there."""
-    path = READER_KERNELS if source == "kernel" else REFERENCE / f"{source}.py"
+    path = READERS[source][0] if source in READERS else REFERENCE / f"{source}.py"
     text = path.read_text(encoding="utf-8")
     for old, new in edits:
         assert text.count(old) == 1, f"the plant's text is not (once) in {path.name}: {old!r}"
         text = text.replace(old, new)
     # a module of flashtile.reference (its relative imports resolve there), or a top-level module for the kernel
-    name = f"_planted_{tag}" if source == "kernel" else f"flashtile.reference._planted_{tag}"
+    name = f"_planted_{tag}" if source in READERS else f"flashtile.reference._planted_{tag}"
     file = tmp_path / f"_planted_{tag}.py"
     file.write_text(text, encoding="utf-8")
     spec = importlib.util.spec_from_file_location(name, file)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    if source == "kernel":
-        return module.make_forward()
+    if source in READERS:
+        return getattr(module, READERS[source][1])()
     return module
 
 
@@ -119,7 +175,8 @@ def test_a_planted_mistake_fails_its_step_with_a_nudge_that_names_it(tmp_path, m
 def test_the_control_unplanted_copies_pass(tmp_path):
     """The copies themselves, with no edit, pass their steps: each failure above is the plant's."""
     for step, source in [("online_softmax", "online_softmax"), ("forward", "forward"), ("causal", "forward"),
-                         ("backward", "backward"), ("forward_kernel", "kernel")]:
+                         ("backward", "backward"), ("forward_kernel", "kernel"),
+                         ("backward_kernel", "backward_kernel")]:
         result = run_step(step_named(step), planted(tmp_path, source, [], f"control_{step}"), fast=True)
         assert result.ok, (step, [(f.case, f.error) for f in result.failures])
 

@@ -82,6 +82,10 @@ HINT_NEG_INF = Hint(
     "neg_inf", "NaN only on rows that had seen no finite score (m = -inf): exp(-inf - (-inf)) = NaN; look at every "
     "exp(a - m) where m can still be -inf, and at a row that sees no key at all",
     "subtract 0 where m = -inf (then alpha = p = 0); a row that sees no key gets o = 0 and lse = -inf")
+HINT_NEG_INF_BACKWARD = replace(
+    HINT_NEG_INF, nudge="NaN in the gradients of a case whose rows that see no key have lse = -inf: P = exp(S - lse) "
+    "there is exp(-inf - (-inf)) = NaN (or exp(+inf) on a visible key); look where P is recomputed from lse",
+    formula="where lse = -inf, subtract +inf instead (or mask the row): P = 0, and the row's gradients are 0")
 HINT_MAX = Hint(
     "max", "non-finite values where a score passes exp's range (88 in float32, 709 in float64): look at the exp of "
     "the scores", "exp(s - m) with m the running max: every exponent is <= 0 and never overflows")
@@ -125,8 +129,9 @@ HINT_MASK_BACKWARD = Hint(
     "mask_backward", "your gradients are the backward's equations with no mask on the recomputed P: hidden keys get "
     "P > 0; look where P = exp(S - lse) is recomputed", "P = exp(S - lse) where visible, 0 where the forward masked")
 HINT_DELTA_TILE = Hint(
-    "delta_tile", "your dQ and dK are what D summed over the current key tile only gives: D is a whole-row quantity; "
-    "look at where D is computed", "D_i = rowsum(dO * O)_i, one number per query row, computed once before the tiles")
+    "delta_tile", "your dQ and dK (or one of them) are what D summed over the current key tile only gives: D is a "
+    "whole-row quantity; look at where D is computed",
+    "D_i = rowsum(dO * O)_i, one number per query row, computed once before the tiles")
 HINT_DELTA_MISSING = Hint(
     "delta_missing", "your dQ and dK are what dS = P * dP without D gives: look at dS",
     "dS = P * (dP - D) with D = rowsum(dO * O)")
@@ -1004,13 +1009,24 @@ def causal_cases() -> list[Case]:
 # ---------------------------------------------------------------------------------------------------
 # Step 4: the tiled backward (fed the truth's o and lse, so it is judged on its own)
 # ---------------------------------------------------------------------------------------------------
-def _backward_case(s: Shape, seed=0, memory=False):
+# float32 kernels: the dots in full float32, but exp2 and the order of the sums differ from the truth's; the
+# package's kernel and the reader-style one of the tests stay within 4e-6 (times 1 + |truth|) on these cases
+KERNEL_GRAD_ATOL = 5e-5
+
+
+def _backward_case(s: Shape, seed=0, memory=False, kernel=False):
     """One backward case; memory: the footprint must stay under the tiled budget (no (Tq, Tk) matrix, no
-    product wider than a tile), as in the forward's tiling cases."""
+    product wider than a tile), as in the forward's tiling cases. kernel: the Triton step's case, in float32
+    (q, k, v, dO rounded to float32 first, so the truth is exact for the inputs the kernel gets; o and lse
+    the truth's, rounded to float32), judged within KERNEL_GRAD_ATOL."""
+    dtype, atol = (torch.float32, KERNEL_GRAD_ATOL) if kernel else (torch.float64, 1e-10)
+
     def run(impl):
-        q, k, v = (randn(s.B, s.H, T, s.D, seed=seed + i) for i, T in enumerate((s.Tq, s.Tk, s.Tk)))
-        do = randn(s.B, s.H, s.Tq, s.D, seed=seed + 3)
+        q, k, v = (randn(s.B, s.H, T, s.D, seed=seed + i).to(dtype) for i, T in enumerate((s.Tq, s.Tk, s.Tk)))
+        do = randn(s.B, s.H, s.Tq, s.D, seed=seed + 3).to(dtype)
         o, lse, *grads = attention_grads_truth(q, k, v, do, s.causal, s.scale, s.alignment)
+        if kernel:
+            q, k, v, do, o, lse = (t.to(dtype).to(device()) for t in (q, k, v, do, o, lse))
 
         def call():
             return impl.flash_attention_backward(q, k, v, o, lse, do, causal=s.causal, scale=s.scale,
@@ -1025,14 +1041,16 @@ def _backward_case(s: Shape, seed=0, memory=False):
 
         def same(scale, alignment, causal=s.causal, mask=None):  # the backward's equations at another τ or mask
             alt = backward_equations(q, k, v, o, lse, do, causal, scale, alignment, mask)
-            return all(matches(g, r, 1e-9) for g, r in zip(out, alt))
+            return all(matches(g, r, 10 * atol) for g, r in zip(out, alt))
 
         def symptom():
-            return backward_symptom(s, (q, k, v, o, lse, do), out, grads, same)
+            return backward_symptom(s, (q, k, v, o, lse, do), out, grads, same, 10 * atol)
 
         def check():
             for name, g, ref in zip(("dv", "dk", "dq"), out[::-1], grads[::-1]):
-                compare(name, g, ref, 1e-10)
+                if kernel:
+                    check_dtype(name, g, dtype)
+                compare(name, g, ref, atol)
 
         with_symptom(check, symptom)
         if memory:
@@ -1068,23 +1086,102 @@ def backward_with_delta(q, k, v, o, lse, do, causal, scale, alignment, block_k, 
     return tau * ds @ k, tau * ds.transpose(-1, -2) @ q, p.transpose(-1, -2) @ do
 
 
-def backward_symptom(s, inputs, out, grads, same) -> Hint | None:
-    """The hint wrong gradients point at, or None: a NaN where a row sees no key, the mask missing from the
-    recomputed P, the other alignment, another temperature, a per-tile or missing D, one gradient off by a
-    constant factor."""
+# --8<-- [start:p_units]
+LOG2E, LN2 = math.log2(math.e), math.log(2.0)
+UNIT_NAMES = {1.0: "1", LOG2E: "log2(e)", LN2: "ln 2"}
+
+
+def backward_with_p_units(q, k, v, o, lse, do, causal, scale, alignment, a, b):
+    """(dq, dk, dv) in float64 of a backward whose recomputed P is exp(a τ S - b lse):
+    exp of log2 units (a = b = log2 e), exp2 of natural units (a = b = ln 2), or one
+    term converted and the other not. dS = P (dP - D) and the factors τ as they
+    should be."""
+    q, k, v, o, lse, do = (t.detach().double().cpu() for t in (q, k, v, o, lse, do))
+    tau = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    seen = visible(q.shape[2], k.shape[2], causal, alignment)
+    seen = seen & ~torch.isneginf(lse)[..., None]
+    lse_b = torch.where(seen, b * lse[..., None], 0.0)
+    p = torch.where(seen, torch.exp(a * tau * q @ k.transpose(-1, -2) - lse_b), 0.0)
+    ds = p * (do @ v.transpose(-1, -2) - (do * o).sum(-1, keepdim=True))
+    return tau * ds @ k, tau * ds.transpose(-1, -2) @ q, p.transpose(-1, -2) @ do
+
+
+def p_units_hint(a: float, b: float) -> Hint:
+    """The hint for P recomputed as exp(a τ S - b lse), (a, b) != (1, 1)."""
+    formula = ("P = exp2(S · τ log2(e) - lse · log2(e)): both terms in log2 units; "
+               "or exp(τ S - lse), both natural")
+    if a == b == LOG2E:
+        nudge = ("your gradients are those of P = exp(log2(e) (τ S - lse)): exp applied "
+                 "to log2 units; look where P is recomputed (exp2 there, or no log2(e))")
+    elif a == b == LN2:
+        nudge = ("your gradients are those of P = exp2(τ S - lse): exp2 of natural units, "
+                 "log2(e) missing from qk_scale and from lse; look where P is recomputed")
+    else:
+        nudge = (f"your gradients are those of P = exp({UNIT_NAMES[a]} · τ S - "
+                 f"{UNIT_NAMES[b]} · lse): the scores and lse in different log units; "
+                 "look at qk_scale and at the lse term where P is recomputed")
+    return Hint("p_units", nudge, formula)
+# --8<-- [end:p_units]
+
+
+# --8<-- [start:one_gradient]
+GRADIENT_LINES = {
+    "dV": ("dQ and dK are right, so P and dS are, and dV is not: look at the line "
+           "that accumulates dV (Pᵀ dO: Pᵀ, not P, times the query tile's dO)",
+           "dV_j += P_ijᵀ dO_i; in the key tile's program pT = Pᵀ is (block_k, block_q) "
+           "and dv += tl.dot(pT, do)"),
+    "dK": ("dQ and dV are right, so P and dS are, and dK is not: look at the line "
+           "that accumulates dK (τ dSᵀ Q)", "dK_j += τ dS_ijᵀ Q_i"),
+    "dQ": ("dK and dV are right, so P and dS are, and dQ is not: look at the line "
+           "that accumulates dQ (τ dS K) and at its loop over the key tiles",
+           "dQ_i += τ dS_ij K_j over every key tile j that row i sees"),
+}
+
+
+HINT_DKDV_PROGRAM = Hint(
+    "dkdv_program", "dQ is right, so P and dS are, and dK and dV are not: look at the key "
+    "tile's program, at the query tiles its loop visits (where it starts under causal)",
+    "query row i sees key j0 from i = j0 - offset on: start at the query tile "
+    "max(j0 - offset, 0) // block_q")
+
+
+def one_gradient_hint(wrong: list[str]) -> Hint | None:
+    """The hint when one gradient is wrong (not by a constant factor), or dK and dV."""
+    if wrong == ["dK", "dV"]:
+        return HINT_DKDV_PROGRAM
+    return Hint(f"{wrong[0].lower()}_line", *GRADIENT_LINES[wrong[0]]) if len(wrong) == 1 else None
+# --8<-- [end:one_gradient]
+
+
+def backward_symptom(s, inputs, out, grads, same, atol=1e-9) -> Hint | None:
+    """The hint wrong gradients point at, or None: a later batch wrong, a NaN where a row sees no key, the
+    mask missing from the recomputed P, the other alignment, another temperature, P in mixed log units, a
+    per-tile or missing D (each of these in one kernel or in both), one gradient off by a constant factor,
+    one gradient wrong and the others right, or dK and dV wrong and dQ right. ``atol``: the tolerance of
+    "equal" for the alternatives (float64 steps: 1e-9)."""
     q, k, v, o, lse, do = inputs
+    shaped = all(isinstance(g, torch.Tensor) and g.shape == r.shape for g, r in zip(out, grads))
+    if shaped and s.B >= 2 and all(matches(g[:1], r[:1], atol) for g, r in zip(out, grads)):
+        return HINT_BATCH  # batch 0 right and a later one not (before NaN: a batch never written holds any bytes)
     if any(isinstance(g, torch.Tensor) and torch.isnan(g).any() for g in out):
-        return HINT_NEG_INF if torch.isneginf(lse).any() else None
-    if not all(isinstance(g, torch.Tensor) and g.shape == r.shape for g, r in zip(out, grads)):
+        return HINT_NEG_INF_BACKWARD if torch.isneginf(lse).any() else None
+    if not shaped:
         return None
     other = s.causal and s.Tq != s.Tk and same(s.scale, "lower_right" if s.alignment == "upper_left" else
                                                "upper_left")
+
+    def explains(alt) -> bool:  # each gradient the alternative's or the truth's, one the alternative's only:
+        right = [matches(g, r, atol) for g, r in zip(out, grads)]  # the mistake in one kernel or in both
+        mine = [matches(g, r, atol) for g, r in zip(out, alt)]
+        return all(a or b for a, b in zip(right, mine)) and any(b and not a for a, b in zip(right, mine))
+
     unmasked = False
     if s.causal:  # P unmasked: everywhere, or within the tiles a skipping loop visits
         seen = visible(s.Tq, s.Tk, True, s.alignment).double()
         tiles = torch.nn.functional.max_pool2d(seen[None], (s.block_q, s.block_k), ceil_mode=True)[0]
         in_tiles = tiles.repeat_interleave(s.block_q, 0).repeat_interleave(s.block_k, 1)[:s.Tq, :s.Tk] > 0
-        unmasked = same(s.scale, s.alignment, causal=False) or same(s.scale, s.alignment, mask=in_tiles)
+        unmasked = any(explains(backward_equations(q, k, v, o, lse, do, causal, s.scale, s.alignment, mask))
+                       for causal, mask in [(False, None), (True, in_tiles)])
     if other and unmasked:  # on this case the two mistakes give the same gradients: say both
         return Hint("mask_backward+alignment", "your gradients are both the other alignment's and those of an "
                     "unmasked P (on this case the two coincide): look at the mask's offset and at the mask on the "
@@ -1093,26 +1190,24 @@ def backward_symptom(s, inputs, out, grads, same) -> Hint | None:
         return HINT_ALIGNMENT
     if unmasked:
         return HINT_MASK_BACKWARD
-    a = AttentionInputs(q, k, v, s.causal, s.scale, s.alignment, s.block_k, 1e-10, torch.float64)
+    a = AttentionInputs(q, k, v, s.causal, s.scale, s.alignment, s.block_k, atol, torch.float64)
     for tau, hint in a.other_scales():
         if same(tau, s.alignment):
             return hint
+    for units in [(LOG2E, LOG2E), (LN2, LN2), (1.0, LOG2E), (1.0, LN2), (LOG2E, 1.0), (LN2, 1.0)]:
+        if explains(backward_with_p_units(q, k, v, o, lse, do, s.causal, s.scale, s.alignment, *units)):
+            return p_units_hint(*units)
     for hint, delta in [(HINT_DELTA_TILE, "tile"), (HINT_DELTA_MISSING, "none")]:
-        alt = backward_with_delta(q, k, v, o, lse, do, s.causal, s.scale, s.alignment, s.block_k, delta)
-        if all(matches(g, r, 1e-9) for g, r in zip(out, alt)):
+        if explains(backward_with_delta(q, k, v, o, lse, do, s.causal, s.scale, s.alignment, s.block_k, delta)):
             return hint
-    off = []  # (name, factor) of each gradient that is the truth's times a constant
-    for name, g, ref in zip(("dQ", "dK", "dV"), out, grads):
-        g64 = g.detach().double().cpu()
-        if matches(g64, ref, 1e-9):
-            continue
-        factor = float((g64 * ref).sum() / (ref * ref).sum())
-        if math.isclose(factor, 1.0) or not matches(g64, factor * ref, 1e-9):
-            return None
-        off.append((name, factor))
-    if len(off) == 1:
-        return factor_hint(off[0][0], off[0][1], a.tau)
-    return None
+    wrong = [(name, g.detach().double().cpu(), ref) for name, g, ref in zip(("dQ", "dK", "dV"), out, grads)
+             if not matches(g, ref, atol)]
+    if len(wrong) == 1:  # one gradient wrong: off by a constant factor, or its own line
+        name, g64, ref = wrong[0]
+        factor = float((g64 * ref).sum() / (ref * ref).sum()) if (ref * ref).sum() > 0 else 0.0
+        if factor and not math.isclose(factor, 1.0) and matches(g64, factor * ref, atol):
+            return factor_hint(name, factor, a.tau)
+    return one_gradient_hint([name for name, _, _ in wrong])
 
 
 def backward_cases() -> list[Case]:
@@ -1205,6 +1300,27 @@ def forward_kernel_cases() -> list[Case]:
     ]
 
 
+# ---------------------------------------------------------------------------------------------------
+# Step 7: the backward kernels (Triton), in float32 (the interpreter's bfloat16 is wrong)
+# ---------------------------------------------------------------------------------------------------
+# --8<-- [start:backward_kernel_cases]
+def backward_kernel_cases() -> list[Case]:
+    shapes = [  # each (shape, what it exposes); D = 16, tiles of 16
+        (Shape(2, 1, 32, 32, 16, 16, 16, scale=0.3),
+         "2 batches: the batch axis, τ in dK and dQ, P's units"),
+        (Shape(1, 2, 20, 37, 16, 16, 16), "Tq != Tk, ragged tiles, no mask"),
+        (Shape(1, 1, 37, 37, 16, 16, 16, True), "causal, a ragged diagonal tile"),
+        (Shape(1, 1, 20, 37, 16, 16, 16, True, "lower_right", 0.5),
+         "causal, Tq < Tk: the diagonal ends bottom-right"),
+        (Shape(1, 1, 37, 20, 16, 16, 16, True, "upper_left", 0.7),
+         "causal, Tq > Tk: the diagonal starts top-left"),
+        (Shape(1, 1, 40, 13, 16, 16, 16, True, "lower_right"),
+         "the first 27 rows see no key: zero gradients, no NaN"),
+    ]
+    return [Case(f"{s} ({why})", _backward_case(s, kernel=True)) for s, why in shapes]
+# --8<-- [end:backward_kernel_cases]
+
+
 from .drills import autograd_cases, decode_cases, gqa_cases, paged_cases, varlen_cases, window_cases  # noqa: E402
 
 # --8<-- [start:steps]
@@ -1223,6 +1339,9 @@ STEPS: tuple[Step, ...] = (
     Step("forward_kernel", "forward_kernel", "flashtile.kernels.forward", ("flash_attention",),
          "part-b/forward-kernel/#the-derivation", "Triton forward kernel and launcher", forward_kernel_cases,
          triton=True),
+    Step("backward_kernel", "backward_kernel", "flashtile.kernels.backward", ("flash_attention_backward",),
+         "part-b/backward-kernel/#the-derivation", "Triton dK/dV and dQ kernels, D preprocess",
+         backward_kernel_cases, triton=True),
     Step("autograd", "autograd", "flashtile.reference.autograd", ("reference_attention",),
          "part-a/backward/#the-listing", "autograd.Function: save lse, pass causal and scale on", autograd_cases),
     Step("gqa", "gqa", "flashtile.reference.forward", ("flash_attention_forward",),

@@ -31,7 +31,7 @@ from .battery import (
 from .truth import attention_grads_truth, attention_truth, backward_equations
 
 # ---------------------------------------------------------------------------------------------------
-# Step 7: the autograd.Function wiring (the reader's forward and backward, saved lse, causal passed on)
+# Step 8: the autograd.Function wiring (the reader's forward and backward, saved lse, causal passed on)
 # ---------------------------------------------------------------------------------------------------
 HINT_NO_GRAD = Hint(
     "no_grad", "o carries no gradient (no grad_fn): the output does not come out of your Function's apply; look "

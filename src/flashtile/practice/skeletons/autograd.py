@@ -1,4 +1,4 @@
-"""Step 7: wire your forward and backward into torch.autograd. Read part-a/backward (the listing).
+"""Step 8: wire your forward and backward into torch.autograd. Read part-a/backward (the listing).
 
 The forward runs your tiled forward and saves what the backward needs: q, k, v, o and lse, never P
 (one case counts what autograd saved). The backward calls your tiled backward with the same causal,
