@@ -1111,11 +1111,13 @@ def p_units_hint(a: float, b: float) -> Hint:
     formula = ("P = exp2(S · τ log2(e) - lse · log2(e)): both terms in log2 units; "
                "or exp(τ S - lse), both natural")
     if a == b == LOG2E:
-        nudge = ("your gradients are those of P = exp(log2(e) (τ S - lse)): exp applied "
-                 "to log2 units; look where P is recomputed (exp2 there, or no log2(e))")
+        nudge = ("your gradients are those of P = exp(log2(e) (τ S - lse)): exp "
+                 "applied to log2 units; look where P is recomputed (exp2 there, "
+                 "or no log2(e))")
     elif a == b == LN2:
-        nudge = ("your gradients are those of P = exp2(τ S - lse): exp2 of natural units, "
-                 "log2(e) missing from qk_scale and from lse; look where P is recomputed")
+        nudge = ("your gradients are those of P = exp2(τ S - lse): exp2 of natural "
+                 "units, log2(e) missing from qk_scale and from lse; look where P is "
+                 "recomputed")
     else:
         nudge = (f"your gradients are those of P = exp({UNIT_NAMES[a]} · τ S - "
                  f"{UNIT_NAMES[b]} · lse): the scores and lse in different log units; "
@@ -1128,8 +1130,8 @@ def p_units_hint(a: float, b: float) -> Hint:
 GRADIENT_LINES = {
     "dV": ("dQ and dK are right, so P and dS are, and dV is not: look at the line "
            "that accumulates dV (Pᵀ dO: Pᵀ, not P, times the query tile's dO)",
-           "dV_j += P_ijᵀ dO_i; in the key tile's program pT = Pᵀ is (block_k, block_q) "
-           "and dv += tl.dot(pT, do)"),
+           "dV_j += P_ijᵀ dO_i; in the key tile's program pT = Pᵀ is "
+           "(block_k, block_q) and dv += tl.dot(pT, do)"),
     "dK": ("dQ and dV are right, so P and dS are, and dK is not: look at the line "
            "that accumulates dK (τ dSᵀ Q)", "dK_j += τ dS_ijᵀ Q_i"),
     "dQ": ("dK and dV are right, so P and dS are, and dQ is not: look at the line "
@@ -1139,8 +1141,9 @@ GRADIENT_LINES = {
 
 
 HINT_DKDV_PROGRAM = Hint(
-    "dkdv_program", "dQ is right, so P and dS are, and dK and dV are not: look at the key "
-    "tile's program, at the query tiles its loop visits (where it starts under causal)",
+    "dkdv_program",
+    "dQ is right, so P and dS are, and dK and dV are not: look at the key tile's "
+    "program, at the query tiles its loop visits (where it starts under causal)",
     "query row i sees key j0 from i = j0 - offset on: start at the query tile "
     "max(j0 - offset, 0) // block_q")
 
@@ -1149,7 +1152,9 @@ def one_gradient_hint(wrong: list[str]) -> Hint | None:
     """The hint when one gradient is wrong (not by a constant factor), or dK and dV."""
     if wrong == ["dK", "dV"]:
         return HINT_DKDV_PROGRAM
-    return Hint(f"{wrong[0].lower()}_line", *GRADIENT_LINES[wrong[0]]) if len(wrong) == 1 else None
+    if len(wrong) != 1:
+        return None
+    return Hint(f"{wrong[0].lower()}_line", *GRADIENT_LINES[wrong[0]])
 # --8<-- [end:one_gradient]
 
 

@@ -20,7 +20,8 @@ def _delta_kernel(
     O, DO, DELTA, stride_b, stride_h, stride_t, H, Tq,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
 ):
-    """TODO: delta = rowsum(dO * O) for one query tile, in float32, into DELTA (B, H, Tq)."""
+    """TODO: delta = rowsum(dO * O) for one query tile, in float32, into DELTA
+    (B, H, Tq)."""
     pass
 
 
