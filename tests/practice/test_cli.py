@@ -284,3 +284,21 @@ def test_the_autograd_step_runs_its_gradients_in_the_worker(tmp_path, capfd):
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "FAILED autograd: B=1 H=1 Tq=128 Tk=128" in proc.stdout and "autograd saved" in proc.stdout
     assert "hint:  autograd saved more than q, k, v, o and lse" in proc.stdout
+
+
+def test_the_backward_kernel_step_runs_a_readers_kernels_in_the_worker(tmp_path, capfd):
+    # the reader's Triton backward, imported in the worker (the interpreter on a CPU): right, it passes; with
+    # dV accumulated from P instead of Pᵀ, every case fails and the first names dV's line
+    source = (HERE / "_reader_backward_kernel.py").read_text(encoding="utf-8")
+    (tmp_path / "backward_kernel.py").write_text(source, encoding="utf-8")
+    proc = practice_here(capfd, "check", tmp_path, "--step", "backward_kernel")
+    assert proc.returncode == 0 and "1 of 1 steps pass" in proc.stdout, proc.stdout + proc.stderr
+    old = "dv += tl.dot(pt.to(do.dtype), do, input_precision=DOT)"
+    assert source.count(old) == 1
+    (tmp_path / "backward_kernel.py").write_text(
+        source.replace(old, "dv += tl.dot(tl.trans(pt).to(do.dtype), do, input_precision=DOT)"), encoding="utf-8")
+    proc = practice_here(capfd, "check", tmp_path, "--step", "backward_kernel")
+    n = len(step_named("backward_kernel").cases())
+    assert proc.returncode == 1 and f"0/{n}" in proc.stdout, proc.stdout + proc.stderr
+    assert f"(and {n - 1} more; -v shows them)" in proc.stdout
+    assert "hint:  dQ and dK are right, so P and dS are, and dV is not" in proc.stdout

@@ -93,7 +93,8 @@ so a hang or a sys.exit fails its case and the rest still run; the
 exit status is 0 only when every case passed. That process only answers calls: the checker builds each
 case's inputs and judges every answer itself, so nothing your code prints or writes can pass a case.
 Triton steps run through the Triton interpreter when there is no CUDA device (the checker sets
-TRITON_INTERPRET=1 before it imports your files); use float32 or float16 there, never bfloat16.
+TRITON_INTERPRET=1 before it imports your files); use float32 or float16 there, never bfloat16
+(the backward kernel's cases are float32).
 Your files may import each other (this folder is put on sys.path) and torch, triton, numpy.
 """
 
