@@ -83,8 +83,8 @@ HINT_NEG_INF = Hint(
     "exp(a - m) where m can still be -inf, and at a row that sees no key at all",
     "subtract 0 where m = -inf (then alpha = p = 0); a row that sees no key gets o = 0 and lse = -inf")
 HINT_NEG_INF_BACKWARD = replace(
-    HINT_NEG_INF, nudge="NaN in the gradients of a case whose rows that see no key have lse = -inf: P = exp(S - lse) "
-    "there is exp(-inf - (-inf)) = NaN (or exp(+inf) on a visible key); look where P is recomputed from lse",
+    HINT_NEG_INF, nudge="NaN in the gradients, and some rows see no key (lse = -inf): P = exp(S - lse) on such a row "
+    "is exp(-inf - (-inf)) = NaN; look where P is recomputed from lse",
     formula="where lse = -inf, subtract +inf instead (or mask the row): P = 0, and the row's gradients are 0")
 HINT_MAX = Hint(
     "max", "non-finite values where a score passes exp's range (88 in float32, 709 in float64): look at the exp of "
@@ -97,6 +97,17 @@ HINT_SKIPPED_TILE_READ = Hint(
     "skipped_tile_read", "NaN appears when the key tiles no row may see hold NaN, and your output is right without "
     "it: those tiles are loaded; look at the loop's bound under causal",
     "stop at the tile of key q_end - 1 + offset; never load a tile with k_start > q_end - 1 + offset")
+
+
+def skipped_tiles_hint(loops: list[str]) -> Hint:
+    """The backward's hint for NaN from the tiles no row sees, named by the loops that loaded them."""
+    where = " and ".join(loops)
+    return replace(HINT_SKIPPED_TILE_READ, nudge=f"NaN appears when the key tiles no row may see hold NaN, and your "
+                   f"gradients are right without it: those tiles are loaded; look at {where} under causal",
+                   formula="the key tile at k_start is seen from query row k_start - offset on; query row i sees keys "
+                   "up to i + offset: never load a tile that no row of the program sees")
+
+
 HINT_ALIGNMENT = Hint(
     "alignment", "your output is the other alignment's: look at the causal mask's offset",
     "query i sees key j iff j <= i + offset, offset = 0 for 'upper_left' and Tk - Tq for 'lower_right'")
@@ -1014,11 +1025,12 @@ def causal_cases() -> list[Case]:
 KERNEL_GRAD_ATOL = 5e-5
 
 
-def _backward_case(s: Shape, seed=0, memory=False, kernel=False):
+def _backward_case(s: Shape, seed=0, memory=False, kernel=False, poison=False):
     """One backward case; memory: the footprint must stay under the tiled budget (no (Tq, Tk) matrix, no
     product wider than a tile), as in the forward's tiling cases. kernel: the Triton step's case, in float32
     (q, k, v, dO rounded to float32 first, so the truth is exact for the inputs the kernel gets; o and lse
-    the truth's, rounded to float32), judged within KERNEL_GRAD_ATOL."""
+    the truth's, rounded to float32), judged within KERNEL_GRAD_ATOL. poison: NaN in k and v where no query
+    may look, so that a skipped tile loaded anyway shows (its dK and dV are 0 in the truth)."""
     dtype, atol = (torch.float32, KERNEL_GRAD_ATOL) if kernel else (torch.float64, 1e-10)
 
     def run(impl):
@@ -1028,23 +1040,40 @@ def _backward_case(s: Shape, seed=0, memory=False, kernel=False):
         if kernel:
             q, k, v, do, o, lse = (t.to(dtype).to(device()) for t in (q, k, v, do, o, lse))
 
-        def call():
+        def call(k=k, v=v):
             return impl.flash_attention_backward(q, k, v, o, lse, do, causal=s.causal, scale=s.scale,
                                                  block_q=s.block_q, block_k=s.block_k, alignment=s.alignment)
 
-        if memory:
+        if poison:
+            start = _hidden_key_tiles(s)
+            k_in, v_in = k.clone(), v.clone()
+            k_in[..., start:, :] = float("nan")
+            v_in[..., start:, :] = float("nan")
+            out = call(k_in, v_in)
+        elif memory:
             out, footprint = measured(impl, call)
         else:
             out = call()
         if not (isinstance(out, tuple | list) and len(out) == 3):
             raise PracticeFailure(f"expected (dq, dk, dv), got {type(out).__name__}")
 
-        def same(scale, alignment, causal=s.causal, mask=None):  # the backward's equations at another τ or mask
-            alt = backward_equations(q, k, v, o, lse, do, causal, scale, alignment, mask)
-            return all(matches(g, r, 10 * atol) for g, r in zip(out, alt))
+        def diagnose(got):
+            def same(scale, alignment, causal=s.causal, mask=None):  # the backward's equations, another τ or mask
+                alt = backward_equations(q, k, v, o, lse, do, causal, scale, alignment, mask)
+                return all(matches(g, r, 10 * atol) for g, r in zip(got, alt))
+
+            return backward_symptom(s, (q, k, v, o, lse, do), got, grads, same, 10 * atol)
 
         def symptom():
-            return backward_symptom(s, (q, k, v, o, lse, do), out, grads, same, 10 * atol)
+            if poison and any(isinstance(g, torch.Tensor) and torch.isnan(g).any() for g in out):
+                clean = call()  # the same call without the NaN: is that the only bug?
+                if all(matches(g, r, atol) for g, r in zip(clean, grads)):
+                    nan = [isinstance(g, torch.Tensor) and bool(torch.isnan(g).any()) for g in out]
+                    return skipped_tiles_hint(
+                        ["where the query tile's loop over key tiles ends (dQ)"] * nan[0]
+                        + ["where the key tile's loop over query tiles starts (dK, dV)"] * (nan[1] or nan[2]))
+                return diagnose(clean)
+            return diagnose(out)
 
         def check():
             for name, g, ref in zip(("dv", "dk", "dq"), out[::-1], grads[::-1]):
@@ -1322,7 +1351,11 @@ def backward_kernel_cases() -> list[Case]:
         (Shape(1, 1, 40, 13, 16, 16, 16, True, "lower_right"),
          "the first 27 rows see no key: zero gradients, no NaN"),
     ]
-    return [Case(f"{s} ({why})", _backward_case(s, kernel=True)) for s, why in shapes]
+    cases = [Case(f"{s} ({why})", _backward_case(s, kernel=True)) for s, why in shapes]
+    poisoned = Shape(1, 1, 20, 64, 16, 16, 16, True, "upper_left")
+    why = "Tq < Tk: key tiles 2-3 are seen by no row and hold NaN"
+    poison = _backward_case(poisoned, kernel=True, poison=True)
+    return cases + [Case(f"{poisoned} ({why})", poison)]
 # --8<-- [end:backward_kernel_cases]
 
 
