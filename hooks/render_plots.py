@@ -281,7 +281,7 @@ def timeline_svg(result: dict | None) -> str:
     with plt.rc_context(FONT):
         fig, ax = plt.subplots(figsize=(FIGSIZE[0], 3.4), layout="constrained")
         if not bars:
-            _not_measured(ax, "python bench/probes/forward_timeline.py")
+            _not_measured(ax, "bench/results/sweeps/forward-timeline.json")
             return _svg(fig)
         for y, (Tk, parts) in enumerate(bars):
             total, left = sum(parts.values()), 0.0

@@ -263,7 +263,7 @@ def test_both_dots_compile_to_e4m3_tensor_core_instructions_for_sm90():
     (``max_num_imprecise_acc``), and ptxas serialises the kernel's wgmmas for it (C7514). A measured trade,
     not a bug: the same sums written outside the dot compile without C7514 (the control below) and ran 9-16 %
     slower on the H200 (sweeps/fp8-forward-steps-pv-outside-dot.json). If C7514 goes away, time both forms
-    again (bench/probes/fp8_forward_steps.py, step_off pv_acc_in_dot) before changing the kernel."""
+    again (bench/probes/fp8/fp8_forward_steps.py, step_off pv_acc_in_dot) before changing the kernel."""
     kernels = compile_in_fresh_process(SM90_BODY)["kernels"]
     for kernel in kernels:
         assert kernel["mma"] and all(m.endswith(".f32.e4m3.e4m3") for m in kernel["mma"]), kernel

@@ -129,7 +129,7 @@ def measure(shape: dict, check: bool = False, device="cuda", dtype=torch.bfloat1
     A shape with ``min_length`` is a right-padded batch (``padding_mask``), the same mask for every provider."""
     from ..integrations.transformers import register
 
-    timer = timer or (lambda fn: _median_ms(fn))
+    timer = timer or (lambda fn: step_median_ms(fn))
     names = {"flashtile": register(), "sdpa": "sdpa"}
     ids = token_ids(shape, device)
     mask, lengths = padding_mask(shape, device) if "min_length" in shape else (None, None)
@@ -183,7 +183,7 @@ def measure(shape: dict, check: bool = False, device="cuda", dtype=torch.bfloat1
     return rows
 
 
-def _median_ms(fn) -> float:
+def step_median_ms(fn) -> float:
     from .common import median_ms
 
     return median_ms(fn, warmup=WARMUP_MS, rep=REP_MS)

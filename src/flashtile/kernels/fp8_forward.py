@@ -40,10 +40,10 @@ tests (tests/kernels/test_fp8_forward.py) feed it inputs on which nothing rounds
 Launch settings (``fp8_config``): 64 x 128 tiles, 4 warps (two programs an SM), 3 stages to D = 128; 64 x 64,
 8 warps, 2 stages above (128-key tiles spill there); each head's heaviest query tile first under a causal
 mask (``program_tile``, shared with the bf16 forward); the settings and the steps without factors on the
-scores or ratios on P are the levers bench/probes/fp8_ablation.py measured (sweeps/fp8-forward-ablation-
+scores or ratios on P are the levers bench/probes/fp8/fp8_ablation.py measured (sweeps/fp8-forward-ablation-
 levers.json);
 E4M3 tensor-core dots need operand widths of at least 32 along the reduced dimension, so the head dim
-is padded to at least 32. bench/probes/fp8_forward_steps.py times each step against the kernel without it.
+is padded to at least 32. bench/probes/fp8/fp8_forward_steps.py times each step against the kernel without it.
 """
 
 from __future__ import annotations
