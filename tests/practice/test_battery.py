@@ -190,6 +190,26 @@ def test_a_mistake_no_rule_knows_gets_what_differs_and_no_guess():
     assert hint.text("formula") == hint.nudge  # no formula to give when nothing is recognised
 
 
+def test_a_backward_kernel_mistake_no_rule_knows_gets_what_differs_and_no_guess():
+    """dK and dQ each off on one row by a different amount: two gradients wrong, no known mistake's, so no
+    rule fits and the hint says where each differs; the control (the same kernel, untouched) passes."""
+    right = _reader_backward_kernel.make_backward().flash_attention_backward
+
+    def odd(*args, **kwargs):
+        dq, dk, dv = (g.clone() for g in right(*args, **kwargs))
+        dq[..., 3, :] *= 1.37
+        dk[..., 5, :] *= 0.8
+        return dq, dk, dv
+
+    step = step_named("backward_kernel")
+    assert run_step(step, SimpleNamespace(flash_attention_backward=right), fast=True).ok
+    result = run_step(step, SimpleNamespace(flash_attention_backward=odd), stop_at_first_failure=True)
+    hint = result.failures[0].hint
+    assert hint.name == "none" and hint.nudge.startswith("no diagnosis"), hint
+    assert "dk: 32 of 1024 entries wrong" in hint.nudge and "5 of 32" in hint.nudge, hint.nudge
+    assert "every wrong entry is the truth times 0.8" in hint.nudge, hint.nudge  # float32: 0.8 within its rounding
+
+
 def test_an_error_raised_by_the_readers_code_is_not_given_a_guess():
     def broken(*args, **kwargs):
         raise IndexError("index 16 is out of bounds for dimension 2 with size 16")

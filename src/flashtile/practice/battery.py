@@ -354,8 +354,9 @@ def what_differs(name: str, actual: torch.Tensor, expected: torch.Tensor, atol: 
         if nonzero.any():
             ratio = a[nonzero] / e[nonzero]
             lo, hi = ratio.min().item(), ratio.max().item()
-            if hi - lo <= 1e-6 * max(abs(lo), abs(hi)):
-                parts.append(f"every wrong entry is the truth times {lo:.6g}")
+            if hi - lo <= max(1e-6, atol) * max(abs(lo), abs(hi)):  # one constant, within the rounding judged
+                digits = 6 if atol < 1e-6 else 4  # float32 answers: the ratio's last digits are rounding
+                parts.append(f"every wrong entry is the truth times {(lo + hi) / 2:.{digits}g}")
             else:
                 parts.append(f"got / expected from {lo:.3g} to {hi:.3g}")
     return "; ".join(parts)

@@ -72,6 +72,7 @@ def flash_attention_backward(
 
     Hint: make q, k, v, o, do contiguous, so that q, o, do, dq share strides and k,
     v, dk, dv share theirs. With exp2, qk_scale = τ log2(e) and lse times log2(e).
+    On a GPU, tl.dot of float32 rounds to tf32 unless input_precision="ieee".
     """
     raise NotImplementedError(
         "TODO: delta, then _dkdv_kernel on a (key tiles, H, B) grid and _dq_kernel "
