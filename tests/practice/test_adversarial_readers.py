@@ -96,7 +96,8 @@ def test_forged_results_written_through_any_reachable_channel_do_not_pass(tmp_pa
     assert proc.returncode == 1, out + proc.stderr
     n = len(STEPS)
     assert f"0 of {n} steps pass" in out and f"{n} of {n}" not in out and '"event"' not in out, out
-    for step in ("online_softmax", "forward", "causal", "backward", "fused_softmax", "forward_kernel"):
+    for step in ("online_softmax", "forward", "causal", "backward", "fused_softmax", "forward_kernel",
+                 "backward_kernel"):
         assert f"FAILED {step}: " in out, out
 
 
