@@ -4,6 +4,8 @@ import torch
 
 from flashtile import _plans
 
+LAUNCH = dict(grid=(1,), scalars=(), constexprs={}, num_warps=4, num_stages=3)  # a stand-in launch's settings
+
 
 def _counting_plan(calls):
     def make_plan(x, flag):
@@ -88,8 +90,8 @@ def test_a_launch_its_plan_keys_finds_its_kernel_by_the_device_alone():
             return SimpleNamespace(run=None, function=None, packed_metadata=None)
 
     kernel = SimpleNamespace(arg_names=["x", "out"])
-    keyed = StandIn(kernel, (1,), (), {}, 4, 3, fresh_outputs=1, plan_keyed=True)
-    unkeyed = StandIn(kernel, (1,), (), {}, 4, 3, fresh_outputs=1)
+    keyed = StandIn(kernel, **LAUNCH, fresh_outputs=1, plan_keyed=True)
+    unkeyed = StandIn(kernel, **LAUNCH, fresh_outputs=1)
     x, out = torch.empty(8), torch.empty(8)
     for launch in (keyed, unkeyed):
         launch._compile_and_launch((x, out), 0)

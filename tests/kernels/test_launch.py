@@ -19,6 +19,8 @@ from tests._truth import attention_truth
 
 from ._helpers import DEVICE, FORWARD_TOL, randn
 
+LAUNCH = dict(grid=(1,), scalars=(), constexprs={}, num_warps=4, num_stages=3)  # a stand-in launch's settings
+
 
 def _qkv(T=40, D=32, dtype=torch.float32):
     return randn(1, 2, T, D, dtype=dtype), randn(1, 2, T, D, dtype=dtype), randn(1, 2, T, D, dtype=dtype)
@@ -104,7 +106,7 @@ def test_a_launch_remembers_a_bounded_number_of_specialisations(monkeypatch):
             return SimpleNamespace(run=None, function=None, packed_metadata=None)
 
     monkeypatch.setattr(_host, "MAX_COMPILED", 2)
-    kernel_launch = StandIn(SimpleNamespace(arg_names=["x"]), (1,), (), {}, 4, 3)
+    kernel_launch = StandIn(SimpleNamespace(arg_names=["x"]), **LAUNCH)
     for dtype in (torch.float32, torch.float16, torch.int32):  # three specialisations
         kernel_launch._compile_and_launch((torch.empty(8, dtype=dtype),), 0)
     assert 1 <= len(kernel_launch._compiled) <= 2
@@ -117,7 +119,7 @@ def test_outputs_allocated_per_call_stay_out_of_the_compiled_kernels_key():
         def _full_launch(self, tensors):
             return SimpleNamespace(run=None, function=None, packed_metadata=None)
 
-    kernel_launch = StandIn(SimpleNamespace(arg_names=["x", "out"]), (1,), (), {}, 4, 3, fresh_outputs=1)
+    kernel_launch = StandIn(SimpleNamespace(arg_names=["x", "out"]), **LAUNCH, fresh_outputs=1)
     x = torch.empty(8)
     for out in (torch.empty(8), torch.empty(9)[1:]):  # aligned and not: a fresh output is always aligned
         kernel_launch._compile_and_launch((x, out), 0)

@@ -311,7 +311,7 @@ class KernelLaunch:
     __slots__ = ("kernel", "grid", "scalars", "constexprs", "num_warps", "num_stages", "options", "keyed",
                  "plan_keyed", "direct", "_compiled")  # fmt: skip
 
-    def __init__(self, kernel, grid: tuple, scalars: tuple, constexprs: dict, num_warps: int, num_stages: int,
+    def __init__(self, kernel, *, grid: tuple, scalars: tuple, constexprs: dict, num_warps: int, num_stages: int,
                  maxnreg: int | None = None, fresh_outputs: int = 0, plan_keyed: bool = False):  # fmt: skip
         self.kernel, self.grid, self.scalars, self.constexprs = kernel, grid, scalars, constexprs
         self.num_warps, self.num_stages = num_warps, num_stages

@@ -537,9 +537,10 @@ def split_sum_launch(B: int, H_kv: int, Tk: int, D: int, kv_split: int, dk_strid
     if kv_split == 1:
         return None
     plane = Tk * D
-    return KernelLaunch(sum_split_kernel, head_batch_grid(-(-plane // SPLIT_SUM_BLOCK), H_kv, 2 * B),
-                        (plane, H_kv, B, D, *dk_strides, *dv_strides), dict(SPLIT=kv_split, BLOCK=SPLIT_SUM_BLOCK),
-                        4, 1, plan_keyed=True)  # its tensors are all allocated per call  # fmt: skip
+    return KernelLaunch(sum_split_kernel, grid=head_batch_grid(-(-plane // SPLIT_SUM_BLOCK), H_kv, 2 * B),
+                        scalars=(plane, H_kv, B, D, *dk_strides, *dv_strides),
+                        constexprs=dict(SPLIT=kv_split, BLOCK=SPLIT_SUM_BLOCK), num_warps=4, num_stages=1,
+                        plan_keyed=True)  # its tensors are all allocated per call  # fmt: skip
 # --8<-- [end:split_sum]
 
 

@@ -82,9 +82,10 @@ def backward_preprocess_kernel(
 def preprocess_launch(o: torch.Tensor, do: torch.Tensor, block_q: int) -> KernelLaunch:
     """The preprocess kernel's launch for o and do of one layout (part of the atomic backward's plan)."""
     B, H, Tq, D = o.shape
-    return KernelLaunch(backward_preprocess_kernel, head_batch_grid(triton.cdiv(Tq, block_q), H, B),
-                        (*o.stride(), *do.stride(), H, Tq, D, B * H * Tq),
-                        dict(BLOCK_Q=block_q, HEAD_DIM_PAD=head_dim_pad(D)), 4, 3,  # Triton's defaults
+    return KernelLaunch(backward_preprocess_kernel, grid=head_batch_grid(triton.cdiv(Tq, block_q), H, B),
+                        scalars=(*o.stride(), *do.stride(), H, Tq, D, B * H * Tq),
+                        constexprs=dict(BLOCK_Q=block_q, HEAD_DIM_PAD=head_dim_pad(D)),
+                        num_warps=4, num_stages=3,  # Triton's defaults
                         plan_keyed=True)  # o, do, stats keyed by the backward plan, rows allocated  # fmt: skip
 
 
