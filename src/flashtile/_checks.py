@@ -173,6 +173,41 @@ def check_lse(lse, shape: AttentionShape, q: torch.Tensor) -> torch.Tensor:
     return lse
 
 
+def check_sinks_layout(sinks, shape: AttentionShape, dtype: torch.dtype, device) -> torch.Tensor | None:
+    """sinks is None or a (H,) tensor of float32 or the inputs' ``dtype`` on their ``device``: what a call's
+    layout fixes (``flashtile.attention`` checks it once per kept call). Returns the sinks as they came."""
+    if sinks is None:
+        return None
+    check_tensor("sinks", sinks, rank=1, dtypes=tuple(dict.fromkeys((torch.float32, dtype))))
+    check_values_in_memory("sinks", sinks)
+    if tuple(sinks.shape) != (shape.H,):
+        raise ValueError(
+            f"sinks must have shape (H,) = ({shape.H},), one logit per query head, got {tuple(sinks.shape)}"
+        )
+    if sinks.device != device:
+        raise ValueError(f"sinks is on {sinks.device} but q is on {device}; they must match")
+    return sinks
+
+
+def check_sink_values(sinks: torch.Tensor) -> None:
+    """No NaN and no +inf among the sinks (-inf is allowed: no sink for that head). Reads the values: on a
+    GPU one wait for the device, so ``flashtile.attention`` runs it on every eager call (a trained sink
+    changes between calls) and not inside a ``torch.compile`` graph, which cannot branch on values."""
+    if bool(torch.isnan(sinks).any()) or bool(torch.isposinf(sinks).any()):
+        raise ValueError(
+            f"sinks must be finite or -inf (-inf means no sink), got {sinks.tolist()}: a NaN or +inf sink "
+            "would make every row of its head NaN or zero"
+        )
+
+
+def check_sinks(sinks, shape: AttentionShape, q: torch.Tensor) -> torch.Tensor | None:
+    """sinks is None or a (H,) tensor of float32 or q's dtype on q's device, no NaN or +inf (-inf allowed):
+    ``check_sinks_layout`` and ``check_sink_values``. Returns the sinks as they came (None stays None)."""
+    if check_sinks_layout(sinks, shape, q.dtype, q.device) is not None:
+        check_sink_values(sinks)
+    return sinks
+
+
 def check_int(name: str, value, *, minimum: int = 1) -> int:
     """An integer argument (Python or NumPy int; bool is refused: it is an int only by accident)."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):

@@ -13,8 +13,11 @@ window (left, right) with ``is_causal`` is (left, 0). Only the custom ops' schem
 structured values, carry the band as its two ints (with the alignment beside them), as FlashAttention-3's
 interface carries ``window_size``; ``MaskBand`` rebuilds it on the other side of the op.
 
-A new option of the call (attention sinks, a value head dim of its own) is one more field here, checked in
-``check_spec`` and read by name where it is used.
+A new option of the call is one more field here, checked in ``check_spec`` and read by name where it is
+used. Attention sinks are one: a (H,) tensor whose values change between calls (a trained logit per head),
+so the spec keeps what its layout fixes, ``has_sinks``, checked with the tensor's shape, dtype and device
+(``_checks.check_sinks_layout``); the tensor itself travels beside q, k and v, and its values are read on
+every eager call (``_checks.check_sink_values``).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from ._checks import (
     check_alignment,
     check_causal,
     check_flag,
+    check_sinks_layout,
     check_softcap,
     check_window,
     resolve_scale,
@@ -71,14 +75,17 @@ class AttentionSpec:
     softcap: float | None  # the cap s of s * tanh(x / s), or None
     group: int  # query heads per key/value head (1 without GQA)
     return_lse: bool
+    has_sinks: bool = False  # a (H,) sinks tensor travels beside q, k, v: each row starts from (m, l) = (sink, 1)
 
 
 def check_spec(shape: AttentionShape, dtype: torch.dtype, *, causal, scale, alignment, window, softcap,
-               return_lse=False, enable_gqa=True, causal_name: str = "is_causal") -> AttentionSpec:  # fmt: skip
-    """Every option of a call on inputs of ``shape`` and ``dtype`` (already checked), checked once.
+               return_lse=False, enable_gqa=True, causal_name: str = "is_causal", sinks=None,
+               device=None) -> AttentionSpec:  # fmt: skip
+    """Every option of a call on inputs of ``shape``, ``dtype`` and ``device`` (already checked), checked once.
 
     ``enable_gqa``: whether H_kv < H is allowed (``flashtile.attention`` asks for it, as SDPA does; the
-    kernels' launchers always allow it)."""
+    kernels' launchers always allow it). ``sinks``: None or the call's sinks tensor, whose layout is checked
+    here (its values are not: ``_checks.check_sink_values``)."""
     causal = check_causal(causal, causal_name)
     enable_gqa = check_flag("enable_gqa", enable_gqa)
     return_lse = check_flag("return_lse", return_lse)
@@ -89,17 +96,19 @@ def check_spec(shape: AttentionShape, dtype: torch.dtype, *, causal, scale, alig
             f"query has {shape.H} heads but key and value have {shape.H_kv}; pass enable_gqa=True for "
             "grouped-query attention (as with scaled_dot_product_attention)"
         )
+    has_sinks = check_sinks_layout(sinks, shape, dtype, device) is not None
     return AttentionSpec(scale=resolve_scale(scale, shape.D, dtype), mask=mask, softcap=softcap, group=shape.group,
-                         return_lse=return_lse)  # fmt: skip
+                         return_lse=return_lse, has_sinks=has_sinks)  # fmt: skip
 
 
 def spec_from_op(q: torch.Tensor, k: torch.Tensor, *, scale: float, alignment: str, window_left: int,
-                 window_right: int, softcap: float | None) -> AttentionSpec:  # fmt: skip
+                 window_right: int, softcap: float | None,
+                 sinks: torch.Tensor | None = None) -> AttentionSpec:  # fmt: skip
     """The spec a custom op's arguments carry (q and k (B, H, T, D), or (total, H, D) packed: heads on dim 1).
     The ops are reached with values ``check_spec`` made (by the entry points, eagerly or while tracing), so
     they are read as they are, not checked again."""
     return AttentionSpec(scale=scale, mask=MaskBand(window_left, window_right, alignment), softcap=softcap,
-                         group=q.shape[1] // k.shape[1], return_lse=True)  # fmt: skip
+                         group=q.shape[1] // k.shape[1], return_lse=True, has_sinks=sinks is not None)  # fmt: skip
 
 
 def op_arguments(spec: AttentionSpec) -> tuple:

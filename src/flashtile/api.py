@@ -3,7 +3,8 @@
 A call site written for ``torch.nn.functional.scaled_dot_product_attention(query, key, value,
 is_causal=..., scale=..., enable_gqa=...)`` can call ``flashtile.attention`` with the same arguments.
 What SDPA has and flashtile does not: ``attn_mask`` and ``dropout_p`` (both raise if used), inputs of
-rank other than 4, and a value head dim different from the query's.
+rank other than 4, and a value head dim different from the query's. What flashtile has and SDPA does not:
+windows, soft-capping, ``return_lse`` and attention sinks (``sinks``, on the reference tier).
 
 What runs (the dispatch):
 
@@ -45,7 +46,7 @@ import numbers
 import torch
 from torch._functorch.utils import unwrap_dead_wrappers
 
-from ._checks import check_window, resolve_neg_bits
+from ._checks import check_sink_values, check_window, resolve_neg_bits
 from ._dispatch.dense import (
     AttentionCall,
     attention_bwd,
@@ -100,6 +101,7 @@ def attention(
     return_lse=False,
     window=None,
     softcap=None,
+    sinks=None,
     descale_q=None,
     descale_k=None,
     descale_v=None,
@@ -123,6 +125,15 @@ def attention(
             capped at 0. A sliding window W back is (W - 1, 0), or (W - 1, -1) with is_causal.
         softcap: None or s > 0: each scaled score x becomes s * tanh(x / s) before the mask and the
             softmax (Gemma-2's logit soft-capping), in the forward and the backward.
+        sinks: None or (H,), float32 or query's dtype, on query's device: one logit per query head, in
+            the units of the scaled (and capped; the sink itself is not capped) score, that joins every
+            row's softmax with a value of zero (gpt-oss): lse_i = log(e^sink + sum_j e^(S_ij)). Finite or
+            -inf (-inf is no sink, bit for bit); differentiable (its gradient is
+            -sum_{b,i} e^(sink - lse) D). With sinks, lse is the log of the whole normaliser, e^sink
+            included, and a row that sees no key gets o = 0 and lse = sink. The reference tier takes them;
+            the Triton tier refuses them with a ValueError (run such a call under
+            ``use_backend("reference")``). Eager calls read their values (NaN and +inf are refused) on every
+            call; under torch.compile the values are not read.
         descale_q, descale_k, descale_v, out_dtype: for float8_e4m3fn query, key and value (forward only),
             their float32 factors as ``flashtile.fp8.quantize`` returns them, and o's dtype (bf16 by
             default); see ``flashtile.fp8.attention.fp8_attention``.
@@ -133,48 +144,55 @@ def attention(
         otherwise; or (o, lse) if return_lse.
     """
     flags = (is_causal, scale, enable_gqa, alignment, return_lse, window, softcap)
+    compiling = torch.compiler.is_compiling()
     # The common eager call first: no mask, no dropout, no FP8 argument, and a layout and flags seen before.
     # Its key finds the call the checks below kept for it, and only what may change between two calls of
     # one key is read again (modes, autocast, the forced tier, whether autograd records); a call with
     # anything else, and the first call of a key, goes through every check below.
     if attn_mask is descale_q is descale_k is descale_v is out_dtype is None and dropout_p.__class__ is float \
-            and dropout_p == 0.0 and not torch.compiler.is_compiling():  # fmt: skip
-        call = kept_plan(call_key(query, key, value, flags))
+            and dropout_p == 0.0 and not compiling:  # fmt: skip
+        call = kept_plan(call_key(query, key, value, flags, sinks))
         if call is not None and not refused_mode():
-            return cast_and_dispatch(query, key, value, call, compiling=False)
+            if sinks is not None:  # the key fixed their layout; their values change between calls
+                check_sink_values(sinks)
+            return cast_and_dispatch(query, key, value, call, compiling=False, sinks=sinks)
     if descale_q is not None or descale_k is not None or descale_v is not None or out_dtype is not None or getattr(
             query, "dtype", None) is torch.float8_e4m3fn:  # FP8 inputs: forward only, their own checks and tiers
         from .fp8.attention import fp8_attention
 
+        if sinks is not None:  # never dropped: the FP8 forward starts every row from m = -inf
+            raise ValueError("sinks are not supported with float8_e4m3fn inputs (flashtile.fp8): pass sinks=None, "
+                             "or call flashtile.attention with 16-bit, float32 or float64 inputs")
         return fp8_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, alignment=alignment,
                              return_lse=return_lse, window=window, softcap=softcap, descale_q=descale_q,
                              descale_k=descale_k, descale_v=descale_v, out_dtype=out_dtype,
                              backend=forced_backend())  # fmt: skip
     # A view's negative bit (z.conj().imag) is a flag the kernels cannot see: resolve it before the checks,
     # so that every tier, and the kept plans, only ever meet tensors that hold their own values.
-    query, key, value = resolve_neg_bits(query, key, value)
+    query, key, value, sinks = resolve_neg_bits(query, key, value, sinks)
     if attn_mask is not None:
         raise ValueError("attn_mask is not supported by flashtile.attention; pass is_causal=True for a causal mask")
     if dropout_p.__class__ is not float or dropout_p != 0.0:  # the default, 0.0, passes on this one comparison
         check_no_dropout(dropout_p)
     if window is not None:  # the window's own error before any other: its checks read no tensor
         check_window(window)
-    compiling = torch.compiler.is_compiling()
     if compiling:  # traced once: no table of plans inside the graph
         call = check_attention_call(query, key, value, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
                                     alignment=alignment, return_lse=return_lse, window=window,
-                                    softcap=softcap)  # fmt: skip
+                                    softcap=softcap, sinks=sinks)  # fmt: skip
     else:  # eager: the checks run once per layout and flags, then the call is kept under its key
         query, key, value = unwrap_dead_wrappers((query, key, value))  # as Function.apply would (_eager_apply)
-        plan_key = call_key(query, key, value, flags)
+        plan_key = call_key(query, key, value, flags, sinks)
         call = kept_plan(plan_key)
         if call is None:
             call = check_attention_call(query, key, value, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
                                         alignment=alignment, return_lse=return_lse, window=window,
-                                        softcap=softcap)  # fmt: skip
+                                        softcap=softcap, sinks=sinks)  # fmt: skip
             keep_plan(plan_key, call)
+        if sinks is not None:  # the layout is checked; the values, every call
+            check_sink_values(sinks)
         refuse_unsupported_autograd_modes()
-    return cast_and_dispatch(query, key, value, call, compiling)
+    return cast_and_dispatch(query, key, value, call, compiling, sinks=sinks)
 # --8<-- [end:attention]
 
 

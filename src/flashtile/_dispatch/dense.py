@@ -10,6 +10,11 @@ the op's dispatcher (``run_forward``), which costs a fraction of the op's host t
 (``bench/results/overhead.json``). An eager call whose layout and flags were seen before finds its
 checked call by one key (``call_key``); its backward runs from a plan kept with the call
 (``backward_from_kept_plan``).
+
+Attention sinks (``sinks``, a (H,) tensor) travel beside q, k and v as one more tensor argument of the ops
+(``Tensor? sinks``, last, None without them) and of ``_EagerAttention``, so autograd hands back their
+gradient; the spec says whether a call has them (``AttentionSpec.has_sinks``). The reference tier takes
+them (``reference.sinks``); the Triton tier refuses them (``refuse_sinks_on_triton``).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from .._layouts import empty_like_layout, strides_like
 from .._plans import cached_plan, layout_key
 from .._spec import AttentionSpec, check_spec, op_arguments, spec_from_op
 from .tiers import (
+    PLAIN_TENSORS,
     REFERENCE_BLOCK,
     any_autocast,
     autocast_inputs,
@@ -35,9 +41,20 @@ from .tiers import (
 )
 
 
+def refuse_sinks_on_triton(spec: AttentionSpec, backend: str) -> None:
+    """The Triton tier's kernels start every row from (m, l) = (-inf, 0): a call with sinks is refused there,
+    never run without them."""
+    if spec.has_sinks and backend == "triton":
+        raise ValueError(
+            "sinks are not supported on the triton tier (its kernels start every row from m = -inf, l = 0, "
+            "with no sink); run the call on the reference tier, inside flashtile.api.use_backend('reference')"
+        )
+
+
 # --8<-- [start:impl]
-def forward_impl(q, k, v, spec: AttentionSpec, backend: str):
+def forward_impl(q, k, v, spec: AttentionSpec, backend: str, sinks=None):
     """What the forward op computes, callable without the op: (o, lse, stats), see ``attention_fwd``."""
+    refuse_sinks_on_triton(spec, backend)
     if check_backend(backend) == "triton":
         from ..kernels.forward import forward_with_spec
 
@@ -45,23 +62,28 @@ def forward_impl(q, k, v, spec: AttentionSpec, backend: str):
     from ..reference.forward import flash_attention_forward
 
     o, lse = flash_attention_forward(q, k, v, False, spec.scale, REFERENCE_BLOCK, REFERENCE_BLOCK, spec.mask.alignment,
-                                     window=spec.mask.window, softcap=spec.softcap)  # fmt: skip
+                                     window=spec.mask.window, softcap=spec.softcap, sinks=sinks)  # fmt: skip
     # o laid out as q is, as the kernels give it (and as the fake says, whichever tier runs)
     return empty_like_layout(o, strides_like(q)).copy_(o), lse.contiguous(), lse.new_empty((0,))
 
 
-def backward_impl(do, q, k, v, o, lse, stats, *, spec: AttentionSpec, backend: str):
-    """What the backward op computes, callable without the op: (dq, dk, dv), see ``attention_bwd``."""
+def backward_impl(do, q, k, v, o, lse, stats, *, spec: AttentionSpec, backend: str, sinks=None):
+    """What the backward op computes, callable without the op: (dq, dk, dv, dsinks), see ``attention_bwd``;
+    dsinks None without sinks."""
     (do,) = resolve_neg_bits(do)  # an upstream gradient may be a negative view: the kernels read memory
+    refuse_sinks_on_triton(spec, backend)
     if check_backend(backend) == "triton":  # the launcher's gradients are new tensors, laid out like q, k, v
         from ..kernels.backward import backward_with_spec
 
-        return backward_with_spec(q, k, v, o, lse, do, stats, spec=spec)
-    from ..reference.backward import flash_attention_backward
+        return (*backward_with_spec(q, k, v, o, lse, do, stats, spec=spec), None)
+    from ..reference.backward import backward_delta, flash_attention_backward
+    from ..reference.sinks import sink_gradient
 
     grads = flash_attention_backward(q, k, v, o, lse, do, False, spec.scale, REFERENCE_BLOCK, REFERENCE_BLOCK,
                                      spec.mask.alignment, window=spec.mask.window, softcap=spec.softcap)  # fmt: skip
-    return tuple(empty_like_layout(x, strides_like(x)).copy_(g) for x, g in zip((q, k, v), grads))
+    # given the sink-including lse, dq, dk, dv are as without a sink; the sink's own column gives dsinks
+    dsinks = None if sinks is None else sink_gradient(sinks, lse, backward_delta(o, do))
+    return (*(empty_like_layout(x, strides_like(x)).copy_(g) for x, g in zip((q, k, v), grads)), dsinks)
 # --8<-- [end:impl]
 
 
@@ -69,21 +91,22 @@ def backward_impl(do, q, k, v, o, lse, stats, *, spec: AttentionSpec, backend: s
 @torch.library.custom_op("flashtile::attention_fwd", mutates_args=())
 def attention_fwd(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, alignment: str, window_left: int,
-    window_right: int, softcap: float | None, backend: str,
+    window_right: int, softcap: float | None, backend: str, sinks: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(o, lse, stats): o (B, H, Tq, D) in q's dtype, laid out like q where q is dense (``_layouts.strides_like``),
-    contiguous otherwise; lse (B, H, Tq) float32 (float64 for float64);
-    stats, what the backward needs besides lse: the kernels' final (m, l), (2, B, H, Tq), or empty.
-    The mask travels as its band's two sides around the alignment's diagonal, -1 unbounded (``_spec.MaskBand``)."""
+    contiguous otherwise; lse (B, H, Tq) float32 (float64 for float64), with sinks the log of the whole
+    normaliser, e^sink included; stats, what the backward needs besides lse: the kernels' final (m, l),
+    (2, B, H, Tq), or empty. The mask travels as its band's two sides around the alignment's diagonal,
+    -1 unbounded (``_spec.MaskBand``); sinks, None or (H,), last."""
     spec = spec_from_op(q, k, scale=scale, alignment=alignment, window_left=window_left, window_right=window_right,
-                        softcap=softcap)  # fmt: skip
-    o, lse, stats = forward_impl(q, k, v, spec, backend)
+                        softcap=softcap, sinks=sinks)  # fmt: skip
+    o, lse, stats = forward_impl(q, k, v, spec, backend, sinks)
     # The kernels write lse and (m, l) into one buffer, and an op's outputs may not share memory.
     return o, lse, (stats.clone() if stats.numel() else stats)
 
 
 @attention_fwd.register_fake
-def _(q, k, v, scale, alignment, window_left, window_right, softcap, backend):
+def _(q, k, v, scale, alignment, window_left, window_right, softcap, backend, sinks=None):
     # Only shapes, dtypes and devices: what torch.compile needs to trace past the op without running it.
     B, H, Tq, D = q.shape
     c = stats_dtype(q.dtype)
@@ -108,35 +131,42 @@ def attention_bwd(
     window_right: int,
     softcap: float | None,
     backend: str,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv) in the inputs' dtype, each laid out like its input where that is dense
-    (``_layouts.strides_like``), contiguous otherwise; dk and dv summed over each GQA group."""
+    sinks: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv, dsinks): dq, dk, dv in the inputs' dtype, each laid out like its input where that is dense
+    (``_layouts.strides_like``), contiguous otherwise, dk and dv summed over each GQA group; dsinks (H,) in
+    sinks' dtype, or an empty tensor without sinks (an op's output cannot be None)."""
     spec = spec_from_op(q, k, scale=scale, alignment=alignment, window_left=window_left, window_right=window_right,
-                        softcap=softcap)  # fmt: skip
-    return backward_impl(do, q, k, v, o, lse, stats, spec=spec, backend=backend)
+                        softcap=softcap, sinks=sinks)  # fmt: skip
+    dq, dk, dv, dsinks = backward_impl(do, q, k, v, o, lse, stats, spec=spec, backend=backend, sinks=sinks)
+    return dq, dk, dv, (lse.new_empty((0,)) if dsinks is None else dsinks)
 
 
 @attention_bwd.register_fake
-def _(do, q, k, v, o, lse, stats, scale, alignment, window_left, window_right, softcap, backend):
-    return tuple(empty_like_layout(x, strides_like(x)) for x in (q, k, v))
+def _(do, q, k, v, o, lse, stats, scale, alignment, window_left, window_right, softcap, backend, sinks=None):
+    dsinks = lse.new_empty((0,)) if sinks is None else torch.empty_like(sinks)
+    return (*(empty_like_layout(x, strides_like(x)) for x in (q, k, v)), dsinks)
 # --8<-- [end:backward_op]
 
 
 # --8<-- [start:autograd]
 def _setup_context(ctx, inputs, output):
-    q, k, v, *arguments = inputs  # scale, alignment, the band's two sides, softcap, backend
+    q, k, v, *arguments = inputs  # scale, alignment, the band's two sides, softcap, backend[, sinks]
+    arguments = arguments[:6]
+    sinks = inputs[9] if len(inputs) > 9 else None
     o, lse, stats = output
-    ctx.save_for_backward(q, k, v, o, lse, stats)  # O(T) extra memory: o, lse and (m, l), never P
+    # O(T) extra memory: o, lse and (m, l), never P; and the (H,) sinks
+    ctx.save_for_backward(q, k, v, o, lse, stats, *([] if sinks is None else [sinks]))
     ctx.arguments = tuple(arguments)
     ctx.mark_non_differentiable(lse, stats)
 
 
 def _backward(ctx, do, _dlse, _dstats):
     if do is None:  # o's gradient undefined (a Function upstream returned None, gradcheck's check): zero
-        return (None,) * (3 + len(ctx.arguments))
-    q, k, v, o, lse, stats = ctx.saved_tensors
-    dq, dk, dv = attention_bwd(do, q, k, v, o, lse, stats, *ctx.arguments)
-    return dq, dk, dv, *(None,) * len(ctx.arguments)
+        return (None,) * (4 + len(ctx.arguments))
+    q, k, v, o, lse, stats, *sinks = ctx.saved_tensors
+    dq, dk, dv, dsinks = attention_bwd(do, q, k, v, o, lse, stats, *ctx.arguments, *sinks)
+    return dq, dk, dv, *(None,) * len(ctx.arguments), (dsinks if sinks else None)
 
 
 attention_fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -154,20 +184,20 @@ class _EagerAttention(torch.autograd.Function):
     same tensors and give the same numbers. With ``create_graph=True`` the backward goes through the
     backward op, whose own backward refuses a second derivative with a clear error.
 
-    ``spec`` and ``backend`` are what the ops' arguments after the tensors carry (``_spec.op_arguments``). The
-    outputs are o, and lse only where the caller returns it: every output costs autograd work, and (m, l)
-    never leaves the function.
+    ``spec`` and ``backend`` are what the ops' arguments after the tensors carry (``_spec.op_arguments``);
+    ``sinks``, the (H,) sinks or None, an input autograd tracks. The outputs are o, and lse only where the
+    caller returns it: every output costs autograd work, and (m, l) never leaves the function.
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, spec, backend, return_lse, call=None):
+    def forward(ctx, q, k, v, spec, backend, return_lse, call=None, sinks=None):
         if call is not None:  # a flashtile.attention call with its kept kernel plan: no second plan lookup
             o, row_stats = forward_from_kept_plan(q, k, v, call)
             ctx.save_for_backward(q, k, v, o, row_stats)  # (lse, m, l) in one buffer: views only where needed
             lse = row_stats[0] if return_lse else None
         else:
-            o, lse, stats = forward_impl(q, k, v, spec, backend)
-            ctx.save_for_backward(q, k, v, o, lse, stats)
+            o, lse, stats = forward_impl(q, k, v, spec, backend, sinks)
+            ctx.save_for_backward(q, k, v, o, lse, stats, *([] if sinks is None else [sinks]))
         ctx.spec, ctx.backend, ctx.call = spec, backend, call
         if return_lse:
             ctx.mark_non_differentiable(lse)
@@ -183,19 +213,24 @@ class _EagerAttention(torch.autograd.Function):
         # registered backward raises at the second derivative instead of returning a wrong one.
         graph = torch.is_grad_enabled()
         if do is None:  # o's gradient undefined (a Function upstream returned None, gradcheck's check): an
-            return None, None, None, None, None, None, None  # undefined gradient means zero: q's, k's, v's too
+            return (None,) * 8  # undefined gradient means zero: q's, k's, v's and the sinks' too
+        sinks = None
         if ctx.call is not None:
             q, k, v, o, row_stats = ctx.saved_tensors
             if not graph:  # the call's kept backward plan: straight to the kernels
-                return (*backward_from_kept_plan(do, q, k, v, o, row_stats, ctx.call), None, None, None, None)
+                return (*backward_from_kept_plan(do, q, k, v, o, row_stats, ctx.call), None, None, None, None, None)
             lse, stats = row_stats[0], row_stats[1:]
         else:
-            q, k, v, o, lse, stats = ctx.saved_tensors
+            q, k, v, o, lse, stats, *saved_sinks = ctx.saved_tensors
+            sinks = saved_sinks[0] if saved_sinks else None
         if graph:
-            dq, dk, dv = attention_bwd(do, q, k, v, o, lse, stats, *op_arguments(ctx.spec), ctx.backend)
+            dq, dk, dv, dsinks = attention_bwd(do, q, k, v, o, lse, stats, *op_arguments(ctx.spec), ctx.backend,
+                                               sinks)  # fmt: skip
+            dsinks = None if sinks is None else dsinks
         else:
-            dq, dk, dv = backward_impl(do, q, k, v, o, lse, stats, spec=ctx.spec, backend=ctx.backend)
-        return dq, dk, dv, None, None, None, None
+            dq, dk, dv, dsinks = backward_impl(do, q, k, v, o, lse, stats, spec=ctx.spec, backend=ctx.backend,
+                                               sinks=sinks)  # fmt: skip
+        return dq, dk, dv, None, None, None, None, dsinks
 
 
 # Function.apply without its Python layer: that layer sends calls under torch.func transforms elsewhere and
@@ -205,15 +240,16 @@ class _EagerAttention(torch.autograd.Function):
 _eager_apply = super(torch.autograd.Function, _EagerAttention).apply
 
 
-def run_forward(q, k, v, spec: AttentionSpec, backend: str):
+def run_forward(q, k, v, spec: AttentionSpec, backend: str, sinks=None):
     """(o, lse) through the custom op when compiling or for anything but plain CPU or CUDA tensors (meta
     tensors, fake tensors, subclasses: the op's fake implementation serves them); through ``_EagerAttention``
-    otherwise, and straight to the implementation when no gradient can flow."""
-    if torch.compiler.is_compiling() or not plain_inputs(q, k, v):
-        return attention_fwd(q, k, v, *op_arguments(spec), backend)[:2]
-    if records_gradient(q, k, v):
-        return _eager_apply(q, k, v, spec, backend, True)
-    return forward_impl(q, k, v, spec, backend)[:2]
+    otherwise, and straight to the implementation when no gradient can flow (to q, k, v or the sinks)."""
+    if torch.compiler.is_compiling() or not plain_inputs(q, k, v) or (
+            sinks is not None and type(sinks) not in PLAIN_TENSORS):  # fmt: skip
+        return attention_fwd(q, k, v, *op_arguments(spec), backend, sinks)[:2]
+    if records_gradient(q, k, v) or (sinks is not None and sinks.requires_grad and torch.is_grad_enabled()):
+        return _eager_apply(q, k, v, spec, backend, True, None, sinks)
+    return forward_impl(q, k, v, spec, backend, sinks)[:2]
 # --8<-- [end:eager]
 
 
@@ -249,21 +285,30 @@ class AttentionCall(NamedTuple):
 
 
 def check_attention_call(query, key, value, *, is_causal, scale, enable_gqa, alignment, return_lse, window,
-                         softcap) -> AttentionCall:  # fmt: skip
-    """Every check of ``flashtile.attention`` that reads only layouts and flags; raises on bad input."""
+                         softcap, sinks=None) -> AttentionCall:  # fmt: skip
+    """Every check of ``flashtile.attention`` that reads only layouts and flags (of the sinks: their layout,
+    not their values); raises on bad input."""
     shape = check_attention_inputs(query, key, value, names=("query", "key", "value"))
     spec = check_spec(shape, query.dtype, causal=is_causal, scale=scale, alignment=alignment, window=window,
-                      softcap=softcap, return_lse=return_lse, enable_gqa=enable_gqa)  # fmt: skip
+                      softcap=softcap, return_lse=return_lse, enable_gqa=enable_gqa, sinks=sinks,
+                      device=query.device)  # fmt: skip
     # a short call (a decode step, a speculative or chunked one) may run on the decode kernels
     return AttentionCall(spec=spec, plans=KernelPlans(), short=shape.Tq <= MAX_NEW_TOKENS,
                          plain=plain_inputs(query, key, value))  # fmt: skip
 
 
-def call_key(query, key, value, flags: tuple) -> tuple | None:
+def call_key(query, key, value, flags: tuple, sinks=None) -> tuple | None:
     """The key a checked call is kept under: everything ``check_attention_call`` and the kernel plans read
     (``_plans.layout_key`` of each tensor, flat in one tuple: one hash, no nested tuples to build), each flag
-    with its type, and the types inside a window (``(True, 0) == (1, 0)``, but only one is valid); None
-    for what cannot form a key (a non-tensor, a list), which the checks then judge."""
+    with its type, the types inside a window (``(True, 0) == (1, 0)``, but only one is valid), and the sinks'
+    layout; None for what cannot form a key (a non-tensor, a list), which the checks then judge."""
+    if sinks is not None:
+        try:
+            sinks_key = layout_key(sinks) if isinstance(sinks, torch.Tensor) else None
+        except RuntimeError:  # no storage (a sparse tensor): the checks judge it
+            return None
+        base = None if sinks_key is None else call_key(query, key, value, flags)
+        return None if base is None else (*base, *sinks_key)
     try:
         return (type(query), query.shape, query.stride(), query.dtype, query.device, query.data_ptr() % 16 == 0,
                 query.is_neg(), type(key), key.shape, key.stride(), key.dtype, key.device, key.data_ptr() % 16 == 0,
@@ -276,25 +321,31 @@ def call_key(query, key, value, flags: tuple) -> tuple | None:
 
 
 # --8<-- [start:dispatch_call]
-def cast_and_dispatch(query, key, value, call: AttentionCall, compiling: bool):
+def cast_and_dispatch(query, key, value, call: AttentionCall, compiling: bool, sinks=None):
     """``dispatch``, on the inputs cast to the autocast dtype where torch.autocast is on for their device;
-    the kept plans only for the call's own inputs (eager, and not cast copies)."""
+    the kept plans only for the call's own inputs (eager, and not cast copies). The sinks are not cast: the
+    tiers read them in float64 (``reference.sinks``)."""
     if compiling or any_autocast():  # eagerly, one C call where no autocast is on (torch.compile traces the rest)
         device = "cuda" if query.is_cuda else query.device.type  # the flag first: no device object on the GPU
         if autocast_on(device):
             uncast = query
             query, key, value = autocast_inputs(query, key, value, device)  # all three cast, or none
             with torch.autocast(device, enabled=False):  # the tiers choose their own precision
-                return dispatch(query, key, value, call, own_inputs=not compiling and query is uncast)
-    return dispatch(query, key, value, call, own_inputs=not compiling)
+                return dispatch(query, key, value, call, own_inputs=not compiling and query is uncast, sinks=sinks)
+    return dispatch(query, key, value, call, own_inputs=not compiling, sinks=sinks)
 
 
-def dispatch(query, key, value, call: AttentionCall, own_inputs: bool):
+def dispatch(query, key, value, call: AttentionCall, own_inputs: bool, sinks=None):
     """Run one checked call on its tier: on the decode kernels where ``decode_route`` says so; else from the
     call's kept kernel plan where it fits (``own_inputs``: eager, and the inputs are the call's own, not
-    autocast copies), through ``run_forward`` otherwise."""
+    autocast copies), through ``run_forward`` otherwise. A call with sinks is refused on the Triton tier
+    (``refuse_sinks_on_triton``), whether that tier was forced or chosen."""
     backend = pick_backend(query)
     spec = call.spec
+    if sinks is not None:
+        refuse_sinks_on_triton(spec, backend)
+        o, lse = run_forward(query, key, value, spec, backend, sinks)
+        return (o, lse) if spec.return_lse else o
     if call.short and decode_route(query, key, value, call, backend):  # Tq <= 16 rows only
         o, lse = decode_forward(query, key, value, call, own_inputs)
         return (o, lse) if spec.return_lse else o

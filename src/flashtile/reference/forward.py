@@ -25,6 +25,7 @@ from .._checks import (
     check_alignment,
     check_block,
     check_causal,
+    check_sinks,
     check_softcap,
     check_window,
     resolve_scale,
@@ -35,7 +36,7 @@ from .head_dims import check_head_dims
 from .masks import band_keeps, classify_band_tile, key_tile_range, window_band
 from .naive import expand_kv_heads
 from .online_softmax import lse_from_stats, safe_exp_diff
-from .sinks import check_sinks, sink_start_state
+from .sinks import sink_start_state
 
 # Called as on_tile(query_tile_index, key_tile_index, kind) for every tile the forward computes.
 TileCallback = Callable[[int, int, TileKind], None]

@@ -27,33 +27,11 @@ from __future__ import annotations
 
 import torch
 
-from .._checks import AttentionShape, check_tensor, check_values_in_memory
+from .._checks import check_sinks  # the one check of every tier (re-exported here)
 from .merge import merge_partials
 from .online_softmax import online_softmax_update, safe_exp_diff
 
-
-def check_sinks(sinks, shape: AttentionShape, q: torch.Tensor) -> torch.Tensor | None:
-    """sinks is None or a (H,) tensor of float32 or q's dtype on q's device, no NaN or +inf (-inf allowed).
-
-    Returns the sinks as they came (None stays None).
-    """
-    if sinks is None:
-        return None
-    allowed = (torch.float32, q.dtype)
-    check_tensor("sinks", sinks, rank=1, dtypes=tuple(dict.fromkeys(allowed)))
-    check_values_in_memory("sinks", sinks)
-    if tuple(sinks.shape) != (shape.H,):
-        raise ValueError(
-            f"sinks must have shape (H,) = ({shape.H},), one logit per query head, got {tuple(sinks.shape)}"
-        )
-    if sinks.device != q.device:
-        raise ValueError(f"sinks is on {sinks.device} but q is on {q.device}; they must match")
-    if bool(torch.isnan(sinks).any()) or bool(torch.isposinf(sinks).any()):
-        raise ValueError(
-            f"sinks must be finite or -inf (-inf means no sink), got {sinks.tolist()}: a NaN or +inf sink "
-            "would make every row of its head NaN or zero"
-        )
-    return sinks
+__all__ = ["check_sinks", "merge_sink", "sink_gradient", "sink_start_state"]
 
 
 # --8<-- [start:start_state]

@@ -1,0 +1,252 @@
+"""Attention sinks through ``flashtile.attention``: every tier that takes them against the dense float64
+softmax with one extra column (``tests/reference/_sink_truth.py``), and one error per bad input on every tier."""
+
+import math
+
+import pytest
+import torch
+
+import flashtile._dispatch.dense as dense
+from flashtile.api import attention, attention_bwd, attention_fwd, use_backend
+from tests._grids import covering
+from tests.reference._sink_truth import dense_attention
+
+SINK_TIERS = ["reference"]  # the tiers that take sinks; the others refuse them (test below)
+
+
+def make_inputs(B, H, H_kv, Tq, Tk, D, dtype=torch.float64, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(*shape, generator=gen, dtype=dtype) for shape in
+               ((B, H, Tq, D), (B, H_kv, Tk, D), (B, H_kv, Tk, D)))  # fmt: skip
+    sinks = 2 * torch.randn(H, generator=gen, dtype=dtype)
+    do = torch.randn(B, H, Tq, D, generator=gen, dtype=dtype)
+    return q, k, v, sinks, do
+
+
+def truth(q, k, v, sinks, do, **mask):
+    """The dense formula's o, lse and float64 autograd gradients for q, k, v and the sinks."""
+    leaves = [t.detach().double().requires_grad_() for t in (q, k, v, sinks)]
+    o, lse = dense_attention(*leaves[:3], sinks=leaves[3], **mask)
+    return o.detach(), lse.detach(), torch.autograd.grad(o, leaves, do.double())
+
+
+def ours(q, k, v, sinks, do, backend, **kwargs):
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v, sinks)]
+    with use_backend(backend):
+        o, lse = attention(*leaves[:3], sinks=leaves[3], return_lse=True, enable_gqa=True, **kwargs)
+    return o.detach(), lse, torch.autograd.grad(o, leaves, do)
+
+
+MASKS = {  # name: (flashtile.attention's keywords, the truth's)
+    "none": (dict(), dict()),
+    "causal-lower-right": (dict(is_causal=True, alignment="lower_right"), dict(causal=True, alignment="lower_right")),
+    "window": (dict(window=(3, 1)), dict(window=(3, 1))),
+    "causal-window": (dict(is_causal=True, window=(2, -1)), dict(causal=True, window=(2, -1))),
+}
+
+
+@pytest.mark.parametrize(
+    "backend, kwargs, truth_mask, H, H_kv, softcap, dtype",
+    covering(backend=SINK_TIERS, mask=MASKS, groups={"mha": (4, 4), "gqa": (4, 2), "mqa": (4, 1)},
+             softcap={"nocap": None, "cap": 1.5}, dtype={"f64": torch.float64, "f32": torch.float32}),
+)  # fmt: skip
+def test_sinks_match_the_dense_softmax_with_a_sink_column_forward_and_backward(backend, kwargs, truth_mask, H, H_kv,
+                                                                                softcap, dtype):  # fmt: skip
+    q, k, v, sinks, do = make_inputs(2, H, H_kv, 11, 13, 8, dtype=dtype, seed=H + H_kv)
+    o, lse, grads = ours(q, k, v, sinks, do, backend, softcap=softcap, **kwargs)
+    o_ref, lse_ref, grads_ref = truth(q, k, v, sinks, do, softcap=softcap, **truth_mask)
+    tol = dict(rtol=0, atol=1e-12) if dtype == torch.float64 else dict(rtol=0, atol=2e-5)
+    torch.testing.assert_close(o.double(), o_ref, **tol)
+    torch.testing.assert_close(lse.double(), lse_ref, **tol)
+    for name, g, g_ref in zip(("dq", "dk", "dv", "dsinks"), grads, grads_ref):
+        assert g.dtype == dtype, name
+        torch.testing.assert_close(g.double(), g_ref, rtol=0, atol=tol["atol"] * 10, msg=name)
+
+
+def test_the_sink_changes_o_lse_and_every_gradient_so_the_test_above_can_fail():
+    q, k, v, sinks, do = make_inputs(1, 2, 2, 6, 6, 4, seed=3)
+    with_sink = truth(q, k, v, sinks, do)
+    without = truth(q, k, v, torch.full_like(sinks, -math.inf), do)
+    assert (with_sink[0] - without[0]).abs().max() > 1e-3 and (with_sink[1] - without[1]).abs().max() > 1e-3
+    for g, g_none in zip(with_sink[2][:3], without[2][:3]):
+        assert (g - g_none).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("backend", SINK_TIERS)
+def test_a_row_that_sees_no_key_gets_o_zero_lse_the_sink_and_a_sink_gradient_of_zero(backend):
+    # lower-right causal with Tq > Tk: the first Tq - Tk rows see no key
+    q, k, v, sinks, do = make_inputs(1, 2, 1, 9, 4, 8, dtype=torch.float32, seed=5)
+    o, lse, grads = ours(q, k, v, sinks, do, backend, is_causal=True, alignment="lower_right")
+    assert torch.equal(o[:, :, :5], torch.zeros_like(o[:, :, :5]))
+    assert torch.equal(lse[:, :, :5], sinks[None, :, None].expand(1, 2, 5))
+    assert torch.equal(grads[0][:, :, :5], torch.zeros_like(grads[0][:, :, :5]))
+    only_empty = do.clone()
+    only_empty[:, :, 5:] = 0  # the gradient from the empty rows alone: D = 0 there, so dsinks = 0
+    assert torch.equal(ours(q, k, v, sinks, only_empty, backend, is_causal=True, alignment="lower_right")[2][3],
+                       torch.zeros_like(sinks))  # fmt: skip
+    _, lse_ref, grads_ref = truth(q, k, v, sinks, do, causal=True, alignment="lower_right")
+    torch.testing.assert_close(lse.double(), lse_ref, rtol=0, atol=2e-5)
+    torch.testing.assert_close(grads[3].double(), grads_ref[3], rtol=0, atol=2e-4)
+
+
+@pytest.mark.parametrize("backend", SINK_TIERS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_sink_of_minus_inf_is_no_sink_bit_for_bit(backend, dtype):
+    q, k, v, sinks, do = make_inputs(1, 4, 2, 10, 12, 8, dtype=dtype, seed=7)
+    sinks = torch.full_like(sinks, -math.inf)
+    o, lse, grads = ours(q, k, v, sinks, do, backend, is_causal=True, softcap=2.0)
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    with use_backend(backend):
+        o_none, lse_none = attention(*leaves, return_lse=True, enable_gqa=True, is_causal=True, softcap=2.0)
+    assert torch.equal(o, o_none) and torch.equal(lse, lse_none)
+    for g, g_none in zip(grads, torch.autograd.grad(o_none, leaves, do)):
+        assert torch.equal(g, g_none)
+    assert torch.equal(grads[3], torch.zeros_like(sinks))
+
+
+@pytest.mark.parametrize("backend", SINK_TIERS)
+def test_sinks_gradient_passes_gradcheck_through_flashtile_attention(backend):
+    q, k, v, sinks, _ = make_inputs(1, 2, 1, 5, 7, 4, seed=9)
+    leaves = [t.requires_grad_() for t in (q, k, v, sinks)]
+
+    def call(q, k, v, s):
+        with use_backend(backend):
+            return attention(q, k, v, is_causal=True, alignment="lower_right", window=(3, 0), softcap=1.5,
+                             enable_gqa=True, sinks=s)  # fmt: skip
+
+    assert torch.autograd.gradcheck(call, leaves)
+
+
+@pytest.mark.parametrize("backend", SINK_TIERS)
+def test_sinks_alone_requiring_a_gradient_get_one(backend):
+    q, k, v, sinks, do = make_inputs(1, 2, 2, 6, 6, 4, seed=10)
+    sinks.requires_grad_()
+    with use_backend(backend):
+        o = attention(q, k, v, sinks=sinks)
+    (dsinks,) = torch.autograd.grad(o, sinks, do)
+    torch.testing.assert_close(dsinks, truth(q, k, v, sinks, do)[2][3], rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("backend", SINK_TIERS)
+def test_torch_compile_fullgraph_with_sinks_matches_eager_with_its_gradients(backend):
+    q, k, v, sinks, do = make_inputs(1, 4, 2, 9, 9, 8, dtype=torch.float32, seed=11)
+    graphs = []
+
+    def capture(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    def call(q, k, v, s):
+        return attention(q, k, v, is_causal=True, enable_gqa=True, window=(4, -1), sinks=s, return_lse=True)
+
+    with use_backend(backend):
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v, sinks)]
+        o, lse = torch.compile(call, fullgraph=True, backend="aot_eager")(*leaves)
+        grads = torch.autograd.grad(o, leaves, do)
+        torch.compile(call, fullgraph=True, backend=capture)(q, k, v, sinks)
+        eager_leaves = [t.detach().clone().requires_grad_() for t in (q, k, v, sinks)]
+        o_eager, lse_eager = call(*eager_leaves)
+        grads_eager = torch.autograd.grad(o_eager, eager_leaves, do)
+    (graph,) = graphs
+    nodes = [n for n in graph.graph.nodes if str(n.target) == "flashtile.attention_fwd.default"]
+    assert len(nodes) == 1 and len(nodes[0].args) == 10  # the sinks are the op's last argument
+    assert torch.equal(o, o_eager) and torch.equal(lse, lse_eager)
+    for g, g_eager in zip(grads, grads_eager):
+        assert torch.equal(g, g_eager)
+    o_ref, _, grads_ref = truth(q, k, v, sinks, do, causal=True, window=(4, -1))
+    torch.testing.assert_close(o.double(), o_ref, rtol=0, atol=2e-5)
+    torch.testing.assert_close(grads[3].double(), grads_ref[3], rtol=0, atol=2e-4)
+
+
+@pytest.mark.parametrize("backend", SINK_TIERS)
+def test_the_ops_with_sinks_pass_torch_library_opcheck(backend):
+    q, k, v, sinks, do = make_inputs(1, 2, 1, 7, 9, 8, dtype=torch.float32, seed=12)
+    args = (q, k, v, 0.3, "lower_right", -1, 0, None, backend, sinks)
+    torch.library.opcheck(attention_fwd, args)
+    o, lse, stats = attention_fwd(*args)
+    torch.library.opcheck(attention_bwd, (do, q, k, v, o, lse, stats, *args[3:]))
+    dq, dk, dv, dsinks = attention_bwd(do, q, k, v, o, lse, stats, *args[3:])
+    assert dsinks.shape == (2,) and dsinks.dtype == sinks.dtype
+    assert attention_bwd(do, q, k, v, o, lse, stats, *args[3:-1])[3].numel() == 0  # no sinks: an empty dsinks
+
+
+def test_a_kept_call_reads_the_sinks_values_every_call(monkeypatch):
+    q, k, v, sinks, _ = make_inputs(1, 2, 2, 5, 5, 4, seed=13)
+    checks = []
+    real = dense.check_attention_call
+    monkeypatch.setattr("flashtile.api.check_attention_call", lambda *a, **kw: checks.append(1) or real(*a, **kw))
+    with use_backend("reference"):
+        first = attention(q, k, v, sinks=sinks)
+        second = attention(q, k, v, sinks=sinks - 3)  # the same layout: the kept call, new values
+        assert len(checks) == 1
+        torch.testing.assert_close(second, dense_attention(q, k, v, sinks=sinks - 3)[0], rtol=0, atol=1e-12)
+        assert not torch.equal(first, second)
+        with pytest.raises(ValueError, match=r"sinks must be finite or -inf"):
+            attention(q, k, v, sinks=torch.tensor([0.0, math.nan], dtype=torch.float64))
+        no_sinks = attention(q, k, v)  # a call without sinks is another key, never the kept call with them
+    assert len(checks) == 2
+    torch.testing.assert_close(no_sinks, dense_attention(q, k, v)[0], rtol=0, atol=1e-12)
+
+
+BAD_SINKS = [  # (id, sinks for float32 inputs with H = 2, error, message)
+    ("list", [0.0, 1.0], TypeError, r"sinks must be a torch.Tensor, got list"),
+    ("rank-2", torch.zeros(1, 2), ValueError, r"sinks must be a rank-1 tensor"),
+    ("per-kv-head", torch.zeros(1), ValueError, r"sinks must have shape \(H,\) = \(2,\)"),
+    ("int", torch.zeros(2, dtype=torch.int64), TypeError, r"sinks must have dtype in \(float32\)"),
+    ("float64", torch.zeros(2, dtype=torch.float64), TypeError, r"sinks must have dtype in \(float32\)"),
+    ("nan", torch.tensor([math.nan, 0.0]), ValueError, r"sinks must be finite or -inf"),
+    ("plus-inf", torch.tensor([0.0, math.inf]), ValueError, r"sinks must be finite or -inf"),
+    ("meta", torch.zeros(2, device="meta"), ValueError, r"sinks is on meta but q is on cpu"),
+    ("sparse", torch.zeros(2).to_sparse(), TypeError, r"sinks must be a dense \(strided\) tensor"),
+]
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+@pytest.mark.parametrize("name, sinks, error, message", BAD_SINKS, ids=[c[0] for c in BAD_SINKS])
+def test_bad_sinks_get_the_same_error_on_every_tier(backend, name, sinks, error, message):
+    q, k, v, _, _ = make_inputs(1, 2, 1, 4, 4, 8, dtype=torch.float32, seed=14)
+    with use_backend(backend), pytest.raises(error, match=message):
+        attention(q, k, v, sinks=sinks, enable_gqa=True)
+
+
+def test_a_negative_view_of_sinks_is_read_as_its_values():
+    q, k, v, sinks, _ = make_inputs(1, 2, 2, 5, 5, 4, seed=15)
+    view = torch.complex(torch.zeros_like(sinks), -sinks).conj().imag  # holds -(-sinks) in a negative view
+    assert view.is_neg()
+    with use_backend("reference"):
+        torch.testing.assert_close(attention(q, k, v, sinks=view), dense_attention(q, k, v, sinks=sinks)[0],
+                                   rtol=0, atol=1e-12)  # fmt: skip
+
+
+def refuses_sinks(backend_choice):
+    q, k, v, sinks, _ = make_inputs(1, 2, 2, 5, 5, 8, dtype=torch.float32, seed=16)
+    with pytest.raises(ValueError, match=r"sinks are not supported on the triton tier"):
+        backend_choice(lambda: attention(q, k, v, sinks=sinks.float()))
+    with pytest.raises(ValueError, match=r"sinks are not supported on the triton tier"):  # with autograd too
+        backend_choice(lambda: attention(q.requires_grad_(), k, v, sinks=sinks.float()))
+
+
+def test_the_triton_tier_refuses_sinks_when_forced():
+    def forced(call):
+        with use_backend("triton"):
+            return call()
+
+    refuses_sinks(forced)
+
+
+def test_the_triton_tier_refuses_sinks_when_the_automatic_choice_picks_it(monkeypatch):
+    monkeypatch.setattr(dense, "pick_backend", lambda q: "triton")  # the choice on a GPU or in the interpreter
+    refuses_sinks(lambda call: call())
+
+
+def test_the_triton_forward_op_refuses_sinks():
+    q, k, v, sinks, _ = make_inputs(1, 2, 2, 5, 5, 8, dtype=torch.float32, seed=17)
+    with pytest.raises(ValueError, match=r"sinks are not supported on the triton tier"):
+        attention_fwd(q, k, v, 0.5, "upper_left", -1, -1, None, "triton", sinks)
+
+
+def test_float8_inputs_refuse_sinks_rather_than_drop_them():
+    q, k, v, sinks, _ = make_inputs(1, 2, 2, 5, 5, 16, dtype=torch.float32, seed=18)
+    q8, k8, v8 = (t.to(torch.float8_e4m3fn) for t in (q, k, v))
+    with pytest.raises(ValueError, match=r"sinks are not supported with float8_e4m3fn inputs"):
+        attention(q8, k8, v8, sinks=sinks.float())
