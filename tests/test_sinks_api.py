@@ -1,5 +1,6 @@
-"""Attention sinks through ``flashtile.attention``: every tier that takes them against the dense float64
-softmax with one extra column (``tests/reference/_sink_truth.py``), and one error per bad input on every tier."""
+"""Attention sinks through ``flashtile.attention``: both tiers against the dense float64 softmax with one extra
+column (``tests/reference/_sink_truth.py``), and one error per bad input on every tier. The Triton tier runs in
+the interpreter on the CPU, in float32 (its bfloat16 is wrong there)."""
 
 import math
 
@@ -11,7 +12,7 @@ from flashtile.api import attention, attention_bwd, attention_fwd, use_backend
 from tests._grids import covering
 from tests.reference._sink_truth import dense_attention
 
-SINK_TIERS = ["reference"]  # the tiers that take sinks; the others refuse them (test below)
+SINK_TIERS = ["reference", "triton"]
 
 
 def make_inputs(B, H, H_kv, Tq, Tk, D, dtype=torch.float64, seed=0):
@@ -45,14 +46,23 @@ MASKS = {  # name: (flashtile.attention's keywords, the truth's)
 }
 
 
+TIERS = {  # (backend, dtype): float64 always runs on the reference tier
+    "reference-f64": ("reference", torch.float64),
+    "reference-f32": ("reference", torch.float32),
+    "triton-f32": ("triton", torch.float32),
+}
+
+
 @pytest.mark.parametrize(
-    "backend, kwargs, truth_mask, H, H_kv, softcap, dtype",
-    covering(backend=SINK_TIERS, mask=MASKS, groups={"mha": (4, 4), "gqa": (4, 2), "mqa": (4, 1)},
-             softcap={"nocap": None, "cap": 1.5}, dtype={"f64": torch.float64, "f32": torch.float32}),
+    "backend, dtype, kwargs, truth_mask, H, H_kv, softcap, scale",
+    covering(tier=TIERS, mask=MASKS, groups={"mha": (4, 4), "gqa": (4, 2), "mqa": (4, 1)},
+             softcap={"nocap": None, "cap": 1.5}, scale={"default": None, "negative": -0.6}),
 )  # fmt: skip
-def test_sinks_match_the_dense_softmax_with_a_sink_column_forward_and_backward(backend, kwargs, truth_mask, H, H_kv,
-                                                                                softcap, dtype):  # fmt: skip
-    q, k, v, sinks, do = make_inputs(2, H, H_kv, 11, 13, 8, dtype=dtype, seed=H + H_kv)
+def test_sinks_match_the_dense_softmax_with_a_sink_column_forward_and_backward(backend, dtype, kwargs, truth_mask, H,
+                                                                                H_kv, softcap, scale):  # fmt: skip
+    # Tq = 19 > 16 rows: the forward kernel, not the decode route; Tk = 13 is no multiple of a key tile
+    q, k, v, sinks, do = make_inputs(2, H, H_kv, 19, 13, 8, dtype=dtype, seed=H + H_kv)
+    kwargs, truth_mask = {**kwargs, "scale": scale}, {**truth_mask, "scale": scale}
     o, lse, grads = ours(q, k, v, sinks, do, backend, softcap=softcap, **kwargs)
     o_ref, lse_ref, grads_ref = truth(q, k, v, sinks, do, softcap=softcap, **truth_mask)
     tol = dict(rtol=0, atol=1e-12) if dtype == torch.float64 else dict(rtol=0, atol=2e-5)
@@ -75,13 +85,14 @@ def test_the_sink_changes_o_lse_and_every_gradient_so_the_test_above_can_fail():
 @pytest.mark.parametrize("backend", SINK_TIERS)
 def test_a_row_that_sees_no_key_gets_o_zero_lse_the_sink_and_a_sink_gradient_of_zero(backend):
     # lower-right causal with Tq > Tk: the first Tq - Tk rows see no key
-    q, k, v, sinks, do = make_inputs(1, 2, 1, 9, 4, 8, dtype=torch.float32, seed=5)
+    q, k, v, sinks, do = make_inputs(1, 2, 1, 20, 4, 8, dtype=torch.float32, seed=5)
     o, lse, grads = ours(q, k, v, sinks, do, backend, is_causal=True, alignment="lower_right")
-    assert torch.equal(o[:, :, :5], torch.zeros_like(o[:, :, :5]))
-    assert torch.equal(lse[:, :, :5], sinks[None, :, None].expand(1, 2, 5))
-    assert torch.equal(grads[0][:, :, :5], torch.zeros_like(grads[0][:, :, :5]))
+    assert torch.equal(o[:, :, :16], torch.zeros_like(o[:, :, :16]))
+    # lse = the sink: exactly on the reference tier, within float32's rounding of sink / |τ| in the kernel
+    torch.testing.assert_close(lse[:, :, :16], sinks[None, :, None].expand(1, 2, 16), rtol=1e-6, atol=0)
+    assert torch.equal(grads[0][:, :, :16], torch.zeros_like(grads[0][:, :, :16]))
     only_empty = do.clone()
-    only_empty[:, :, 5:] = 0  # the gradient from the empty rows alone: D = 0 there, so dsinks = 0
+    only_empty[:, :, 16:] = 0  # the gradient from the empty rows alone: D = 0 there, so dsinks = 0
     assert torch.equal(ours(q, k, v, sinks, only_empty, backend, is_causal=True, alignment="lower_right")[2][3],
                        torch.zeros_like(sinks))  # fmt: skip
     _, lse_ref, grads_ref = truth(q, k, v, sinks, do, causal=True, alignment="lower_right")
@@ -130,6 +141,7 @@ def test_sinks_alone_requiring_a_gradient_get_one(backend):
 @pytest.mark.parametrize("backend", SINK_TIERS)
 def test_torch_compile_fullgraph_with_sinks_matches_eager_with_its_gradients(backend):
     q, k, v, sinks, do = make_inputs(1, 4, 2, 9, 9, 8, dtype=torch.float32, seed=11)
+    torch._dynamo.reset()  # the tier is read at trace time: no graph traced under the other tier
     graphs = []
 
     def capture(gm, example_inputs):
@@ -218,31 +230,32 @@ def test_a_negative_view_of_sinks_is_read_as_its_values():
                                    rtol=0, atol=1e-12)  # fmt: skip
 
 
-def refuses_sinks(backend_choice):
-    q, k, v, sinks, _ = make_inputs(1, 2, 2, 5, 5, 8, dtype=torch.float32, seed=16)
-    with pytest.raises(ValueError, match=r"sinks are not supported on the triton tier"):
-        backend_choice(lambda: attention(q, k, v, sinks=sinks.float()))
-    with pytest.raises(ValueError, match=r"sinks are not supported on the triton tier"):  # with autograd too
-        backend_choice(lambda: attention(q.requires_grad_(), k, v, sinks=sinks.float()))
+def test_the_triton_tier_runs_the_forward_kernel_with_its_sink_start_state(monkeypatch):
+    """The Triton answer comes from the kernel (its plan says SINK), not from a fallback to the reference."""
+    import flashtile.kernels.forward as forward
+
+    plans = []
+    real = forward.make_forward_plan
+    monkeypatch.setattr(forward, "make_forward_plan", lambda *a, **kw: plans.append(real(*a, **kw)) or plans[-1])
+    q, k, v, sinks, do = make_inputs(1, 2, 2, 17, 9, 8, dtype=torch.float32, seed=16)
+    with use_backend("triton"):
+        o = attention(q, k, v, sinks=sinks.float(), scale=0.41)  # a scale not yet planned: a new plan
+    assert plans and plans[-1].has_sinks and plans[-1].launch.constexprs["SINK"]
+    torch.testing.assert_close(o.double(), dense_attention(q.double(), k.double(), v.double(), sinks=sinks,
+                                                           scale=0.41)[0], rtol=0, atol=2e-6)  # fmt: skip
 
 
-def test_the_triton_tier_refuses_sinks_when_forced():
-    def forced(call):
-        with use_backend("triton"):
-            return call()
-
-    refuses_sinks(forced)
-
-
-def test_the_triton_tier_refuses_sinks_when_the_automatic_choice_picks_it(monkeypatch):
-    monkeypatch.setattr(dense, "pick_backend", lambda q: "triton")  # the choice on a GPU or in the interpreter
-    refuses_sinks(lambda call: call())
-
-
-def test_the_triton_forward_op_refuses_sinks():
-    q, k, v, sinks, _ = make_inputs(1, 2, 2, 5, 5, 8, dtype=torch.float32, seed=17)
-    with pytest.raises(ValueError, match=r"sinks are not supported on the triton tier"):
-        attention_fwd(q, k, v, 0.5, "upper_left", -1, -1, None, "triton", sinks)
+@pytest.mark.parametrize("sinks_dtype", [torch.float16, torch.float32])
+def test_float16_inputs_take_float16_or_float32_sinks_on_the_triton_tier(sinks_dtype):
+    q, k, v, sinks, do = make_inputs(1, 2, 1, 17, 9, 16, dtype=torch.float32, seed=19)
+    q, k, v, do = (t.half() for t in (q, k, v, do))
+    sinks = sinks.to(sinks_dtype)
+    o, lse, grads = ours(q, k, v, sinks, do, "triton", is_causal=True)
+    o_ref, lse_ref, grads_ref = truth(q, k, v, sinks, do, causal=True)
+    assert o.dtype == torch.float16 and grads[3].dtype == sinks_dtype
+    torch.testing.assert_close(o.double(), o_ref, rtol=0, atol=2e-3)
+    torch.testing.assert_close(lse.double(), lse_ref, rtol=0, atol=1e-5)
+    torch.testing.assert_close(grads[3].double(), grads_ref[3], rtol=1e-2, atol=1e-2)
 
 
 def test_float8_inputs_refuse_sinks_rather_than_drop_them():

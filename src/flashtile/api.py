@@ -4,7 +4,7 @@ A call site written for ``torch.nn.functional.scaled_dot_product_attention(query
 is_causal=..., scale=..., enable_gqa=...)`` can call ``flashtile.attention`` with the same arguments.
 What SDPA has and flashtile does not: ``attn_mask`` and ``dropout_p`` (both raise if used), inputs of
 rank other than 4, and a value head dim different from the query's. What flashtile has and SDPA does not:
-windows, soft-capping, ``return_lse`` and attention sinks (``sinks``, on the reference tier).
+windows, soft-capping, ``return_lse`` and attention sinks (``sinks``).
 
 What runs (the dispatch):
 
@@ -130,10 +130,10 @@ def attention(
             row's softmax with a value of zero (gpt-oss): lse_i = log(e^sink + sum_j e^(S_ij)). Finite or
             -inf (-inf is no sink, bit for bit); differentiable (its gradient is
             -sum_{b,i} e^(sink - lse) D). With sinks, lse is the log of the whole normaliser, e^sink
-            included, and a row that sees no key gets o = 0 and lse = sink. The reference tier takes them;
-            the Triton tier refuses them with a ValueError (run such a call under
-            ``use_backend("reference")``). Eager calls read their values (NaN and +inf are refused) on every
-            call; under torch.compile the values are not read.
+            included, and a row that sees no key gets o = 0 and lse = sink. Both tiers take them (the
+            kernels start each row from m = sink, l = 1; a call with sinks never takes the decode kernels).
+            Eager calls read their values (NaN and +inf are refused) on every call; under torch.compile
+            the values are not read. float8 inputs refuse them.
         descale_q, descale_k, descale_v, out_dtype: for float8_e4m3fn query, key and value (forward only),
             their float32 factors as ``flashtile.fp8.quantize`` returns them, and o's dtype (bf16 by
             default); see ``flashtile.fp8.attention.fp8_attention``.

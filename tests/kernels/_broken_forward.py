@@ -89,7 +89,7 @@ def forward_assuming_contiguous_strides(q, k, v, causal=False, alignment="upper_
     row_stats = q.new_empty((3, B, H, Tq)).float()  # lse, m, l
     units = kernel_scale(1.0 / math.sqrt(D))
     _forward_kernel[(triton.cdiv(Tq, 16), H, B)](
-        q, k, v, o, row_stats,
+        q, k, v, o, row_stats, row_stats,  # no sinks: row_stats stands in for SINKS, never read
         *contiguous_strides(q), *contiguous_strides(k), *contiguous_strides(v), *o.stride(),
         H, H // H_kv, Tq, Tk, diagonal_offset(Tq, Tk, alignment), units.qk_scale, B * H * Tq, 1,
         0, 0, units.unit, 1.0,  # band_lo, band_hi, unit, softcap: no window, no cap (BAND, SOFTCAP off)

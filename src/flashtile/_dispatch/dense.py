@@ -13,8 +13,11 @@ checked call by one key (``call_key``); its backward runs from a plan kept with 
 
 Attention sinks (``sinks``, a (H,) tensor) travel beside q, k and v as one more tensor argument of the ops
 (``Tensor? sinks``, last, None without them) and of ``_EagerAttention``, so autograd hands back their
-gradient; the spec says whether a call has them (``AttentionSpec.has_sinks``). The reference tier takes
-them (``reference.sinks``); the Triton tier refuses them (``refuse_sinks_on_triton``).
+gradient; the spec says whether a call has them (``AttentionSpec.has_sinks``). Both tiers take them: the
+reference tier through ``reference.sinks``, the Triton tier from the forward kernel's start state
+(``kernels.forward.sink_start``) and the backward's row terms (``kernels.backward.sink_gradient_from_rows``).
+A call with sinks runs through ``run_forward`` (the custom op, or ``_EagerAttention``): never the decode
+kernels, and never the kept kernel plan, whose launch takes no sinks.
 """
 
 from __future__ import annotations
@@ -41,24 +44,13 @@ from .tiers import (
 )
 
 
-def refuse_sinks_on_triton(spec: AttentionSpec, backend: str) -> None:
-    """The Triton tier's kernels start every row from (m, l) = (-inf, 0): a call with sinks is refused there,
-    never run without them."""
-    if spec.has_sinks and backend == "triton":
-        raise ValueError(
-            "sinks are not supported on the triton tier (its kernels start every row from m = -inf, l = 0, "
-            "with no sink); run the call on the reference tier, inside flashtile.api.use_backend('reference')"
-        )
-
-
 # --8<-- [start:impl]
 def forward_impl(q, k, v, spec: AttentionSpec, backend: str, sinks=None):
     """What the forward op computes, callable without the op: (o, lse, stats), see ``attention_fwd``."""
-    refuse_sinks_on_triton(spec, backend)
     if check_backend(backend) == "triton":
         from ..kernels.forward import forward_with_spec
 
-        return forward_with_spec(q, k, v, spec)
+        return forward_with_spec(q, k, v, spec, sinks)
     from ..reference.forward import flash_attention_forward
 
     o, lse = flash_attention_forward(q, k, v, False, spec.scale, REFERENCE_BLOCK, REFERENCE_BLOCK, spec.mask.alignment,
@@ -71,11 +63,10 @@ def backward_impl(do, q, k, v, o, lse, stats, *, spec: AttentionSpec, backend: s
     """What the backward op computes, callable without the op: (dq, dk, dv, dsinks), see ``attention_bwd``;
     dsinks None without sinks."""
     (do,) = resolve_neg_bits(do)  # an upstream gradient may be a negative view: the kernels read memory
-    refuse_sinks_on_triton(spec, backend)
     if check_backend(backend) == "triton":  # the launcher's gradients are new tensors, laid out like q, k, v
         from ..kernels.backward import backward_with_spec
 
-        return (*backward_with_spec(q, k, v, o, lse, do, stats, spec=spec), None)
+        return backward_with_spec(q, k, v, o, lse, do, stats, spec=spec, sinks=sinks)
     from ..reference.backward import backward_delta, flash_attention_backward
     from ..reference.sinks import sink_gradient
 
@@ -338,12 +329,10 @@ def cast_and_dispatch(query, key, value, call: AttentionCall, compiling: bool, s
 def dispatch(query, key, value, call: AttentionCall, own_inputs: bool, sinks=None):
     """Run one checked call on its tier: on the decode kernels where ``decode_route`` says so; else from the
     call's kept kernel plan where it fits (``own_inputs``: eager, and the inputs are the call's own, not
-    autocast copies), through ``run_forward`` otherwise. A call with sinks is refused on the Triton tier
-    (``refuse_sinks_on_triton``), whether that tier was forced or chosen."""
+    autocast copies), through ``run_forward`` otherwise; a call with sinks, through ``run_forward`` always."""
     backend = pick_backend(query)
     spec = call.spec
     if sinks is not None:
-        refuse_sinks_on_triton(spec, backend)
         o, lse = run_forward(query, key, value, spec, backend, sinks)
         return (o, lse) if spec.return_lse else o
     if call.short and decode_route(query, key, value, call, backend):  # Tq <= 16 rows only

@@ -808,11 +808,33 @@ def checked_backward_plan(q, k, v, o, lse, do, stats, *, causal, scale, alignmen
                               deterministic), block_q=block_q, block_k=block_k, config=config, tma=tma)  # fmt: skip
 
 
-def backward_with_spec(q, k, v, o, lse, do, stats, *, spec: AttentionSpec) -> tuple:
-    """(dq, dk, dv) of a call whose options are checked already (``flashtile.attention``'s), from the forward's
-    (m, l) ``stats``: the deterministic plan, kept per layout and spec."""
+def backward_with_spec(q, k, v, o, lse, do, stats, *, spec: AttentionSpec, sinks=None) -> tuple:
+    """(dq, dk, dv, dsinks) of a call whose options are checked already (``flashtile.attention``'s), from the
+    forward's (m, l) ``stats``: the deterministic plan, kept per layout and spec. With ``sinks`` (H,), the
+    forward's (m, l) and lse hold the sink already, so dq, dk, dv are computed as without one, and dsinks
+    from the row terms the dQ kernel stores (``sink_gradient_from_rows``); dsinks is None without sinks."""
     plan = cached_plan(make_backward_plan, (q, k, v, o, lse, do, stats), spec, True, names=("spec", "deterministic"))
-    return backward_with_plan(plan, q, k, v, o, do, stats if plan.stats_contiguous else stats.contiguous())
+    stats = stats if plan.stats_contiguous else stats.contiguous()
+    if sinks is None:
+        return (*backward_with_plan(plan, q, k, v, o, do, stats), None)
+    rows = torch.empty(plan.rows_shape, dtype=torch.float32, device=plan.device)  # the dQ kernel fills it
+    dq, dk, dv = backward_with_plan(plan, q, k, v, o, do, stats, rows)
+    return dq, dk, dv, sink_gradient_from_rows(sinks, lse, rows[0])
+
+
+# --8<-- [start:sink_gradient]
+def sink_gradient_from_rows(sinks: torch.Tensor, lse: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+    """dsinks_h = -sum over b and i of exp(sink_h - lse_(b,h,i)) * D_(b,h,i), in sinks' dtype.
+
+    The sink's column of dS, summed over every row of its head: its value is zero, so
+    dP = 0 there and dS = P_sink * (0 - D). D = delta is the row term the dQ kernel has
+    stored already (no second pass over O and dO); lse (B, H, Tq) holds the sink. A sink
+    of -inf gets 0, also on a row whose lse is -inf.
+    """
+    sink = sinks.float()[None, :, None]  # (1, H, 1)
+    p_sink = torch.where(torch.isneginf(sink), 0.0, torch.exp(sink - lse))  # (B, H, Tq)
+    return -(p_sink * delta).sum(dim=(0, 2)).to(sinks.dtype)
+# --8<-- [end:sink_gradient]
 
 
 # --8<-- [start:launcher]

@@ -21,6 +21,12 @@ Compared with the PyTorch tier, the kernel adds only what the GPU forces on it:
 NaN and inf follow the package's one rule (docs: "flashtile.attention"): a row that sees a NaN or an
 infinite score comes out NaN (lse NaN, or +inf for a +inf score, as torch.logsumexp gives); a row
 that sees no key gives o = 0 and lse = -inf.
+
+Attention sinks (``SINK``, one logit per query head in ``SINKS``): every row starts from the state after
+one key whose score is its head's sink and whose value is zero (``sink_start``), as the reference tier's
+``reference.sinks.sink_start_state``; the loops and the epilogue are unchanged. A row that sees no key then
+gives o = 0 and lse = sink, and a sink of -inf is the empty start state, bit for bit. The dense entry point
+passes them; the varlen launch and ``flash_attention`` take none.
 """
 
 from __future__ import annotations
@@ -72,6 +78,7 @@ from ._jit import (
     full_key_tiles,
     fused_softmax_step,
     last_key_tile,
+    multiply_subtract,
     online_softmax_step,
     program_offset,
     program_tile,
@@ -155,9 +162,33 @@ def _attend_key_tiles(
 # --8<-- [end:inner]
 
 
+# --8<-- [start:sink_start]
+@triton.jit
+def sink_start(SINKS, h, unit, qk_scale, BLOCK_Q: tl.constexpr, SOFTCAP: tl.constexpr,
+               INTERPRETED: tl.constexpr):  # fmt: skip
+    """(m, l, shift, largest) of rows that have seen head h's sink and no key: the state
+    after one column whose score is the sink and whose value is zero (acc stays 0).
+
+    m is in the loop's units: raw dots u with S = unit * u, so m = sink / unit; with a
+    softcap the loop runs on capped scores in natural units, and the sink (never capped)
+    is m = sink. l is the sink's p as ``fused_softmax_step`` counts it, relative to
+    2^shift: exp2(m * qk_scale - shift) = 2^delta, 1 in the units of lse. A sink of -inf
+    gives (-inf, 0, -inf, 0): the empty state, bit for bit.
+    """
+    sink = tl.load(SINKS + h).to(tl.float32)
+    if not SOFTCAP:
+        sink = sink / unit  # natural units to raw dots: S = unit * u
+    m = tl.full([BLOCK_Q], 0.0, dtype=tl.float32) + sink
+    shift = m * qk_scale  # fl(m * qk_scale), as the loop rounds it
+    shift_safe = tl.where(m == float("-inf"), 0.0, shift)  # -inf: p = 0, l = 0
+    l = tl.math.exp2(multiply_subtract(m, qk_scale, shift_safe, INTERPRETED))
+    return m, l, shift, tl.abs(shift_safe)
+# --8<-- [end:sink_start]
+
+
 @triton.jit
 def _forward_kernel(
-    Q, K, V, O, ROW_STATS,
+    Q, K, V, O, ROW_STATS, SINKS,
     stride_qb, stride_qh, stride_qt, stride_qd,
     stride_kb, stride_kh, stride_kt, stride_kd,
     stride_vb, stride_vh, stride_vt, stride_vd,
@@ -168,6 +199,7 @@ def _forward_kernel(
     USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr, INTERPRETED: tl.constexpr,
     HEAVIEST_FIRST: tl.constexpr, MASKED_TILES: tl.constexpr, BAND: tl.constexpr, SOFTCAP: tl.constexpr,
     CU_Q=None, CU_K=None, ORDER=None, VARLEN: tl.constexpr = False, STATS: tl.constexpr = True,
+    SINK: tl.constexpr = False,
 ):
     # --8<-- [start:program]
     # under causal, the longest query tiles (most key tiles) launch first, so the short ones fill the tail
@@ -214,6 +246,8 @@ def _forward_kernel(
     acc = tl.zeros([BLOCK_Q, HEAD_DIM_PAD], dtype=tl.float32)
     shift = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)  # fl(m * qk_scale), what p subtracts
     largest = tl.zeros([BLOCK_Q], dtype=tl.float32)  # max |shift| a row has used, for the check below
+    if SINK:  # the rows have seen one key already, the sink, whose value is zero
+        m, l, shift, largest = sink_start(SINKS, h, unit, qk_scale, BLOCK_Q, SOFTCAP, INTERPRETED)
     # --8<-- [end:state]
 
     first_k_index = 0
@@ -282,6 +316,9 @@ def _forward_kernel(
         m = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)
         l = tl.zeros([BLOCK_Q], dtype=tl.float32)
         acc = tl.zeros([BLOCK_Q, HEAD_DIM_PAD], dtype=tl.float32)
+        if SINK:  # the exact step keeps l relative to 2^(m * qk_scale): the sink counts 1 (0 if -inf)
+            m, l, shift, largest = sink_start(SINKS, h, unit, qk_scale, BLOCK_Q, SOFTCAP, INTERPRETED)
+            l = tl.where(l == 0.0, 0.0, 1.0)
         acc, l, m, shift, largest = _attend_key_tiles(
             acc, l, m, shift, largest, q, k_base, v_base, b, h_kv, stride_kt, stride_kd, stride_vt, stride_vd,
             i, d, first_k_index, n_key_tiles, Tk, offset, qk_scale, band_lo, band_hi, unit, softcap,
@@ -373,10 +410,11 @@ class ForwardPlan(NamedTuple):
     launch_without_stats: KernelLaunch  # the same kernel storing o only (STATS=False), for calls that keep no lse
     tma: tuple | None  # (strides, tile rows) of each of q, k, v's descriptors, or None for pointers
     return_stats: bool
+    has_sinks: bool  # the spec's: the kernel starts every row from its head's sink (SINK)
 
-    def run(self, q, k, v, stats: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``forward_with_plan(self, q, k, v, stats)``."""
-        return forward_with_plan(self, q, k, v, stats)
+    def run(self, q, k, v, stats: bool = True, sinks=None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``forward_with_plan(self, q, k, v, stats, sinks)``."""
+        return forward_with_plan(self, q, k, v, stats, sinks)
 
 
 def make_forward_plan(q, k, v, *, spec: AttentionSpec, return_stats: bool, block_q=None, block_k=None,
@@ -420,11 +458,14 @@ def make_forward_plan(q, k, v, *, spec: AttentionSpec, return_stats: bool, block
                             HEAVIEST_FIRST=chunk > 0,
                             MASKED_TILES=causal or Tk % block_k != 0, BAND=mask.banded,
                             SOFTCAP=softcap is not None,
-                            CU_Q=None, CU_K=None, ORDER=None, VARLEN=False, STATS=stats),  # fmt: skip
+                            CU_Q=None, CU_K=None, ORDER=None, VARLEN=False, STATS=stats,
+                            SINK=spec.has_sinks),  # fmt: skip
             num_warps=num_warps,
             num_stages=num_stages,
             maxnreg=maxnreg,
-            fresh_outputs=2,  # o and the row statistics (o again without them), allocated on every call
+            # o, the row statistics and the sinks (o again for the statistics without them, the statistics or
+            # o for the sinks without sinks), allocated on every call: the sinks as a float32 copy
+            fresh_outputs=3,
             plan_keyed=True,  # kept under q, k and v's layouts (flash_attention, and attention's kept call)
         )
 
@@ -437,6 +478,7 @@ def make_forward_plan(q, k, v, *, spec: AttentionSpec, return_stats: bool, block
         launch_without_stats=launch(False),
         tma=None if strides is None else tuple(zip(strides, (block_q, block_k, block_k))),
         return_stats=return_stats,
+        has_sinks=spec.has_sinks,
     )
 
 
@@ -493,18 +535,20 @@ def flash_attention(
     return (o, row_stats[0], row_stats[1:]) if plan.return_stats else (o, row_stats[0])
 
 
-def forward_with_spec(q, k, v, spec: AttentionSpec) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def forward_with_spec(q, k, v, spec: AttentionSpec, sinks=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(o, lse, stats) of a call whose options are checked already (``flashtile.attention``'s): the plan kept
-    per layout and spec."""
+    per layout and spec; ``sinks`` the (H,) sinks where ``spec.has_sinks``."""
     plan = cached_plan(make_forward_plan, (q, k, v), spec, True, names=("spec", "return_stats"))
-    o, row_stats = forward_with_plan(plan, q, k, v)
+    o, row_stats = forward_with_plan(plan, q, k, v, sinks=sinks)
     return o, row_stats[0], row_stats[1:]
 
 
-def forward_with_plan(plan: ForwardPlan, q, k, v, stats: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+def forward_with_plan(plan: ForwardPlan, q, k, v, stats: bool = True,
+                      sinks=None) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
     """Run one call's kernel from its plan: o, and row_stats (3, B, H, Tq) float32 = (lse, m, l), or None
     without ``stats`` (a call that records no gradient and returns no lse: one allocation, three stores
-    fewer a row).
+    fewer a row). ``sinks``: the (H,) sinks of a plan with ``has_sinks`` (checked by the caller), passed
+    to the kernel as a fresh float32 copy, in the one dtype and alignment the plan's kernel was compiled for.
 
     One buffer for the three row statistics costs one allocation where three tensors would cost three;
     lse = row_stats[0] and stats = row_stats[1:] are views of it, made only where a caller needs them.
@@ -516,11 +560,13 @@ def forward_with_plan(plan: ForwardPlan, q, k, v, stats: bool = True) -> tuple[t
     # torch.empty_like is the cheapest allocation a call can make (no size or dtype to parse), and where q
     # is dense it gives exactly q's strides, which the plan passed to the kernel
     o = torch.empty_like(q) if plan.o_like_q else torch.empty(plan.out_shape, dtype=q.dtype, device=plan.device)
-    if not stats:
-        plan.launch_without_stats(*loads, o, o)  # o stands in for ROW_STATS, which this kernel never touches
+    if plan.has_sinks:
+        sinks = sinks.to(torch.float32, copy=True)
+    if not stats:  # o stands in for ROW_STATS, and for SINKS without sinks, which this kernel never touches
+        plan.launch_without_stats(*loads, o, o, o if sinks is None else sinks)
         return o, None
     row_stats = torch.empty(plan.stats_shape, dtype=torch.float32, device=plan.device)
-    plan.launch(*loads, o, row_stats)
+    plan.launch(*loads, o, row_stats, row_stats if sinks is None else sinks)  # row_stats stands in for SINKS
     return o, row_stats
 # --8<-- [end:launcher]
 
@@ -598,7 +644,7 @@ def varlen_forward_with_spec(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_
         return 0, x.stride(1), x.stride(0), x.stride(2)
 
     _forward_kernel[head_batch_grid(-(-max_seqlen_q // block_q), H, n_docs)](
-        q, k, v, o, row_stats, *strides(q), *strides(k), *strides(v), *strides(o),
+        q, k, v, o, row_stats, row_stats, *strides(q), *strides(k), *strides(v), *strides(o),  # no SINKS: row_stats
         H, H // H_kv, total_q, k.shape[0], int(spec.mask.alignment == "lower_right"), qk_scale, H * total_q, 1, left,
         right, units.unit, 1.0 if softcap is None else softcap,
         HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D), BLOCK_Q=block_q, BLOCK_K=block_k, CAUSAL=mask.causal,
