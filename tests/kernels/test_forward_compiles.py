@@ -9,6 +9,8 @@ tiles, 8 warps, 3 stages), on both load paths: pointers (USE_TMA=False) and TMA 
 TMA path's Q, K and V are host-built tensor descriptors; the compiler needs only their type, spelled
 ``tensordesc<bf16[1, 1, rows, 64]>`` as Triton's launcher would mangle a ``TensorDescriptor`` argument.
 Both must contain ``wgmma.mma_async``; the TMA one must also load through ``cp.async.bulk.tensor``.
+The pointer path is compiled once more with attention sinks (SINK=True: each row starts from its head's
+sink), and ``ptxas -v`` counts both compiles' spills: the start state must not make the kernel spill more.
 Skipped only where Triton has no NVIDIA backend (no ptxas to finish the compile).
 """
 
@@ -19,7 +21,18 @@ import pytest
 from tests._sm90 import compiled, register
 
 BODY = """
+import re, subprocess, tempfile
 from flashtile.kernels import forward
+
+
+def spills(kernel):
+    with tempfile.TemporaryDirectory() as tmp:
+        with open(f"{tmp}/k.ptx", "w") as f:
+            f.write(kernel.asm["ptx"])
+        log = subprocess.run([triton.knobs.nvidia.ptxas.path, "-v", "--gpu-name=sm_90a", f"{tmp}/k.ptx", "-o",
+                              f"{tmp}/k.o"], capture_output=True, text=True, check=True).stderr
+    return int(re.search(r"(\\d+) bytes spill stores", log).group(1))
+
 
 D, BLOCK_Q, BLOCK_K = 64, 128, 64
 pointers = dict(Q="*bf16", K="*bf16", V="*bf16", O="*bf16", ROW_STATS="*fp32", qk_scale="fp32")
@@ -30,9 +43,14 @@ for use_tma in (False, True):
         types.update(Q=f"tensordesc<bf16[1, 1, {BLOCK_Q}, {D}]>", K=f"tensordesc<bf16[1, 1, {BLOCK_K}, {D}]>",
                      V=f"tensordesc<bf16[1, 1, {BLOCK_K}, {D}]>")
     constexprs = dict(HEAD_DIM=D, HEAD_DIM_PAD=D, BLOCK_Q=BLOCK_Q, BLOCK_K=BLOCK_K, CAUSAL=True, SIGN=1,
-                      USE_TMA=use_tma, DOT_PRECISION="tf32", INTERPRETED=False)
+                      USE_TMA=use_tma, DOT_PRECISION="tf32", INTERPRETED=False, BAND=False, SOFTCAP=False)
     kernel = sm90(forward._forward_kernel, types, constexprs, num_warps=8, num_stages=3)
     out["tma" if use_tma else "pointers"] = kernel.asm["ptx"]
+    if not use_tma:
+        out["spills"] = spills(kernel)
+        sink = sm90(forward._forward_kernel, dict(types, SINKS="*fp32"), dict(constexprs, SINK=True), num_warps=8,
+                    num_stages=3)  # fmt: skip
+        out["sink"], out["sink_spills"] = sink.asm["ptx"], spills(sink)
 print(json.dumps(out))
 """
 register("forward", BODY)
@@ -58,3 +76,9 @@ def test_forward_tma_path_loads_through_the_copy_engine(sm90_ptx):
     """A control for the parametrisation above: the two compiles really are the two load paths."""
     assert "cp.async.bulk.tensor" in sm90_ptx["tma"]
     assert "cp.async.bulk.tensor" not in sm90_ptx["pointers"]
+
+
+def test_the_sink_start_state_compiles_to_wgmma_and_spills_no_more_than_without_it(sm90_ptx):
+    assert "wgmma.mma_async" in sm90_ptx["sink"]
+    assert sm90_ptx["sink"] != sm90_ptx["pointers"]  # a control: SINK=True compiled the start state in
+    assert sm90_ptx["sink_spills"] <= sm90_ptx["spills"], (sm90_ptx["sink_spills"], sm90_ptx["spills"])

@@ -823,8 +823,9 @@ def backward_with_spec(q, k, v, o, lse, do, stats, *, spec: AttentionSpec, sinks
 
 
 # --8<-- [start:sink_gradient]
-def sink_gradient_from_rows(sinks: torch.Tensor, lse: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
-    """dsinks_h = -sum over b and i of exp(sink_h - lse_(b,h,i)) * D_(b,h,i), in sinks' dtype.
+def sink_gradient_from_rows(sinks: torch.Tensor, lse: torch.Tensor,
+                            delta: torch.Tensor) -> torch.Tensor:  # fmt: skip
+    """dsinks_h = -(sum over b and i of exp(sink_h - lse_bhi) * D_bhi), in sinks' dtype.
 
     The sink's column of dS, summed over every row of its head: its value is zero, so
     dP = 0 there and dS = P_sink * (0 - D). D = delta is the row term the dQ kernel has
