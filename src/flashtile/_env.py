@@ -19,21 +19,25 @@ _TRUE = ("1", "true", "on", "yes", "y")  # Triton's own reading, for Triton buil
 
 # --8<-- [start:interpret]
 def constant_under_compile(fn):
-    """``torch.compiler.assume_constant_result(fn)``: torch.compile calls fn once while tracing and keeps
-    its answer as a constant of the graph. That function imports torch._dynamo first (about 1.4 s of CPU in
-    every process that imports flashtile, most of which never compile), then only sets this mark on fn;
-    setting the mark ourselves defers the import to the first compile. tests/test_env.py checks that the two
-    mark a function alike on the installed torch."""
+    """``torch.compiler.assume_constant_result(fn)``: torch.compile calls fn once while
+    tracing and keeps its answer as a constant of the graph. That function imports
+    torch._dynamo first (about 1.4 s of CPU in every process that imports flashtile,
+    most of which never compile), then only sets this mark on fn; setting the mark
+    ourselves defers the import to the first compile. tests/test_env.py checks that the
+    two mark a function alike on the installed torch."""
     fn._dynamo_marked_constant = True
     return fn
 
 
-@constant_under_compile  # torch.compile reads it once, at trace time: Triton's knob is C code
+# torch.compile reads it once, at trace time: Triton's knob is C code
+@constant_under_compile
 def is_interpreting() -> bool:
-    """True when TRITON_INTERPRET asks for the interpreter, read the way Triton reads it."""
+    """True when TRITON_INTERPRET asks for the interpreter, read the way Triton reads
+    it."""
     try:
         from triton import knobs
-    except ImportError:  # no Triton at all (a platform without it), or a Triton older than knobs
+    # no Triton at all (a platform without it), or a Triton older than knobs
+    except ImportError:
         return os.environ.get("TRITON_INTERPRET", "").strip().lower() in _TRUE
     return bool(knobs.runtime.interpret)
 # --8<-- [end:interpret]
