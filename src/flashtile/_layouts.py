@@ -15,7 +15,8 @@ import torch
 
 # --8<-- [start:layouts]
 def contiguous_strides(shape) -> tuple:
-    """The strides torch.empty(shape) gets (a dim of size 0 counts as 1, as in torch)."""
+    """The strides torch.empty(shape) gets (a dim of size 0 counts as 1, as in
+    torch)."""
     strides, step = [], 1
     for size in reversed(shape):
         strides.append(step)
@@ -24,10 +25,11 @@ def contiguous_strides(shape) -> tuple:
 
 
 def strides_like(x: torch.Tensor) -> tuple:
-    """Strides for a new tensor of x's shape laid out as x is in memory: x's own where x covers its
-    memory densely in some order of its dims (a (B, H, T, D) view of (B, T, H, D) storage, say), else
-    contiguous ones (a slice, an expanded tensor). A gradient allocated with them is the layout autograd
-    keeps, so it is stored as it is and not copied."""
+    """Strides for a new tensor of x's shape laid out as x is in memory: x's own where x
+    covers its memory densely in some order of its dims (a (B, H, T, D) view of (B, T,
+    H, D) storage, say), else contiguous ones (a slice, an expanded tensor). A gradient
+    allocated with them is the layout autograd keeps, so it is stored as it is and not
+    copied."""
     if x.numel() == 0:
         return contiguous_strides(x.shape)
     step = 1
@@ -38,7 +40,12 @@ def strides_like(x: torch.Tensor) -> tuple:
     return tuple(x.stride())
 
 
-def empty_like_layout(x: torch.Tensor, strides: tuple, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """An uninitialised tensor of x's shape, dtype (or ``dtype``) and device, with ``strides``."""
-    return torch.empty_strided(x.shape, strides, dtype=dtype or x.dtype, device=x.device)
+def empty_like_layout(
+    x: torch.Tensor, strides: tuple, dtype: torch.dtype | None = None
+) -> torch.Tensor:
+    """An uninitialised tensor of x's shape, dtype (or ``dtype``) and device, with
+    ``strides``."""
+    return torch.empty_strided(
+        x.shape, strides, dtype=dtype or x.dtype, device=x.device
+    )
 # --8<-- [end:layouts]
