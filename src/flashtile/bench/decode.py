@@ -179,14 +179,18 @@ def measure(shape: dict, device="cuda", dtype=torch.bfloat16, clock: str = "both
 
 
 # --8<-- [start:streaming_fit]
-def streaming_fit(rows: list[dict], provider: str, H_kv: int, B: int = 1, caches=(32768, 131072)) -> tuple:
-    """(R in TB/s, t0 in µs) of the model t = t0 + bytes / R, through the graphed times of two contiguous
-    cache lengths: R is the rate at which a call streams K and V, t0 what it costs whatever the length."""
+def streaming_fit(
+    rows: list[dict], provider: str, H_kv: int, B: int = 1, caches=(32768, 131072)
+) -> tuple:
+    """(R in TB/s, t0 in µs) of the model t = t0 + bytes / R, through the graphed times
+    of two contiguous cache lengths: R is the rate at which a call streams K and V, t0
+    what it costs whatever the length."""
     (x1, t1), (x2, t2) = sorted(
-        (kv_cache_bytes([r["Tk"]] * B, H_kv, r["D"], 2) / 1e6, 1000 * r["ms_graph"])  # MB of K and V (bf16), µs
+        # MB of K and V (bf16), µs
+        (kv_cache_bytes([r["Tk"]] * B, H_kv, r["D"], 2) / 1e6, 1000 * r["ms_graph"])
         for r in rows
-        if r["provider"] == provider and r["B"] == B and r["H_kv"] == H_kv and r["Tk"] in caches
-        and not r.get("page_size") and not r.get("ragged")
+        if r["provider"] == provider and r["B"] == B and r["H_kv"] == H_kv
+        and r["Tk"] in caches and not r.get("page_size") and not r.get("ragged")
     )  # fmt: skip
     us_per_mb = (t2 - t1) / (x2 - x1)  # 1 MB per µs is 1 TB/s
     return 1 / us_per_mb, t1 - us_per_mb * x1
