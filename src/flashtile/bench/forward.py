@@ -96,31 +96,40 @@ def free_memory(device) -> None:
 
 
 # --8<-- [start:measure]
-def measure_provider(name: str, shape: dict, q, k, v, truth, *, timer, device="cuda", launch=None,
-                     build=prov.build) -> dict:  # fmt: skip
+def measure_provider(
+    name: str, shape: dict, q, k, v, truth, *, timer, device="cuda", launch=None,
+    build=prov.build,
+) -> dict:  # fmt: skip
     """Check one provider's output against the truth, then time it; a row either way."""
     caught: list = []
     reason = None
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            fn = build(name, shape, device, launch)  # raises Skip where the provider is not run
+            # raises Skip where the provider is not run
+            fn = build(name, shape, device, launch)
             o = fn(q, k, v)  # the first call also compiles (flashtile, flex)
     except prov.Skip as exc:
         return schema_row(shape, name, error=str(exc))
-    except Exception as exc:  # an OOM, an SDPA backend that refuses the shape, a flex compile failure
+    # an OOM, an SDPA backend that refuses the shape, a flex compile failure
+    except Exception as exc:
         if name.startswith("flashtile") and not isinstance(exc, torch.OutOfMemoryError):
-            raise  # our kernel must run every shape of the sets: anything else is a bug to see, not a row
+            # our kernel must run every shape of the sets: anything else is a bug to
+            # see, not a row
+            raise
         reason = error_reason(exc, caught)
-    if reason is not None:  # out of the except block, so the traceback no longer holds the tensors
+    # out of the except block, so the traceback no longer holds the tensors
+    if reason is not None:
         free_memory(device)
         return schema_row(shape, name, error=reason)
     dtype = prov.provider_dtype(name, shape)
-    err = prov.check_output(name, o, truth, dtype)  # raises WrongAnswer: a wrong answer is never timed
+    # raises WrongAnswer: a wrong answer is never timed
+    err = prov.check_output(name, o, truth, dtype)
     del o
     try:
         ms = timer(lambda: fn(q, k, v))
-    except torch.OutOfMemoryError:  # the naive provider can fit once and not across repetitions
+    # the naive provider can fit once and not across repetitions
+    except torch.OutOfMemoryError:
         ms = None
     if ms is None:
         free_memory(device)
