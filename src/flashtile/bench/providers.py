@@ -124,10 +124,14 @@ def naive_attention(q, k, v, causal: bool) -> torch.Tensor:
     if group > 1:  # GQA: every query head of a group reads the same K, V head
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     Tq, Tk = q.shape[2], k.shape[2]
-    s = q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5  # (B, H, Tq, Tk): the matrix FlashAttention never writes
+    # (B, H, Tq, Tk): the matrix FlashAttention never writes
+    s = q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5
     if causal:
-        s = s.masked_fill(torch.ones(Tq, Tk, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
-    p = torch.softmax(s, dim=-1)  # a second (B, H, Tq, Tk) tensor, while s is still alive
+        s = s.masked_fill(
+            torch.ones(Tq, Tk, dtype=torch.bool, device=q.device).triu(1), float("-inf")
+        )
+    # a second (B, H, Tq, Tk) tensor, while s is still alive
+    p = torch.softmax(s, dim=-1)
     return p @ v
 # --8<-- [end:naive]
 
