@@ -24,8 +24,13 @@ def load_ceilings(path=RESULTS / "ceilings.json") -> dict:
 
 # --8<-- [start:roofline]
 def attention_bytes(shape: dict) -> int:
-    """Bytes of Q and O (B, H, Tq, D) and K and V (B, H_kv, Tk, D), each crossing HBM once."""
-    elements = shape["B"] * shape["D"] * (2 * shape["H"] * shape["Tq"] + 2 * shape["H_kv"] * shape["Tk"])
+    """Bytes of Q and O (B, H, Tq, D) and K and V (B, H_kv, Tk, D), each crossing HBM
+    once."""
+    elements = (
+        shape["B"]
+        * shape["D"]
+        * (2 * shape["H"] * shape["Tq"] + 2 * shape["H_kv"] * shape["Tk"])
+    )
     return BYTES_PER_ELEMENT[shape["dtype"]] * elements
 
 
@@ -35,12 +40,14 @@ def arithmetic_intensity(shape: dict) -> float:
 
 
 def ridge_intensity(ceilings: dict) -> float:
-    """The intensity at which moving the bytes and doing the FLOPs take equally long: P / W."""
+    """The intensity at which moving the bytes and doing the FLOPs take equally long: P
+    / W."""
     return ceilings["tflops"] / ceilings["tbps"]
 
 
 def roofline_ms(shape: dict, ceilings: dict) -> float:
-    """The least time for ``shape``: compute-bound above the ridge, memory-bound below it."""
+    """The least time for ``shape``: compute-bound above the ridge, memory-bound below
+    it."""
     compute_s = attention_flops(shape) / (ceilings["tflops"] * 1e12)
     memory_s = attention_bytes(shape) / (ceilings["tbps"] * 1e12)
     return 1e3 * max(compute_s, memory_s)
