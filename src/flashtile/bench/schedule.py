@@ -17,16 +17,22 @@ import heapq
 
 # --8<-- [start:schedule]
 def causal_key_tiles(T: int, block_q: int, block_k: int) -> list[int]:
-    """Key tiles each query tile of a causal (upper-left, Tq = Tk = T) head folds, tile 0 first."""
+    """Key tiles each query tile of a causal (upper-left, Tq = Tk = T) head folds, tile
+    0 first."""
     n_query_tiles = -(-T // block_q)
-    return [min(-(-T // block_k), ((i + 1) * block_q - 1) // block_k + 1) for i in range(n_query_tiles)]
+    return [
+        min(-(-T // block_k), ((i + 1) * block_q - 1) // block_k + 1)
+        for i in range(n_query_tiles)
+    ]
 
 
 def launch_order(n_tiles: int, pairs: int, chunk: int = 0) -> list[int]:
-    """The query tile of each program in launch order, for ``pairs`` heads of ``n_tiles`` tiles each.
+    """The query tile of each program in launch order, for ``pairs`` heads of
+    ``n_tiles`` tiles each.
 
-    chunk 0: the plain order, each head's tiles together, the longest (last) first. chunk > 0: heaviest
-    first inside chunks of ``chunk`` heads, every head's longest tile before any head's second longest.
+    chunk 0: the plain order, each head's tiles together, the longest (last) first.
+    chunk > 0: heaviest first inside chunks of ``chunk`` heads, every head's longest
+    tile before any head's second longest.
     """
     longest_first = list(range(n_tiles))[::-1]
     if chunk == 0:
@@ -39,7 +45,8 @@ def launch_order(n_tiles: int, pairs: int, chunk: int = 0) -> list[int]:
 
 
 def makespan(work: list[float], slots: int) -> float:
-    """When the last program ends if each starts, in list order, on the first slot that is free."""
+    """When the last program ends if each starts, in list order, on the first slot that
+    is free."""
     free_at = [0.0] * min(slots, len(work))
     for w in work:
         start = heapq.heappop(free_at)
