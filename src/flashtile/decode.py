@@ -82,40 +82,54 @@ __all__ = [  # the checks live in _checks and the split heuristic in reference.d
 
 # --8<-- [start:decode_attention]
 def decode_attention(
-    query, key_cache, value_cache, cache_seqlens=None, *, scale=None, num_splits=None, block_table=None,
+    query, key_cache, value_cache, cache_seqlens=None, *, scale=None, num_splits=None,
+    block_table=None,
     return_lse=False, window=None, softcap=None,
 ):
-    """Attention of Tq new tokens against each sequence's KV cache, split along the keys.
+    """Attention of Tq new tokens against each sequence's KV cache, split along the
+    keys.
 
     Args:
-        query: (B, H, Tq, D), 1 <= Tq <= 16, 1 <= D <= 256; fp16, bf16, fp32 or float64; any strides.
-        key_cache, value_cache: (B, H_kv, T_max, D), or pages (num_pages, H_kv, page_size, D) with
-            ``block_table``; H a multiple of H_kv (GQA); query's dtype and device; any strides.
-        cache_seqlens: (B,) int32, keys held by each sequence, the new tokens' included; each 0 or in
-            [Tq, capacity]. None: every sequence holds ``capacity`` keys.
-        scale: τ, multiplies q·k; defaults to 1/sqrt(D). Zero and negative values are allowed.
-        num_splits: slices of each sequence's keys, 1 to 128; None picks from the keys a new token can
-            see, B * H_kv and the SM count (``pick_num_splits``). Any value gives the same answer up to rounding.
+        query: (B, H, Tq, D), 1 <= Tq <= 16, 1 <= D <= 256; fp16, bf16, fp32 or float64;
+            any strides.
+        key_cache, value_cache: (B, H_kv, T_max, D), or pages (num_pages, H_kv,
+            page_size, D) with ``block_table``; H a multiple of H_kv (GQA); query's
+            dtype and device; any strides.
+        cache_seqlens: (B,) int32, keys held by each sequence, the new tokens' included;
+            each 0 or in [Tq, capacity]. None: every sequence holds ``capacity`` keys.
+        scale: τ, multiplies q·k; defaults to 1/sqrt(D). Zero and negative values are
+            allowed.
+        num_splits: slices of each sequence's keys, 1 to 128; None picks from the keys a
+            new token can see, B * H_kv and the SM count (``pick_num_splits``). Any
+            value gives the same answer up to rounding.
         block_table: (B, max_pages) int32, or None for a contiguous cache.
-        return_lse: also return lse (B, H, Tq), natural log, float32 (float64 for float64 inputs).
-        window: None or (left, right), ints, each -1 (unbounded) or >= 0: the new token at position p of
-            its sequence (p = length - Tq + t) sees keys p - left .. p; right is capped at 0 (the new
-            tokens are causal). A sliding window of W keys is (W - 1, 0). The tiles before the window
-            are never read.
-        softcap: None or s > 0: each scaled score x becomes s * tanh(x / s) before the mask and the softmax.
+        return_lse: also return lse (B, H, Tq), natural log, float32 (float64 for
+            float64 inputs).
+        window: None or (left, right), ints, each -1 (unbounded) or >= 0: the new token
+            at position p of its sequence (p = length - Tq + t) sees keys p - left .. p;
+            right is capped at 0 (the new tokens are causal). A sliding window of W keys
+            is (W - 1, 0). The tiles before the window are never read.
+        softcap: None or s > 0: each scaled score x becomes s * tanh(x / s) before the
+            mask and the softmax.
 
-    The same as ``flashtile.attention(q_b, k_b, v_b, is_causal=True, alignment="lower_right",
-    window=window, softcap=softcap)`` on each sequence b's first cache_seqlens[b] keys.
+    The same as ``flashtile.attention(q_b, k_b, v_b, is_causal=True,
+    alignment="lower_right", window=window, softcap=softcap)`` on each sequence b's
+    first cache_seqlens[b] keys.
 
     Returns:
-        o (B, H, Tq, D) in query's dtype, or (o, lse). Rows of an empty sequence: o = 0, lse = -inf.
+        o (B, H, Tq, D) in query's dtype, or (o, lse). Rows of an empty sequence: o = 0,
+            lse = -inf.
     """
-    # a view's negative bit is a flag, not memory: the kernels would read the memory, so resolve it first
+    # a view's negative bit is a flag, not memory: the kernels would read the memory, so
+    # resolve it first
     query, key_cache, value_cache, cache_seqlens, block_table = resolve_neg_bits(
         query, key_cache, value_cache, cache_seqlens, block_table
     )
-    if window is not None:  # checked before it keys the plans: (True, 0) and (1, 0) hash alike
+    # checked before it keys the plans: (True, 0) and (1, 0) hash alike
+    if window is not None:
         window = check_window(window)
-    return run_decode(query, key_cache, value_cache, cache_seqlens, block_table, scale=scale, num_splits=num_splits,
-                      return_lse=return_lse, window=window, softcap=softcap)  # fmt: skip
+    return run_decode(
+        query, key_cache, value_cache, cache_seqlens, block_table, scale=scale,
+        num_splits=num_splits, return_lse=return_lse, window=window, softcap=softcap,
+    )  # fmt: skip
 # --8<-- [end:decode_attention]
