@@ -96,14 +96,21 @@ def run_local_ring(fn, world_size: int, *args, backend: str = "gloo", timeout_s:
 
 
 # --8<-- [start:on_shards]
-def ring_attention_on_shards(rank, world_size, q, k, v, do, is_causal=False, scale=None):
-    """Run on every rank of a group: shard the full q, k, v, do, run ring attention forward and
-    backward on this rank's shards, and return this rank's (o, dq, dk, dv) shards, on the CPU."""
+def ring_attention_on_shards(
+    rank, world_size, q, k, v, do, is_causal=False, scale=None
+):
+    """Run on every rank of a group: shard the full q, k, v, do, run ring attention
+    forward and backward on this rank's shards, and return this rank's (o, dq, dk, dv)
+    shards, on the CPU."""
     from .ring import ring_attention
     from .sharding import shard_sequence
 
-    device = f"cuda:{torch.cuda.current_device()}" if dist.get_backend() == "nccl" else "cpu"
-    q, k, v, do = (shard_sequence(x, world_size, rank, is_causal).to(device) for x in (q, k, v, do))
+    device = (
+        f"cuda:{torch.cuda.current_device()}" if dist.get_backend() == "nccl" else "cpu"
+    )
+    q, k, v, do = (
+        shard_sequence(x, world_size, rank, is_causal).to(device) for x in (q, k, v, do)
+    )
     q, k, v = (x.requires_grad_() for x in (q, k, v))
     o = ring_attention(q, k, v, is_causal=is_causal, scale=scale)
     o.backward(do)
