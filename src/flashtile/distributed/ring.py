@@ -54,17 +54,22 @@ class StepPlan(NamedTuple):
 
 # --8<-- [start:plan]
 def step_plan(rank: int, source: int, T_local: int, is_causal: bool) -> StepPlan:
-    """Which queries of ``rank`` attend to which keys of ``source``'s shard, and whether with a mask."""
+    """Which queries of ``rank`` attend to which keys of ``source``'s shard, and whether
+    with a mask."""
     everything = slice(0, T_local)
     if not is_causal:
         return StepPlan(everything, everything, False)  # every query sees every key
-    c = T_local // 2  # zig-zag: rows [0, c) are chunk `rank`, rows [c, 2c) are chunk 2W - 1 - rank
+    # zig-zag: rows [0, c) are chunk `rank`, rows [c, 2c) are chunk 2W - 1 - rank
+    c = T_local // 2
     first, second = slice(0, c), slice(c, T_local)
-    if source == rank:  # own keys: local order is position order, so this is a causal square
+    # own keys: local order is position order, so this is a causal square
+    if source == rank:
         return StepPlan(everything, everything, True)
-    if source < rank:  # key chunk `source` precedes both query chunks; chunk 2W - 1 - source follows both
+    # key chunk `source` precedes both query chunks; chunk 2W - 1 - source follows both
+    if source < rank:
         return StepPlan(everything, first, False)
-    return StepPlan(second, everything, False)  # both key chunks lie between query chunk `rank` and 2W - 1 - rank
+    # both key chunks lie between query chunk `rank` and 2W - 1 - rank
+    return StepPlan(second, everything, False)
 # --8<-- [end:plan]
 
 
@@ -102,9 +107,10 @@ def local_backward(q, k, v, o, lse, do, causal: bool, scale: float):
 
 # --8<-- [start:steps]
 def merge_into(o, lse, o_part, lse_part) -> None:
-    """(o, lse) <- their merge with (o_part, lse_part), in place: ``kernels.merge.merge_into`` on CUDA (one
-    Triton kernel, a single pass over o where the PyTorch formula takes a dozen), the reference tier's
-    ``merge_partials`` otherwise. Either way the merge is computed in lse's dtype (fp32, or float64 for
+    """(o, lse) <- their merge with (o_part, lse_part), in place:
+    ``kernels.merge.merge_into`` on CUDA (one Triton kernel, a single pass over o where
+    the PyTorch formula takes a dozen), the reference tier's ``merge_partials``
+    otherwise. Either way the merge is computed in lse's dtype (fp32, or float64 for
     float64 inputs) and rounded once, to o's."""
     if o.is_cuda and lse.dtype == torch.float32:
         from ..kernels import merge as kernel_merge
@@ -117,28 +123,38 @@ def merge_into(o, lse, o_part, lse_part) -> None:
 
 
 def first_step(q, k, v, plan: StepPlan, scale: float, dtype: torch.dtype):
-    """The running (o, lse) after a rank's own keys (step 0's plan covers every row): o in ``dtype``,
-    lse in the merge dtype."""
-    o, lse = local_forward(q, k[..., plan.k_rows, :], v[..., plan.k_rows, :], plan.causal, scale)
+    """The running (o, lse) after a rank's own keys (step 0's plan covers every row): o
+    in ``dtype``, lse in the merge dtype."""
+    o, lse = local_forward(
+        q, k[..., plan.k_rows, :], v[..., plan.k_rows, :], plan.causal, scale
+    )
     return o.to(dtype), lse.to(stats_dtype(q))
 
 
 def forward_step(q, k, v, o, lse, plan: StepPlan, scale: float) -> None:
-    """Attend q[plan.q_rows] to the visiting k, v[plan.k_rows] and merge the result into (o, lse) in place."""
+    """Attend q[plan.q_rows] to the visiting k, v[plan.k_rows] and merge the result into
+    (o, lse) in place."""
     rows, keys = plan.q_rows, plan.k_rows
-    o_part, lse_part = local_forward(q[..., rows, :], k[..., keys, :], v[..., keys, :], plan.causal, scale)
+    o_part, lse_part = local_forward(
+        q[..., rows, :], k[..., keys, :], v[..., keys, :], plan.causal, scale
+    )
     merge_into(o[..., rows, :], lse[..., rows], o_part, lse_part)
 
 
-def backward_step(q, k, v, o, lse, do, plan: StepPlan, scale: float, dq, dk, dv) -> None:
-    """Add this step's share of the gradients to dq (local queries) and dk, dv (visiting keys) in place.
+def backward_step(
+    q, k, v, o, lse, do, plan: StepPlan, scale: float, dq, dk, dv
+) -> None:
+    """Add this step's share of the gradients to dq (local queries) and dk, dv (visiting
+    keys) in place.
 
-    o and lse are the final forward results, so exp(S - lse) is the true softmax restricted to the
-    visiting keys, and delta = rowsum(dO * O) is the true one: the shares add up to the whole gradient.
+    o and lse are the final forward results, so exp(S - lse) is the true softmax
+    restricted to the visiting keys, and delta = rowsum(dO * O) is the true one: the
+    shares add up to the whole gradient.
     """
     rows, keys = plan.q_rows, plan.k_rows
     dq_part, dk_part, dv_part = local_backward(
-        q[..., rows, :], k[..., keys, :], v[..., keys, :], o[..., rows, :], lse[..., rows], do[..., rows, :],
+        q[..., rows, :], k[..., keys, :], v[..., keys, :], o[..., rows, :],
+        lse[..., rows], do[..., rows, :],
         plan.causal, scale,
     )  # fmt: skip
     dq[..., rows, :] += dq_part
@@ -148,38 +164,55 @@ def backward_step(q, k, v, o, lse, do, plan: StepPlan, scale: float, dq, dk, dv)
 
 
 # --8<-- [start:simulate]
-def simulate_ring(q_shards, k_shards, v_shards, is_causal: bool, scale: float | None = None, do_shards=None):
-    """Ring attention for W = len(q_shards) ranks in one process: the same plans and steps as
-    ``ring_attention``, with "the shard that arrived from the previous rank" replaced by indexing.
+def simulate_ring(
+    q_shards,
+    k_shards,
+    v_shards,
+    is_causal: bool,
+    scale: float | None = None,
+    do_shards=None,
+):
+    """Ring attention for W = len(q_shards) ranks in one process: the same plans and
+    steps as ``ring_attention``, with "the shard that arrived from the previous rank"
+    replaced by indexing.
 
-    Returns the list of o shards (in the merge dtype), and when ``do_shards`` is given also the lists
-    of dq, dk and dv shards, every one of them in rank order.
+    Returns the list of o shards (in the merge dtype), and when ``do_shards`` is given
+    also the lists of dq, dk and dv shards, every one of them in rank order.
     """
     world, T_local = len(q_shards), q_shards[0].shape[2]
     scale = resolve_scale(scale, q_shards[0].shape[-1])
     outs, lses = [], []
     for rank in range(world):
-        o, lse = first_step(q_shards[rank], k_shards[rank], v_shards[rank], step_plan(rank, rank, T_local, is_causal),
-                            scale, stats_dtype(q_shards[rank]))  # fmt: skip
+        o, lse = first_step(
+            q_shards[rank], k_shards[rank], v_shards[rank],
+            step_plan(rank, rank, T_local, is_causal), scale,
+            stats_dtype(q_shards[rank]),
+        )  # fmt: skip
         for step in range(1, world):
             source = (rank - step) % world  # step s: the keys that started s ranks back
             plan = step_plan(rank, source, T_local, is_causal)
-            forward_step(q_shards[rank], k_shards[source], v_shards[source], o, lse, plan, scale)
+            forward_step(
+                q_shards[rank], k_shards[source], v_shards[source], o, lse, plan, scale
+            )
         outs.append(o)
         lses.append(lse)
     if do_shards is None:
         return outs
     c = stats_dtype(q_shards[0])
     dqs = [torch.zeros(q.shape, dtype=c, device=q.device) for q in q_shards]
-    dks = [torch.zeros(k.shape, dtype=c, device=k.device) for k in k_shards]  # dks[j]: what rank j's keys receive
+    # dks[j]: what rank j's keys receive
+    dks = [torch.zeros(k.shape, dtype=c, device=k.device) for k in k_shards]
     dvs = [torch.zeros(k.shape, dtype=c, device=k.device) for k in k_shards]
     for rank in range(world):
-        o = outs[rank].to(q_shards[rank].dtype)  # the o the backward sees is the returned one
+        # the o the backward sees is the returned one
+        o = outs[rank].to(q_shards[rank].dtype)
         for step in range(world):
             source = (rank - step) % world
             plan = step_plan(rank, source, T_local, is_causal)
-            backward_step(q_shards[rank], k_shards[source], v_shards[source], o, lses[rank], do_shards[rank],
-                          plan, scale, dqs[rank], dks[source], dvs[source])  # fmt: skip
+            backward_step(
+                q_shards[rank], k_shards[source], v_shards[source], o, lses[rank],
+                do_shards[rank], plan, scale, dqs[rank], dks[source], dvs[source],
+            )  # fmt: skip
     return outs, dqs, dks, dvs
 # --8<-- [end:simulate]
 
@@ -216,8 +249,9 @@ def wait(requests: list) -> None:
 def ring_forward(q, k, v, is_causal: bool, scale: float, ring: Ring):
     """This rank's (o, lse): o in q's dtype, lse in the merge dtype.
 
-    With two ranks there is one merge, so o stays in q's dtype: the merged rows are rounded once, as
-    they would be at the end. With more, o is kept in the merge dtype and rounded at the end.
+    With two ranks there is one merge, so o stays in q's dtype: the merged rows are
+    rounded once, as they would be at the end. With more, o is kept in the merge dtype
+    and rounded at the end.
     """
     running = q.dtype if ring.world <= 2 else stats_dtype(q)
     for step in range(ring.world):
@@ -243,7 +277,8 @@ def ring_backward(q, k, v, o, lse, do, is_causal: bool, scale: float, ring: Ring
     """(dq, dk, dv) of this rank's shards, in the merge dtype."""
     dq = torch.zeros(q.shape, dtype=lse.dtype, device=q.device)
     kv = torch.stack((k, v))
-    dkv = None  # dk, dv summed so far over the ranks the visiting keys have passed through
+    # dk, dv summed so far over the ranks the visiting keys have passed through
+    dkv = None
     for step in range(ring.world):
         source = (ring.rank - step) % ring.world
         sends, recvs = [], []
@@ -251,19 +286,24 @@ def ring_backward(q, k, v, o, lse, do, is_causal: bool, scale: float, ring: Ring
             kv_next = torch.empty_like(kv)
             sends.append(kv)
             recvs.append(kv_next)
-        if step > 0:  # the previous step's sums move on with their keys; ours arrive with the new keys
+        # the previous step's sums move on with their keys; ours arrive with the new
+        # keys
+        if step > 0:
             dkv_in = torch.empty_like(dkv)
             sends.append(dkv)
             recvs.append(dkv_in)
         requests = exchange(ring, sends, recvs)
         dkv_mine = torch.zeros((2, *k.shape), dtype=lse.dtype, device=k.device)
         plan = step_plan(ring.rank, source, q.shape[2], is_causal)
-        backward_step(q, kv[0], kv[1], o, lse, do, plan, scale, dq, dkv_mine[0], dkv_mine[1])
+        backward_step(
+            q, kv[0], kv[1], o, lse, do, plan, scale, dq, dkv_mine[0], dkv_mine[1]
+        )
         wait(requests)
         dkv = dkv_mine if step == 0 else dkv_in.add_(dkv_mine)
         if step < ring.world - 1:
             kv = kv_next
-    if ring.world > 1:  # one last hop: the sums for the last visitors belong to the next rank
+    # one last hop: the sums for the last visitors belong to the next rank
+    if ring.world > 1:
         dkv_own = torch.empty_like(dkv)
         wait(exchange(ring, [dkv], [dkv_own]))
         dkv = dkv_own
@@ -352,24 +392,41 @@ def check_shards_agree(q, k, is_causal: bool, scale: float, ring: Ring) -> None:
 
 
 # --8<-- [start:ring_attention]
-def ring_attention(query, key, value, is_causal=False, scale=None, group=None, *, layout=None, check_shards=True):
-    """Attention over a sequence sharded across the ranks of ``group``; call it on every rank.
+def ring_attention(
+    query,
+    key,
+    value,
+    is_causal=False,
+    scale=None,
+    group=None,
+    *,
+    layout=None,
+    check_shards=True,
+):
+    """Attention over a sequence sharded across the ranks of ``group``; call it on every
+    rank.
 
     Args:
-        query: this rank's shard, (B, H, T / W, D). key, value: (B, H_kv, T / W, D), H a multiple of
-            H_kv (GQA). Shards as ``shard_sequence(x, W, rank, is_causal)`` cuts them; any strides.
-        is_causal: causal attention over the whole sequence (the shards must be zig-zag).
+        query: this rank's shard, (B, H, T / W, D). key, value: (B, H_kv, T / W, D), H a
+            multiple of H_kv (GQA). Shards as ``shard_sequence(x, W, rank, is_causal)``
+            cuts them; any strides.
+        is_causal: causal attention over the whole sequence (the shards must be
+            zig-zag).
         scale: multiplies Q K^T; defaults to 1/sqrt(D).
-        group: the torch.distributed process group (None: the default one, which must exist).
-        layout: optional, "zigzag" or "contiguous": states the layout of the shards, and must be the
-            one ``shard_sequence`` uses for ``is_causal`` (zig-zag for causal, contiguous otherwise).
-        check_shards: check that every rank holds shards of one shape, dtype and device type and passes
-            the same is_causal and scale (a small all_gather per call).
+        group: the torch.distributed process group (None: the default one, which must
+            exist).
+        layout: optional, "zigzag" or "contiguous": states the layout of the shards, and
+            must be the one ``shard_sequence`` uses for ``is_causal`` (zig-zag for
+            causal, contiguous otherwise).
+        check_shards: check that every rank holds shards of one shape, dtype and device
+            type and passes the same is_causal and scale (a small all_gather per call).
 
     Returns:
-        This rank's shard of the output, like query, differentiable with respect to query, key, value.
+        This rank's shard of the output, like query, differentiable with respect to
+            query, key, value.
     """
-    # a negative view's memory holds the negated values, and the transfers and kernels read memory
+    # a negative view's memory holds the negated values, and the transfers and kernels
+    # read memory
     query, key, value = resolve_neg_bits(query, key, value)
     shape = check_attention_inputs(query, key, value, names=("query", "key", "value"))
     check_causal(is_causal, "is_causal")
@@ -378,22 +435,28 @@ def ring_attention(query, key, value, is_causal=False, scale=None, group=None, *
         raise ValueError(f"layout must be one of {LAYOUTS} or None, got {layout!r}")
     if layout is not None and layout != expected:
         raise ValueError(
-            f"layout={layout!r} does not match is_causal={is_causal}: ring_attention expects {expected!r} shards "
-            f"for is_causal={is_causal}; cut them with shard_sequence(x, world_size, rank, is_causal={is_causal})"
+            f"layout={layout!r} does not match is_causal={is_causal}: ring_attention "
+            f"expects {expected!r} shards for is_causal={is_causal}; cut them with "
+            f"shard_sequence(x, world_size, rank, is_causal={is_causal})"
         )
     if shape.Tq != shape.Tk:
         raise ValueError(
-            f"query holds {shape.Tq} tokens but key and value hold {shape.Tk}: ring attention is self-attention, "
-            "each rank's query, key and value shards cover the same tokens"
+            f"query holds {shape.Tq} tokens but key and value hold {shape.Tk}: ring "
+            "attention is self-attention, each rank's query, key and value shards "
+            "cover the same tokens"
         )
     if is_causal and shape.Tq % 2 != 0:
-        raise ValueError(f"a zig-zag shard holds 2 equal chunks, so its length must be even, got {shape.Tq}")
+        raise ValueError(
+            "a zig-zag shard holds 2 equal chunks, so its length must be even, got "
+            f"{shape.Tq}"
+        )
     scale = resolve_scale(scale, shape.D)
     ring = ring_of(check_group(group))
     if check_shards:
         check_shards_agree(query, key, is_causal, scale, ring)
-    # The key and value shards travel (isend/irecv send dense memory): any layout is taken, as a dense copy
-    # where it is not dense already, at every world size alike. The gradients flow back through the copy.
+    # The key and value shards travel (isend/irecv send dense memory): any layout is
+    # taken, as a dense copy where it is not dense already, at every world size alike.
+    # The gradients flow back through the copy.
     key, value = key.contiguous(), value.contiguous()
     return RingAttention.apply(query, key, value, is_causal, scale, ring)
 # --8<-- [end:ring_attention]
