@@ -39,12 +39,14 @@ def rank_chunks(world_size: int, rank: int, is_causal: bool = False) -> tuple[in
     """Indices of the chunks rank ``rank`` holds, in the order it stores them."""
     _check_world(world_size, rank)
     if layout_for(is_causal) == "zigzag":
-        return (rank, 2 * world_size - 1 - rank)  # the r-th earliest and the r-th latest chunk
+        # the r-th earliest and the r-th latest chunk
+        return (rank, 2 * world_size - 1 - rank)
     return (rank,)
 
 
 def n_chunks(world_size: int, is_causal: bool = False) -> int:
-    """How many equal chunks the sequence is cut into: 2W for zig-zag, W for contiguous."""
+    """How many equal chunks the sequence is cut into: 2W for zig-zag, W for
+    contiguous."""
     return 2 * world_size if layout_for(is_causal) == "zigzag" else world_size
 # --8<-- [end:chunks]
 
