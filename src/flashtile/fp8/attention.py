@@ -64,9 +64,10 @@ def check_out_dtype(out_dtype) -> torch.dtype:
 
 # --8<-- [start:row-factors]
 def check_factor_layout(name: str, descale, x: torch.Tensor, x_name: str) -> None:
-    """What a factor argument may be, read from its layout alone: None (the codes are the values: every factor
-    1), a 0-dim float32 tensor (one factor for the tensor) or a (B, H, T) float32 tensor (what
-    ``flashtile.fp8.quantize`` returns, whatever its granularity), on x's device."""
+    """What a factor argument may be, read from its layout alone: None (the codes are
+    the values: every factor 1), a 0-dim float32 tensor (one factor for the tensor) or a
+    (B, H, T) float32 tensor (what ``flashtile.fp8.quantize`` returns, whatever its
+    granularity), on x's device."""
     if descale is None:
         return
     check_tensor(name, descale, dtypes=(torch.float32,))
@@ -75,14 +76,20 @@ def check_factor_layout(name: str, descale, x: torch.Tensor, x_name: str) -> Non
         return
     check_values_in_memory(name, descale)
     if descale.device != x.device:
-        raise ValueError(f"{name} is on {descale.device} but {x_name} is on {x.device}; they must match")
+        raise ValueError(
+            f"{name} is on {descale.device} but {x_name} is on {x.device}; they must "
+            "match"
+        )
 
 
-def row_factors(name: str, descale, rows: tuple, ones: torch.Tensor | None) -> torch.Tensor:
-    """A factor argument (its layout checked) as one float32 per row, (B, H, T) = ``rows``, the layout both
-    tiers read: None as ``ones``, a 0-dim factor as a view of it with stride 0 (which the kernel reads as one
-    factor a head), a (B, H, T) tensor as it is. Factors must be positive and finite; a tensor from
-    ``quantize`` (or checked by an earlier call and not written to since) is not read again, so the call
+def row_factors(
+    name: str, descale, rows: tuple, ones: torch.Tensor | None
+) -> torch.Tensor:
+    """A factor argument (its layout checked) as one float32 per row, (B, H, T) =
+    ``rows``, the layout both tiers read: None as ``ones``, a 0-dim factor as a view of
+    it with stride 0 (which the kernel reads as one factor a head), a (B, H, T) tensor
+    as it is. Factors must be positive and finite; a tensor from ``quantize`` (or
+    checked by an earlier call and not written to since) is not read again, so the call
     waits on nothing the device computes (``check_descale_values``)."""
     if descale is None:
         return ones
@@ -111,52 +118,87 @@ class _ForwardOnly(torch.autograd.Function):
 
 
 # --8<-- [start:fp8-attention]
-def fp8_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False, *,
-                  alignment="upper_left", return_lse=False, window=None, softcap=None, descale_q=None, descale_k=None,
-                  descale_v=None, out_dtype=None, backend=None):  # fmt: skip
+def fp8_attention(
+    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+    enable_gqa=False, *, alignment="upper_left", return_lse=False, window=None,
+    softcap=None, descale_q=None, descale_k=None, descale_v=None, out_dtype=None,
+    backend=None,
+):  # fmt: skip
     """``flashtile.attention`` for float8_e4m3fn query, key, value, with their factors.
 
     Args:
-        query: (B, H, Tq, D), key and value: (B, H_kv, Tk, D), float8_e4m3fn, 1 <= D <= 256, any strides
-            (value is copied once per call unless its keys are contiguous, as ``quantize(v,
-            keys_contiguous=True)`` lays it out).
-        descale_q, descale_k, descale_v: float32, one per row (B, H, T) as ``flashtile.fp8.quantize``
-            returns them, a 0-dim tensor (one per tensor), or None (factor 1); row r stands for x8[r] * descale[r].
-        out_dtype: o's dtype: None (bfloat16), torch.bfloat16, torch.float16 or torch.float32.
+        query: (B, H, Tq, D), key and value: (B, H_kv, Tk, D), float8_e4m3fn, 1 <= D <=
+            256, any strides (value is copied once per call unless its keys are
+            contiguous, as ``quantize(v, keys_contiguous=True)`` lays it out).
+        descale_q, descale_k, descale_v: float32, one per row (B, H, T) as
+            ``flashtile.fp8.quantize`` returns them, a 0-dim tensor (one per tensor), or
+            None (factor 1); row r stands for x8[r] * descale[r].
+        out_dtype: o's dtype: None (bfloat16), torch.bfloat16, torch.float16 or
+            torch.float32.
         is_causal, scale, enable_gqa, alignment, return_lse: as ``flashtile.attention``.
-        attn_mask, dropout_p, window, softcap: must be None, 0.0, None, None (not supported with FP8).
-        backend: the ``use_backend`` choice, or None: the kernel on CUDA, the emulation on the CPU.
+        attn_mask, dropout_p, window, softcap: must be None, 0.0, None, None (not
+            supported with FP8).
+        backend: the ``use_backend`` choice, or None: the kernel on CUDA, the emulation
+            on the CPU.
 
     Returns:
-        o (B, H, Tq, D) in out_dtype, contiguous, or (o, lse) with lse (B, H, Tq) float32, natural log.
+        o (B, H, Tq, D) in out_dtype, contiguous, or (o, lse) with lse (B, H, Tq)
+            float32, natural log.
     """
     query, key, value = resolve_neg_bits(query, key, value)
     fp8 = [getattr(x, "dtype", None) in FP8_DTYPES for x in (query, key, value)]
     if not all(fp8):
-        given = [n for n, d in zip(("descale_q", "descale_k", "descale_v", "out_dtype"),
-                                   (descale_q, descale_k, descale_v, out_dtype)) if d is not None]  # fmt: skip
-        dtypes = [str(getattr(x, "dtype", type(x).__name__)) for x in (query, key, value)]
+        given = [
+            n for n, d in zip(("descale_q", "descale_k", "descale_v", "out_dtype"),
+                              (descale_q, descale_k, descale_v, out_dtype))
+            if d is not None
+        ]  # fmt: skip
+        dtypes = [
+            str(getattr(x, "dtype", type(x).__name__)) for x in (query, key, value)
+        ]
         what = f"{', '.join(given)} given" if given else "a float8_e4m3fn input"
         raise TypeError(
-            f"{what}: the FP8 path needs query, key and value all float8_e4m3fn, got {dtypes}; quantise float "
-            "tensors with flashtile.fp8.quantize (descale_q, descale_k, descale_v and out_dtype are for FP8 inputs "
-            "only)"
+            f"{what}: the FP8 path needs query, key and value all float8_e4m3fn, got "
+            f"{dtypes}; quantise float tensors with flashtile.fp8.quantize (descale_q, "
+            "descale_k, descale_v and out_dtype are for FP8 inputs only)"
         )
     if attn_mask is not None or window is not None or softcap is not None:
-        raise ValueError("attn_mask, window and softcap are not supported with float8_e4m3fn inputs; pass "
-                         "is_causal=True for a causal mask")  # fmt: skip
-    # the checks of the layouts and flags, and the kernel's launch, once per layout (``check_fp8_call``)
-    call = cached_plan(check_fp8_call, (query, key, value, descale_q, descale_k, descale_v), dropout_p, is_causal,
-                       scale, enable_gqa, alignment, return_lse, out_dtype, backend, names=FP8_CALL_OPTIONS)
-    factors = [row_factors(name, d, rows, ones) for name, d, rows, ones in
-               zip(FACTOR_NAMES, (descale_q, descale_k, descale_v), call.rows, call.ones)]  # fmt: skip
+        raise ValueError(
+            "attn_mask, window and softcap are not supported with float8_e4m3fn "
+            "inputs; pass is_causal=True for a causal mask"
+        )
+    # the checks of the layouts and flags, and the kernel's launch, once per layout
+    # (``check_fp8_call``)
+    call = cached_plan(
+        check_fp8_call,
+        (query, key, value, descale_q, descale_k, descale_v),
+        dropout_p,
+        is_causal,
+        scale,
+        enable_gqa,
+        alignment,
+        return_lse,
+        out_dtype,
+        backend,
+        names=FP8_CALL_OPTIONS,
+    )
+    factors = [
+        row_factors(name, d, rows, ones) for name, d, rows, ones in
+        zip(FACTOR_NAMES, (descale_q, descale_k, descale_v), call.rows, call.ones)
+    ]  # fmt: skip
     if call.kernel_plan is not None:
         o, lse = call.kernel_plan.run(query, key, value, *factors)
     else:
-        o, lse = fp8_attention_forward(query, key, value, *factors, call.is_causal, call.scale, None, alignment)
+        o, lse = fp8_attention_forward(
+            query, key, value, *factors, call.is_causal, call.scale, None, alignment
+        )
         o, lse = o.to(call.out_dtype), lse.float()
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value, *factors)):
-        o = _ForwardOnly.apply(o, *(t for t in (query, key, value, *factors) if t.requires_grad))
+    if torch.is_grad_enabled() and any(
+        t.requires_grad for t in (query, key, value, *factors)
+    ):
+        o = _ForwardOnly.apply(
+            o, *(t for t in (query, key, value, *factors) if t.requires_grad)
+        )
     return (o, lse) if call.return_lse else o
 # --8<-- [end:fp8-attention]
 
