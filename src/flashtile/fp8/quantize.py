@@ -68,27 +68,42 @@ def row_amax(x: torch.Tensor, granularity: str, block: int) -> torch.Tensor:
         return x.abs().amax(dim=(2, 3))[..., None].expand(B, H, T)
     per_row = x.abs().amax(dim=-1)  # (B, H, T)
     n_blocks = -(-T // block)
-    padded = torch.nn.functional.pad(per_row, (0, n_blocks * block - T))  # |x| >= 0, so zeros change no max
-    return padded.view(B, H, n_blocks, block).amax(dim=-1).repeat_interleave(block, dim=-1)[..., :T]
+    # |x| >= 0, so zeros change no max
+    padded = torch.nn.functional.pad(per_row, (0, n_blocks * block - T))
+    return (
+        padded.view(B, H, n_blocks, block)
+        .amax(dim=-1)
+        .repeat_interleave(block, dim=-1)[..., :T]
+    )
 
 
-def quantize(x, granularity="tensor", rotate=False, block=None, *, keys_contiguous=False):
+def quantize(
+    x, granularity="tensor", rotate=False, block=None, *, keys_contiguous=False
+):
     """E4M3 codes and float32 factors of x (B, H, T, D): x ≈ x8 * descale[..., None].
 
     Args:
         x: (B, H, T, D), float16, bfloat16, float32 or float64, finite; any strides.
-        granularity: "tensor", "head" (one factor per (B, H)) or "block" (per ``block`` rows along T).
-        rotate: multiply the head dimension by ``hadamard_rotation(D)`` first (D a power of two).
-        block: rows per group for granularity="block" (default 64); only with that granularity.
-        keys_contiguous: lay x8 out with stride 1 along T (a (B, H, D, T) tensor, transposed), the layout
-            the FP8 kernel reads V in; for v, so that no call copies it.
+        granularity: "tensor", "head" (one factor per (B, H)) or "block" (per ``block``
+            rows along T).
+        rotate: multiply the head dimension by ``hadamard_rotation(D)`` first (D a power
+            of two).
+        block: rows per group for granularity="block" (default 64); only with that
+            granularity.
+        keys_contiguous: lay x8 out with stride 1 along T (a (B, H, D, T) tensor,
+            transposed), the layout the FP8 kernel reads V in; for v, so that no call
+            copies it.
 
     Returns:
-        x8 (B, H, T, D) float8_e4m3fn, contiguous (or keys-contiguous), and descale (B, H, T) float32, one
-        positive finite factor per row, which the FP8 forward takes without reading it again. Per tensor and
-        per head, descale is a view with stride 0 along T (one value per (batch, head) in memory): the FP8
+        x8 (B, H, T, D) float8_e4m3fn, contiguous (or keys-contiguous), and descale (B,
+            H, T) float32, one
+        positive finite factor per row, which the FP8 forward takes without reading it
+            again. Per tensor and
+        per head, descale is a view with stride 0 along T (one value per (batch, head)
+            in memory): the FP8
         kernel sees the granularity in that layout and takes its cheaper step.
-        |x8 * descale - x| <= max(2^-4 |x|, 2^-10 descale) for every entry (x rotated, if asked).
+        |x8 * descale - x| <= max(2^-4 |x|, 2^-10 descale) for every entry (x rotated,
+            if asked).
     """
     (x,) = resolve_neg_bits(x)
     check_tensor("x", x, rank=4, dtypes=FLOAT_DTYPES)
@@ -96,29 +111,50 @@ def quantize(x, granularity="tensor", rotate=False, block=None, *, keys_contiguo
     rotate = check_flag("rotate", rotate)
     keys_contiguous = check_flag("keys_contiguous", keys_contiguous)
     if block is not None and granularity != "block":
-        raise ValueError(f"block applies only to granularity='block', got block={block!r} with {granularity!r}")
+        raise ValueError(
+            f"block applies only to granularity='block', got block={block!r} with "
+            f"{granularity!r}"
+        )
     block = check_block("block", DEFAULT_BLOCK if block is None else block)
     if x.numel() == 0:
-        raise ValueError(f"x is empty (shape {tuple(x.shape)}); every dimension must be at least 1")
+        raise ValueError(
+            f"x is empty (shape {tuple(x.shape)}); every dimension must be at least 1"
+        )
     if rotate and x.shape[-1] & (x.shape[-1] - 1):
-        raise ValueError(f"rotate=True needs a head dim D that is a power of two, got D = {x.shape[-1]}")
-    c = torch.float64 if x.dtype == torch.float64 else torch.float32  # 16-bit inputs are scaled in float32
+        raise ValueError(
+            "rotate=True needs a head dim D that is a power of two, got D = "
+            f"{x.shape[-1]}"
+        )
+    # 16-bit inputs are scaled in float32
+    c = torch.float64 if x.dtype == torch.float64 else torch.float32
     x = x.to(c)
     if not bool(torch.isfinite(x).all()):
-        raise ValueError("x has inf or NaN entries; E4M3 has no infinity, and one NaN would poison a whole group")
+        raise ValueError(
+            "x has inf or NaN entries; E4M3 has no infinity, and one NaN would poison "
+            "a whole group"
+        )
     if rotate:
-        x = x @ hadamard_rotation(x.shape[-1], c, x.device)  # (B, H, T, D), the outliers spread over D
+        # (B, H, T, D), the outliers spread over D
+        x = x @ hadamard_rotation(x.shape[-1], c, x.device)
     amax = row_amax(x, granularity, block)
-    if granularity != "block":  # one value per (batch, head): computed once, laid out with stride 0 along T
+    # one value per (batch, head): computed once, laid out with stride 0 along T
+    if granularity != "block":
         amax = amax[..., :1]
     descale = (amax / E4M3_MAX).float()  # the group's largest value lands on 448
     if not bool(torch.isfinite(descale).all()):
-        raise ValueError("x has values too large for a float32 factor (|x| / 448 overflows float32)")
-    descale = descale.clamp(min=FLOAT32_TINY)  # an all-zero group (or one below 448 * 2^-126) gets a usable factor
-    descale = descale.expand(x.shape[:-1])  # (B, H, T); per tensor or head a view of (B, H, 1), stride 0 along T
-    x8 = to_e4m3(x / descale[..., None].to(c))  # saturating: rounding x / descale up past 448 stays at 448
-    vouch_for_factors(descale)  # positive and finite by construction: the kernel need not read them again
+        raise ValueError(
+            "x has values too large for a float32 factor (|x| / 448 overflows float32)"
+        )
+    # an all-zero group (or one below 448 * 2^-126) gets a usable factor
+    descale = descale.clamp(min=FLOAT32_TINY)
+    # (B, H, T); per tensor or head a view of (B, H, 1), stride 0 along T
+    descale = descale.expand(x.shape[:-1])
+    # saturating: rounding x / descale up past 448 stays at 448
+    x8 = to_e4m3(x / descale[..., None].to(c))
+    # positive and finite by construction: the kernel need not read them again
+    vouch_for_factors(descale)
     if keys_contiguous:
-        return x8.transpose(-1, -2).contiguous().transpose(-1, -2), descale  # strides (H D T, D T, 1, T)
+        # strides (H D T, D T, 1, T)
+        return x8.transpose(-1, -2).contiguous().transpose(-1, -2), descale
     return x8.contiguous(), descale
 # --8<-- [end:quantize]
