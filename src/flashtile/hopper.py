@@ -29,7 +29,8 @@ class GPU:
     registers_per_sm: int = 65_536  # 32-bit registers, shared by every thread on the SM
     max_registers_per_thread: int = 255  # past this the compiler spills to local memory
     register_unit: int = 8  # a thread's registers are handed out in steps of 8
-    shared_memory_per_sm: int = 228 * 1024  # bytes; one program may use up to 227 KiB of it
+    # bytes; one program may use up to 227 KiB of it
+    shared_memory_per_sm: int = 228 * 1024
     max_threads_per_sm: int = 2048
     max_programs_per_sm: int = 32
 
@@ -45,13 +46,20 @@ H200 = GPU("H200 SXM", sms=H200_SM_COUNT, hbm_tbps=4.8)
 
 
 # --8<-- [start:occupancy]
-def programs_per_sm(num_warps: int, registers: int, shared_bytes: int, gpu: GPU = H200) -> tuple[int, str]:
-    """(programs one SM holds at once, the resource that limits it) for a launch of ``num_warps`` warps
-    a program, ``registers`` 32-bit registers a thread and ``shared_bytes`` of shared memory a program."""
+def programs_per_sm(
+    num_warps: int, registers: int, shared_bytes: int, gpu: GPU = H200
+) -> tuple[int, str]:
+    """(programs one SM holds at once, the resource that limits it) for a launch of
+    ``num_warps`` warps a program, ``registers`` 32-bit registers a thread and
+    ``shared_bytes`` of shared memory a program."""
     if not 1 <= registers <= gpu.max_registers_per_thread:
-        raise ValueError(f"{registers} registers a thread: the compiler spills past {gpu.max_registers_per_thread}")
+        raise ValueError(
+            f"{registers} registers a thread: the compiler spills past "
+            f"{gpu.max_registers_per_thread}"
+        )
     threads = num_warps * gpu.warp
-    per_thread = -(-registers // gpu.register_unit) * gpu.register_unit  # 255 is allocated as 256
+    # 255 is allocated as 256
+    per_thread = -(-registers // gpu.register_unit) * gpu.register_unit
     limits = {
         "registers": gpu.registers_per_sm // (threads * per_thread),
         "shared memory": gpu.shared_memory_per_sm // max(shared_bytes, 1),
