@@ -11,35 +11,44 @@ import copy
 import torch
 
 # --8<-- [start:tiny_llama]
-# A two-layer Llama small enough for a CPU, with grouped-query attention (4 query heads, 2 key/value heads)
-# and large initial weights, so that attention is far from uniform and mistakes show.
+# A two-layer Llama small enough for a CPU, with grouped-query attention (4 query heads,
+# 2 key/value heads) and large initial weights, so that attention is far from uniform
+# and mistakes show.
 TINY_LLAMA = dict(
-    vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+    vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+    num_attention_heads=4,
     num_key_value_heads=2, max_position_embeddings=64, initializer_range=0.3,
 )  # fmt: skip
 # --8<-- [end:tiny_llama]
 
 
 # --8<-- [start:curves]
-def training_curves(config, implementations, steps: int = 12, lr: float = 1e-2) -> dict[str, list[float]]:
-    """The loss at each of ``steps`` AdamW steps, per attention implementation, from the same weights on
-    the same batches: only the attention implementation differs between the curves.
+def training_curves(
+    config, implementations, steps: int = 12, lr: float = 1e-2
+) -> dict[str, list[float]]:
+    """The loss at each of ``steps`` AdamW steps, per attention implementation, from the
+    same weights on the same batches: only the attention implementation differs between
+    the curves.
 
-    Each batch is 4 sequences of 16 tokens whose second half repeats the first, so the loss can only
-    fall by attending back to the first half.
+    Each batch is 4 sequences of 16 tokens whose second half repeats the first, so the
+    loss can only fall by attending back to the first half.
     """
     from transformers import AutoModelForCausalLM
 
     curves = {}
     for implementation in implementations:
         torch.manual_seed(0)  # the same weights for every implementation
-        model = AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation=implementation)
+        model = AutoModelForCausalLM.from_config(
+            copy.deepcopy(config), attn_implementation=implementation
+        )
         opt = torch.optim.AdamW(model.parameters(), lr=lr)
-        batches = torch.Generator().manual_seed(2)  # the same batches for every implementation
+        # the same batches for every implementation
+        batches = torch.Generator().manual_seed(2)
         curves[implementation] = []
         for _ in range(steps):
             batch = torch.randint(1, config.vocab_size, (4, 16), generator=batches)
-            batch[:, 8:] = batch[:, :8]  # the second half repeats the first: learnable by attention
+            # the second half repeats the first: learnable by attention
+            batch[:, 8:] = batch[:, :8]
             loss = model(batch, labels=batch).loss
             opt.zero_grad()
             loss.backward()
