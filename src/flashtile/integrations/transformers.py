@@ -59,24 +59,34 @@ DEFAULT_NAME = "ftile"
 
 # --8<-- [start:register]
 def check_name(name) -> str:
-    """A name transformers will take as a plain registered implementation, or a ValueError naming ``name``.
+    """A name transformers will take as a plain registered implementation, or a
+    ValueError naming ``name``.
 
-    transformers reads any attention implementation whose name contains "flash" as a request for a
-    FlashAttention kernel package, and one with "/" or ":" as a kernel repository on the Hub
-    ("org/name" or "org/name:function"): either way it goes looking for a package and fails to load it
-    instead of calling the registered function. "eager" and names with "|" are reserved.
+    transformers reads any attention implementation whose name contains "flash" as a
+    request for a FlashAttention kernel package, and one with "/" or ":" as a kernel
+    repository on the Hub ("org/name" or "org/name:function"): either way it goes
+    looking for a package and fails to load it instead of calling the registered
+    function. "eager" and names with "|" are reserved.
     """
-    if not isinstance(name, str) or not name or "flash" in name.lower() or name == "eager" or "|" in name:
+    if (
+        not isinstance(name, str)
+        or not name
+        or "flash" in name.lower()
+        or name == "eager"
+        or "|" in name
+    ):
         raise ValueError(
-            f"cannot register flashtile as name={name!r}: transformers reads any attention implementation whose "
-            "name contains 'flash' as a request for a FlashAttention kernel package and fails to load it; 'eager' "
-            f"and names with '|' are reserved too. Use another name, e.g. {DEFAULT_NAME!r}"
+            f"cannot register flashtile as name={name!r}: transformers reads any "
+            "attention implementation whose name contains 'flash' as a request for a "
+            "FlashAttention kernel package and fails to load it; 'eager' and names "
+            f"with '|' are reserved too. Use another name, e.g. {DEFAULT_NAME!r}"
         )
     if "/" in name or ":" in name:
         raise ValueError(
-            f"cannot register flashtile as name={name!r}: transformers reads a name with '/' or ':' as a kernel "
-            f"repository on the Hub ('org/name' or 'org/name:function') and tries to download it; use a name "
-            f"without '/' and ':', e.g. {DEFAULT_NAME!r}"
+            f"cannot register flashtile as name={name!r}: transformers reads a name "
+            "with '/' or ':' as a kernel repository on the Hub ('org/name' or "
+            "'org/name:function') and tries to download it; use a name without '/' and "
+            f"':', e.g. {DEFAULT_NAME!r}"
         )
     return name
 
@@ -84,24 +94,35 @@ def check_name(name) -> str:
 def register(name: str = DEFAULT_NAME) -> str:
     """Register flashtile with transformers under ``name``; return the name. Idempotent.
 
-    Registers two things under the same name: the attention function (``AttentionInterface``) and a mask
-    function (``AttentionMaskInterface``), without which the model would pass ``attention_mask=None``
-    for a padded batch. Raises ValueError for a name containing "flash" (transformers would look for a
-    FlashAttention kernel package), with '/' or ':' (a Hub kernel repository, "org/name:function"), or a
-    name already taken by another implementation.
+    Registers two things under the same name: the attention function
+    (``AttentionInterface``) and a mask function (``AttentionMaskInterface``), without
+    which the model would pass ``attention_mask=None`` for a padded batch. Raises
+    ValueError for a name containing "flash" (transformers would look for a
+    FlashAttention kernel package), with '/' or ':' (a Hub kernel repository,
+    "org/name:function"), or a name already taken by another implementation.
     """
     try:
         from transformers import AttentionInterface
         from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
     except ImportError as exc:
-        raise ImportError("flashtile.integrations.transformers needs transformers: pip install transformers") from exc
+        raise ImportError(
+            "flashtile.integrations.transformers needs transformers: pip install "
+            "transformers"
+        ) from exc
     check_name(name)
-    for interface, function in ((AttentionInterface, flashtile_attention_forward), (AttentionMaskInterface, sdpa_mask)):
+    for interface, function in (
+        (AttentionInterface, flashtile_attention_forward),
+        (AttentionMaskInterface, sdpa_mask),
+    ):
         taken = interface._global_mapping.get(name)
         if taken is not None and taken is not function:
-            raise ValueError(f"{name!r} is already registered in transformers' {interface.__name__} as {taken!r}")
+            raise ValueError(
+                f"{name!r} is already registered in transformers' {interface.__name__} "
+                f"as {taken!r}"
+            )
     AttentionInterface.register(name, flashtile_attention_forward)
-    # sdpa's mask: None when the batch is plain causal (no padding), else a (B, 1, Tq, Tk) bool mask
+    # sdpa's mask: None when the batch is plain causal (no padding), else a (B, 1, Tq,
+    # Tk) bool mask
     AttentionMaskInterface.register(name, sdpa_mask)
     return name
 # --8<-- [end:register]
@@ -113,33 +134,58 @@ def flashtile_attention_forward(
     query: torch.Tensor,  # (B, H, Tq, D), a view of the (B, Tq, H, D) projection
     key: torch.Tensor,  # (B, H_kv, Tk, D): the whole cache so far, the new tokens last
     value: torch.Tensor,
-    attention_mask: torch.Tensor | None,  # None, or (B, 1, Tq, Tk): True (or 0.0) where a key may be seen
+    # None, or (B, 1, Tq, Tk): True (or 0.0) where a key may be seen
+    attention_mask: torch.Tensor | None,
     dropout: float = 0.0,
     scaling: float | None = None,
     is_causal: bool | None = None,
-    **kwargs,  # sliding_window, softcap, position_ids, cu_seq_lens_q, ... as the model passes them
+    # sliding_window, softcap, position_ids, cu_seq_lens_q, ... as the model passes them
+    **kwargs,
 ) -> tuple[torch.Tensor, None]:
-    """The function transformers calls in every attention layer; returns (o (B, Tq, H, D), None)."""
+    """The function transformers calls in every attention layer; returns (o (B, Tq, H,
+    D), None)."""
     refuse_unsupported(dropout, kwargs)
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     Tq, Tk = query.shape[2], key.shape[2]
-    layer = dict(scale=scaling, window=layer_window(kwargs.get("sliding_window"), causal, Tk),
-                 softcap=kwargs.get("softcap"), enable_gqa=query.shape[1] != key.shape[1])  # fmt: skip
-    documents = document_starts(query, key, kwargs)  # packed rows: (B, Tq) True where a document starts
+    layer = dict(
+        scale=scaling, window=layer_window(kwargs.get("sliding_window"), causal, Tk),
+        softcap=kwargs.get("softcap"), enable_gqa=query.shape[1] != key.shape[1],
+    )  # fmt: skip
+    # packed rows: (B, Tq) True where a document starts
+    documents = document_starts(query, key, kwargs)
     if documents is not None and not causal:
-        raise ValueError("flashtile supports packed rows on causal layers only; use attn_implementation='sdpa'")
-    if attention_mask is not None or documents is not None:  # padding, packing, a window, or a cache's offset
-        plan = segment_plan(attention_mask, documents, query, key, layer["window"], causal)
+        raise ValueError(
+            "flashtile supports packed rows on causal layers only; use "
+            "attn_implementation='sdpa'"
+        )
+    # padding, packing, a window, or a cache's offset
+    if attention_mask is not None or documents is not None:
+        plan = segment_plan(
+            attention_mask, documents, query, key, layer["window"], causal
+        )
         return run_segments(query, key, value, plan, **layer), None
     if Tq == 1 and decode_fits(query):
-        o = decode_attention(query, key, value, scale=scaling, window=layer["window"], softcap=layer["softcap"])
-    else:  # sdpa's mask function skips the mask only for Tq == 1, Tq == Tk, or an empty cache (rows 0 ... Tq-1)
+        o = decode_attention(
+            query,
+            key,
+            value,
+            scale=scaling,
+            window=layer["window"],
+            softcap=layer["softcap"],
+        )
+    # sdpa's mask function skips the mask only for Tq == 1, Tq == Tk, or an empty cache
+    # (rows 0 ... Tq-1)
+    else:
         causal = causal and Tq > 1
-        if causal and Tk > Tq:  # an empty static cache: slots Tq ... Tk-1 hold no token yet
+        # an empty static cache: slots Tq ... Tk-1 hold no token yet
+        if causal and Tk > Tq:
             key, value = key[:, :, :Tq], value[:, :, :Tq]
-        o = attention(query, key, value, is_causal=causal, alignment="lower_right", **layer)
-    # (B, Tq, H, D), as the model's reshape expects. flashtile.attention lays o out like the model's query
-    # view (a transposed (B, T, H, D) projection), so after it this is contiguous already: no copy
+        o = attention(
+            query, key, value, is_causal=causal, alignment="lower_right", **layer
+        )
+    # (B, Tq, H, D), as the model's reshape expects. flashtile.attention lays o out like
+    # the model's query view (a transposed (B, T, H, D) projection), so after it this is
+    # contiguous already: no copy
     return o.transpose(1, 2).contiguous(), None
 # --8<-- [end:attention_forward]
 
@@ -158,24 +204,35 @@ def refuse_unsupported(dropout: float, kwargs: dict) -> None:
 
 # --8<-- [start:layer_window]
 def layer_window(sliding_window, causal: bool, Tk: int) -> tuple[int, int] | None:
-    """flashtile's window for transformers' ``sliding_window`` W: (W - 1, 0), or None where it cannot bind.
+    """flashtile's window for transformers' ``sliding_window`` W: (W - 1, 0), or None
+    where it cannot bind.
 
-    transformers' sliding mask keeps key j for query position p when p - W < j <= p (``masking_utils.
-    sliding_window_overlay``: ``kv_idx > q_idx - sliding_window``, and causal): W keys, the query's own
-    included, so W - 1 to the left. A query at key position p < W sees every earlier key anyway, and the
-    largest p is Tk - 1: with Tk <= W the window changes nothing, and the call runs without one.
+    transformers' sliding mask keeps key j for query position p when p - W < j <= p
+    (``masking_utils.
+    sliding_window_overlay``: ``kv_idx > q_idx - sliding_window``, and causal): W keys,
+    the query's own included, so W - 1 to the left. A query at key position p < W sees
+    every earlier key anyway, and the largest p is Tk - 1: with Tk <= W the window
+    changes nothing, and the call runs without one.
     """
     if sliding_window is None:
         return None
-    if isinstance(sliding_window, bool) or not isinstance(sliding_window, numbers.Integral) or sliding_window < 1:
-        raise ValueError(f"sliding_window must be a positive int (keys in the window, the query's own included), "
-                         f"got {sliding_window!r}")  # fmt: skip
+    if (
+        isinstance(sliding_window, bool)
+        or not isinstance(sliding_window, numbers.Integral)
+        or sliding_window < 1
+    ):
+        raise ValueError(
+            "sliding_window must be a positive int (keys in the window, the query's "
+            f"own included), got {sliding_window!r}"
+        )
     if Tk <= sliding_window:
         return None
-    if not causal:  # a bidirectional window (|i - j| <= W in transformers) on a non-causal layer
+    # a bidirectional window (|i - j| <= W in transformers) on a non-causal layer
+    if not causal:
         raise ValueError(
-            f"flashtile supports sliding windows on causal layers only: this non-causal layer has a window of "
-            f"{sliding_window} keys and {Tk} keys to attend to; use attn_implementation='sdpa'"
+            "flashtile supports sliding windows on causal layers only: this non-causal "
+            f"layer has a window of {sliding_window} keys and {Tk} keys to attend to; "
+            "use attn_implementation='sdpa'"
         )
     return sliding_window - 1, 0
 # --8<-- [end:layer_window]
@@ -291,38 +348,62 @@ class Segments(NamedTuple):
 
 # --8<-- [start:segment_plan]
 def segment_plan(mask, documents, query, key, window, causal: bool) -> Segments:
-    """The segments a mask (and packed documents) describe, or a ValueError for any other mask.
+    """The segments a mask (and packed documents) describe, or a ValueError for any
+    other mask.
 
-    Query row i sits at key position p = i + off. It is real when it may see its own key p. Two neighbouring
-    real rows are in one segment when the second may see the first's key (and no document starts there);
-    a segment's keys start at the first key its first row may see. The mask is then rebuilt from the segments,
-    causal and windowed, and must equal the model's on every real row: padding rows come out as zeros.
-    Every layer of one forward gets the same mask (or document starts) tensor, so the plan is worked out in
-    the first layer and kept on that tensor: its host reads, and those of the varlen call's cu_seqlens, happen
-    once per forward and window, not once per layer.
+    Query row i sits at key position p = i + off. It is real when it may see its own key
+    p. Two neighbouring real rows are in one segment when the second may see the first's
+    key (and no document starts there); a segment's keys start at the first key its
+    first row may see. The mask is then rebuilt from the segments, causal and windowed,
+    and must equal the model's on every real row: padding rows come out as zeros. Every
+    layer of one forward gets the same mask (or document starts) tensor, so the plan is
+    worked out in the first layer and kept on that tensor: its host reads, and those of
+    the varlen call's cu_seqlens, happen once per forward and window, not once per
+    layer.
     """
     if mask is not None and not causal:
-        raise ValueError("flashtile supports masks on causal layers only; use attn_implementation='sdpa'")
+        raise ValueError(
+            "flashtile supports masks on causal layers only; use "
+            "attn_implementation='sdpa'"
+        )
     find = lambda: find_segments(mask, documents, query, key, window)  # noqa: E731
     if torch.compiler.is_compiling() or (mask is not None and documents is not None):
-        return find()  # no attributes on traced tensors; a mask with documents: two tensors, nowhere to keep it
-    return remembered(documents if mask is None else mask, f"_flashtile_plan_{window}", find)
+        # no attributes on traced tensors; a mask with documents: two tensors, nowhere
+        # to keep it
+        return find()
+    return remembered(
+        documents if mask is None else mask, f"_flashtile_plan_{window}", find
+    )
 
 
 def find_segments(mask, documents, query, key, window) -> Segments:
     B, _, Tq, _ = query.shape
     Tk = key.shape[2]
-    if mask is None:  # packed rows without a mask: every token real, off = 0 (document_starts needs Tq == Tk)
+    # packed rows without a mask: every token real, off = 0 (document_starts needs Tq ==
+    # Tk)
+    if mask is None:
         real = torch.ones(B, Tq, dtype=torch.bool, device=query.device)
-        starts, k0, off = documents.clone(), torch.arange(Tq, device=query.device).expand(B, Tq), 0
-    else:  # the mask's reading is kept on it even where the plan cannot be (a mask with documents)
+        starts, k0, off = (
+            documents.clone(),
+            torch.arange(Tq, device=query.device).expand(B, Tq),
+            0,
+        )
+    # the mask's reading is kept on it even where the plan cannot be (a mask with
+    # documents)
+    else:
         found = lambda: mask_segments(mask, query, key, window)  # noqa: E731
         compiling = torch.compiler.is_compiling()  # no attributes on traced tensors
-        real, starts, k0, off = found() if compiling else remembered(mask, f"_flashtile_segments_{window}", found)
-        if documents is not None and off == 0:  # documents the mask does not know of (a cache was in use)
+        real, starts, k0, off = (
+            found()
+            if compiling
+            else remembered(mask, f"_flashtile_segments_{window}", found)
+        )
+        # documents the mask does not know of (a cache was in use)
+        if documents is not None and off == 0:
             documents = documents & real
             starts = starts | documents
-            k0 = torch.where(documents, torch.arange(Tq, device=query.device), k0)  # a document starts at itself
+            # a document starts at itself
+            k0 = torch.where(documents, torch.arange(Tq, device=query.device), k0)
     return segments(real, starts, k0, off, Tq, Tk)
 # --8<-- [end:segment_plan]
 
@@ -401,13 +482,15 @@ def segments(real, starts, k0, off: int, Tq: int, Tk: int) -> Segments:
 
 
 # --8<-- [start:run_segments]
-def run_segments(query, key, value, plan: Segments, scale, window, softcap, enable_gqa) -> torch.Tensor:
+def run_segments(
+    query, key, value, plan: Segments, scale, window, softcap, enable_gqa
+) -> torch.Tensor:
     """(B, Tq, H, D): the segments' real rows in one call, zeros in the padding rows.
 
-    Every row one segment on the same keys (a cache, a window without padding): one ``attention`` call on
-    those keys, aligned lower-right. Otherwise the real tokens are gathered into packed (total, H, D)
-    tensors, run as one ``attention_varlen`` call (each segment a document, aligned lower-right) and
-    scattered back.
+    Every row one segment on the same keys (a cache, a window without padding): one
+    ``attention`` call on those keys, aligned lower-right. Otherwise the real tokens are
+    gathered into packed (total, H, D) tensors, run as one ``attention_varlen`` call
+    (each segment a document, aligned lower-right) and scattered back.
     """
     B, H, Tq, D = query.shape
     H_kv, Tk = key.shape[1], key.shape[2]
@@ -415,20 +498,29 @@ def run_segments(query, key, value, plan: Segments, scale, window, softcap, enab
         k0, k1 = plan.whole
         key, value = key[:, :, k0:k1], value[:, :, k0:k1]
         if Tq == 1 and decode_fits(query):
-            o = decode_attention(query, key, value, scale=scale, window=window, softcap=softcap)
+            o = decode_attention(
+                query, key, value, scale=scale, window=window, softcap=softcap
+            )
             return o.transpose(1, 2).contiguous()
-        o = attention(query, key, value, is_causal=True, scale=scale, enable_gqa=enable_gqa, alignment="lower_right",
-                      window=window, softcap=softcap)  # fmt: skip
+        o = attention(
+            query, key, value, is_causal=True, scale=scale, enable_gqa=enable_gqa,
+            alignment="lower_right", window=window, softcap=softcap,
+        )  # fmt: skip
         return o.transpose(1, 2).contiguous()
-    # (B, T, H, D) views, flattened to tokens: free for the model's projections, one copy for a cache
-    q = query.transpose(1, 2).reshape(B * Tq, H, D).index_select(0, plan.q_index)  # (total_q, H, D)
-    k = key.transpose(1, 2).reshape(B * Tk, H_kv, D).index_select(0, plan.k_index)  # (total_k, H_kv, D)
+    # (B, T, H, D) views, flattened to tokens: free for the model's projections, one
+    # copy for a cache
+    # (total_q, H, D)
+    q = query.transpose(1, 2).reshape(B * Tq, H, D).index_select(0, plan.q_index)
+    # (total_k, H_kv, D)
+    k = key.transpose(1, 2).reshape(B * Tk, H_kv, D).index_select(0, plan.k_index)
     v = value.transpose(1, 2).reshape(B * Tk, H_kv, D).index_select(0, plan.k_index)
     o = query.new_zeros(B * Tq, H, D)
     if len(plan.q_index):
-        packed = attention_varlen(q, k, v, plan.cu_seqlens_q, plan.cu_seqlens_k, plan.max_seqlen_q, plan.max_seqlen_k,
-                                  is_causal=True, scale=scale, window=window, softcap=softcap,
-                                  alignment="lower_right")  # fmt: skip
+        packed = attention_varlen(
+            q, k, v, plan.cu_seqlens_q, plan.cu_seqlens_k, plan.max_seqlen_q,
+            plan.max_seqlen_k, is_causal=True, scale=scale, window=window,
+            softcap=softcap, alignment="lower_right",
+        )  # fmt: skip
         o = o.index_copy(0, plan.q_index, packed)
     return o.view(B, Tq, H, D)
 # --8<-- [end:run_segments]
