@@ -82,24 +82,36 @@ FP8_SHIFT_LIMIT = tl.constexpr(2.0**10)
 
 # --8<-- [start:fp8-key-step]
 @triton.jit
-def fold_fp8_key_tile(acc, l, m, q, dq, K, V, DK, VR, stride_kt, stride_kd, stride_vt, stride_vd, stride_dkt, i, d,
-                      k_start, Tk, offset, HEAD_DIM: tl.constexpr, BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr,
-                      MASKED: tl.constexpr, K_ROWS: tl.constexpr, V_RATIOS: tl.constexpr,
-                      INTERPRETED: tl.constexpr, EXACT: tl.constexpr = False):  # fmt: skip
-    """One step of the online softmax over keys k_start .. k_start + BLOCK_K - 1, with E4M3 operands.
+def fold_fp8_key_tile(
+    acc, l, m, q, dq, K, V, DK, VR, stride_kt, stride_kd, stride_vt, stride_vd,
+    stride_dkt, i, d, k_start, Tk, offset, HEAD_DIM: tl.constexpr,
+    BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr, MASKED: tl.constexpr,
+    K_ROWS: tl.constexpr, V_RATIOS: tl.constexpr, INTERPRETED: tl.constexpr,
+    EXACT: tl.constexpr = False,
+):  # fmt: skip
+    """One step of the online softmax over keys k_start .. k_start + BLOCK_K - 1, with
+    E4M3 operands.
 
-    EXACT keeps m in the raw dot's own units (t, before dq) and subtracts before it scales, as the bf16
-    kernel's exact step does: the row's largest score then gives 448 p = exp2(0 + log2 448) at any size,
-    where the fast step's rounded shift would give 448 * 2^delta, which P's E4M3 rounding does not cancel
-    (the kernel reruns with it past FP8_SHIFT_LIMIT)."""
+    EXACT keeps m in the raw dot's own units (t, before dq) and subtracts before it
+    scales, as the bf16 kernel's exact step does: the row's largest score then gives 448
+    p = exp2(0 + log2 448) at any size, where the fast step's rounded shift would give
+    448 * 2^delta, which P's E4M3 rounding does not cancel (the kernel reruns with it
+    past FP8_SHIFT_LIMIT)."""
     j = k_start + tl.arange(0, BLOCK_K).to(tl.int64)
     kv_mask = (j[:, None] < Tk) & (d[None, :] < HEAD_DIM)
-    k = tl.load(K + j[:, None] * stride_kt + d[None, :] * stride_kd, mask=kv_mask, other=0.0)  # (BLOCK_K, D_PAD) e4m3
-    # V's transpose (D_PAD, BLOCK_K), keys contiguous: the layout an E4M3 dot's second operand needs
+    # (BLOCK_K, D_PAD) e4m3
+    k = tl.load(
+        K + j[:, None] * stride_kt + d[None, :] * stride_kd, mask=kv_mask, other=0.0
+    )
+    # V's transpose (D_PAD, BLOCK_K), keys contiguous: the layout an E4M3 dot's second
+    # operand needs
     v_t_mask = (d[:, None] < HEAD_DIM) & (j[None, :] < Tk)
-    v_t = tl.load(V + d[:, None] * stride_vd + j[None, :] * stride_vt, mask=v_t_mask, other=0.0)
-    # (BLOCK_Q, BLOCK_K); s = t dq in log2 units (τ log2 e is in dq, > 0). Past 128 dims the raw dot's short
-    # accumulator is emptied into float32 every 128 products, so a score at D = 256 is summed as two at D = 128
+    v_t = tl.load(
+        V + d[:, None] * stride_vd + j[None, :] * stride_vt, mask=v_t_mask, other=0.0
+    )
+    # (BLOCK_Q, BLOCK_K); s = t dq in log2 units (τ log2 e is in dq, > 0). Past 128 dims
+    # the raw dot's short accumulator is emptied into float32 every 128 products, so a
+    # score at D = 256 is summed as two at D = 128
     if HEAD_DIM > 128:
         t = tl.dot(q, tl.trans(k), max_num_imprecise_acc=128)
     else:
@@ -115,18 +127,30 @@ def fold_fp8_key_tile(acc, l, m, q, dq, K, V, DK, VR, stride_kt, stride_kd, stri
         m_new = tl.maximum(m, tl.max(t, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.math.exp2((m - m_safe) * dq)
-        p = tl.math.exp2((t - m_safe[:, None]) * dq[:, None] + LOG2_P_SCALE)  # 448 p, in [0, 448]
+        # 448 p, in [0, 448]
+        p = tl.math.exp2((t - m_safe[:, None]) * dq[:, None] + LOG2_P_SCALE)
     else:
         m_new = tl.maximum(m, tl.max(t, 1) * dq)
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no key yet: alpha = p = 0, not NaN
-        shift = m_safe - LOG2_P_SCALE  # 448 p = exp2(s - shift): P's scale rides in the shift
-        alpha = tl.math.exp2((m - LOG2_P_SCALE) - shift)  # between shifts as rounded: that rounding cancels
-        p = tl.math.exp2(multiply_subtract(t, dq[:, None], shift[:, None], INTERPRETED))  # 448 p, in [0, 448]
+        # a row with no key yet: alpha = p = 0, not NaN
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        # 448 p = exp2(s - shift): P's scale rides in the shift
+        shift = m_safe - LOG2_P_SCALE
+        # between shifts as rounded: that rounding cancels
+        alpha = tl.math.exp2((m - LOG2_P_SCALE) - shift)
+        # 448 p, in [0, 448]
+        p = tl.math.exp2(multiply_subtract(t, dq[:, None], shift[:, None], INTERPRETED))
     l = alpha * l + tl.sum(p, 1)  # sums the unrounded 448 p
-    if V_RATIOS:  # r_j = descale_v[j] / v_scale on P; with V's factors one per head every r_j is 1
+    # r_j = descale_v[j] / v_scale on P; with V's factors one per head every r_j is 1
+    if V_RATIOS:
         p = p * tl.load(VR + j, mask=j < Tk, other=0.0)[None, :]
-    # P rounded to E4M3; the tile's product summed in the E4M3 dot's short accumulator, added to acc in float32
-    acc = tl.dot(p.to(tl.float8e4nv), tl.trans(v_t), acc * alpha[:, None], max_num_imprecise_acc=BLOCK_K)
+    # P rounded to E4M3; the tile's product summed in the E4M3 dot's short accumulator,
+    # added to acc in float32
+    acc = tl.dot(
+        p.to(tl.float8e4nv),
+        tl.trans(v_t),
+        acc * alpha[:, None],
+        max_num_imprecise_acc=BLOCK_K,
+    )
     return acc, l, m_new
 # --8<-- [end:fp8-key-step]
 
@@ -135,21 +159,29 @@ def fold_fp8_key_tile(acc, l, m, q, dq, K, V, DK, VR, stride_kt, stride_kd, stri
 @triton.jit
 def fp8_forward_kernel(
     Q, K, V, DQ, DK, VR, VS, O, LSE,
-    stride_qb, stride_qh, stride_qt, stride_qd, stride_kb, stride_kh, stride_kt, stride_kd,
-    stride_vb, stride_vh, stride_vt, stride_vd, stride_ob, stride_oh, stride_ot, stride_od,
-    stride_dqb, stride_dqh, stride_dqt, stride_dkb, stride_dkh, stride_dkt, stride_vsb, stride_vsh,
+    stride_qb, stride_qh, stride_qt, stride_qd, stride_kb, stride_kh, stride_kt,
+    stride_kd,
+    stride_vb, stride_vh, stride_vt, stride_vd, stride_ob, stride_oh, stride_ot,
+    stride_od,
+    stride_dqb, stride_dqh, stride_dqt, stride_dkb, stride_dkh, stride_dkt, stride_vsb,
+    stride_vsh,
     H, H_kv, Tq, Tk, offset, qk_scale, chunk,
-    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
-    CAUSAL: tl.constexpr, SIGN: tl.constexpr, HEAVIEST_FIRST: tl.constexpr, K_ROWS: tl.constexpr,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    CAUSAL: tl.constexpr, SIGN: tl.constexpr, HEAVIEST_FIRST: tl.constexpr,
+    K_ROWS: tl.constexpr,
     V_RATIOS: tl.constexpr, INTERPRETED: tl.constexpr,
 ):  # fmt: skip
-    """One program: query tile q_index of head h of batch b; grid (cdiv(Tq, BLOCK_Q), H, B), each head's
-    heaviest tile first under a causal mask (``program_tile``). DQ (B, H, Tq) and DK (B, H_kv, Tk) are read
-    through their strides (0 along T: one factor a head), VR (B, H_kv, Tk) is contiguous, VS (B, H_kv), all
-    float32. K_ROWS: k's factors differ along the keys (else DK's first key holds the head's, folded into dq);
-    V_RATIOS: V's too (else every ratio is 1 and VR is not read). τ's sign is SIGN (folded into q),
-    qk_scale = |τ| log2 e."""
-    q_index, h, b = program_tile(chunk, HEAVY_TILE_LAST=CAUSAL, HEAVIEST_FIRST=HEAVIEST_FIRST)
+    """One program: query tile q_index of head h of batch b; grid (cdiv(Tq, BLOCK_Q), H,
+    B), each head's heaviest tile first under a causal mask (``program_tile``). DQ (B,
+    H, Tq) and DK (B, H_kv, Tk) are read through their strides (0 along T: one factor a
+    head), VR (B, H_kv, Tk) is contiguous, VS (B, H_kv), all float32. K_ROWS: k's
+    factors differ along the keys (else DK's first key holds the head's, folded into
+    dq); V_RATIOS: V's too (else every ratio is 1 and VR is not read). τ's sign is SIGN
+    (folded into q), qk_scale = |τ| log2 e."""
+    q_index, h, b = program_tile(
+        chunk, HEAVY_TILE_LAST=CAUSAL, HEAVIEST_FIRST=HEAVIEST_FIRST
+    )
     h, b = h.to(tl.int64), b.to(tl.int64)
     h_kv = h // (H // H_kv)  # GQA: the key/value head this query head reads
     q_start = q_index * BLOCK_Q
@@ -162,60 +194,92 @@ def fp8_forward_kernel(
     DK += b * stride_dkb + h_kv * stride_dkh
     VR += (b * H_kv + h_kv) * Tk
     q_mask = (i[:, None] < Tq) & (d[None, :] < HEAD_DIM)
-    q = tl.load(Q + i[:, None] * stride_qt + d[None, :] * stride_qd, mask=q_mask, other=0.0)  # (BLOCK_Q, D_PAD) e4m3
-    if SIGN != 1:  # τ < 0 (or 0) on q's codes, exactly, so that dq > 0 and a row's max of s is dq times t's
+    # (BLOCK_Q, D_PAD) e4m3
+    q = tl.load(
+        Q + i[:, None] * stride_qt + d[None, :] * stride_qd, mask=q_mask, other=0.0
+    )
+    # τ < 0 (or 0) on q's codes, exactly, so that dq > 0 and a row's max of s is dq
+    # times t's
+    if SIGN != 1:
         q = (q.to(tl.float32) * SIGN).to(tl.float8e4nv)
-    # (BLOCK_Q,) q's factors times |τ| log2 e; a padded row gets 1, not 0, so that its -inf scores stay -inf
-    dq = tl.load(DQ + b * stride_dqb + h * stride_dqh + i * stride_dqt, mask=i < Tq, other=1.0) * qk_scale
+    # (BLOCK_Q,) q's factors times |τ| log2 e; a padded row gets 1, not 0, so that its
+    # -inf scores stay -inf
+    dq = (
+        tl.load(
+            DQ + b * stride_dqb + h * stride_dqh + i * stride_dqt,
+            mask=i < Tq,
+            other=1.0,
+        )
+        * qk_scale
+    )
     if not K_ROWS:  # one k factor for the head: into dq once, not into every score
         dq = dq * tl.load(DK)
 
     m = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)
     l = tl.zeros([BLOCK_Q], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_Q, HEAD_DIM_PAD], dtype=tl.float32)  # sum of E4M3(448 r p) v8, float32
+    # sum of E4M3(448 r p) v8, float32
+    acc = tl.zeros([BLOCK_Q, HEAD_DIM_PAD], dtype=tl.float32)
     if CAUSAL:
         q_end = tl.minimum(q_start + BLOCK_Q, Tq)
-        n_full, n_visit = full_key_tiles(q_start, Tk, BLOCK_K, offset), last_key_tile(q_end, Tk, BLOCK_K, offset)
+        n_full, n_visit = (
+            full_key_tiles(q_start, Tk, BLOCK_K, offset),
+            last_key_tile(q_end, Tk, BLOCK_K, offset),
+        )
     else:
         n_full, n_visit = Tk // BLOCK_K, tl.cdiv(Tk, BLOCK_K)
     for k_index in range(0, n_full):  # FULL tiles: no mask
-        acc, l, m = fold_fp8_key_tile(acc, l, m, q, dq, K, V, DK, VR, stride_kt, stride_kd, stride_vt, stride_vd,
-                                      stride_dkt, i, d, k_index * BLOCK_K, Tk, offset, HEAD_DIM, BLOCK_K, CAUSAL,
-                                      False, K_ROWS, V_RATIOS, INTERPRETED)  # fmt: skip
+        acc, l, m = fold_fp8_key_tile(
+            acc, l, m, q, dq, K, V, DK, VR, stride_kt, stride_kd, stride_vt, stride_vd,
+            stride_dkt, i, d, k_index * BLOCK_K, Tk, offset, HEAD_DIM, BLOCK_K, CAUSAL,
+            False, K_ROWS, V_RATIOS, INTERPRETED,
+        )  # fmt: skip
     for k_index in range(n_full, n_visit):  # DIAGONAL tiles and a ragged last tile
-        acc, l, m = fold_fp8_key_tile(acc, l, m, q, dq, K, V, DK, VR, stride_kt, stride_kd, stride_vt, stride_vd,
-                                      stride_dkt, i, d, k_index * BLOCK_K, Tk, offset, HEAD_DIM, BLOCK_K, CAUSAL,
-                                      True, K_ROWS, V_RATIOS, INTERPRETED)  # fmt: skip
+        acc, l, m = fold_fp8_key_tile(
+            acc, l, m, q, dq, K, V, DK, VR, stride_kt, stride_kd, stride_vt, stride_vd,
+            stride_dkt, i, d, k_index * BLOCK_K, Tk, offset, HEAD_DIM, BLOCK_K, CAUSAL,
+            True, K_ROWS, V_RATIOS, INTERPRETED,
+        )  # fmt: skip
 
-    v_scale = tl.load(VS + b * stride_vsb + h_kv * stride_vsh)  # V's largest factor; acc and l both carry 448
+    # V's largest factor; acc and l both carry 448
+    v_scale = tl.load(VS + b * stride_vsb + h_kv * stride_vsh)
     out = O + i[:, None] * stride_ot + d[None, :] * stride_od
     rows = LSE + (b * H + h) * Tq + i
     _fp8_write_rows(acc, l, m, v_scale, dq, out, rows, q_mask, i < Tq, EXACT=False)
-    # Past FP8_SHIFT_LIMIT the fast step's rounded shift (448 p = 448 * 2^delta for the row's max) is no longer
-    # harmless: P's E4M3 rounding does not cancel it. Rare, decided once per program after the fast rows are
-    # written: start over with the exact step over every visited tile (the bf16 forward's exact rerun).
+    # Past FP8_SHIFT_LIMIT the fast step's rounded shift (448 p = 448 * 2^delta for the
+    # row's max) is no longer harmless: P's E4M3 rounding does not cancel it. Rare,
+    # decided once per program after the fast rows are written: start over with the
+    # exact step over every visited tile (the bf16 forward's exact rerun).
     if tl.max(tl.where(l > 0.0, tl.abs(m), 0.0), 0) >= FP8_SHIFT_LIMIT:
         tl.debug_barrier()
         m = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)
         l = tl.zeros([BLOCK_Q], dtype=tl.float32)
         acc = tl.zeros([BLOCK_Q, HEAD_DIM_PAD], dtype=tl.float32)
         for k_index in range(0, n_visit):
-            acc, l, m = fold_fp8_key_tile(acc, l, m, q, dq, K, V, DK, VR, stride_kt, stride_kd, stride_vt,
-                                          stride_vd, stride_dkt, i, d, k_index * BLOCK_K, Tk, offset, HEAD_DIM,
-                                          BLOCK_K, CAUSAL, True, K_ROWS, V_RATIOS, INTERPRETED, EXACT=True)  # fmt: skip
+            acc, l, m = fold_fp8_key_tile(
+                acc, l, m, q, dq, K, V, DK, VR, stride_kt, stride_kd, stride_vt,
+                stride_vd, stride_dkt, i, d, k_index * BLOCK_K, Tk, offset, HEAD_DIM,
+                BLOCK_K, CAUSAL, True, K_ROWS, V_RATIOS, INTERPRETED, EXACT=True,
+            )  # fmt: skip
         _fp8_write_rows(acc, l, m, v_scale, dq, out, rows, q_mask, i < Tq, EXACT=True)
 
 
 @triton.jit
-def _fp8_write_rows(acc, l, m, v_scale, dq, out, rows, q_mask, row_ok, EXACT: tl.constexpr):
-    """o = acc * v_scale / l into ``out``, lse (natural log) into ``rows``; m in log2 units after the fast
-    step, in the raw dot's units (times dq for log2) after the exact one."""
+def _fp8_write_rows(
+    acc, l, m, v_scale, dq, out, rows, q_mask, row_ok, EXACT: tl.constexpr
+):
+    """o = acc * v_scale / l into ``out``, lse (natural log) into ``rows``; m in log2
+    units after the fast step, in the raw dot's units (times dq for log2) after the
+    exact one."""
     empty = l == 0.0
     l_safe = tl.where(empty, 1.0, l)
     o = acc * (v_scale / l_safe)[:, None]
-    if EXACT:  # (m dq + log2(l / 448)) ln 2, m dq never formed in log2 units (it may pass float32's range there)
+    # (m dq + log2(l / 448)) ln 2, m dq never formed in log2 units (it may pass
+    # float32's range there)
+    if EXACT:
         lse = m * (dq * LN2) + (tl.math.log2(l_safe) - LOG2_P_SCALE) * LN2
-    else:  # the shift as the last step rounded it: its rounding cancels against l's, so lse is m + log2(l / 448)
+    # the shift as the last step rounded it: its rounding cancels against l's, so lse is
+    # m + log2(l / 448)
+    else:
         lse = ((m - LOG2_P_SCALE) + tl.math.log2(l_safe)) * LN2
     lse = tl.where(empty, float("-inf"), lse)
     tl.store(out, o.to(out.dtype.element_ty), mask=q_mask)
