@@ -39,7 +39,8 @@ def _merge_into_kernel(
     stride_qb, stride_qh, stride_qt,
     T, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_T: tl.constexpr,
 ):  # fmt: skip
-    """(o, lse) <- the merge of (o, lse) and (o_part, lse_part), for BLOCK_T rows of one (b, h)."""
+    """(o, lse) <- the merge of (o, lse) and (o_part, lse_part), for BLOCK_T rows of one
+    (b, h)."""
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     h = tl.program_id(1)
     b = tl.program_id(2)
@@ -47,32 +48,55 @@ def _merge_into_kernel(
     row_ok = t < T
     tile_ok = row_ok[:, None] & (d[None, :] < HEAD_DIM)
     t64, d64 = t.to(tl.int64), d.to(tl.int64)
-    lse_ptrs = LSE + program_offset(b, stride_lb) + program_offset(h, stride_lh) + t64 * stride_lt
-    part_lse_ptrs = LSE_PART + program_offset(b, stride_qb) + program_offset(h, stride_qh) + t64 * stride_qt
+    lse_ptrs = (
+        LSE
+        + program_offset(b, stride_lb)
+        + program_offset(h, stride_lh)
+        + t64 * stride_lt
+    )
+    part_lse_ptrs = (
+        LSE_PART
+        + program_offset(b, stride_qb)
+        + program_offset(h, stride_qh)
+        + t64 * stride_qt
+    )
     lse_a = tl.load(lse_ptrs, mask=row_ok, other=float("-inf"))
     lse_b = tl.load(part_lse_ptrs, mask=row_ok, other=float("-inf")).to(tl.float32)
     m = tl.maximum(lse_a, lse_b)
-    # e^(lse - m) in base 2. A max of -inf means both parts are empty: any finite m gives the weights 0.
+    # e^(lse - m) in base 2. A max of -inf means both parts are empty: any finite m
+    # gives the weights 0.
     m_safe = tl.where(m == float("-inf"), 0.0, m)
     w_a = tl.math.exp2((lse_a - m_safe) * LOG2E)
     w_b = tl.math.exp2((lse_b - m_safe) * LOG2E)
     l = w_a + w_b
     empty = l == 0.0
-    o_ptrs = O + program_offset(b, stride_ob) + program_offset(h, stride_oh) + t64[:, None] * stride_ot \
+    o_ptrs = (
+        O
+        + program_offset(b, stride_ob)
+        + program_offset(h, stride_oh)
+        + t64[:, None] * stride_ot
         + d64[None, :] * stride_od
-    part_ptrs = O_PART + program_offset(b, stride_pb) + program_offset(h, stride_ph) + t64[:, None] * stride_pt \
+    )
+    part_ptrs = (
+        O_PART
+        + program_offset(b, stride_pb)
+        + program_offset(h, stride_ph)
+        + t64[:, None] * stride_pt
         + d64[None, :] * stride_pd
+    )
     o_a = tl.load(o_ptrs, mask=tile_ok, other=0.0).to(tl.float32)
     o_b = tl.load(part_ptrs, mask=tile_ok, other=0.0).to(tl.float32)
     o = (w_a[:, None] * o_a + w_b[:, None] * o_b) / tl.where(empty, 1.0, l)[:, None]
     o = tl.where(empty[:, None], 0.0, o)
     lse = m_safe + tl.math.log2(tl.where(empty, 1.0, l)) * LN2
-    lse = tl.where(m == float("inf"), m, lse)  # a +inf score: lse is +inf, as torch.logsumexp gives
+    # a +inf score: lse is +inf, as torch.logsumexp gives
+    lse = tl.where(m == float("inf"), m, lse)
     lse = tl.where(empty, float("-inf"), lse)
-    # In place: a row's lse is read by every warp that holds a slice of the row's columns, and written by
-    # one. Without a barrier a fast warp can store the merged lse before a slow one has read the old
-    # value, and that slow warp then weights its columns with the wrong lse. Triton orders a thread's own
-    # loads and stores, not those of different warps.
+    # In place: a row's lse is read by every warp that holds a slice of the row's
+    # columns, and written by one. Without a barrier a fast warp can store the merged
+    # lse before a slow one has read the old value, and that slow warp then weights its
+    # columns with the wrong lse. Triton orders a thread's own loads and stores, not
+    # those of different warps.
     tl.debug_barrier()
     tl.store(o_ptrs, o.to(O.dtype.element_ty), mask=tile_ok)
     tl.store(lse_ptrs, lse.to(LSE.dtype.element_ty), mask=row_ok)
