@@ -26,7 +26,8 @@ def _matmul_kernel(
     # Which tile of C is mine? The grid is (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N)).
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)  # fp32 however narrow A and B are
+    # fp32 however narrow A and B are
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k_start in range(0, K, BLOCK_K):
         ks = k_start + tl.arange(0, BLOCK_K)
         # Lanes past the matrix edge load 0, which adds nothing to a dot product.
@@ -36,7 +37,11 @@ def _matmul_kernel(
                     mask=(ks[:, None] < K) & (cols[None, :] < N), other=0.0)
         acc = tl.dot(a, b, acc)  # tensor cores: fp16/bf16 products, fp32 sums
     c_ptrs = C + rows[:, None] * stride_cm + cols[None, :] * stride_cn
-    tl.store(c_ptrs, acc.to(C.dtype.element_ty), mask=(rows[:, None] < M) & (cols[None, :] < N))
+    tl.store(
+        c_ptrs,
+        acc.to(C.dtype.element_ty),
+        mask=(rows[:, None] < M) & (cols[None, :] < N),
+    )
 # --8<-- [end:matmul_kernel]
 
 
@@ -59,7 +64,9 @@ def matmul(a: torch.Tensor, b: torch.Tensor, block: int = 32) -> torch.Tensor:
 
 # --8<-- [start:two_ways]
 @triton.jit
-def _double_with_pointers(X, Y, M, N, stride_xm, stride_xn, stride_ym, BLOCK: tl.constexpr):
+def _double_with_pointers(
+    X, Y, M, N, stride_xm, stride_xn, stride_ym, BLOCK: tl.constexpr
+):
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     inside = (rows[:, None] < M) & (cols[None, :] < N)  # the edges are ours to mask
@@ -69,10 +76,15 @@ def _double_with_pointers(X, Y, M, N, stride_xm, stride_xn, stride_ym, BLOCK: tl
 
 @triton.jit
 def _double_with_descriptor(X, Y, M, N, stride_xm, stride_ym, BLOCK: tl.constexpr):
-    # The descriptor knows the shape, so it clips the edges itself; it needs a unit inner stride
-    # and every other stride a multiple of 16 bytes, because the hardware copies in 16-byte units.
-    x_desc = tl.make_tensor_descriptor(X, shape=[M, N], strides=[stride_xm, 1], block_shape=[BLOCK, BLOCK])
-    y_desc = tl.make_tensor_descriptor(Y, shape=[M, N], strides=[stride_ym, 1], block_shape=[BLOCK, BLOCK])
+    # The descriptor knows the shape, so it clips the edges itself; it needs a unit
+    # inner stride and every other stride a multiple of 16 bytes, because the hardware
+    # copies in 16-byte units.
+    x_desc = tl.make_tensor_descriptor(
+        X, shape=[M, N], strides=[stride_xm, 1], block_shape=[BLOCK, BLOCK]
+    )
+    y_desc = tl.make_tensor_descriptor(
+        Y, shape=[M, N], strides=[stride_ym, 1], block_shape=[BLOCK, BLOCK]
+    )
     corner = [tl.program_id(0) * BLOCK, tl.program_id(1) * BLOCK]
     y_desc.store(corner, 2 * x_desc.load(corner))
 # --8<-- [end:two_ways]
@@ -96,8 +108,8 @@ def double(x: torch.Tensor, use_descriptor: bool = False, block: int = 16) -> to
 
 # --8<-- [start:descriptor_rule]
 def tensor_descriptor_compatible(x: torch.Tensor) -> bool:
-    """Can a tensor descriptor (the TMA unit on Hopper) address x? Innermost stride 1, every other
-    stride a multiple of 16 bytes, base address 16-byte aligned."""
+    """Can a tensor descriptor (the TMA unit on Hopper) address x? Innermost stride 1,
+    every other stride a multiple of 16 bytes, base address 16-byte aligned."""
     size = x.element_size()
     inner_ok = x.stride(-1) == 1
     outer_ok = all((s * size) % 16 == 0 for s in x.stride()[:-1])
