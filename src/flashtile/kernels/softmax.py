@@ -23,12 +23,17 @@ INTERPRETER_MAX_BLOCK = 1024
 
 # --8<-- [start:one_block]
 @triton.jit
-def _softmax_one_block(X, Y, stride_xr, stride_xc, stride_yr, n_cols, BLOCK: tl.constexpr):
+def _softmax_one_block(
+    X, Y, stride_xr, stride_xc, stride_yr, n_cols, BLOCK: tl.constexpr
+):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     inside = cols < n_cols
-    # Padding with -inf makes the padded lanes vanish: they never win the max and exp(-inf) = 0.
-    x = tl.load(X + row * stride_xr + cols * stride_xc, mask=inside, other=float("-inf"))
+    # Padding with -inf makes the padded lanes vanish: they never win the max and
+    # exp(-inf) = 0.
+    x = tl.load(
+        X + row * stride_xr + cols * stride_xc, mask=inside, other=float("-inf")
+    )
     x = x.to(tl.float32)  # statistics in fp32 whatever the input dtype
     m = tl.max(x, 0)
     p = tl.exp(x - m)
@@ -39,7 +44,9 @@ def _softmax_one_block(X, Y, stride_xr, stride_xc, stride_yr, n_cols, BLOCK: tl.
 
 # --8<-- [start:streaming]
 @triton.jit
-def _softmax_streaming(X, Y, stride_xr, stride_xc, stride_yr, n_cols, BLOCK: tl.constexpr):
+def _softmax_streaming(
+    X, Y, stride_xr, stride_xc, stride_yr, n_cols, BLOCK: tl.constexpr
+):
     row = tl.program_id(0).to(tl.int64)
     x_row = X + row * stride_xr
     # Pass 1: running max m and running sum l, one column block at a time.
@@ -47,10 +54,13 @@ def _softmax_streaming(X, Y, stride_xr, stride_xc, stride_yr, n_cols, BLOCK: tl.
     l = tl.zeros([], dtype=tl.float32)
     for start in range(0, n_cols, BLOCK):
         cols = start + tl.arange(0, BLOCK)
-        x = tl.load(x_row + cols * stride_xc, mask=cols < n_cols, other=float("-inf")).to(tl.float32)
+        x = tl.load(
+            x_row + cols * stride_xc, mask=cols < n_cols, other=float("-inf")
+        ).to(tl.float32)
         m_new = tl.maximum(m, tl.max(x, 0))
         # Until a finite value shows up (a -inf-masked prefix, say) m_new is -inf, and
-        # exp(-inf - (-inf)) would be NaN; subtracting 0 instead keeps alpha and the sum at 0.
+        # exp(-inf - (-inf)) would be NaN; subtracting 0 instead keeps alpha and the sum
+        # at 0.
         m_new_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp(m - m_new_safe)
         l = alpha * l + tl.sum(tl.exp(x - m_new_safe), 0)
@@ -59,7 +69,9 @@ def _softmax_streaming(X, Y, stride_xr, stride_xc, stride_yr, n_cols, BLOCK: tl.
     for start in range(0, n_cols, BLOCK):
         cols = start + tl.arange(0, BLOCK)
         inside = cols < n_cols
-        x = tl.load(x_row + cols * stride_xc, mask=inside, other=float("-inf")).to(tl.float32)
+        x = tl.load(x_row + cols * stride_xc, mask=inside, other=float("-inf")).to(
+            tl.float32
+        )
         y = tl.exp(x - m) / l
         tl.store(Y + row * stride_yr + cols, y.to(Y.dtype.element_ty), mask=inside)
 # --8<-- [end:streaming]
@@ -70,16 +82,21 @@ def softmax(x: torch.Tensor, block: int | None = None) -> torch.Tensor:
     """Softmax over the last dimension of ``x`` (any rank >= 1, any strides).
 
     Args:
-        x: fp16, bf16 or fp32 tensor on a CUDA device (or the CPU under TRITON_INTERPRET=1).
-        block: columns per block, a power of two; by default the row's width rounded up to a
-            power of two, capped at MAX_BLOCK. A row wider than ``block`` streams in two passes.
+        x: fp16, bf16 or fp32 tensor on a CUDA device (or the CPU under
+            TRITON_INTERPRET=1).
+        block: columns per block, a power of two; by default the row's width rounded up
+            to a power of two, capped at MAX_BLOCK. A row wider than ``block`` streams
+            in two passes.
 
     Returns:
         A contiguous tensor of x's shape and dtype; statistics are computed in fp32.
     """
     check_tensor("x", x, dtypes=KERNEL_DTYPES)
     if x.dim() == 0:
-        raise ValueError("x must have at least one dimension (softmax runs over the last one), got a scalar")
+        raise ValueError(
+            "x must have at least one dimension (softmax runs over the last one), got "
+            "a scalar"
+        )
     check_kernel_device("x", x)
     n_cols = x.shape[-1]
     cap = INTERPRETER_MAX_BLOCK if is_interpreting() else MAX_BLOCK
@@ -94,7 +111,15 @@ def softmax(x: torch.Tensor, block: int | None = None) -> torch.Tensor:
     y2 = y.view(-1, n_cols)
     kernel = _softmax_one_block if n_cols <= block else _softmax_streaming
     num_warps = 4 if block <= 2048 else 8 if block <= 4096 else 16
-    kernel[(x2.shape[0],)](x2, y2, x2.stride(0), x2.stride(1), y2.stride(0), n_cols, BLOCK=block,
-                           num_warps=num_warps)
+    kernel[(x2.shape[0],)](
+        x2,
+        y2,
+        x2.stride(0),
+        x2.stride(1),
+        y2.stride(0),
+        n_cols,
+        BLOCK=block,
+        num_warps=num_warps,
+    )
     return y
 # --8<-- [end:launcher]
