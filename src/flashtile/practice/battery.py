@@ -41,9 +41,10 @@ SITE = "https://flashtile.github.io/flashtile/"
 # --8<-- [start:hint]
 @dataclass(frozen=True)
 class Hint:
-    """What a failing case says about the mistake, in two levels: ``nudge`` names the symptom and where to
-    look, ``formula`` (``--hint formula``) adds the formula. ``name`` identifies the rule that chose it;
-    "none" is the honest answer when no rule fits: what differs, and no guess."""
+    """What a failing case says about the mistake, in two levels: ``nudge`` names the
+    symptom and where to look, ``formula`` (``--hint formula``) adds the formula.
+    ``name`` identifies the rule that chose it; "none" is the honest answer when no rule
+    fits: what differs, and no guess."""
 
     name: str
     nudge: str
@@ -222,10 +223,11 @@ class Sandboxed:
 
 # --8<-- [start:grad_call]
 def grad_call(function, args, kwargs, wrt, do):
-    """``function(*args, **kwargs)`` with args[i] (i in ``wrt``) as leaves that require a gradient, then the
-    gradients of its output (the first element of a tuple) against dO: (output, grads or None when the output
-    carries no gradient, total bytes autograd saved for the backward, the most elements of one saved tensor).
-    Runs where the function runs (the worker), since a graph cannot cross processes."""
+    """``function(*args, **kwargs)`` with args[i] (i in ``wrt``) as leaves that require
+    a gradient, then the gradients of its output (the first element of a tuple) against
+    dO: (output, grads or None when the output carries no gradient, total bytes autograd
+    saved for the backward, the most elements of one saved tensor). Runs where the
+    function runs (the worker), since a graph cannot cross processes."""
     args = list(args)
     for i in wrt:
         args[i] = args[i].detach().clone().requires_grad_()
@@ -243,7 +245,9 @@ def grad_call(function, args, kwargs, wrt, do):
     o = out[0] if isinstance(out, tuple | list) and out else out
     grads = None
     if isinstance(o, torch.Tensor) and o.grad_fn is not None:
-        grads = tuple(torch.autograd.grad(o, [args[i] for i in wrt], do, allow_unused=True))
+        grads = tuple(
+            torch.autograd.grad(o, [args[i] for i in wrt], do, allow_unused=True)
+        )
     return out, grads, sum(storages.values()), largest
 # --8<-- [end:grad_call]
 
@@ -330,21 +334,38 @@ def _ranges(indices: list[int]) -> str:
 
 
 # --8<-- [start:differs]
-def what_differs(name: str, actual: torch.Tensor, expected: torch.Tensor, atol: float) -> str:
-    """Where actual misses expected (the indices along each dimension that hold a wrong entry) and by how
-    much (the largest error; the ratio got / expected when it is the same on every wrong entry)."""
+def what_differs(
+    name: str, actual: torch.Tensor, expected: torch.Tensor, atol: float
+) -> str:
+    """Where actual misses expected (the indices along each dimension that hold a wrong
+    entry) and by how much (the largest error; the ratio got / expected when it is the
+    same on every wrong entry)."""
     a, e = actual.detach().double().cpu(), expected.detach().double().cpu()
     wrong = wrong_entries(a, e, atol)
     if not wrong.any():
         return f"{name} matches the truth"
     where = []
     for dim in range(wrong.dim()):
-        hit = wrong.movedim(dim, 0).reshape(wrong.shape[dim], -1).any(-1).nonzero().flatten().tolist()
+        hit = (
+            wrong.movedim(dim, 0)
+            .reshape(wrong.shape[dim], -1)
+            .any(-1)
+            .nonzero()
+            .flatten()
+            .tolist()
+        )
         size = wrong.shape[dim]
-        where.append("all" if len(hit) == size and size > 1 else f"{_ranges(hit)} of {size}")
-    parts = [f"{name}: {int(wrong.sum())} of {wrong.numel()} entries wrong, at [{'; '.join(where)}] "
-             "(indices along each dimension)"]
-    nan, neginf = int(torch.isnan(a[wrong]).sum()), int((torch.isneginf(a) & wrong).sum())
+        where.append(
+            "all" if len(hit) == size and size > 1 else f"{_ranges(hit)} of {size}"
+        )
+    parts = [
+        f"{name}: {int(wrong.sum())} of {wrong.numel()} entries wrong, at "
+        f"[{'; '.join(where)}] (indices along each dimension)"
+    ]
+    nan, neginf = (
+        int(torch.isnan(a[wrong]).sum()),
+        int((torch.isneginf(a) & wrong).sum()),
+    )
     if nan or neginf:
         parts.append(f"{nan} NaN and {neginf} -inf among them")
     finite = wrong & torch.isfinite(a) & torch.isfinite(e)
@@ -354,9 +375,13 @@ def what_differs(name: str, actual: torch.Tensor, expected: torch.Tensor, atol: 
         if nonzero.any():
             ratio = a[nonzero] / e[nonzero]
             lo, hi = ratio.min().item(), ratio.max().item()
-            if hi - lo <= max(1e-6, atol) * max(abs(lo), abs(hi)):  # one constant, within the rounding judged
-                digits = 6 if atol < 1e-6 else 4  # float32 answers: the ratio's last digits are rounding
-                parts.append(f"every wrong entry is the truth times {(lo + hi) / 2:.{digits}g}")
+            # one constant, within the rounding judged
+            if hi - lo <= max(1e-6, atol) * max(abs(lo), abs(hi)):
+                # float32 answers: the ratio's last digits are rounding
+                digits = 6 if atol < 1e-6 else 4
+                parts.append(
+                    f"every wrong entry is the truth times {(lo + hi) / 2:.{digits}g}"
+                )
             else:
                 parts.append(f"got / expected from {lo:.3g} to {hi:.3g}")
     return "; ".join(parts)
@@ -426,14 +451,20 @@ def grows_after_first_block(x: torch.Tensor, block: int) -> torch.Tensor:
 
 # --8<-- [start:symptom]
 def rescale_symptom(wrong_rows: torch.Tensor, growing_rows: torch.Tensor) -> bool:
-    """Wrong exactly where it matters: some rows wrong, every wrong row's max grew after its first block,
-    and some rows whose max did not grow are right (so the evidence is not just 'everything is wrong')."""
-    return bool(wrong_rows.any() and not (wrong_rows & ~growing_rows).any() and (~growing_rows).any())
+    """Wrong exactly where it matters: some rows wrong, every wrong row's max grew after
+    its first block, and some rows whose max did not grow are right (so the evidence is
+    not just 'everything is wrong')."""
+    return bool(
+        wrong_rows.any()
+        and not (wrong_rows & ~growing_rows).any()
+        and (~growing_rows).any()
+    )
 
 
 @dataclass
 class AttentionInputs:
-    """What a forward case passed, and what its truth needs to test the symptoms' hypotheses."""
+    """What a forward case passed, and what its truth needs to test the symptoms'
+    hypotheses."""
     q: torch.Tensor
     k: torch.Tensor
     v: torch.Tensor
@@ -457,7 +488,8 @@ class AttentionInputs:
         return visible(self.q.shape[-2], self.k.shape[-2], self.causal, self.alignment)
 
     def masked_truth(self, mask: torch.Tensor):
-        """(o, lse) of attention under another visibility ``mask`` (Tq, Tk) or (..., Tq, Tk)."""
+        """(o, lse) of attention under another visibility ``mask`` (Tq, Tk) or (..., Tq,
+        Tk)."""
         return attention_truth(self.q, self.k, self.v, scale=self.scale, mask=mask)
 
     def scores(self) -> torch.Tensor:
@@ -467,26 +499,38 @@ class AttentionInputs:
         return s.masked_fill(~self.visible(), float("-inf"))
 
     def other_scales(self) -> list[tuple[float, Hint]]:
-        """The temperatures a mistake gives instead of τ, each with the hint that names the mistake."""
+        """The temperatures a mistake gives instead of τ, each with the hint that names
+        the mistake."""
         d, tau = 1.0 / math.sqrt(self.q.shape[-1]), self.tau
         log2e, ln2 = math.log2(math.e), math.log(2.0)
 
         def scale_hint(label: str) -> Hint:
-            return replace(HINT_SCALE, nudge=f"your output is attention at temperature {label} instead of "
-                                             f"τ = {tau:.6g}: look where the scores are scaled")
+            return replace(
+                HINT_SCALE,
+                nudge=f"your output is attention at temperature {label} instead of τ = "
+                f"{tau:.6g}: look where the scores are scaled",
+            )
 
-        found = [(tau * log2e, HINT_TEMP_LOG2E), (tau * ln2, HINT_TEMP_LN2),
-                 (d, scale_hint("1/sqrt(D) (the default: the given scale ignored)")),
-                 (1.0, scale_hint("1 (the scores never scaled)")), (tau * tau, scale_hint("τ² (τ applied twice)")),
-                 (tau * d, scale_hint("τ/sqrt(D) (both the given scale and the default)")),
-                 (d * log2e, HINT_TEMP_LOG2E), (d * ln2, HINT_TEMP_LN2)]
+        found = [
+            (tau * log2e, HINT_TEMP_LOG2E),
+            (tau * ln2, HINT_TEMP_LN2),
+            (d, scale_hint("1/sqrt(D) (the default: the given scale ignored)")),
+            (1.0, scale_hint("1 (the scores never scaled)")),
+            (tau * tau, scale_hint("τ² (τ applied twice)")),
+            (tau * d, scale_hint("τ/sqrt(D) (both the given scale and the default)")),
+            (d * log2e, HINT_TEMP_LOG2E),
+            (d * ln2, HINT_TEMP_LN2),
+        ]
         return [(t, h) for t, h in found if not math.isclose(t, tau)]
 
 
-def simulated_forward(a: AttentionInputs, rescale_l=True, rescale_acc=True, normalise=None):
-    """(o, lse) in float64 of a tiled forward with a known mistake: the key tiles of block_k in order, every
-    row at once (a row's result does not depend on block_q). normalise: "each" divides acc by l on every
-    tile and returns acc; "each_and_end" divides once more at the end."""
+def simulated_forward(
+    a: AttentionInputs, rescale_l=True, rescale_acc=True, normalise=None
+):
+    """(o, lse) in float64 of a tiled forward with a known mistake: the key tiles of
+    block_k in order, every row at once (a row's result does not depend on block_q).
+    normalise: "each" divides acc by l on every tile and returns acc; "each_and_end"
+    divides once more at the end."""
     s, v = a.scores(), a.v.double().cpu()
     m = torch.full(s.shape[:-1], float("-inf"), dtype=torch.float64)
     l = torch.zeros_like(m)
@@ -498,7 +542,9 @@ def simulated_forward(a: AttentionInputs, rescale_l=True, rescale_acc=True, norm
         m_sub = torch.where(torch.isneginf(m_new), 0.0, m_new)
         alpha, p = torch.exp(m - m_sub), torch.exp(tile - m_sub[..., None])
         l = (alpha * l if rescale_l else l) + p.sum(-1)
-        acc = (alpha[..., None] * acc if rescale_acc else acc) + p @ v[..., k0:k0 + a.block_k, :]
+        acc = (alpha[..., None] * acc if rescale_acc else acc) + p @ v[
+            ..., k0 : k0 + a.block_k, :
+        ]
         if normalise:
             acc = acc / safe(l)[..., None]
         m = m_new
@@ -507,31 +553,43 @@ def simulated_forward(a: AttentionInputs, rescale_l=True, rescale_acc=True, norm
 
 
 def rows_explained(o, lse, o_ref, lse_ref, o_alt, lse_alt, atol) -> bool:
-    """Every row of (o, lse) is the truth's or the alternative's (NaN allowed where the alternative's row sees
-    no key: an unguarded exp there), some row is not the truth's, and the alternative is not the truth."""
+    """Every row of (o, lse) is the truth's or the alternative's (NaN allowed where the
+    alternative's row sees no key: an unguarded exp there), some row is not the truth's,
+    and the alternative is not the truth."""
     def row_ok(o_x, lse_x):
         return ~(wrong_entries(o, o_x, atol).any(-1) | wrong_entries(lse, lse_x, atol))
     nan = torch.isnan(o).any(-1) | torch.isnan(lse)
     alt = row_ok(o_alt, lse_alt) | (nan & torch.isneginf(lse_alt))
     right = row_ok(o_ref, lse_ref)
-    alt_differs = wrong_entries(o_alt, o_ref, atol).any(-1) | wrong_entries(lse_alt, lse_ref, atol)
-    return bool((right | alt).all() and (~right).any() and (alt & ~right).any() and alt_differs.any())
+    alt_differs = wrong_entries(o_alt, o_ref, atol).any(-1) | wrong_entries(
+        lse_alt, lse_ref, atol
+    )
+    return bool(
+        (right | alt).all()
+        and (~right).any()
+        and (alt & ~right).any()
+        and alt_differs.any()
+    )
 
 
 def last_tile_dropped(a: AttentionInputs) -> torch.Tensor:
-    """The causal mask without the last key tile each query tile needs (a tile count one short)."""
+    """The causal mask without the last key tile each query tile needs (a tile count one
+    short)."""
     Tq, Tk = a.q.shape[-2], a.k.shape[-2]
     keep = a.visible().clone()
     offset = 0 if a.alignment == "upper_left" else Tk - Tq
     for q0 in range(0, Tq, a.block_q):
         last = min(q0 + a.block_q, Tq) - 1 + offset
         if last >= 0:
-            keep[q0:q0 + a.block_q, (min(last, Tk - 1) // a.block_k) * a.block_k:] = False
+            keep[
+                q0 : q0 + a.block_q, (min(last, Tk - 1) // a.block_k) * a.block_k :
+            ] = False
     return keep
 
 
 def lse_units_symptom(lse64, lse_ref, m, atol) -> Hint | None:
-    """lse = a * m + b * ln l (m the row max, l the row sum at that max) with a or b a wrong log factor."""
+    """lse = a * m + b * ln l (m the row max, l the row sum at that max) with a or b a
+    wrong log factor."""
     finite = torch.isfinite(lse_ref) & torch.isfinite(m)
     if not finite.any():
         return None
@@ -539,21 +597,28 @@ def lse_units_symptom(lse64, lse_ref, m, atol) -> Hint | None:
     factors = (1.0, math.log2(math.e), math.log(2.0), 0.0)
     for a in factors:
         for b in factors:
-            if (a, b) != (1.0, 1.0) and matches(got, a * m + b * ln_l, atol) and not matches(
-                    lse_ref[finite], a * m + b * ln_l, atol):
+            if (
+                (a, b) != (1.0, 1.0)
+                and matches(got, a * m + b * ln_l, atol)
+                and not matches(lse_ref[finite], a * m + b * ln_l, atol)
+            ):
                 return units_hint(a, b)
     return None
 
 
 def attention_symptom(a: AttentionInputs, o, lse) -> Hint | None:
-    """The hint a wrong (o, lse) points at, or None when no rule fits (then the failure says what differs)."""
+    """The hint a wrong (o, lse) points at, or None when no rule fits (then the failure
+    says what differs)."""
     o_ref, lse_ref = a.truth()
     if not (isinstance(o, torch.Tensor) and isinstance(lse, torch.Tensor)
             and o.shape == o_ref.shape and lse.shape == lse_ref.shape):
         return None
     o64, lse64 = o.detach().double().cpu(), lse.detach().double().cpu()
-    wrong_rows = wrong_entries(o64, o_ref, a.atol).any(-1) | wrong_entries(lse64, lse_ref, a.atol)
-    if o64.shape[0] >= 2 and not wrong_rows[0].any():  # before NaN: a batch never written may hold any bytes
+    wrong_rows = wrong_entries(o64, o_ref, a.atol).any(-1) | wrong_entries(
+        lse64, lse_ref, a.atol
+    )
+    # before NaN: a batch never written may hold any bytes
+    if o64.shape[0] >= 2 and not wrong_rows[0].any():
         return HINT_BATCH
 
     def explained(alt):  # every row is the truth's or the alternative's
@@ -568,8 +633,11 @@ def attention_symptom(a: AttentionInputs, o, lse) -> Hint | None:
         if a.block_q:
             masks.append((HINT_SKIP, last_tile_dropped(a)))
     nan_rows = torch.isnan(o64).any(-1) | torch.isnan(lse64)
-    overflow = a.scores().max().item() > EXP_LIMIT.get(a.compute, EXP_LIMIT[torch.float32])
-    if nan_rows.any():  # NaN: the rows that see no key (a missing guard), or exp overflowing (no max)
+    overflow = a.scores().max().item() > EXP_LIMIT.get(
+        a.compute, EXP_LIMIT[torch.float32]
+    )
+    # NaN: the rows that see no key (a missing guard), or exp overflowing (no max)
+    if nan_rows.any():
         empty = torch.isneginf(lse_ref)
         if not (nan_rows & ~empty).any():
             return HINT_NEG_INF
@@ -584,11 +652,18 @@ def attention_symptom(a: AttentionInputs, o, lse) -> Hint | None:
         if units is not None:
             return units
 
-    def explains(alternative):  # o is the alternative's, and the alternative is not the truth's
-        return matches(o64, alternative, a.atol) and not matches(o_ref, alternative, a.atol)
+    # o is the alternative's, and the alternative is not the truth's
+    def explains(alternative):
+        return matches(o64, alternative, a.atol) and not matches(
+            o_ref, alternative, a.atol
+        )
 
     if a.causal and a.q.shape[-2] != a.k.shape[-2]:
-        if explains(a.truth(alignment="lower_right" if a.alignment == "upper_left" else "upper_left")[0]):
+        if explains(
+            a.truth(
+                alignment="lower_right" if a.alignment == "upper_left" else "upper_left"
+            )[0]
+        ):
             return HINT_ALIGNMENT
     for hint, mask in masks:
         if explained(a.masked_truth(mask)):
@@ -596,28 +671,46 @@ def attention_symptom(a: AttentionInputs, o, lse) -> Hint | None:
     for tau, hint in a.other_scales():
         if explains(a.truth(scale=tau)[0]):
             return hint
-    if not a.q.is_contiguous():  # the same memory read as if it were a contiguous (B, H, T, D) tensor
-        raw = [torch.as_strided(t, t.shape, torch.empty(t.shape).stride(), t.storage_offset())
-               for t in (a.q, a.k, a.v)]
+    # the same memory read as if it were a contiguous (B, H, T, D) tensor
+    if not a.q.is_contiguous():
+        raw = [
+            torch.as_strided(
+                t, t.shape, torch.empty(t.shape).stride(), t.storage_offset()
+            )
+            for t in (a.q, a.k, a.v)
+        ]
         if matches(o64, a.truth(q=raw[0], k=raw[1], v=raw[2])[0], a.atol):
             return HINT_STRIDES
     Tk = a.k.shape[-2]
-    if not a.causal and Tk % a.block_k:  # padded keys loaded as 0 and never hidden: they score 0
+    # padded keys loaded as 0 and never hidden: they score 0
+    if not a.causal and Tk % a.block_k:
         pad = a.block_k - Tk % a.block_k
-        k0, v0 = (torch.cat([t.double().cpu(), t.new_zeros((*t.shape[:-2], pad, t.shape[-1])).double().cpu()], -2)
-                  for t in (a.k, a.v))
+        k0, v0 = (
+            torch.cat(
+                [
+                    t.double().cpu(),
+                    t.new_zeros((*t.shape[:-2], pad, t.shape[-1])).double().cpu(),
+                ],
+                -2,
+            )
+            for t in (a.k, a.v)
+        )
         if matches(o64, a.truth(k=k0, v=v0)[0], a.atol):
             return HINT_PADDED
-    def rounding_size(got, ref):  # within 2^-7 relative: what a 16-bit rounding does, not a missing idea
+    # within 2^-7 relative: what a 16-bit rounding does, not a missing idea
+    def rounding_size(got, ref):
         return bool(((got - ref).abs() <= 2**-7 * (ref.abs() + 1)).all())
 
     finite = torch.isfinite(lse_ref)
     if rounding_size(o64, o_ref) and rounding_size(lse64[finite], lse_ref[finite]):
         return HINT_LSE
-    for hint, mistake in [(HINT_RESCALE_L, dict(rescale_l=False)), (HINT_RESCALE_ACC, dict(rescale_acc=False)),
-                          (HINT_RESCALE, dict(rescale_l=False, rescale_acc=False)),
-                          (HINT_NORMALISED_ACC, dict(normalise="each")),
-                          (HINT_NORMALISED_ACC, dict(normalise="each_and_end"))]:
+    for hint, mistake in [
+        (HINT_RESCALE_L, dict(rescale_l=False)),
+        (HINT_RESCALE_ACC, dict(rescale_acc=False)),
+        (HINT_RESCALE, dict(rescale_l=False, rescale_acc=False)),
+        (HINT_NORMALISED_ACC, dict(normalise="each")),
+        (HINT_NORMALISED_ACC, dict(normalise="each_and_end")),
+    ]:
         if explained(simulated_forward(a, **mistake)):
             return hint
     if rescale_symptom(wrong_rows, grows_after_first_block(a.scores(), a.block_k)):
@@ -842,26 +935,52 @@ def _update_from_state_case(seen: torch.Tensor, x: torch.Tensor):
 
 # --8<-- [start:cases]
 def online_softmax_cases() -> list[Case]:
-    rising = torch.linspace(-40.0, 1000.0, 37, dtype=torch.float64)  # a new max in every block
-    wide = torch.stack([rising, rising.flip(0), rising - 500.0])  # row 1's max is in its first block
+    # a new max in every block
+    rising = torch.linspace(-40.0, 1000.0, 37, dtype=torch.float64)
+    # row 1's max is in its first block
+    wide = torch.stack([rising, rising.flip(0), rising - 500.0])
     rows = randn(4, 37) * 5
     masked_prefix = rows.clone()
     masked_prefix[:, :9] = float("-inf")  # the first blocks hold nothing but -inf
     all_masked = torch.full((2, 10), float("-inf"), dtype=torch.float64)
-    seen, new = rows[:, :8], rows[:, 8:14] + torch.tensor([[9.0], [9.0], [-9.0], [-9.0]], dtype=torch.float64)
+    seen, new = (
+        rows[:, :8],
+        rows[:, 8:14]
+        + torch.tensor([[9.0], [9.0], [-9.0], [-9.0]], dtype=torch.float64),
+    )
     return [
-        Case("update from the empty state, one block of 8 columns", _update_case(rows[:, :8])),
-        Case("stats, rows of 37 columns between -40 and 1000 in blocks of 8 (exp(1000) overflows float64)",
-             _stats_case(wide, 8)),
-        Case("update from a state of 8 columns with 6 more: rows 0-1 get a new max, rows 2-3 do not",
-             _update_from_state_case(seen, new)),
+        Case(
+            "update from the empty state, one block of 8 columns",
+            _update_case(rows[:, :8]),
+        ),
+        Case(
+            "stats, rows of 37 columns between -40 and 1000 in blocks of 8 (exp(1000) "
+            "overflows float64)",
+            _stats_case(wide, 8),
+        ),
+        Case(
+            "update from a state of 8 columns with 6 more: rows 0-1 get a new max, "
+            "rows 2-3 do not",
+            _update_from_state_case(seen, new),
+        ),
         Case("stats, random rows of 37 columns in blocks of 5", _stats_case(rows, 5)),
         Case("stats, block of 1 column", _stats_case(rows, 1), fast=False),
-        Case("stats, block wider than the row (64 > 37)", _stats_case(rows, 64), fast=False),
+        Case(
+            "stats, block wider than the row (64 > 37)",
+            _stats_case(rows, 64),
+            fast=False,
+        ),
         Case("stats, first 9 columns -inf, blocks of 4", _stats_case(masked_prefix, 4)),
-        Case("stats, 2 rows of 10 columns all -inf (lse must be -inf)", _stats_case(all_masked, 4)),
+        Case(
+            "stats, 2 rows of 10 columns all -inf (lse must be -inf)",
+            _stats_case(all_masked, 4),
+        ),
         Case("merge two halves cut at column 13", _merge_case(rows, 13, 4)),
-        Case("merge two empty states of 3 rows (m = -inf, l = 0: nothing seen on either side)", _merge_empty_case(3)),
+        Case(
+            "merge two empty states of 3 rows (m = -inf, l = 0: nothing seen on either "
+            "side)",
+            _merge_empty_case(3),
+        ),
     ]
 # --8<-- [end:cases]
 
@@ -1364,35 +1483,126 @@ from .drills import autograd_cases, decode_cases, gqa_cases, paged_cases, varlen
 
 # --8<-- [start:steps]
 STEPS: tuple[Step, ...] = (
-    Step("online_softmax", "online_softmax", "flashtile.reference.online_softmax",
-         ("online_softmax_update", "online_softmax_stats", "lse_from_stats", "merge"),
-         "part-a/online-softmax/#the-derivation", "streaming (m, l), lse, merge", online_softmax_cases),
-    Step("forward", "forward", "flashtile.reference.forward", ("flash_attention_forward",),
-         "part-a/forward/#the-derivation", "tiled forward with (m, l, acc)", forward_cases),
-    Step("causal", "forward", "flashtile.reference.forward", ("flash_attention_forward",),
-         "part-a/causal-tiles/#the-derivation", "causal mask, both alignments, tile skipping", causal_cases),
-    Step("backward", "backward", "flashtile.reference.backward", ("flash_attention_backward",),
-         "part-a/backward/#the-derivation", "recomputed P, D = rowsum(dO * O)", backward_cases),
-    Step("fused_softmax", "fused_softmax", "flashtile.kernels.softmax", ("softmax",),
-         "part-b/fused-softmax/#the-derivation", "Triton row softmax", fused_softmax_cases, triton=True),
-    Step("forward_kernel", "forward_kernel", "flashtile.kernels.forward", ("flash_attention",),
-         "part-b/forward-kernel/#the-derivation", "Triton forward kernel and launcher", forward_kernel_cases,
-         triton=True),
-    Step("backward_kernel", "backward_kernel", "flashtile.kernels.backward", ("flash_attention_backward",),
-         "part-b/backward-kernel/#the-derivation", "Triton dK/dV and dQ kernels, D preprocess",
-         backward_kernel_cases, triton=True),
-    Step("autograd", "autograd", "flashtile.reference.autograd", ("reference_attention",),
-         "part-a/backward/#the-listing", "autograd.Function: save lse, pass causal and scale on", autograd_cases),
-    Step("gqa", "gqa", "flashtile.reference.forward", ("flash_attention_forward",),
-         "part-c/decode/#the-derivation", "drill: grouped-query attention (H_kv < H)", gqa_cases),
-    Step("window", "window", "flashtile.reference.forward", ("flash_attention_forward",),
-         "part-a/beyond-causal/#the-derivation", "drill: a sliding window, its tiles skipped", window_cases),
-    Step("paged", "decode", "flashtile.reference.decode", ("gather_pages",),
-         "part-c/decode/#the-derivation", "drill: the paged-KV gather through a block table", paged_cases),
-    Step("decode", "decode", "flashtile.reference.decode", ("decode_attention_reference",),
-         "part-c/decode/#the-derivation", "drill: split-KV decode and the merge of partials", decode_cases),
-    Step("varlen", "varlen", "flashtile.reference.varlen", ("varlen_attention_forward",),
-         "part-a/beyond-causal/#the-derivation", "drill: packed documents (cu_seqlens)", varlen_cases),
+    Step(
+        "online_softmax",
+        "online_softmax",
+        "flashtile.reference.online_softmax",
+        ("online_softmax_update", "online_softmax_stats", "lse_from_stats", "merge"),
+        "part-a/online-softmax/#the-derivation",
+        "streaming (m, l), lse, merge",
+        online_softmax_cases,
+    ),
+    Step(
+        "forward",
+        "forward",
+        "flashtile.reference.forward",
+        ("flash_attention_forward",),
+        "part-a/forward/#the-derivation",
+        "tiled forward with (m, l, acc)",
+        forward_cases,
+    ),
+    Step(
+        "causal",
+        "forward",
+        "flashtile.reference.forward",
+        ("flash_attention_forward",),
+        "part-a/causal-tiles/#the-derivation",
+        "causal mask, both alignments, tile skipping",
+        causal_cases,
+    ),
+    Step(
+        "backward",
+        "backward",
+        "flashtile.reference.backward",
+        ("flash_attention_backward",),
+        "part-a/backward/#the-derivation",
+        "recomputed P, D = rowsum(dO * O)",
+        backward_cases,
+    ),
+    Step(
+        "fused_softmax",
+        "fused_softmax",
+        "flashtile.kernels.softmax",
+        ("softmax",),
+        "part-b/fused-softmax/#the-derivation",
+        "Triton row softmax",
+        fused_softmax_cases,
+        triton=True,
+    ),
+    Step(
+        "forward_kernel",
+        "forward_kernel",
+        "flashtile.kernels.forward",
+        ("flash_attention",),
+        "part-b/forward-kernel/#the-derivation",
+        "Triton forward kernel and launcher",
+        forward_kernel_cases,
+        triton=True,
+    ),
+    Step(
+        "backward_kernel",
+        "backward_kernel",
+        "flashtile.kernels.backward",
+        ("flash_attention_backward",),
+        "part-b/backward-kernel/#the-derivation",
+        "Triton dK/dV and dQ kernels, D preprocess",
+        backward_kernel_cases,
+        triton=True,
+    ),
+    Step(
+        "autograd",
+        "autograd",
+        "flashtile.reference.autograd",
+        ("reference_attention",),
+        "part-a/backward/#the-listing",
+        "autograd.Function: save lse, pass causal and scale on",
+        autograd_cases,
+    ),
+    Step(
+        "gqa",
+        "gqa",
+        "flashtile.reference.forward",
+        ("flash_attention_forward",),
+        "part-c/decode/#the-derivation",
+        "drill: grouped-query attention (H_kv < H)",
+        gqa_cases,
+    ),
+    Step(
+        "window",
+        "window",
+        "flashtile.reference.forward",
+        ("flash_attention_forward",),
+        "part-a/beyond-causal/#the-derivation",
+        "drill: a sliding window, its tiles skipped",
+        window_cases,
+    ),
+    Step(
+        "paged",
+        "decode",
+        "flashtile.reference.decode",
+        ("gather_pages",),
+        "part-c/decode/#the-derivation",
+        "drill: the paged-KV gather through a block table",
+        paged_cases,
+    ),
+    Step(
+        "decode",
+        "decode",
+        "flashtile.reference.decode",
+        ("decode_attention_reference",),
+        "part-c/decode/#the-derivation",
+        "drill: split-KV decode and the merge of partials",
+        decode_cases,
+    ),
+    Step(
+        "varlen",
+        "varlen",
+        "flashtile.reference.varlen",
+        ("varlen_attention_forward",),
+        "part-a/beyond-causal/#the-derivation",
+        "drill: packed documents (cu_seqlens)",
+        varlen_cases,
+    ),
 )
 # --8<-- [end:steps]
 
@@ -1438,12 +1648,19 @@ def diagnosis(exc: BaseException, reader: bool) -> Hint:
 
 
 # --8<-- [start:run_step]
-def run_step(step: Step, impl: ModuleType, fast: bool = False, stop_at_first_failure: bool = False,
-             start: int = 0, on_start: Callable[[int, Case], None] | None = None,
-             on_case: Callable[[int, Case, Failure | None], None] | None = None) -> StepResult:
-    """Run the cases of ``step`` (from index ``start``) against ``impl``; never raises for a failing case,
-    whatever the implementation raises (SystemExit included; only a KeyboardInterrupt stops the run).
-    ``on_start(n, case)`` is called before each case, ``on_case(n, case, failure or None)`` after it."""
+def run_step(
+    step: Step,
+    impl: ModuleType,
+    fast: bool = False,
+    stop_at_first_failure: bool = False,
+    start: int = 0,
+    on_start: Callable[[int, Case], None] | None = None,
+    on_case: Callable[[int, Case, Failure | None], None] | None = None,
+) -> StepResult:
+    """Run the cases of ``step`` (from index ``start``) against ``impl``; never raises
+    for a failing case, whatever the implementation raises (SystemExit included; only a
+    KeyboardInterrupt stops the run). ``on_start(n, case)`` is called before each case,
+    ``on_case(n, case, failure or None)`` after it."""
     result = StepResult(step)
     cases = [c for c in step.cases() if c.fast or not fast]
     for n, case in enumerate(cases[start:], start):
@@ -1453,19 +1670,36 @@ def run_step(step: Step, impl: ModuleType, fast: bool = False, stop_at_first_fai
         try:
             if missing:
                 raise PracticeFailure(f"the module defines no {', '.join(missing)}")
-            with warnings.catch_warnings():  # numpy's warnings from the Triton interpreter, on NaN it then discards
-                warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"triton\.")
+            # numpy's warnings from the Triton interpreter, on NaN it then discards
+            with warnings.catch_warnings():
+                warnings.filterwarnings(
+                    "ignore", category=RuntimeWarning, module=r"triton\."
+                )
                 case.run(impl)
         except KeyboardInterrupt:
             raise
-        except BaseException as exc:  # the implementation's own error (or exit) fails this case, not the run
-            reader = isinstance(exc, ReaderError)  # raised in the worker process, formatted there
+        # the implementation's own error (or exit) fails this case, not the run
+        except BaseException as exc:
+            # raised in the worker process, formatted there
+            reader = isinstance(exc, ReaderError)
             # an untouched skeleton: the rest fail the same way
-            unwritten = exc.unwritten if reader else isinstance(exc, NotImplementedError)
+            unwritten = (
+                exc.unwritten if reader else isinstance(exc, NotImplementedError)
+            )
             exited = exc.exited if reader else isinstance(exc, SystemExit)
-            hint = Hint("write", f"write {', '.join(step.functions)} in {step.file}.py") if unwritten else (
-                HINT_EXIT if exited else diagnosis(exc, reader))
-            result.failures.append(Failure(case.name, exc.error if reader else _short_error(exc), hint, step.chapter))
+            hint = (
+                Hint("write", f"write {', '.join(step.functions)} in {step.file}.py")
+                if unwritten
+                else (HINT_EXIT if exited else diagnosis(exc, reader))
+            )
+            result.failures.append(
+                Failure(
+                    case.name,
+                    exc.error if reader else _short_error(exc),
+                    hint,
+                    step.chapter,
+                )
+            )
             if on_case:
                 on_case(n, case, result.failures[-1])
             if unwritten or stop_at_first_failure:
