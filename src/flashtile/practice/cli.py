@@ -28,38 +28,97 @@ MARKER = "--8<--"
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m flashtile.practice",
-        description="Write FlashAttention yourself, step by step, and check it against flashtile's battery.",
+        description="Write FlashAttention yourself, step by step, and check it against "
+        "flashtile's battery.",
         epilog=f"steps, in order: {', '.join(STEP_NAMES)}. Chapters: {SITE}",
     )
     sub = parser.add_subparsers(dest="command", required=True)
     init = sub.add_parser("init", help="write skeleton modules and a README into DIR")
     init.add_argument("dir", type=Path, metavar="DIR")
-    init.add_argument("--force", action="store_true", help="overwrite files that already exist")
+    init.add_argument(
+        "--force", action="store_true", help="overwrite files that already exist"
+    )
     check = sub.add_parser("check", help="run the battery against the modules in DIR")
-    check.add_argument("dir", type=Path, nargs="?", metavar="DIR", help="your modules (default: the package's own)")
+    check.add_argument(
+        "dir",
+        type=Path,
+        nargs="?",
+        metavar="DIR",
+        help="your modules (default: the package's own)",
+    )
     check.add_argument("--step", action="append", choices=STEP_NAMES, metavar="NAME",
                        help=f"run only this step (repeatable): {', '.join(STEP_NAMES)}")
     check.add_argument("--fast", action="store_true", help="fewer cases per step")
-    check.add_argument("--package", action="store_true", help="check flashtile's own functions instead of DIR")
-    check.add_argument("--hint", choices=HINT_LEVELS, default="nudge",
-                       help="nudge (default): each failure's symptom and where to look; formula: the formula too")
-    check.add_argument("-v", "--verbose", action="store_true",
-                       help="show every failing case (by default: the first of each step and a count)")
-    check.add_argument("--time-limit", type=float, default=TIME_LIMIT, metavar="SECONDS",
-                       help=f"fail a case (or a file's import) that runs longer than this (default {TIME_LIMIT:g}; "
-                            "inf: no limit)")
+    check.add_argument(
+        "--package",
+        action="store_true",
+        help="check flashtile's own functions instead of DIR",
+    )
+    check.add_argument(
+        "--hint",
+        choices=HINT_LEVELS,
+        default="nudge",
+        help="nudge (default): each failure's symptom and where to look; formula: the "
+        "formula too",
+    )
+    check.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="show every failing case (by default: the first of each step and a count)",
+    )
+    check.add_argument(
+        "--time-limit",
+        type=float,
+        default=TIME_LIMIT,
+        metavar="SECONDS",
+        help="fail a case (or a file's import) that runs longer than this (default "
+        f"{TIME_LIMIT:g}; inf: no limit)",
+    )
     sub.add_parser("steps", help="list the steps, their files and chapters")
-    mock = sub.add_parser("interview", help="a mock interview: questions, a timed coding step, a record")
-    mock.add_argument("--questions", type=int, default=5, metavar="N", help="how many questions (default 5)")
-    mock.add_argument("--difficulty", action="append", choices=("easy", "medium", "hard"),
-                      help="draw only questions of this difficulty (repeatable)")
-    mock.add_argument("--dir", type=Path, metavar="DIR", help="your modules, for the coding step (none without)")
-    mock.add_argument("--step", choices=STEP_NAMES, help="the coding step (default: the first not passed yet)")
-    mock.add_argument("--minutes", type=float, default=30.0, help="time for the coding step (default 30)")
-    mock.add_argument("--record", type=Path, metavar="FILE",
-                      help="the JSON record of attempts (default: DIR/.flashtile-practice-record.json, or in your "
-                           "home folder without --dir)")
-    mock.add_argument("--seed", type=int, help="seed of the draw (default: a new draw each time)")
+    mock = sub.add_parser(
+        "interview", help="a mock interview: questions, a timed coding step, a record"
+    )
+    mock.add_argument(
+        "--questions",
+        type=int,
+        default=5,
+        metavar="N",
+        help="how many questions (default 5)",
+    )
+    mock.add_argument(
+        "--difficulty",
+        action="append",
+        choices=("easy", "medium", "hard"),
+        help="draw only questions of this difficulty (repeatable)",
+    )
+    mock.add_argument(
+        "--dir",
+        type=Path,
+        metavar="DIR",
+        help="your modules, for the coding step (none without)",
+    )
+    mock.add_argument(
+        "--step",
+        choices=STEP_NAMES,
+        help="the coding step (default: the first not passed yet)",
+    )
+    mock.add_argument(
+        "--minutes",
+        type=float,
+        default=30.0,
+        help="time for the coding step (default 30)",
+    )
+    mock.add_argument(
+        "--record",
+        type=Path,
+        metavar="FILE",
+        help="the JSON record of attempts (default: "
+        "DIR/.flashtile-practice-record.json, or in your home folder without --dir)",
+    )
+    mock.add_argument(
+        "--seed", type=int, help="seed of the draw (default: a new draw each time)"
+    )
     return parser
 # --8<-- [end:parser]
 
@@ -127,12 +186,14 @@ def init(directory: Path, force: bool) -> int:
 
 # --8<-- [start:interpreter]
 def worker_environment() -> dict[str, str]:
-    """The worker's environment: TRITON_INTERPRET=1 when there is no GPU and the caller did not set it.
+    """The worker's environment: TRITON_INTERPRET=1 when there is no GPU and the caller
+    did not set it.
 
-    Triton reads TRITON_INTERPRET when a @triton.jit function is defined, and triton.language defines
-    some of its own (tl.sum, tl.max) when it is imported, so the variable must be set before anything
-    imports Triton. The worker is a fresh interpreter, or a fork of this one made while nothing here
-    had imported Triton (``can_fork``), so it is.
+    Triton reads TRITON_INTERPRET when a @triton.jit function is defined, and
+    triton.language defines some of its own (tl.sum, tl.max) when it is imported, so the
+    variable must be set before anything imports Triton. The worker is a fresh
+    interpreter, or a fork of this one made while nothing here had imported Triton
+    (``can_fork``), so it is.
     """
     env = dict(os.environ)
     if not torch.cuda.is_available() and "TRITON_INTERPRET" not in env:
@@ -450,10 +511,16 @@ def run_checked(step: Step, sandbox: Sandbox, fast: bool) -> StepResult:
 
 
 # --8<-- [start:check]
-def check(directory: Path | None, steps: list[str] | None, fast: bool, verbose: bool = False,
-          time_limit: float = TIME_LIMIT, hint: str = "nudge") -> int:
-    """Run the chosen steps, the reader's code in a worker process and every judgement here; exit status 0
-    only when every case of every step passed."""
+def check(
+    directory: Path | None,
+    steps: list[str] | None,
+    fast: bool,
+    verbose: bool = False,
+    time_limit: float = TIME_LIMIT,
+    hint: str = "nudge",
+) -> int:
+    """Run the chosen steps, the reader's code in a worker process and every judgement
+    here; exit status 0 only when every case of every step passed."""
     env = worker_environment()
     chosen = [s for s in STEPS if not steps or s.name in steps]
     results = []
@@ -461,7 +528,11 @@ def check(directory: Path | None, steps: list[str] | None, fast: bool, verbose: 
         where = "flashtile's own functions" if directory is None else f"{directory}/"
         print(f"checking {where} ({backend(env)}){', fast' if fast else ''}")
         for n, step in enumerate(chosen, 1):
-            print(f"[{n}/{len(chosen)}] {step.name:<15} {step.file + '.py':<19} ", end="", flush=True)
+            print(
+                f"[{n}/{len(chosen)}] {step.name:<15} {step.file + '.py':<19} ",
+                end="",
+                flush=True,
+            )
             results.append(run_checked(step, sandbox, fast))
             print(f" {'ok' if results[-1].ok else 'FAILED'}")
     for result in results:
