@@ -14,14 +14,16 @@ def online_softmax_update(m: torch.Tensor, l: torch.Tensor, x_block: torch.Tenso
     """Fold one block of columns into the running state.
 
     Args:
-        m, l: (...) the running max and the running sum of exp(x - m) of each row so far; a row that has
-            seen nothing has m = -inf, l = 0.
+        m, l: (...) the running max and the running sum of exp(x - m) of each row so
+            far; a row that has seen nothing has m = -inf, l = 0.
         x_block: (..., n) the next n columns of every row.
 
     Returns:
         (m_new, l_new), both (...).
     """
-    raise NotImplementedError("TODO: new max, rescale the old sum onto it, add this block's exp-sum")
+    raise NotImplementedError(
+        "TODO: new max, rescale the old sum onto it, add this block's exp-sum"
+    )
 # --8<-- [end:skeleton]
 
 
