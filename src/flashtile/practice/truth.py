@@ -17,7 +17,9 @@ import torch
 
 
 # --8<-- [start:truth]
-def visible(Tq: int, Tk: int, causal: bool, alignment: str = "upper_left") -> torch.Tensor:
+def visible(
+    Tq: int, Tk: int, causal: bool, alignment: str = "upper_left"
+) -> torch.Tensor:
     """Boolean (Tq, Tk): True where query i sees key j."""
     if not causal:
         return torch.ones(Tq, Tk, dtype=torch.bool)
@@ -25,16 +27,20 @@ def visible(Tq: int, Tk: int, causal: bool, alignment: str = "upper_left") -> to
     return torch.arange(Tk)[None, :] <= torch.arange(Tq)[:, None] + offset
 
 
-def attention_truth(q, k, v, causal=False, scale=None, alignment="upper_left", mask=None):
-    """(o, lse) in float64 for (B, H, Tq, D) q and (B, H, Tk, D) k, v; differentiable. ``mask``: a boolean
-    (..., Tq, Tk) visibility to use instead of causal and alignment's."""
+def attention_truth(
+    q, k, v, causal=False, scale=None, alignment="upper_left", mask=None
+):
+    """(o, lse) in float64 for (B, H, Tq, D) q and (B, H, Tk, D) k, v; differentiable.
+    ``mask``: a boolean (..., Tq, Tk) visibility to use instead of causal and
+    alignment's."""
     q, k, v = (t.double().cpu() for t in (q, k, v))
     tau = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     s = tau * torch.einsum("bhid,bhjd->bhij", q, k)
     seen = visible(q.shape[2], k.shape[2], causal, alignment) if mask is None else mask
     s = s.masked_fill(~seen, float("-inf"))
     lse = torch.logsumexp(s, dim=-1)
-    empty = torch.isneginf(lse)[..., None]  # a row that sees no key: P = 0, not softmax's NaN
+    # a row that sees no key: P = 0, not softmax's NaN
+    empty = torch.isneginf(lse)[..., None]
     p = torch.where(empty, 0.0, torch.softmax(torch.where(empty, 0.0, s), dim=-1))
     return torch.einsum("bhij,bhjd->bhid", p, v), lse
 # --8<-- [end:truth]
