@@ -120,15 +120,20 @@ def _error(exc: BaseException) -> dict:
 
 # --8<-- [start:worker]
 def serve(requests: int, answers: int, directory: Path | None) -> None:
-    """Answer ``check``'s requests on the two pipe ends until the requests end; the reader's code runs here."""
+    """Answer ``check``'s requests on the two pipe ends until the requests end; the
+    reader's code runs here."""
     inp, out = os.fdopen(requests, "rb"), os.fdopen(answers, "wb")
-    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)  # input() in the reader's code reads nothing of ours
-    os.dup2(2, 1)  # from here on, anything printed (by Python or by C code) goes to standard error
-    sys.stdout = sys.__stdout__ = open(1, "w", buffering=1, closefd=False)  # a print shows before an os._exit
+    # input() in the reader's code reads nothing of ours
+    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+    # from here on, anything printed (by Python or by C code) goes to standard error
+    os.dup2(2, 1)
+    # a print shows before an os._exit
+    sys.stdout = sys.__stdout__ = open(1, "w", buffering=1, closefd=False)
     threading.Thread(target=_exit_with_parent, daemon=True).start()
     # numpy's warnings from the Triton interpreter, on NaN it then discards
     warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"triton\.")
-    warm_up()  # torch's own imports, before the first call's clock and memory count start
+    # torch's own imports, before the first call's clock and memory count start
+    warm_up()
     loader = Loader(directory)
     modules: dict[str, ModuleType] = {}
     write_frame(out, {"ready": True})
@@ -138,28 +143,46 @@ def serve(requests: int, answers: int, directory: Path | None) -> None:
             if request["op"] == "load":
                 module = loader.load(request["file"], request["module"])
                 modules[request["file"]] = module
-                answer.update(ok=True, functions=[f for f in request["functions"]
-                                                  if callable(getattr(module, f, None))])
+                answer.update(
+                    ok=True,
+                    functions=[
+                        f
+                        for f in request["functions"]
+                        if callable(getattr(module, f, None))
+                    ],
+                )
             else:  # "call"
                 function = getattr(modules[request["file"]], request["function"])
-                if request.get("grad") is not None:  # the call and its gradients, here where the graph is
+                # the call and its gradients, here where the graph is
+                if request.get("grad") is not None:
                     grad = request["grad"]
-                    value = grad_call(function, request["args"], request["kwargs"], grad["wrt"], grad["do"])
+                    value = grad_call(
+                        function,
+                        request["args"],
+                        request["kwargs"],
+                        grad["wrt"],
+                        grad["do"],
+                    )
                 elif request["measure"]:
                     with Footprint() as footprint:
                         value = function(*request["args"], **request["kwargs"])
-                    answer["footprint"] = [footprint.largest_tensor, footprint.python_peak,
-                                           *footprint.widest_product]
+                    answer["footprint"] = [
+                        footprint.largest_tensor,
+                        footprint.python_peak,
+                        *footprint.widest_product,
+                    ]
                 else:
                     value = function(*request["args"], **request["kwargs"])
                 answer.update(ok=True, value=encode(value))
         except KeyboardInterrupt:
             raise
-        except BaseException as exc:  # a syntax error, a failing import, sys.exit: the answer says which
+        # a syntax error, a failing import, sys.exit: the answer says which
+        except BaseException as exc:
             answer.update(_error(exc))
         try:
             write_frame(out, answer)
-        except Exception as exc:  # a value torch.save cannot write: that is the answer's error
+        # a value torch.save cannot write: that is the answer's error
+        except Exception as exc:
             write_frame(out, {"id": request["id"], **_error(exc)})
 # --8<-- [end:worker]
 
