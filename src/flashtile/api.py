@@ -118,7 +118,7 @@ def attention(
         enable_gqa: allow H_kv < H (H a multiple of H_kv); without it H must equal H_kv, as in SDPA.
         alignment: "upper_left" (SDPA's is_causal) or "lower_right" (the last query sees every key).
         return_lse: also return lse (B, H, Tq), natural log, float32 (float64 for float64 inputs);
-            it carries no gradient.
+            it carries no gradient. With sinks it is the log of the whole normaliser, e^sink included.
         window: None or (left, right), ints: query i sees key j when i - left <= j <= i + right
             (for Tq != Tk shifted by the alignment's offset, 0 or Tk - Tq: i + offset - left <= j <=
             i + offset + right); -1 leaves that side unbounded; with is_causal the right side is
