@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from flashtile.practice.battery import HINT_MEMORY, STEPS, run_step, step_named
+from flashtile.practice.battery import HINT_MEMORY, run_step
 from flashtile.practice.cli import main
+from flashtile.practice.steps import STEPS, step_named
 from tests.practice import _reader_strips
 
 

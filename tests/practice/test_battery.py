@@ -35,10 +35,9 @@ from flashtile.practice.battery import (
     HINT_SKIPPED_TILE_READ,
     HINT_STRIDES,
     HINT_UNITS,
-    STEPS,
     run_step,
-    step_named,
 )
+from flashtile.practice.steps import STEPS, step_named
 from flashtile.practice.truth import attention_grads_truth, backward_equations
 
 from . import _reader_backward_kernel, _reader_drills, _reader_forward, _reader_kernels, _reader_online_softmax
@@ -300,7 +299,7 @@ def test_every_case_name_says_its_shapes_or_sizes():
 
 
 def test_steps_follow_the_labs_order():
-    assert [s.name for s in battery.STEPS] == [
+    assert [s.name for s in STEPS] == [
         "online_softmax", "forward", "causal", "backward", "fused_softmax", "forward_kernel", "backward_kernel",
         "autograd", "gqa", "window", "paged", "decode", "varlen"]
 

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from flashtile.practice.battery import SITE, STEPS, step_named
+from flashtile.practice.battery import SITE
 from flashtile.practice.cli import main
+from flashtile.practice.steps import STEPS, step_named
 
 HERE = Path(__file__).resolve().parent
 
@@ -87,8 +88,9 @@ def test_check_on_skeletons_and_a_planted_bug_fails_every_step_with_help(tmp_pat
 
 
 def test_the_default_hint_is_the_nudge_without_the_formula():
-    from flashtile.practice.battery import HINT_PADDED, Failure, StepResult, step_named
+    from flashtile.practice.battery import HINT_PADDED, Failure, StepResult
     from flashtile.practice.cli import build_parser, failure_report
+    from flashtile.practice.steps import step_named
 
     assert build_parser().parse_args(["check", "x"]).hint == "nudge"
     result = StepResult(step_named("forward_kernel"), failures=[Failure("case", "error", HINT_PADDED, "ch")])
@@ -153,8 +155,9 @@ def test_check_on_a_missing_folder_is_a_clean_error(tmp_path, capsys):
 
 
 def test_verbose_shows_every_failure_and_the_default_the_first_with_a_count():
-    from flashtile.practice.battery import Failure, StepResult, step_named
+    from flashtile.practice.battery import Failure, StepResult
     from flashtile.practice.cli import failure_report
+    from flashtile.practice.steps import step_named
 
     result = StepResult(step_named("forward"), failures=[Failure(f"case {n}", f"error {n}", "hint", "ch") for n in
                                                           range(3)])

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from flashtile.practice.battery import run_step, step_named
+from flashtile.practice.battery import run_step
+from flashtile.practice.steps import step_named
 
 from . import _reader_drills as drills
 

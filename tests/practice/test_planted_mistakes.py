@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from flashtile.practice.battery import run_step, step_named
+from flashtile.practice.battery import run_step
+from flashtile.practice.steps import step_named
 
 REPO = Path(__file__).resolve().parents[2]
 REFERENCE = REPO / "src" / "flashtile" / "reference"

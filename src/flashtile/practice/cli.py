@@ -15,7 +15,8 @@ from types import SimpleNamespace
 
 import torch
 
-from .battery import SITE, STEP_NAMES, STEPS, Failure, Hint, ReaderError, Sandboxed, Step, StepResult, run_step
+from .battery import SITE, Failure, Hint, ReaderError, Sandboxed, Step, StepResult, run_step
+from .steps import STEP_NAMES, STEPS
 
 TIME_LIMIT = 60.0  # seconds per case, and for importing each file
 HINT_LEVELS = ("nudge", "formula")
@@ -593,7 +594,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         try:
             return interview(args.questions, args.difficulty, args.dir, args.step, args.minutes, args.record,
-                             args.seed)
+                             args.seed, check=check)
         except (ValueError, OSError) as exc:  # bad arguments, a record that is not one, a bank not installed
             print(f"error: {exc}", file=sys.stderr)
             return 2

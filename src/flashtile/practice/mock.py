@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TextIO
 
 from .bank import DIFFICULTIES, Question, load_bank
+from .steps import STEP_NAMES, step_named
 
 RECORD_NAME = ".flashtile-practice-record.json"
 PACKAGE = Path(__file__).resolve().parents[1]  # flashtile/: the record never goes in here
@@ -109,8 +110,6 @@ def ask_questions(questions: list[Question], stdin: TextIO, out: TextIO) -> list
 def coding_step(step: str, directory: Path, minutes: float, stdin: TextIO, out: TextIO, check) -> dict:
     """Check ``step`` in ``directory`` each time Enter is pressed, until it passes, the time is up or the
     input ends; the time to pass counts from the prompt."""
-    from .battery import step_named
-
     s = step_named(step)
     print(f"\nCoding: step {s.name} ({s.summary}). Write {', '.join(s.functions)} in {directory / (s.file + '.py')}."
           f"\nYou have {minutes:g} minutes. Press Enter to check, or type 'stop'.", file=out, flush=True)
@@ -142,8 +141,6 @@ def coding_step(step: str, directory: Path, minutes: float, stdin: TextIO, out: 
 
 def next_step(record: dict) -> str:
     """The first step of the lab's order that has never passed (the last one when all have)."""
-    from .battery import STEP_NAMES
-
     passed = {name for name, s in record["steps"].items() if s.get("passed")}
     return next((name for name in STEP_NAMES if name not in passed), STEP_NAMES[-1])
 
@@ -152,7 +149,7 @@ def interview(n_questions: int, difficulties: list[str] | None, directory: Path 
               minutes: float, record_path: Path | None, seed: int | None, stdin: TextIO | None = None,
               out: TextIO | None = None, check=None) -> int:
     """One mock interview (see the module's docstring); exit status 0. ``check`` runs the coding step's
-    battery (the CLI's ``check`` by default)."""
+    battery: the CLI passes its own ``check`` (this module does not import the CLI back)."""
     stdin, out = stdin or sys.stdin, out or sys.stdout
     if n_questions < 0:
         raise ValueError(f"--questions must be 0 or more, got {n_questions}")
@@ -177,7 +174,7 @@ def interview(n_questions: int, difficulties: list[str] | None, directory: Path 
         entry["when"] = now
     if directory is not None:
         if check is None:
-            from .cli import check
+            raise ValueError("a coding step needs check, the battery's runner (the CLI passes its own)")
         chosen = step or next_step(record)
         coding = coding_step(chosen, directory, minutes, stdin, out, check)
         session["coding"] = coding
