@@ -267,3 +267,21 @@ def test_float8_inputs_refuse_sinks_rather_than_drop_them():
     q8, k8, v8 = (t.to(torch.float8_e4m3fn) for t in (q, k, v))
     with pytest.raises(ValueError, match=r"sinks are not supported with float8_e4m3fn inputs"):
         attention(q8, k8, v8, sinks=sinks.float())
+
+
+@pytest.mark.parametrize("backend", SINK_TIERS)
+def test_sinks_hold_at_scores_past_the_fused_steps_range_where_the_kernel_reruns_exactly(backend):
+    """τ = 1e8 puts every row's shift past SHIFT_LIMIT (2^24), so the kernel starts over on its exact path,
+    which must start from the sink too. Each row's softmax is one-hot at such scores: the sink wins in the
+    rows whose best key scores below it (o = 0 there), the best key in the others."""
+    q, k, v, _, do = make_inputs(1, 2, 2, 20, 12, 8, dtype=torch.float32, seed=20)
+    scale = 1e8
+    best = scale * (q.double() @ k.double().transpose(-1, -2)).amax(-1)  # (1, H, Tq)
+    ranked = best.sort(dim=-1).values[0]  # (H, Tq)
+    sinks = ((ranked[:, 9] + ranked[:, 10]) / 2).float()  # half the rows of each head below their sink, no tie
+    o, lse, _ = ours(q, k, v, sinks, do, backend, scale=scale)
+    o_ref, lse_ref, _ = truth(q, k, v, sinks, do, scale=scale)
+    sink_wins = (sinks.double()[None, :, None] > best)
+    assert sink_wins.any() and not sink_wins.all()  # a control: both kinds of rows are there
+    torch.testing.assert_close(o.double(), o_ref, rtol=0, atol=1e-5)
+    torch.testing.assert_close(lse.double(), lse_ref, rtol=1e-6, atol=0)
