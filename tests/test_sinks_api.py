@@ -285,3 +285,29 @@ def test_sinks_hold_at_scores_past_the_fused_steps_range_where_the_kernel_reruns
     assert sink_wins.any() and not sink_wins.all()  # a control: both kinds of rows are there
     torch.testing.assert_close(o.double(), o_ref, rtol=0, atol=1e-5)
     torch.testing.assert_close(lse.double(), lse_ref, rtol=1e-6, atol=0)
+
+
+def test_an_eager_triton_call_with_sinks_runs_from_its_kept_plans_and_never_the_decode_kernels(monkeypatch):
+    """The kept call's kernel plans serve a call with sinks (the launcher's own plan lookup is never entered),
+    with and without a gradient; a short call stays on the forward kernel, whose start state holds the sink."""
+    import flashtile.kernels.decode as decode
+    import flashtile.kernels.forward as forward
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("left the kept plans")
+
+    monkeypatch.setattr(forward, "forward_with_spec", refuse)
+    monkeypatch.setattr(decode, "make_attention_decode_plan", refuse)
+    for Tq in (3, 18):  # 3: the decode route's length without sinks
+        q, k, v, sinks, do = make_inputs(1, 4, 2, Tq, 11, 8, dtype=torch.float32, seed=21 + Tq)
+        for seed_shift in (0.0, 1.5):  # the second call: the kept call and plans, new sink values
+            o, lse, grads = ours(q, k, v, sinks + seed_shift, do, "triton", is_causal=True, alignment="lower_right")
+            o_ref, lse_ref, grads_ref = truth(q, k, v, sinks + seed_shift, do, causal=True, alignment="lower_right")
+            torch.testing.assert_close(o.double(), o_ref, rtol=0, atol=2e-6)
+            torch.testing.assert_close(lse.double(), lse_ref, rtol=0, atol=2e-6)
+            for g, g_ref in zip(grads, grads_ref):
+                torch.testing.assert_close(g.double(), g_ref, rtol=0, atol=2e-5)
+            with use_backend("triton"):  # no gradient recorded: the kept forward plan alone
+                o_no_grad = attention(q, k, v, sinks=sinks + seed_shift, is_causal=True, alignment="lower_right",
+                                      enable_gqa=True)  # fmt: skip
+            torch.testing.assert_close(o_no_grad.double(), o_ref, rtol=0, atol=2e-6)

@@ -16,8 +16,8 @@ Attention sinks (``sinks``, a (H,) tensor) travel beside q, k and v as one more 
 gradient; the spec says whether a call has them (``AttentionSpec.has_sinks``). Both tiers take them: the
 reference tier through ``reference.sinks``, the Triton tier from the forward kernel's start state
 (``kernels.forward.sink_start``) and the backward's row terms (``kernels.backward.sink_gradient_from_rows``).
-A call with sinks runs through ``run_forward`` (the custom op, or ``_EagerAttention``): never the decode
-kernels, and never the kept kernel plan, whose launch takes no sinks.
+A call with sinks never takes the decode kernels; eagerly on the Triton tier it runs from the call's kept
+kernel plans, as any other call does.
 """
 
 from __future__ import annotations
@@ -183,8 +183,9 @@ class _EagerAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, spec, backend, return_lse, call=None, sinks=None):
         if call is not None:  # a flashtile.attention call with its kept kernel plan: no second plan lookup
-            o, row_stats = forward_from_kept_plan(q, k, v, call)
-            ctx.save_for_backward(q, k, v, o, row_stats)  # (lse, m, l) in one buffer: views only where needed
+            o, row_stats = forward_from_kept_plan(q, k, v, call, sinks=sinks)
+            # (lse, m, l) in one buffer: views only where needed
+            ctx.save_for_backward(q, k, v, o, row_stats, *([] if sinks is None else [sinks]))
             lse = row_stats[0] if return_lse else None
         else:
             o, lse, stats = forward_impl(q, k, v, spec, backend, sinks)
@@ -205,11 +206,12 @@ class _EagerAttention(torch.autograd.Function):
         graph = torch.is_grad_enabled()
         if do is None:  # o's gradient undefined (a Function upstream returned None, gradcheck's check): an
             return (None,) * 8  # undefined gradient means zero: q's, k's, v's and the sinks' too
-        sinks = None
         if ctx.call is not None:
-            q, k, v, o, row_stats = ctx.saved_tensors
+            q, k, v, o, row_stats, *saved_sinks = ctx.saved_tensors
+            sinks = saved_sinks[0] if saved_sinks else None
             if not graph:  # the call's kept backward plan: straight to the kernels
-                return (*backward_from_kept_plan(do, q, k, v, o, row_stats, ctx.call), None, None, None, None, None)
+                dq, dk, dv, dsinks = backward_from_kept_plan(do, q, k, v, o, row_stats, ctx.call, sinks)
+                return dq, dk, dv, None, None, None, None, dsinks
             lse, stats = row_stats[0], row_stats[1:]
         else:
             q, k, v, o, lse, stats, *saved_sinks = ctx.saved_tensors
@@ -329,21 +331,19 @@ def cast_and_dispatch(query, key, value, call: AttentionCall, compiling: bool, s
 def dispatch(query, key, value, call: AttentionCall, own_inputs: bool, sinks=None):
     """Run one checked call on its tier: on the decode kernels where ``decode_route`` says so; else from the
     call's kept kernel plan where it fits (``own_inputs``: eager, and the inputs are the call's own, not
-    autocast copies), through ``run_forward`` otherwise; a call with sinks, through ``run_forward`` always."""
+    autocast copies), through ``run_forward`` otherwise. A call with sinks never takes the decode kernels."""
     backend = pick_backend(query)
     spec = call.spec
-    if sinks is not None:
-        o, lse = run_forward(query, key, value, spec, backend, sinks)
-        return (o, lse) if spec.return_lse else o
-    if call.short and decode_route(query, key, value, call, backend):  # Tq <= 16 rows only
+    if call.short and sinks is None and decode_route(query, key, value, call, backend):  # Tq <= 16 rows only
         o, lse = decode_forward(query, key, value, call, own_inputs)
         return (o, lse) if spec.return_lse else o
-    if own_inputs and call.plain and backend == "triton":
-        if records_gradient(query, key, value):
-            return _eager_apply(query, key, value, spec, "triton", spec.return_lse, call)
-        o, row_stats = forward_from_kept_plan(query, key, value, call, stats=spec.return_lse)
+    if own_inputs and call.plain and backend == "triton" and (sinks is None or type(sinks) in PLAIN_TENSORS):
+        if records_gradient(query, key, value) or (sinks is not None and sinks.requires_grad
+                                                   and torch.is_grad_enabled()):  # fmt: skip
+            return _eager_apply(query, key, value, spec, "triton", spec.return_lse, call, sinks)
+        o, row_stats = forward_from_kept_plan(query, key, value, call, stats=spec.return_lse, sinks=sinks)
         return (o, row_stats[0]) if spec.return_lse else o
-    o, lse = run_forward(query, key, value, spec, backend)
+    o, lse = run_forward(query, key, value, spec, backend, sinks)
     return (o, lse) if spec.return_lse else o
 # --8<-- [end:dispatch_call]
 
@@ -401,26 +401,27 @@ def _(q, k, v, scale, alignment, window_left, window_right, softcap):
 # --8<-- [end:decode_route]
 
 
-def forward_from_kept_plan(q, k, v, call: AttentionCall, stats: bool = True):
+def forward_from_kept_plan(q, k, v, call: AttentionCall, stats: bool = True, sinks=None):
     """The Triton forward from the call's kept plan (worked out from the call's spec the first time): o and
     the row statistics (lse, m, l), with no view made that the caller does not ask for; without ``stats``,
-    o and None (the kernel then stores no statistics)."""
+    o and None (the kernel then stores no statistics). ``sinks``: the call's (H,) sinks, where it has them."""
     plan = call.plans.forward
     if plan is None:  # the first kernel call of this layout and these flags
         from ..kernels.forward import make_forward_plan
 
         plan = call.plans.forward = make_forward_plan(q, k, v, spec=call.spec, return_stats=True)
-    return plan.run(q, k, v, stats)  # a method of the plan: no import on every call
+    return plan.run(q, k, v, stats, sinks)  # a method of the plan: no import on every call
 
 
 MAX_GRADIENT_LAYOUTS = 8  # layouts of do whose backward plans one kept call holds; past that it starts over
 
 
-def backward_from_kept_plan(do, q, k, v, o, row_stats, call: AttentionCall):
-    """(dq, dk, dv) from the call's kept backward plan, for a call ``_EagerAttention`` ran from its kept
-    forward plan. The call's key fixes the layouts of q, k and v, and o and the row statistics are that
-    forward's fresh outputs, so the one input whose layout can change is do: the plans are kept by its
-    layout alone (one ``layout_key``, where the launcher's own lookup reads seven tensors)."""
+def backward_from_kept_plan(do, q, k, v, o, row_stats, call: AttentionCall, sinks=None):
+    """(dq, dk, dv, dsinks) from the call's kept backward plan, for a call ``_EagerAttention`` ran from its
+    kept forward plan (dsinks None without sinks). The call's key fixes the layouts of q, k and v, and o and
+    the row statistics are that forward's fresh outputs, so the one input whose layout can change is do: the
+    plans are kept by its layout alone (one ``layout_key``, where the launcher's own lookup reads seven
+    tensors)."""
     do_key = layout_key(do)
     if do_key[-1]:  # do.is_neg(): an upstream gradient may be a negative view, and the kernels read memory
         do = do.resolve_neg()
@@ -435,4 +436,10 @@ def backward_from_kept_plan(do, q, k, v, o, row_stats, call: AttentionCall):
         if len(plans) >= MAX_GRADIENT_LAYOUTS:
             plans.clear()
         plans[do_key] = plan
-    return plan.run(q, k, v, o, do, stats, torch.empty_like(row_stats))  # the row terms: row_stats' shape and dtype
+    rows = torch.empty_like(row_stats)  # the row terms (delta, m, log2 l): row_stats' shape and dtype
+    dq, dk, dv = plan.run(q, k, v, o, do, stats, rows)
+    if sinks is None:
+        return dq, dk, dv, None
+    from ..kernels.backward import sink_gradient_from_rows
+
+    return dq, dk, dv, sink_gradient_from_rows(sinks, row_stats[0], rows[0])  # from the delta the dQ kernel stored
