@@ -356,8 +356,9 @@ def decode_route(q, k, v, call: AttentionCall, backend: str) -> bool:
     kernel gives such a call one program per (batch, head) and leaves most of the GPU idle, while the
     decode kernels split the keys across it. They take every mask ``attention`` has, as a band around
     the lower-right diagonal (``kernels.decode.plan_decode``: causal in either alignment, windows, no
-    mask), GQA, any scale and the soft-cap, so the route needs no other condition. A call that needs a
-    gradient keeps the forward kernel, whose (m, l) the backward reads; the reference tier is unchanged.
+    mask), GQA, any scale and the soft-cap. A call that needs a gradient keeps the forward kernel, whose
+    (m, l) the backward reads, and so does a call with sinks (``dispatch`` asks this only without them);
+    the reference tier is unchanged.
     Plain Python on the call's flags, so torch.compile traces it into the graph like the rest of the dispatch.
     """
     return call.short and backend == "triton" and not records_gradient(q, k, v)
