@@ -311,3 +311,18 @@ def test_an_eager_triton_call_with_sinks_runs_from_its_kept_plans_and_never_the_
                 o_no_grad = attention(q, k, v, sinks=sinks + seed_shift, is_causal=True, alignment="lower_right",
                                       enable_gqa=True)  # fmt: skip
             torch.testing.assert_close(o_no_grad.double(), o_ref, rtol=0, atol=2e-6)
+
+
+def test_sinks_values_are_read_again_after_an_in_place_write():
+    """A pass of the value check is kept per tensor until it is written to: an in-place NaN is refused."""
+    q, k, v, sinks, _ = make_inputs(1, 2, 2, 5, 5, 4, seed=22)
+    with use_backend("reference"):
+        attention(q, k, v, sinks=sinks)
+        attention(q, k, v, sinks=sinks)  # the kept pass
+        with torch.no_grad():
+            sinks[1] = math.inf  # an optimizer's step writes in place like this
+        with pytest.raises(ValueError, match=r"sinks must be finite or -inf"):
+            attention(q, k, v, sinks=sinks)
+        sinks[1] = 0.5
+        torch.testing.assert_close(attention(q, k, v, sinks=sinks), dense_attention(q, k, v, sinks=sinks)[0],
+                                   rtol=0, atol=1e-12)  # fmt: skip

@@ -190,14 +190,21 @@ def check_sinks_layout(sinks, shape: AttentionShape, dtype: torch.dtype, device)
 
 
 def check_sink_values(sinks: torch.Tensor) -> None:
-    """No NaN and no +inf among the sinks (-inf is allowed: no sink for that head). Reads the values: on a
-    GPU one wait for the device, so ``flashtile.attention`` runs it on every eager call (a trained sink
-    changes between calls) and not inside a ``torch.compile`` graph, which cannot branch on values."""
+    """No NaN and no +inf among the sinks (-inf is allowed: no sink for that head).
+
+    Reading the values waits for the device, so a pass is kept until the tensor is written to
+    (``remember_fact``: an optimizer's in-place step bumps its version count, and the next call reads the
+    values again); a model's fixed sinks are read once. Not run inside a ``torch.compile`` graph, which
+    cannot branch on values. A write that bypasses the version count is not seen: a NaN sink then gives
+    NaN rows, never a read outside a tensor."""
+    if recall_fact("finite sinks", sinks, False):
+        return
     if bool(torch.isnan(sinks).any()) or bool(torch.isposinf(sinks).any()):
         raise ValueError(
             f"sinks must be finite or -inf (-inf means no sink), got {sinks.tolist()}: a NaN or +inf sink "
             "would make every row of its head NaN or zero"
         )
+    remember_fact("finite sinks", sinks, True)
 
 
 def check_sinks(sinks, shape: AttentionShape, q: torch.Tensor) -> torch.Tensor | None:
