@@ -132,8 +132,9 @@ def attention(
             -sum_{b,i} e^(sink - lse) D). With sinks, lse is the log of the whole normaliser, e^sink
             included, and a row that sees no key gets o = 0 and lse = sink. Both tiers take them (the
             kernels start each row from m = sink, l = 1; a call with sinks never takes the decode kernels).
-            Eager calls read their values (NaN and +inf are refused) on every call; under torch.compile
-            the values are not read. float8 inputs refuse them.
+            Eager calls read their values (NaN and +inf are refused) once per write of the tensor
+            (``_checks.check_sink_values``); under torch.compile the values are not read. float8 inputs
+            refuse them.
         descale_q, descale_k, descale_v, out_dtype: for float8_e4m3fn query, key and value (forward only),
             their float32 factors as ``flashtile.fp8.quantize`` returns them, and o's dtype (bf16 by
             default); see ``flashtile.fp8.attention.fp8_attention``.
