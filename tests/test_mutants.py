@@ -46,8 +46,8 @@ MUTANTS = {
     # The softmax kernel reads columns as if they were adjacent.
     "softmax_ignores_the_column_stride": Mutant(
         "kernels/softmax.py",
-        "x = tl.load(X + row * stride_xr + cols * stride_xc,",
-        "x = tl.load(X + row * stride_xr + cols,",
+        "X + row * stride_xr + cols * stride_xc, mask=inside",
+        "X + row * stride_xr + cols, mask=inside",
         "tests/kernels/test_softmax.py::test_softmax_kernel_itself_reads_a_column_stride",
     ),
     # The causal mask applied in the forward only: the dK/dV kernel lets hidden keys take gradient.
