@@ -1,11 +1,11 @@
 """``python -m flashtile.bench [NAME] [options]``, NAME one of forward, overhead, backward, softmax, decode,
-train_step, masks, ladder, ring, ring_parts; no name: every one-GPU table."""
+train_step, masks, ladder, sinks, head_dims, ring, ring_parts; no name: every one-GPU table."""
 
 from __future__ import annotations
 
 import sys
 
-from . import backward, decode, forward, ladder, masks, overhead, ring, ring_parts, softmax, train_step
+from . import backward, decode, forward, head_dims, ladder, masks, overhead, ring, ring_parts, sinks, softmax, train_step
 
 TABLES = {
     "forward": forward,
@@ -16,6 +16,8 @@ TABLES = {
     "train_step": train_step,
     "masks": masks,
     "ladder": ladder,
+    "sinks": sinks,
+    "head_dims": head_dims,
 }
 # Two GPUs of one host (or two gloo processes with --cpu-smoke): run by name only, never by the no-name run.
 RING = {"ring": ring, "ring_parts": ring_parts}

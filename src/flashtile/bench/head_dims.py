@@ -1,0 +1,133 @@
+"""Head-dims table: a value head dim smaller than the query/key one (DeepSeek's MLA prefill, 192/128),
+against the same call with v padded to q's head dim and against SDPA's backends; forward and backward.
+
+``python -m flashtile.bench head_dims`` writes ``bench/results/head-dims.json`` (``--out`` elsewhere;
+``--cases`` to pick some of ``CASES``, ``--rounds`` rounds). Shapes: H = 16 heads (MHA), bf16, the
+``bthd`` layout a model's projections give, causal, B·T = 16,384 tokens at T = 2k and 8k, for
+d_qk/d_v = 192/128 (DeepSeek-V3: 128 + 64 rotary for q·k, 128 for v) and 128/64.
+
+Providers (every row has ``D`` = d_qk and ``D_v``):
+
+- ``flashtile``: ``flashtile.attention`` with v of d_v, o of d_v;
+- ``flashtile_padded``: what model code does for kernels that need one head dim: v zero-padded to d_qk,
+  the call, o cut back to d_v (the pad and the cut are timed, as they run in the model);
+- ``sdpa_cudnn``, ``sdpa_flash``, ``sdpa_efficient``: SDPA's backends given v of d_v as it is; a backend
+  that refuses the shape gets rows that say so.
+
+Every forward is checked against a float32 truth; every provider's gradients against flashtile's. FLOPs
+are those of the unpadded call for every provider, 2·B·H·Tq·Tk·(d_qk + d_v), x0.5 causal, x2.5 backward,
+so that a row's TFLOP/s compares the same work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+import torch
+
+from .common import RESULTS, save_result
+from .providers import _sdpa, make_inputs
+from .rounds import Contender, median_or_none, relative_grad_difference, run_rounds
+from .shapes import describe, shape
+
+HEADS = 16
+CASES = {  # name -> (B, T, d_qk, d_v)
+    "192/128 2k": (8, 2048, 192, 128),
+    "192/128 8k": (2, 8192, 192, 128),
+    "128/64 2k": (8, 2048, 128, 64),
+    "128/64 8k": (2, 8192, 128, 64),
+}
+SDPA = {"sdpa_cudnn": "CUDNN_ATTENTION", "sdpa_flash": "FLASH_ATTENTION", "sdpa_efficient": "EFFICIENT_ATTENTION"}
+ROUNDS = 3
+GRAD_RTOL = 0.05  # ||g - g_flashtile|| / ||g_flashtile|| allowed between two bf16 implementations
+METHOD = (
+    "triton.testing.do_bench median (warmup 50 ms, rep 200 ms) per round, median of the rounds, providers "
+    "taking turns each round; forward under no_grad, backward alone (o.backward(do, retain_graph=True)); "
+    "TFLOP/s = 2*B*H*T*T*(D + D_v)*0.5 (x2.5 backward) / time for every provider, the padded one included; "
+    "each forward checked against a float32 truth, gradients compared with flashtile's"
+)
+
+
+def causal_truth(q, k, v, rows: int = 512) -> torch.Tensor:
+    """softmax(Q Kᵀ / sqrt(d_qk)) V in float32 (B, H, T, d_v), causal, a block of query rows at a time; TF32 off."""
+    B, H, T, D = q.shape
+    out = torch.empty(B, H, T, v.shape[-1], dtype=torch.float32, device=q.device)
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        for start in range(0, T, rows):
+            stop = min(T, start + rows)
+            s = q[:, :, start:stop].float() @ k.float().transpose(-1, -2) / math.sqrt(D)
+            i = torch.arange(start, stop, device=q.device)[:, None]
+            s = s.masked_fill(torch.arange(T, device=q.device)[None, :] > i, float("-inf"))
+            out[:, :, start:stop] = torch.softmax(s, dim=-1) @ v.float()
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+    return out
+
+
+def padded(q, k, v):
+    """v zero-padded to q's head dim, one call, o cut back: one head dim for the kernel, d_v for the model."""
+    from ..api import attention
+
+    d_v = v.shape[-1]
+    o = attention(q, k, torch.nn.functional.pad(v, (0, q.shape[-1] - d_v)), is_causal=True)
+    return o[..., :d_v]
+
+
+def contenders(q, k, v) -> dict:
+    from ..api import attention
+
+    names, truth = ("q", "k", "v"), causal_truth(q, k, v)
+    found = {
+        "flashtile": lambda q, k, v: attention(q, k, v, is_causal=True),
+        "flashtile_padded": padded,
+        **{name: _sdpa(backend, True, False) for name, backend in SDPA.items()},
+    }
+    return {name: Contender(fn, (q, k, v), names, dict(provider=name), truth) for name, fn in found.items()}
+
+
+def measure_case(name: str, rounds: int = ROUNDS, device="cuda") -> list[dict]:
+    B, T, d_qk, d_v = CASES[name]
+    s = shape(B, HEADS, T, d_qk, True, layout="bthd")
+    q, k, _ = make_inputs(s, device)
+    v = make_inputs(dict(s, D=d_v), device, seed=1)[2]
+    do = torch.randn(B, T, HEADS, d_v, device=q.device, dtype=q.dtype).transpose(1, 2)
+    outcomes = run_rounds(contenders(q, k, v), do, "bf16", rounds=rounds, label=f"{name} {describe(s)}")
+    flops = 2 * B * HEADS * T * T * (d_qk + d_v) * 0.5
+    ours, rows = outcomes["flashtile"].grads, []
+    for key, out in outcomes.items():
+        for which, times, factor in (("forward", out.forward_ms, 1.0), ("backward", out.backward_ms, 2.5)):
+            row = {"pass": which, **s, "D_v": d_v, "provider": key, "mask": "causal", "case": name}
+            ms = median_or_none(times)
+            if ms is None:
+                rows.append(dict(row, ms=None, tflops=None, error=out.error))
+                continue
+            tflops = round(flops * factor / (ms * 1e-3) / 1e12, 1)
+            row.update(ms=round(ms, 4), tflops=tflops, rounds_ms=[round(t, 4) for t in times])
+            if which == "forward":
+                row["max_abs_err_vs_fp32"] = round(out.max_abs_err_vs_fp32, 5)
+            elif key != "flashtile":
+                diff = relative_grad_difference(out.grads, ours)
+                assert diff < GRAD_RTOL, f"{key}'s gradients differ from flashtile's by {diff:.3g} (relative) on {name}"
+                row["max_rel_grad_diff_vs_flashtile"] = round(diff, 5)
+            rows.append(row)
+    return rows
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m flashtile.bench head_dims", description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=str(RESULTS / "head-dims.json"))
+    parser.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
+    parser.add_argument("--rounds", type=int, default=ROUNDS)
+    args = parser.parse_args(argv)
+    rows = []
+    for name in args.cases:
+        rows += measure_case(name, args.rounds)
+        torch.cuda.empty_cache()
+    save_result(args.out, rows, METHOD, cases={n: CASES[n] for n in args.cases})
+
+
+if __name__ == "__main__":
+    main()
