@@ -57,11 +57,44 @@ def gemma2_config(sliding_window: int = 5, softcap: float = 5.0, **overrides):
                            "attn_logit_softcapping": softcap, "query_pre_attn_scalar": 24, **overrides})  # fmt: skip
 
 
+def gpt_oss_config(sliding_window: int = 4, **overrides):
+    """A gpt-oss: sliding-window and full layers alternating, learnable sinks, GQA (4 query heads on 2 K/V
+    heads), a mixture of 4 tiny experts (2 per token). Plain RoPE: the tiny context has nothing for YaRN to
+    stretch."""
+    from transformers import GptOssConfig
+
+    layers = overrides.pop("num_hidden_layers", 2)
+    kinds = ["sliding_attention", "full_attention"] * layers
+    return GptOssConfig(**{**TINY, "intermediate_size": 32, "num_hidden_layers": layers,
+                           "num_key_value_heads": 2, "head_dim": 16, "num_local_experts": 4,
+                           "num_experts_per_tok": 2, "sliding_window": sliding_window,
+                           "layer_types": kinds[:layers],
+                           "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+                           **overrides})  # fmt: skip
+
+
+def deepseek_v3_config(**overrides):
+    """A DeepSeek-V3: multi-head latent attention whose queries and keys have 16 + 8 = 24 dims (no position
+    and rotary parts) and whose values have 16; layer 0 dense, layer 1 a mixture of 4 tiny routed experts
+    (2 per token) and one shared expert."""
+    from transformers import DeepseekV3Config
+
+    return DeepseekV3Config(**{**TINY, "intermediate_size": 64, "moe_intermediate_size": 16,
+                               "num_key_value_heads": 4, "n_routed_experts": 4, "num_experts_per_tok": 2,
+                               "n_shared_experts": 1, "n_group": 1, "topk_group": 1,
+                               "first_k_dense_replace": 1, "q_lora_rank": None, "kv_lora_rank": 16,
+                               "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16,
+                               **overrides})  # fmt: skip
+
+
 def build(config, attn_implementation: str, seed: int = 0, dtype=torch.float32):
+    """The model of ``config`` on ``attn_implementation``, its weights drawn from ``seed``. Mixtures of experts
+    run their experts one by one (``experts_implementation="eager"``): the grouped matmul has no float64."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation=attn_implementation)
+    model = AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation=attn_implementation,
+                                             experts_implementation="eager")  # fmt: skip
     return model.to(dtype)
 
 

@@ -55,6 +55,11 @@ from ..decode import decode_attention
 from ..varlen import attention_varlen
 
 DEFAULT_NAME = "ftile"
+VARLEN_SINKS = (
+    "flashtile's packed (varlen) call takes no attention sinks yet: a padded or packed "
+    "batch of a model with sinks (gpt-oss) cannot run as one call; run the sequences "
+    "unpadded, or use attn_implementation='eager'"
+)
 
 
 # --8<-- [start:register]
@@ -133,23 +138,24 @@ def flashtile_attention_forward(
     module: torch.nn.Module,
     query: torch.Tensor,  # (B, H, Tq, D), a view of the (B, Tq, H, D) projection
     key: torch.Tensor,  # (B, H_kv, Tk, D): the whole cache so far, the new tokens last
-    value: torch.Tensor,
+    value: torch.Tensor,  # (B, H_kv, Tk, D_v): D_v may differ from D (MLA)
     # None, or (B, 1, Tq, Tk): True (or 0.0) where a key may be seen
     attention_mask: torch.Tensor | None,
     dropout: float = 0.0,
     scaling: float | None = None,
     is_causal: bool | None = None,
-    # sliding_window, softcap, position_ids, cu_seq_lens_q, ... as the model passes them
+    # sliding_window, softcap, s_aux, position_ids, ... as the model passes them
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     """The function transformers calls in every attention layer; returns (o (B, Tq, H,
-    D), None)."""
+    D_v), None)."""
     refuse_unsupported(dropout, kwargs)
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     Tq, Tk = query.shape[2], key.shape[2]
     layer = dict(
         scale=scaling, window=layer_window(kwargs.get("sliding_window"), causal, Tk),
         softcap=kwargs.get("softcap"), enable_gqa=query.shape[1] != key.shape[1],
+        sinks=layer_sinks(kwargs, query),
     )  # fmt: skip
     # packed rows: (B, Tq) True where a document starts
     documents = document_starts(query, key, kwargs)
@@ -164,7 +170,7 @@ def flashtile_attention_forward(
             attention_mask, documents, query, key, layer["window"], causal
         )
         return run_segments(query, key, value, plan, **layer), None
-    if Tq == 1 and decode_fits(query):
+    if Tq == 1 and decode_fits(query, value, layer["sinks"]):
         o = decode_attention(
             query,
             key,
@@ -183,9 +189,9 @@ def flashtile_attention_forward(
         o = attention(
             query, key, value, is_causal=causal, alignment="lower_right", **layer
         )
-    # (B, Tq, H, D), as the model's reshape expects. flashtile.attention lays o out like
-    # the model's query view (a transposed (B, T, H, D) projection), so after it this is
-    # contiguous already: no copy
+    # (B, Tq, H, D_v), as the model's reshape expects. flashtile.attention lays o out
+    # like the model's query view (a transposed (B, T, H, D) projection), so after it
+    # this is contiguous already: no copy
     return o.transpose(1, 2).contiguous(), None
 # --8<-- [end:attention_forward]
 
@@ -197,9 +203,37 @@ def refuse_unsupported(dropout: float, kwargs: dict) -> None:
             f"flashtile has no attention dropout, but this layer asks for dropout={dropout} (the config's "
             "attention_dropout, in training mode): set attention_dropout=0.0 or use attn_implementation='sdpa'"
         )
-    for option in ("s_aux", "sinks", "position_bias"):
-        if kwargs.get(option) is not None:
-            raise ValueError(f"flashtile does not support {option!r} in attention; use attn_implementation='sdpa'")
+    if kwargs.get("position_bias") is not None:
+        raise ValueError("flashtile does not support 'position_bias' in attention; use attn_implementation='sdpa'")
+
+
+# --8<-- [start:layer_sinks]
+def layer_sinks(kwargs: dict, query: torch.Tensor) -> torch.Tensor | None:
+    """The layer's attention sinks, (H,) float32 or query's dtype, or None.
+
+    gpt-oss passes its learnable sinks as ``s_aux`` (the module's (H,) parameter):
+    transformers' eager attention appends them as one more column of the scaled
+    scores, joins them to the softmax and drops their column, the units flashtile's
+    ``sinks`` take. The tensor goes through as it is (no copy), so its gradient
+    reaches the parameter.
+    """
+    given = [name for name in ("s_aux", "sinks") if kwargs.get(name) is not None]
+    if not given:
+        return None
+    if len(given) > 1:
+        raise ValueError("the layer passes both s_aux and sinks; pass one")
+    sinks, H = kwargs[given[0]], query.shape[1]
+    if not isinstance(sinks, torch.Tensor) or tuple(sinks.shape) != (H,):
+        shape = tuple(sinks.shape) if isinstance(sinks, torch.Tensor) else sinks
+        raise ValueError(
+            f"flashtile takes one attention sink per query head: {given[0]} of shape "
+            f"({H},), got {shape!r} (per-token sinks are not supported); use "
+            "attn_implementation='eager'"
+        )
+    if sinks.dtype not in (torch.float32, query.dtype):
+        sinks = sinks.float()
+    return sinks
+# --8<-- [end:layer_sinks]
 
 
 # --8<-- [start:layer_window]
@@ -238,9 +272,11 @@ def layer_window(sliding_window, causal: bool, Tk: int) -> tuple[int, int] | Non
 # --8<-- [end:layer_window]
 
 
-def decode_fits(query) -> bool:
-    """One new token can take ``decode_attention`` (window and soft-cap included) when no gradient is wanted."""
-    return not (torch.is_grad_enabled() and query.requires_grad)
+def decode_fits(query, value, sinks) -> bool:
+    """One new token can take ``decode_attention`` (window and soft-cap included) when no gradient is wanted,
+    the layer has no sinks and value's head dim is query's (``decode_attention`` takes neither)."""
+    wants_grad = torch.is_grad_enabled() and query.requires_grad
+    return not wants_grad and sinks is None and value.shape[-1] == query.shape[-1]
 
 
 def document_starts(query: torch.Tensor, key: torch.Tensor, kwargs: dict) -> torch.Tensor | None:
@@ -483,38 +519,41 @@ def segments(real, starts, k0, off: int, Tq: int, Tk: int) -> Segments:
 
 # --8<-- [start:run_segments]
 def run_segments(
-    query, key, value, plan: Segments, scale, window, softcap, enable_gqa
+    query, key, value, plan: Segments, scale, window, softcap, enable_gqa, sinks
 ) -> torch.Tensor:
-    """(B, Tq, H, D): the segments' real rows in one call, zeros in the padding rows.
+    """(B, Tq, H, D_v): the segments' real rows in one call, zeros in the padding rows.
 
     Every row one segment on the same keys (a cache, a window without padding): one
     ``attention`` call on those keys, aligned lower-right. Otherwise the real tokens are
     gathered into packed (total, H, D) tensors, run as one ``attention_varlen`` call
-    (each segment a document, aligned lower-right) and scattered back.
+    (each segment a document, aligned lower-right) and scattered back. A padding row
+    is zeros, as under eager attention with sinks (the sink takes all of its weight).
     """
     B, H, Tq, D = query.shape
-    H_kv, Tk = key.shape[1], key.shape[2]
+    H_kv, Tk, D_v = key.shape[1], key.shape[2], value.shape[-1]
     if plan.whole is not None:
         k0, k1 = plan.whole
         key, value = key[:, :, k0:k1], value[:, :, k0:k1]
-        if Tq == 1 and decode_fits(query):
+        if Tq == 1 and decode_fits(query, value, sinks):
             o = decode_attention(
                 query, key, value, scale=scale, window=window, softcap=softcap
             )
             return o.transpose(1, 2).contiguous()
         o = attention(
             query, key, value, is_causal=True, scale=scale, enable_gqa=enable_gqa,
-            alignment="lower_right", window=window, softcap=softcap,
+            alignment="lower_right", window=window, softcap=softcap, sinks=sinks,
         )  # fmt: skip
         return o.transpose(1, 2).contiguous()
+    if sinks is not None:
+        raise ValueError(VARLEN_SINKS)
     # (B, T, H, D) views, flattened to tokens: free for the model's projections, one
     # copy for a cache
     # (total_q, H, D)
     q = query.transpose(1, 2).reshape(B * Tq, H, D).index_select(0, plan.q_index)
-    # (total_k, H_kv, D)
+    # (total_k, H_kv, D) and (total_k, H_kv, D_v)
     k = key.transpose(1, 2).reshape(B * Tk, H_kv, D).index_select(0, plan.k_index)
-    v = value.transpose(1, 2).reshape(B * Tk, H_kv, D).index_select(0, plan.k_index)
-    o = query.new_zeros(B * Tq, H, D)
+    v = value.transpose(1, 2).reshape(B * Tk, H_kv, D_v).index_select(0, plan.k_index)
+    o = query.new_zeros(B * Tq, H, D_v)
     if len(plan.q_index):
         packed = attention_varlen(
             q, k, v, plan.cu_seqlens_q, plan.cu_seqlens_k, plan.max_seqlen_q,
@@ -522,5 +561,5 @@ def run_segments(
             softcap=softcap, alignment="lower_right",
         )  # fmt: skip
         o = o.index_copy(0, plan.q_index, packed)
-    return o.view(B, Tq, H, D)
+    return o.view(B, Tq, H, D_v)
 # --8<-- [end:run_segments]
