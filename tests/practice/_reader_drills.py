@@ -10,6 +10,14 @@
 * decode ``merge="mean"``: the partials averaged; ``lengths=False``: the whole capacity attended;
   ``lower_right=False``: new tokens aligned upper-left.
 * varlen ``documents=False``: the packed batch attended as one sequence.
+* sink ``l_start=0.0``: l starts at 0; ``acc_like_l=True``: acc starts at l (the sink's value 1);
+  ``per_tile=True``: the sink a column of every key tile's scores; ``sink_scaled=True``: the sink times τ;
+  ``sink_of_kv_head=True``: query head h given sinks[h // (H // H_kv)]; ``interleaved=True``: key/value
+  head h % H_kv; ``empty_rows_no_sink=True``: a row that sees no key written as o = 0, lse = -inf;
+  ``guard_neg_inf=False``: exp(m - m_new) unguarded.
+* sink_gradient ``sign=1``: the sign flipped; ``weighted=False``: D summed without e^(sink - lse);
+  ``batch="mean"`` / ``"first"``: a mean over the batch, or batch 0 only; ``guard_neg_inf=False``:
+  e^(sink - lse) unguarded where both are -inf.
 """
 
 from __future__ import annotations
@@ -165,3 +173,73 @@ def make_varlen(documents=True):
         return o, lse
 
     return SimpleNamespace(varlen_attention_forward=varlen_attention_forward)
+
+
+def make_sinks(l_start=1.0, acc_like_l=False, per_tile=False, sink_scaled=False, sink_of_kv_head=False,
+               interleaved=False, empty_rows_no_sink=False, guard_neg_inf=True):
+    def flash_attention_forward(q, k, v, causal=False, scale=None, block_q=16, block_k=16, alignment="upper_left",
+                                *, sinks=None):
+        B, H, Tq, D = q.shape
+        H_kv, Tk = k.shape[1], k.shape[2]
+        group = H // H_kv
+        tau = 1 / math.sqrt(D) if scale is None else scale
+        if interleaved:  # BUG: head h reads h % H_kv
+            k, v = k.repeat(1, group, 1, 1), v.repeat(1, group, 1, 1)
+        else:
+            k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+        sink = torch.full((H,), float("-inf"), dtype=q.dtype) if sinks is None else sinks.to(q.dtype)
+        if sink_of_kv_head:  # BUG: the key/value head's sink
+            sink = sink[:H_kv].repeat_interleave(group)
+        if sink_scaled:  # BUG: the sink before the scale
+            sink = tau * sink
+        offset = 0 if alignment == "upper_left" else Tk - Tq
+        o, lse = torch.zeros_like(q), torch.empty(B, H, Tq, dtype=q.dtype)
+        for q0 in range(0, Tq, block_q):
+            q1 = min(q0 + block_q, Tq)
+            start = sink[None, :, None].expand(B, H, q1 - q0)
+            if per_tile:  # BUG: the empty state here, the sink in every tile below
+                m, l = torch.full_like(start, float("-inf")), torch.zeros_like(start)
+            else:
+                m, l = start.clone(), torch.where(torch.isneginf(start), 0.0, l_start)  # l_start = 0: BUG
+            acc = l[..., None].expand(B, H, q1 - q0, D).clone() if acc_like_l else torch.zeros(B, H, q1 - q0, D,
+                                                                                              dtype=q.dtype)
+            last = Tk - 1 if not causal else min(Tk - 1, q1 - 1 + offset)  # causal: later tiles skipped
+            for k0 in range(0, last + 1, block_k):
+                k1 = min(k0 + block_k, Tk)
+                s = tau * q[..., q0:q1, :] @ k[..., k0:k1, :].transpose(-1, -2)
+                if causal:
+                    hidden = torch.arange(k0, k1)[None, :] > torch.arange(q0, q1)[:, None] + offset
+                    s = s.masked_fill(hidden, float("-inf"))
+                if per_tile:
+                    s = torch.cat([s, start[..., None]], -1)
+                m_new = torch.maximum(m, s.amax(-1))
+                m_sub = torch.where(torch.isneginf(m_new), 0.0, m_new) if guard_neg_inf else m_new
+                alpha, p = torch.exp(m - m_sub), torch.exp(s - m_sub[..., None])
+                l = alpha * l + p.sum(-1)
+                acc = alpha[..., None] * acc + p[..., :k1 - k0] @ v[..., k0:k1, :]
+                m = m_new
+            empty = l == 0
+            o[..., q0:q1, :] = acc / torch.where(empty, 1.0, l)[..., None]
+            lse[..., q0:q1] = torch.where(empty, float("-inf"), m + torch.log(torch.where(empty, 1.0, l)))
+            if empty_rows_no_sink and causal:  # BUG: a row with no key written as if it had no sink
+                no_key = torch.arange(q0, q1) + offset < 0
+                o[..., q0:q1, :][..., no_key, :] = 0.0
+                lse[..., q0:q1][..., no_key] = float("-inf")
+        return o, lse
+
+    return SimpleNamespace(flash_attention_forward=flash_attention_forward)
+
+
+def make_sink_gradient(sign=-1, weighted=True, batch="sum", guard_neg_inf=True):
+    def sink_gradient(sinks, lse, delta):
+        diff = sinks[None, :, None] - lse
+        if guard_neg_inf:
+            diff = torch.where(torch.isneginf(lse), float("-inf"), diff)
+        terms = (torch.exp(diff) if weighted else 1.0) * delta  # BUG when not weighted
+        if batch == "mean":  # BUG: a mean over the batch
+            return sign * terms.sum(-1).mean(0)
+        if batch == "first":  # BUG: batch 0 only
+            return sign * terms[0].sum(-1)
+        return sign * terms.sum((0, 2))  # sign = 1: BUG
+
+    return SimpleNamespace(sink_gradient=sink_gradient)

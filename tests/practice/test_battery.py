@@ -78,6 +78,8 @@ READERS = {
     "paged": lambda: _reader_drills.make_decode(),
     "decode": lambda: _reader_drills.make_decode(),
     "varlen": lambda: _reader_drills.make_varlen(),
+    "sink": lambda: _reader_drills.make_sinks(),
+    "sink_gradient": lambda: _reader_drills.make_sink_gradient(),
 }
 
 
@@ -301,7 +303,7 @@ def test_every_case_name_says_its_shapes_or_sizes():
 def test_steps_follow_the_labs_order():
     assert [s.name for s in STEPS] == [
         "online_softmax", "forward", "causal", "backward", "fused_softmax", "forward_kernel", "backward_kernel",
-        "autograd", "gqa", "window", "paged", "decode", "varlen"]
+        "autograd", "gqa", "window", "paged", "decode", "varlen", "sink", "sink_gradient"]
 
 
 def test_the_footprint_is_not_wrapped_to_disable_dynamo():

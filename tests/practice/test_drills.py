@@ -17,6 +17,8 @@ CONTROLS = {
     "paged": drills.make_decode,
     "decode": drills.make_decode,
     "varlen": drills.make_varlen,
+    "sink": drills.make_sinks,
+    "sink_gradient": drills.make_sink_gradient,
 }
 
 
@@ -55,6 +57,32 @@ PLANTED = [
      "decode_alignment", ["last Tq positions"]),
     ("documents attended as one sequence", "varlen", lambda: drills.make_varlen(documents=False), "3 documents",
      "documents", ["other documents' keys"]),
+    ("l started at 0", "sink", lambda: drills.make_sinks(l_start=0.0), "τ = 0.3, no mask", "sink_start",
+     ["without the sink", "starts from"]),
+    ("acc started at the sink's l (a value of 1)", "sink", lambda: drills.make_sinks(acc_like_l=True),
+     "τ = 0.3, no mask", "sink_value", ["carries a value", "acc"]),
+    ("the sink a column of every key tile", "sink", lambda: drills.make_sinks(per_tile=True), "3 key tiles",
+     "sink_per_tile", ["once per key tile"]),
+    ("the sink multiplied by τ", "sink", lambda: drills.make_sinks(sink_scaled=True), "τ = 0.3", "sink_scale",
+     ["multiplied", "τ"]),
+    ("the key/value head's sink", "sink", lambda: drills.make_sinks(sink_of_kv_head=True), "a sink per query head",
+     "sink_head", ["one sink per query head"]),
+    ("key/value head h % H_kv under a sink", "sink", lambda: drills.make_sinks(interleaved=True),
+     "a sink per query head", "gqa_head_map", ["h % H_kv"]),
+    ("a row with no key written without its sink", "sink", lambda: drills.make_sinks(empty_rows_no_sink=True),
+     "27 rows see no key", "sink_empty_row", ["still has its sink"]),
+    ("exp(-inf - (-inf)) under a sink of -inf", "sink", lambda: drills.make_sinks(guard_neg_inf=False),
+     "27 rows see no key", "neg_inf", ["no sink", "exp(-inf - (-inf))"]),
+    ("dsink with the wrong sign", "sink_gradient", lambda: drills.make_sink_gradient(sign=1), "no mask",
+     "dsink_sign", ["times -1"]),
+    ("dsink without e^(sink - lse)", "sink_gradient", lambda: drills.make_sink_gradient(weighted=False),
+     "no mask", "dsink_weight", ["e^(sink - lse)"]),
+    ("dsink averaged over the batch", "sink_gradient", lambda: drills.make_sink_gradient(batch="mean"),
+     "both batch elements", "dsink_batch", ["every batch element"]),
+    ("dsink of batch 0 only", "sink_gradient", lambda: drills.make_sink_gradient(batch="first"),
+     "both batch elements", "dsink_batch", ["one batch element"]),
+    ("dsink's weight unguarded where lse = -inf", "sink_gradient",
+     lambda: drills.make_sink_gradient(guard_neg_inf=False), "11 rows see no key", "neg_inf", ["lse = -inf"]),
 ]
 
 

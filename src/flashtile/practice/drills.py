@@ -1,5 +1,6 @@
 """The practice battery's later steps: the autograd.Function wiring, and drills on the variants interviews
-ask about (GQA, a sliding window, split-KV decode and its merge, the paged-KV gather, packed varlen).
+ask about (GQA, a sliding window, split-KV decode and its merge, the paged-KV gather, packed varlen, an
+attention sink and its gradient).
 
 Like ``battery``, this module imports nothing else from flashtile: each truth is the definition in float64
 (``truth.attention_truth`` under the variant's own visibility), and each symptom rule compares a wrong
@@ -7,6 +8,9 @@ answer with the output a known mistake gives.
 """
 
 from __future__ import annotations
+
+import math
+from dataclasses import replace
 
 import torch
 
@@ -28,7 +32,14 @@ from .battery import (
     randn,
     with_symptom,
 )
-from .truth import attention_grads_truth, attention_truth, backward_equations
+from .truth import (
+    attention_grads_truth,
+    attention_truth,
+    backward_equations,
+    sink_attention_truth,
+    sink_gradient_truth,
+    visible,
+)
 
 # ---------------------------------------------------------------------------------------------------
 # Step 8: the autograd.Function wiring (the reader's forward and backward, saved lse, causal passed on)
@@ -401,4 +412,191 @@ def varlen_cases() -> list[Case]:
              _varlen_case([4, 10, 2], [9, 10, 20], True, "lower_right")),
         Case("4 documents, one with no keys (its 3 queries: o = 0, lse = -inf), causal lower_right",
              _varlen_case([6, 3, 8, 1], [6, 0, 11, 4], True, "lower_right")),
+    ]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Drills: an attention sink (the online softmax's start state), then its gradient through D
+# ---------------------------------------------------------------------------------------------------
+SINK_START = "before the first key tile: m = sink, l = e^(sink - sink) = 1, acc = 0 (a sink of -inf: m = -inf, l = 0)"
+HINT_SINK_START = Hint(
+    "sink_start", "your output is attention without the sink: the rows never count it in l; look at the state "
+    "each row starts from (an l that starts at 0 leaves the sink out)", SINK_START)
+HINT_SINK_VALUE = Hint(
+    "sink_value", "lse is right, and o is off by the sink's share e^(sink - lse) times one vector per head: the "
+    "sink carries a value; look at what acc starts from", "the sink's value is zero: " + SINK_START)
+HINT_SINK_PER_TILE = Hint(
+    "sink_per_tile", "your output is attention with the sink counted once per key tile (as if its logit were "
+    "sink + log(number of tiles)): the sink joins a row once; look at where it enters l",
+    "the sink is the state before the first tile, never a column of each tile's scores: " + SINK_START)
+HINT_SINK_SCALE = Hint(
+    "sink_scale", "your output is attention with the sink multiplied (or divided) by τ: the sink is a logit in the "
+    "units of the scaled scores; look where the sink meets the scale",
+    "s = τ q kᵀ for the keys only; the sink joins as it is: m = sink, not τ · sink")
+HINT_SINK_HEAD = Hint(
+    "sink_head", "your output gives query head h another head's sink (key/value head h // (H / H_kv)'s, or "
+    "h % H_kv's): there is one sink per query head; look at how sinks is indexed",
+    "the rows of query head h start from m = sinks[h]; only their keys and values come from key/value head "
+    "h // (H // H_kv)")
+HINT_SINK_EMPTY = Hint(
+    "sink_empty_row", "right on every row that sees a key, wrong on the rows that see none: such a row still has "
+    "its sink; look at what the epilogue writes for a row with no key",
+    "a row that sees no key ends as it started: o = acc / l = 0 / 1 = 0 and lse = m + log l = sink (-inf, o = 0, "
+    "without a sink)")
+HINT_SINK_NEG_INF = replace(
+    HINT_NEG_INF, nudge="NaN only on rows that see no key or whose head has no sink (sink = -inf, so m starts at "
+    "-inf): exp(-inf - (-inf)) is NaN; look at every exp(a - m) where m can still be -inf",
+    formula="subtract 0 where m = -inf (then alpha = p = 0); a sink of -inf starts the row from m = -inf, l = 0")
+
+
+def tiles_visited(Tq, Tk, causal, alignment, block_q, block_k, skip=True) -> torch.Tensor:
+    """(Tq,) float64: how many key tiles the query tile of each row visits, the causal ones skipped
+    (``skip``) or every one."""
+    every = -(-Tk // block_k)
+    offset = 0 if alignment == "upper_left" else Tk - Tq
+    n = torch.full((Tq,), float(every), dtype=torch.float64)
+    if causal and skip:
+        for q0 in range(0, Tq, block_q):
+            last = min(Tk - 1, min(q0 + block_q, Tq) - 1 + offset)
+            n[q0:q0 + block_q] = last // block_k + 1 if last >= 0 else 0
+    return n
+
+
+def sink_symptom(q, k, v, sinks, causal, scale, alignment, block_q, block_k, o, lse) -> Hint | None:
+    """The hint a wrong (o, lse) of the sink drill points at: each known mistake is the truth with another
+    sink (none, τ times it, one per key tile, another head's) or another output on the sink's share."""
+    def truth(sink=sinks, keys=k, values=v):
+        return sink_attention_truth(q, keys, values, sink, causal, scale, alignment)
+
+    o_ref, lse_ref = truth()
+    if not (isinstance(o, torch.Tensor) and isinstance(lse, torch.Tensor) and o.shape == o_ref.shape
+            and lse.shape == lse_ref.shape):
+        return None
+    o64, lse64 = o.detach().double().cpu(), lse.detach().double().cpu()
+    B, H, Tq = lse_ref.shape
+    no_key = ~visible(Tq, k.shape[2], causal, alignment).any(-1)  # (Tq,)
+    nan = torch.isnan(o64).any(-1) | torch.isnan(lse64)
+    if nan.any():
+        explained = no_key[None, None, :] | torch.isneginf(sinks)[None, :, None]
+        return HINT_SINK_NEG_INF if not (nan & ~explained).any() else None
+
+    def same(alt):
+        return matches(o64, alt[0], 1e-10) and matches(lse64, alt[1], 1e-10)
+
+    tau = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    group = H // k.shape[1]
+    per_row = sinks[None, :, None].expand(B, H, Tq)
+    others = [(HINT_SINK_START, torch.full_like(sinks, float("-inf"))),
+              (HINT_SINK_SCALE, tau * sinks), (HINT_SINK_SCALE, sinks / tau)]
+    for skip in (True, False):
+        n = tiles_visited(Tq, k.shape[2], causal, alignment, block_q, block_k, skip)
+        others += [(HINT_SINK_PER_TILE, per_row + torch.log(n)), (HINT_SINK_PER_TILE, per_row + torch.log(n + 1))]
+    if group > 1:
+        heads = torch.arange(H)
+        others += [(HINT_SINK_HEAD, sinks[heads // group]), (HINT_SINK_HEAD, sinks[heads % k.shape[1]])]
+    for hint, sink in others:
+        if same(truth(sink)):
+            return hint
+    if group > 1 and same(truth(keys=k.repeat(1, group, 1, 1), values=v.repeat(1, group, 1, 1))):
+        return HINT_GQA_MAP
+    if matches(lse64, lse_ref, 1e-10):  # o = o_ref + w c: the sink's weight w times one vector c per head
+        w = torch.where(torch.isneginf(lse_ref), 0.0, torch.exp(per_row - lse_ref))
+        top = w.argmax(-1, keepdim=True)  # (B, H, 1): the row where the sink weighs most
+        c = (o64 - o_ref).gather(2, top[..., None].expand(B, H, 1, o_ref.shape[-1]))
+        c = c / torch.where(w.gather(2, top) == 0, 1.0, w.gather(2, top))[..., None]
+        if matches(o64, o_ref + w[..., None] * c, 1e-10):
+            return HINT_SINK_VALUE
+    if no_key.any():
+        empty = no_key[None, None, :, None]
+        if same((torch.where(empty, 0.0, o_ref), torch.where(empty[..., 0], float("-inf"), lse_ref))):
+            return HINT_SINK_EMPTY
+    return None
+
+
+def _sink_case(B, H, H_kv, Tq, Tk, sinks, causal=False, alignment="upper_left", scale=None, block_k=16, seed=0):
+    def run(impl):
+        q = randn(B, H, Tq, 8, seed=seed)
+        k, v = randn(B, H_kv, Tk, 8, seed=seed + 1), randn(B, H_kv, Tk, 8, seed=seed + 2)
+        sink = torch.tensor(sinks, dtype=torch.float64)
+        out = impl.flash_attention_forward(q, k, v, causal=causal, scale=scale, block_q=16, block_k=block_k,
+                                           alignment=alignment, sinks=sink.clone())
+        if not (isinstance(out, tuple | list) and len(out) == 2):
+            raise PracticeFailure(f"expected (o, lse), got {type(out).__name__}")
+        o, lse = out
+        o_ref, lse_ref = sink_attention_truth(q, k, v, sink, causal, scale, alignment)
+        with_symptom(lambda: (compare("o", o, o_ref, 1e-10), compare("lse", lse, lse_ref, 1e-10)),
+                     lambda: sink_symptom(q, k, v, sink, causal, scale, alignment, 16, block_k, o, lse))
+    return run
+
+
+def sink_cases() -> list[Case]:
+    inf = float("-inf")
+    return [
+        Case("B=1 H=2 Tq=20 Tk=37 D=8, sinks (0.5, -1), τ = 0.3, no mask (3 key tiles)",
+             _sink_case(1, 2, 2, 20, 37, (0.5, -1.0), scale=0.3)),
+        Case("B=2 H=2 Tq=40 Tk=13 D=8, sinks (1.5, -inf), causal lower_right (27 rows see no key: o = 0, lse = "
+             "the sink, -inf without one)", _sink_case(2, 2, 2, 40, 13, (1.5, inf), True, "lower_right", seed=1)),
+        Case("B=1 H=4 H_kv=2 Tq=16 Tk=40 D=8, sinks (-0.5, 2, 0.25, 1), causal lower_right (GQA: a sink per query "
+             "head)", _sink_case(1, 4, 2, 16, 40, (-0.5, 2.0, 0.25, 1.0), True, "lower_right", seed=2)),
+        Case("B=1 H=2 Tq=Tk=33 D=8, sinks (3, -2), causal, key tiles of 8 (a sink above most scores)",
+             _sink_case(1, 2, 2, 33, 33, (3.0, -2.0), True, block_k=8, seed=3)),
+    ]
+
+
+DSINK_FORMULA = "dsink_h = -Σ_b Σ_i e^(sink_h - lse_bhi) D_bhi: the sink's value is 0, so its dP = 0 and its dS = " \
+    "P_sink (0 - D)"
+HINT_DSINK_SIGN = Hint(
+    "dsink_sign", "dsink is the truth times -1: look at the sign of the sink's column of dS = P (dP - D), where "
+    "the sink's dP is dO · 0 = 0", DSINK_FORMULA)
+HINT_DSINK_WEIGHT = Hint(
+    "dsink_weight", "dsink is a sum of D with another weight than the sink's probability e^(sink - lse) in each "
+    "row (none, or e^(lse - sink)): look at the factor of D", DSINK_FORMULA)
+HINT_DSINK_BATCH = Hint(
+    "dsink_batch", "dsink is the sum over one batch element only, or divided by B: every row of every batch "
+    "element shares the head's sink; look at which dimensions are summed", DSINK_FORMULA)
+HINT_DSINK_NEG_INF = replace(
+    HINT_NEG_INF, nudge="NaN in dsink, and some rows have lse = -inf (they see no key and their head has no sink): "
+    "e^(sink - lse) there is exp(-inf - (-inf)); look at the weight", formula="where lse = -inf the weight is 0 "
+    "(and D is 0 too, since o = 0): " + DSINK_FORMULA)
+
+
+def dsink_symptom(sinks, lse, delta, got) -> Hint | None:
+    """The hint a wrong dsink points at; the alternatives are written from lse and D (the symptom's
+    hypotheses), never the truth, which comes from autograd."""
+    if not isinstance(got, torch.Tensor) or tuple(got.shape) != tuple(sinks.shape):
+        return None
+    got = got.detach().double().cpu()
+    if torch.isnan(got).any():
+        return HINT_DSINK_NEG_INF if torch.isneginf(lse).any() else None
+    seen = ~torch.isneginf(lse)
+    diff = torch.where(seen, sinks[None, :, None] - torch.where(seen, lse, 0.0), float("-inf"))
+    terms = torch.exp(diff) * delta
+    right = -terms.sum((0, 2))
+    others = [(HINT_DSINK_SIGN, -right), (HINT_DSINK_WEIGHT, -delta.sum((0, 2))),
+              (HINT_DSINK_WEIGHT, -(torch.where(seen, torch.exp(-diff), 0.0) * delta).sum((0, 2)))]
+    if lse.shape[0] > 1:
+        others += [(HINT_DSINK_BATCH, right / lse.shape[0]), (HINT_DSINK_BATCH, -terms[0].sum(-1))]
+    return next((hint for hint, alt in others if matches(got, alt, 1e-10)), None)
+
+
+def _sink_gradient_case(B, H, Tq, Tk, sinks, causal=False, alignment="upper_left", seed=0):
+    def run(impl):
+        q, k, v = randn(B, H, Tq, 8, seed=seed), randn(B, H, Tk, 8, seed=seed + 1), randn(B, H, Tk, 8, seed=seed + 2)
+        do, sink = randn(B, H, Tq, 8, seed=seed + 3), torch.tensor(sinks, dtype=torch.float64)
+        o, lse, dsinks = sink_gradient_truth(q, k, v, sink, do, causal, None, alignment)
+        delta = (do * o).sum(-1)  # D = rowsum(dO * O), (B, H, Tq)
+        got = impl.sink_gradient(sink.clone(), lse.clone(), delta.clone())
+        with_symptom(lambda: compare("sink_gradient(sinks, lse, delta)", got, dsinks, 1e-10),
+                     lambda: dsink_symptom(sink, lse, delta, got))
+    return run
+
+
+def sink_gradient_cases() -> list[Case]:
+    return [
+        Case("B=2 H=3 Tq=Tk=12, sinks (0.5, -1, 2), no mask (a head's dsink sums the rows of both batch elements)",
+             _sink_gradient_case(2, 3, 12, 12, (0.5, -1.0, 2.0))),
+        Case("B=1 H=2 Tq=20 Tk=9, sinks (1, -inf), causal lower_right (11 rows see no key: lse = -inf in the head "
+             "without a sink)", _sink_gradient_case(1, 2, 20, 9, (1.0, float("-inf")), True, "lower_right", 1)),
+        Case("B=3 H=2 Tq=7 Tk=30, sinks (4, -3), causal lower_right (a sink above most scores, one far below)",
+             _sink_gradient_case(3, 2, 7, 30, (4.0, -3.0), True, "lower_right", 2)),
     ]

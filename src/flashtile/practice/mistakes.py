@@ -14,6 +14,7 @@ from types import SimpleNamespace
 
 from ..kernels import backward as kernel_backward
 from ..reference import forward as reference_forward
+from ..reference import sinks as reference_sinks
 
 
 # --8<-- [start:forward_mistakes]
@@ -51,6 +52,20 @@ def interleaved_heads(q, k, v, **kwargs):
     k, v = k.repeat(1, group, 1, 1), v.repeat(1, group, 1, 1)
     return reference_forward.flash_attention_forward(q, k, v, **kwargs)
 # --8<-- [end:interleaved_heads]
+
+
+# --8<-- [start:sink_mistakes]
+def sink_before_scale(q, k, v, **kwargs):
+    """The sink multiplied by τ, as if it were a dot product still to be scaled."""
+    tau = kwargs.get("scale") or q.shape[-1] ** -0.5
+    kwargs = dict(kwargs, sinks=tau * kwargs["sinks"])
+    return reference_forward.flash_attention_forward(q, k, v, **kwargs)
+
+
+def dsink_sign_flipped(sinks, lse, delta):
+    """dsink with the wrong sign: +sum of e^(sink - lse) D."""
+    return -reference_sinks.sink_gradient(sinks, lse, delta)
+# --8<-- [end:sink_mistakes]
 
 
 # --8<-- [start:backward_mistakes]

@@ -16,7 +16,16 @@ from .battery import (
     fused_softmax_cases,
     online_softmax_cases,
 )
-from .drills import autograd_cases, decode_cases, gqa_cases, paged_cases, varlen_cases, window_cases
+from .drills import (
+    autograd_cases,
+    decode_cases,
+    gqa_cases,
+    paged_cases,
+    sink_cases,
+    sink_gradient_cases,
+    varlen_cases,
+    window_cases,
+)
 
 # --8<-- [start:steps]
 STEPS: tuple[Step, ...] = (
@@ -139,6 +148,24 @@ STEPS: tuple[Step, ...] = (
         "part-a/beyond-causal/#the-derivation",
         "drill: packed documents (cu_seqlens)",
         varlen_cases,
+    ),
+    Step(
+        "sink",
+        "sinks",
+        "flashtile.reference.forward",
+        ("flash_attention_forward",),
+        "part-a/sinks-and-head-dims/#the-derivation",
+        "drill: a sink as the start state (m = sink, l = 1, acc = 0)",
+        sink_cases,
+    ),
+    Step(
+        "sink_gradient",
+        "sinks",
+        "flashtile.reference.sinks",
+        ("sink_gradient",),
+        "part-a/sinks-and-head-dims/#the-derivation",
+        "drill: dsink = -Σ e^(sink - lse) D",
+        sink_gradient_cases,
     ),
 )
 # --8<-- [end:steps]

@@ -78,3 +78,39 @@ def softmax_truth(x: torch.Tensor) -> torch.Tensor:
 
 def logsumexp_truth(x: torch.Tensor) -> torch.Tensor:
     return torch.logsumexp(x.double().cpu(), dim=-1)
+
+
+# --8<-- [start:sink_truth]
+def sink_attention_truth(
+    q, k, v, sinks, causal=False, scale=None, alignment="upper_left"
+):
+    """(o, lse) in float64 of attention with a sink: every row's softmax gets one
+    more column, whose score is the sink and whose value is zero. q: (B, H, Tq, D);
+    k, v: (B, H_kv, Tk, D), query head h reads key/value head h // (H // H_kv);
+    sinks: (H,), one per query head, or (B, H, Tq), one per row; -inf is no sink.
+    Differentiable."""
+    q, k, v = (t.double().cpu() for t in (q, k, v))
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    tau = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    s = tau * torch.einsum("bhid,bhjd->bhij", q, k)
+    seen = visible(q.shape[2], k.shape[2], causal, alignment)
+    s = s.masked_fill(~seen, float("-inf"))
+    sink = sinks.double().cpu()
+    sink = sink[None, :, None] if sink.dim() == 1 else sink
+    # the sink's column, last
+    s = torch.cat([s, sink.expand(s.shape[:-1])[..., None]], dim=-1)
+    lse = torch.logsumexp(s, dim=-1)
+    empty = torch.isneginf(lse)[..., None]  # no key and no sink: o = 0, lse = -inf
+    p = torch.where(empty, 0.0, torch.softmax(torch.where(empty, 0.0, s), dim=-1))
+    return torch.einsum("bhij,bhjd->bhid", p[..., :-1], v), lse
+# --8<-- [end:sink_truth]
+
+
+def sink_gradient_truth(q, k, v, sinks, do, causal=False, scale=None, alignment="upper_left"):
+    """(o, lse, dsinks) in float64: dsinks, (H,), the gradient of sum(o * dO) with respect to the sinks, by
+    torch autograd through ``sink_attention_truth`` (no formula for it is written here)."""
+    leaf = sinks.detach().double().cpu().requires_grad_()
+    o, lse = sink_attention_truth(q.detach(), k.detach(), v.detach(), leaf, causal, scale, alignment)
+    (dsinks,) = torch.autograd.grad((o * do.detach().double().cpu()).sum(), leaf)
+    return o.detach(), lse.detach(), dsinks

@@ -1,0 +1,64 @@
+"""Drills: an attention sink, then its gradient. Read part-a/sinks-and-head-dims.
+
+A sink is one logit per query head that joins every row's softmax and carries no value:
+row i of head h normalises over its visible keys and the sink,
+
+    lse_i = log(e^sink_h + sum_j e^(S_ij)),   o_i = sum_j e^(S_ij - lse_i) v_j,
+
+with S = τ q kᵀ (the sink is in the units of the scaled scores: it is never multiplied by τ).
+In the tiled forward it is the state a row starts from, as if it had seen one key whose value
+is zero: m = sink, l = 1, acc = 0 instead of (-inf, 0, 0). A row that sees no key ends as it
+started: o = 0 and lse = sink. A sink of -inf is no sink (start from m = -inf, l = 0).
+Its gradient comes from the backward's D = rowsum(dO * O) (``delta`` in code):
+dsink_h = -(sum over the batch and the rows of head h of e^(sink_h - lse) * D).
+Start from your forward of step 3 (and the GQA drill). Check with:
+    python -m flashtile.practice check DIR --step sink
+    python -m flashtile.practice check DIR --step sink_gradient
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def flash_attention_forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool = False,
+    scale: float | None = None,
+    block_q: int = 16,
+    block_k: int = 16,
+    alignment: str = "upper_left",
+    *,
+    sinks: torch.Tensor | None = None,
+):
+    """Tiled attention forward with one sink per query head.
+
+    Args:
+        q: (B, H, Tq, D); k, v: (B, H_kv, Tk, D), H a multiple of H_kv (query head h
+            reads key/value head h // (H // H_kv), as in the GQA drill).
+        causal, scale, block_q, block_k, alignment: as in step 3.
+        sinks: None (no sink) or (H,), one logit per query head; -inf is no sink.
+
+    Returns:
+        o: (B, H, Tq, D); lse: (B, H, Tq), the log of the whole normaliser, e^sink
+        included. A row that sees no key gets o = 0 and lse = its sink.
+    """
+    raise NotImplementedError("TODO: start each row from m = sink, l = 1, acc = 0")
+
+
+def sink_gradient(
+    sinks: torch.Tensor, lse: torch.Tensor, delta: torch.Tensor
+) -> torch.Tensor:
+    """The gradient of the loss with respect to the sinks.
+
+    Args:
+        sinks: (H,), as the forward got them.
+        lse: (B, H, Tq) from the forward with these sinks.
+        delta: (B, H, Tq), D = rowsum(dO * O).
+
+    Returns:
+        (H,): dsink_h = -(sum over b and i of e^(sink_h - lse[b, h, i]) * delta[b, h, i]).
+    """
+    raise NotImplementedError("TODO: each row's D, weighted by the sink's probability")
