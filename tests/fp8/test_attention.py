@@ -123,6 +123,8 @@ def test_a_backward_through_fp8_inputs_raises_with_the_reason():
         (dict(key="bf16"), TypeError, "FP8 path needs query, key and value all float8_e4m3fn"),
         (dict(query="fp32", descale_q=None), TypeError, "descale_k, descale_v given"),
         (dict(key="one_head"), ValueError, "enable_gqa=True"),
+        (dict(scale=1e39), ValueError, "scale must be at most .* for float8_e4m3fn inputs"),
+        (dict(alignment="lower-right"), ValueError, "alignment must be one of"),
     ],
 )
 def test_bad_inputs_are_refused_by_name(change, error, message):
@@ -194,3 +196,48 @@ def test_a_kept_call_still_reads_new_or_rewritten_factors():
         torch.testing.assert_close(halved, rows, rtol=0, atol=0)
     with pytest.raises(ValueError, match="descale_q must be a positive finite factor"):
         flashtile.attention(q8, k8, v8, descale_q=torch.tensor(-1.0), out_dtype=torch.float32)
+
+
+@pytest.mark.parametrize("causal, alignment", [(False, "upper_left"), (True, "lower_right")])
+def test_an_fp8_call_is_checked_into_the_spec_the_bf16_path_builds_and_its_plan_reads_it(causal, alignment):
+    """One form of the options from the entry point to the launch: the FP8 call keeps the spec ``check_spec``
+    makes for the same options (the band, τ, the GQA group), and the kernel's plan is made from it: the
+    causal band runs as the causal mask on the band's diagonal, τ as its sign and |τ| log2 e."""
+    from flashtile._checks import check_attention_inputs
+    from flashtile._spec import MaskBand, check_spec
+    from flashtile.fp8.attention import check_fp8_call
+    from flashtile.kernels.fp8_forward import LOG2E
+
+    q8, k8, v8, dq, dk, dv = quantised(H=4, H_kv=2, Tq=48, Tk=80)
+    options = dict(is_causal=causal, scale=-0.3, enable_gqa=True, alignment=alignment, return_lse=True)
+    call = check_fp8_call(q8, k8, v8, dq, dk, dv, dropout_p=0.0, out_dtype=torch.float32, backend="triton",
+                          **options)  # fmt: skip
+    shape = check_attention_inputs(q8, k8, v8, dtypes=(torch.float8_e4m3fn,))
+    assert call.spec == check_spec(shape, q8.dtype, causal=causal, scale=-0.3, alignment=alignment, window=None,
+                                   softcap=None, return_lse=True)  # fmt: skip
+    assert call.spec.mask == MaskBand(-1, 0 if causal else -1, alignment) and call.spec.group == 2
+    launch = call.kernel_plan.launch
+    offset, qk_scale = launch.scalars[-3:-1]
+    assert launch.constexprs["CAUSAL"] is causal and offset == (80 - 48 if alignment == "lower_right" else 0)
+    assert launch.constexprs["SIGN"] == -1 and qk_scale == 0.3 * LOG2E
+
+
+@pytest.mark.parametrize("option", ["window", "softcap", "sinks"])
+def test_the_fp8_plan_refuses_a_spec_it_cannot_run(option):
+    """The kernel's plan builder reads the spec it is given, and says so when the spec holds what the FP8
+    kernel has no step for (``flashtile.attention`` refuses those options before: this is the builder's own
+    guard for a direct caller)."""
+    from flashtile._checks import check_attention_inputs
+    from flashtile._spec import check_spec
+    from flashtile.kernels.fp8_forward import make_fp8_forward_plan
+
+    q8, k8, v8, dq, dk, dv = quantised()
+    shape = check_attention_inputs(q8, k8, v8, dtypes=(torch.float8_e4m3fn,))
+    given = dict(window=(8, 0), softcap=30.0, sinks=torch.zeros(shape.H))
+    kwargs = dict(window=None, softcap=None, sinks=None) | {option: given[option]}
+    spec = check_spec(shape, q8.dtype, causal=False, scale=None, alignment="upper_left", device=q8.device,
+                      **kwargs)  # fmt: skip
+    with pytest.raises(ValueError, match="the FP8 kernel takes a causal mask or none, with no soft-cap and no sinks"):
+        make_fp8_forward_plan(q8, k8, v8, dq, dk, dv, spec=spec, out_dtype=torch.float32)
+    plain = check_spec(shape, q8.dtype, causal=False, scale=None, alignment="upper_left", window=None, softcap=None)
+    assert make_fp8_forward_plan(q8, k8, v8, dq, dk, dv, spec=plain, out_dtype=torch.float32).launch is not None

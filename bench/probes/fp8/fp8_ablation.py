@@ -447,12 +447,12 @@ def launch(name, inputs, causal, out_dtype=torch.bfloat16):
     block_q, num_warps, num_stages = (128, 8, 3) if D <= 128 else (64, 8, 2)
     dq, dk, v_ratio, v_scale = inputs["factors"]
     if name == "a_package":  # the shipped launch: its tiles, its steps for factors one per head (as quantized)
-        return launch_fp8_forward(q8, k8, v8, *inputs["quantized"], causal=causal, scale=D**-0.5, offset=0,
-                                  out_dtype=out_dtype, **config)  # fmt: skip
+        return launch_fp8_forward(q8, k8, v8, *inputs["quantized"], causal=causal, scale=D**-0.5,
+                                  alignment="upper_left", out_dtype=out_dtype, **config)  # fmt: skip
     if name == "package_rows_64":  # the package's general step at the copy's tiles, factors laid out one per row
         return launch_fp8_forward(q8, k8, v8, dq, dk, inputs["dv"].contiguous(), causal=causal, scale=D**-0.5,
-                                  offset=0, out_dtype=out_dtype, block_k=64, block_q=block_q, num_warps=num_warps,
-                                  num_stages=num_stages)  # fmt: skip
+                                  alignment="upper_left", out_dtype=out_dtype, block_k=64, block_q=block_q,
+                                  num_warps=num_warps, num_stages=num_stages)  # fmt: skip
     o = torch.empty((B, H, T, D), dtype=out_dtype, device=q8.device)
     lse = torch.empty((B, H, T), dtype=torch.float32, device=q8.device)
     n_tiles = triton.cdiv(T, block_q)

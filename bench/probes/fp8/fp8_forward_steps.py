@@ -46,7 +46,14 @@ from flashtile.bench.common import attention_tflops, median_ms, save_result
 from flashtile.bench.providers import build
 from flashtile.fp8 import quantize
 from flashtile.kernels import parts
-from flashtile.kernels.fp8_forward import LOG2E, MIN_FP8_DOT, P_SCALE_JIT, fp8_forward, fp8_forward_kernel
+from flashtile.kernels.fp8_forward import (
+    LOG2E,
+    MIN_FP8_DOT,
+    P_SCALE_JIT,
+    fp8_forward,
+    fp8_forward_kernel,
+    fp8_program_planes,
+)
 from flashtile.kernels.parts import full_key_tiles, last_key_tile, multiply_subtract, program_tile
 from flashtile.reference.fp8 import fp8_attention_forward
 
@@ -120,20 +127,16 @@ def steps_kernel(
     CAUSAL: tl.constexpr, HEAVIEST_FIRST: tl.constexpr, FMA: tl.constexpr, ORDER: tl.constexpr,
     PV_OUTSIDE: tl.constexpr,
 ):  # fmt: skip
-    """The package's fp8_forward_kernel for τ > 0, with the steps FMA and ORDER and the PV form as switches."""
+    """The package's fp8_forward_kernel for τ > 0, with the steps FMA and ORDER and the PV form as switches; the
+    program's rows and planes are the package's own (``fp8_program_planes``)."""
     if ORDER:
         q_index, h, b = program_tile(chunk, HEAVY_TILE_LAST=CAUSAL, HEAVIEST_FIRST=HEAVIEST_FIRST)
     else:
         q_index, h, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    h, b = h.to(tl.int64), b.to(tl.int64)
-    h_kv = h // (H // H_kv)
+    i, d, h, b, h_kv, Q, K, V, O = fp8_program_planes(
+        Q, K, V, O, q_index, h, b, H, H_kv, stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh,
+        stride_ob, stride_oh, BLOCK_Q, HEAD_DIM_PAD)  # fmt: skip
     q_start = q_index * BLOCK_Q
-    i = q_start + tl.arange(0, BLOCK_Q).to(tl.int64)
-    d = tl.arange(0, HEAD_DIM_PAD).to(tl.int64)
-    Q += b * stride_qb + h * stride_qh
-    K += b * stride_kb + h_kv * stride_kh
-    V += b * stride_vb + h_kv * stride_vh
-    O += b * stride_ob + h * stride_oh
     DK += (b * H_kv + h_kv) * Tk
     VR += (b * H_kv + h_kv) * Tk
     q_mask = (i[:, None] < Tq) & (d[None, :] < HEAD_DIM)

@@ -65,8 +65,9 @@ def main(out: Path) -> None:
                         if isinstance(fn, tuple):
                             block_q, warps, stages, plain = fn
                             fn = functools.partial(fp8k.launch_fp8_forward, q8, k8, v8, dq, dk, dv, causal=causal,
-                                                   scale=D**-0.5, offset=0, out_dtype=torch.bfloat16, block_k=128,
-                                                   block_q=block_q, num_warps=warps, num_stages=stages)  # fmt: skip
+                                                   scale=D**-0.5, alignment="upper_left", out_dtype=torch.bfloat16,
+                                                   block_k=128, block_q=block_q, num_warps=warps,
+                                                   num_stages=stages)  # fmt: skip
                             if plain:
                                 keep, fp8k.heaviest_first_chunk = fp8k.heaviest_first_chunk, no_chunk
                         try:

@@ -25,17 +25,9 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
-from .._checks import (
-    check_alignment,
-    check_attention_inputs,
-    check_causal,
-    check_flag,
-    check_tensor,
-    check_values_in_memory,
-    resolve_neg_bits,
-    resolve_scale,
-)
+from .._checks import check_attention_inputs, check_tensor, check_values_in_memory, resolve_neg_bits
 from .._plans import cached_plan
+from .._spec import AttentionSpec, check_spec
 from ..reference.fp8 import (
     FP8_DTYPES,
     check_descale_layout,
@@ -189,8 +181,10 @@ def fp8_attention(
     if call.kernel_plan is not None:
         o, lse = call.kernel_plan.run(query, key, value, *factors)
     else:
+        # no window here: the band is causal (-1, 0) or keeps every pair (-1, -1)
+        band, scale = call.spec.mask, call.spec.scale
         o, lse = fp8_attention_forward(
-            query, key, value, *factors, call.is_causal, call.scale, None, alignment
+            query, key, value, *factors, band.right == 0, scale, None, band.alignment
         )
         o, lse = o.to(call.out_dtype), lse.float()
     if torch.is_grad_enabled() and any(
@@ -199,21 +193,19 @@ def fp8_attention(
         o = _ForwardOnly.apply(
             o, *(t for t in (query, key, value, *factors) if t.requires_grad)
         )
-    return (o, lse) if call.return_lse else o
+    return (o, lse) if call.spec.return_lse else o
 # --8<-- [end:fp8-attention]
 
 
 class Fp8Call(NamedTuple):
-    """An FP8 ``flashtile.attention`` call's checked flags and what follows from its layouts, worked out once
-    per layout of (query, key, value and the factors) and flag values (``_plans.cached_plan``)."""
+    """An FP8 ``flashtile.attention`` call's checked options and what follows from its layouts, worked out once
+    per layout of (query, key, value and the factors) and option values (``_plans.cached_plan``)."""
 
-    is_causal: bool
-    scale: float
-    return_lse: bool
+    spec: AttentionSpec  # scale, mask band, GQA group, return_lse: checked once (``_spec.check_spec``)
     out_dtype: torch.dtype
     rows: tuple  # (B, H, Tq), (B, H_kv, Tk), (B, H_kv, Tk): the factors' shapes, one per row
     ones: tuple  # for a factor given as None, an all-ones (B, H, T) view (stride 0) to stand for it; else None
-    kernel_plan: Fp8Plan | None  # the Triton tier's launch; None on the emulation's tier
+    kernel_plan: Fp8Plan | None  # the Triton tier's launch, made from the spec; None on the emulation's tier
 
 
 FP8_CALL_OPTIONS = ("dropout_p", "is_causal", "scale", "enable_gqa", "alignment", "return_lse", "out_dtype",
@@ -223,19 +215,15 @@ FP8_CALL_OPTIONS = ("dropout_p", "is_causal", "scale", "enable_gqa", "alignment"
 def check_fp8_call(query, key, value, descale_q, descale_k, descale_v, *, dropout_p, is_causal, scale, enable_gqa,
                    alignment, return_lse, out_dtype, backend) -> Fp8Call:  # fmt: skip
     """Every check of an FP8 call but the factors' values, and its tier: the kernel's plan on CUDA (or under
-    ``use_backend("triton")``), the emulation otherwise."""
+    ``use_backend("triton")``), the emulation otherwise. The options are checked into the spec the bf16 path
+    builds (``_spec.check_spec``; τ within float32's range, the statistics being float32 on both tiers), which
+    the kernel's plan reads by name."""
     shape = check_attention_inputs(query, key, value, dtypes=FP8_DTYPES, names=NAMES)
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)) or dropout_p != 0.0:
         raise ValueError(f"dropout_p must be 0.0: flashtile.attention has no dropout, got {dropout_p!r}")
-    is_causal = check_causal(is_causal, "is_causal")
-    enable_gqa = check_flag("enable_gqa", enable_gqa)
-    if shape.H != shape.H_kv and not enable_gqa:
-        raise ValueError(f"query has {shape.H} heads but key and value have {shape.H_kv}; pass enable_gqa=True for "
-                         "grouped-query attention (as with scaled_dot_product_attention)")  # fmt: skip
-    return_lse = check_flag("return_lse", return_lse)
-    check_alignment(alignment)
+    spec = check_spec(shape, query.dtype, causal=is_causal, scale=scale, alignment=alignment, window=None,
+                      softcap=None, return_lse=return_lse, enable_gqa=enable_gqa)  # fmt: skip
     out_dtype = check_out_dtype(out_dtype)
-    scale = resolve_scale(scale, shape.D, torch.float32)  # the statistics are float32 on both tiers
     inputs = (query, key, value)
     descales = (descale_q, descale_k, descale_v)
     for name, descale, x, x_name in zip(FACTOR_NAMES, descales, inputs, NAMES):
@@ -249,9 +237,8 @@ def check_fp8_call(query, key, value, descale_q, descale_k, descale_v, *, dropou
         from ..kernels.fp8_forward import make_fp8_forward_plan
 
         factors = [o if d is None else (d if d.dim() else d.expand(r)) for d, r, o in zip(descales, rows, ones)]
-        kernel_plan = make_fp8_forward_plan(query, key, value, *factors, causal=is_causal, scale=scale,
-                                            alignment=alignment, out_dtype=out_dtype)  # fmt: skip
-    return Fp8Call(is_causal, scale, return_lse, out_dtype, rows, ones, kernel_plan)
+        kernel_plan = make_fp8_forward_plan(query, key, value, *factors, spec=spec, out_dtype=out_dtype)
+    return Fp8Call(spec, out_dtype, rows, ones, kernel_plan)
 
 
 def unit_factors(x: torch.Tensor) -> torch.Tensor:

@@ -55,15 +55,18 @@ import torch
 import triton
 import triton.language as tl
 
-from .._checks import check_alignment, check_block, check_causal, resolve_neg_bits, resolve_scale
+from .._checks import check_block, resolve_neg_bits
 from .._plans import cached_plan
-from ..reference.causal import diagonal_offset
+from .._spec import AttentionSpec, check_spec
 from ..reference.fp8 import P_SCALE, check_descale_values, check_fp8_inputs, fp8_block_k
 from ._host import (
     KernelLaunch,
     check_kernel_device,
+    check_launch,
+    check_tile_size,
     head_batch_grid,
     heaviest_first_chunk,
+    kernel_mask,
     kernel_scale,
     resident_programs,
 )
@@ -157,6 +160,27 @@ def fold_fp8_key_tile(
 
 # --8<-- [start:fp8-forward]
 @triton.jit
+def fp8_program_planes(
+    Q, K, V, O, q_index, h, b, H, H_kv, stride_qb, stride_qh, stride_kb, stride_kh,
+    stride_vb, stride_vh, stride_ob, stride_oh, BLOCK_Q: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,
+):  # fmt: skip
+    """Where the program of query tile q_index, head h, batch b works: its query
+    rows i and padded head dims d, h and b (all int64), the key/value head h_kv its
+    query head reads (GQA: the shared head, no copy), and Q, O moved to (b, h)'s
+    plane, K, V to (b, h_kv)'s."""
+    h, b = h.to(tl.int64), b.to(tl.int64)
+    h_kv = h // (H // H_kv)
+    i = q_index * BLOCK_Q + tl.arange(0, BLOCK_Q).to(tl.int64)
+    d = tl.arange(0, HEAD_DIM_PAD).to(tl.int64)
+    Q += b * stride_qb + h * stride_qh
+    K += b * stride_kb + h_kv * stride_kh
+    V += b * stride_vb + h_kv * stride_vh
+    O += b * stride_ob + h * stride_oh
+    return i, d, h, b, h_kv, Q, K, V, O
+
+
+@triton.jit
 def fp8_forward_kernel(
     Q, K, V, DQ, DK, VR, VS, O, LSE,
     stride_qb, stride_qh, stride_qt, stride_qd, stride_kb, stride_kh, stride_kt,
@@ -182,15 +206,11 @@ def fp8_forward_kernel(
     q_index, h, b = program_tile(
         chunk, HEAVY_TILE_LAST=CAUSAL, HEAVIEST_FIRST=HEAVIEST_FIRST
     )
-    h, b = h.to(tl.int64), b.to(tl.int64)
-    h_kv = h // (H // H_kv)  # GQA: the key/value head this query head reads
+    i, d, h, b, h_kv, Q, K, V, O = fp8_program_planes(
+        Q, K, V, O, q_index, h, b, H, H_kv, stride_qb, stride_qh, stride_kb, stride_kh,
+        stride_vb, stride_vh, stride_ob, stride_oh, BLOCK_Q, HEAD_DIM_PAD,
+    )  # fmt: skip
     q_start = q_index * BLOCK_Q
-    i = q_start + tl.arange(0, BLOCK_Q).to(tl.int64)
-    d = tl.arange(0, HEAD_DIM_PAD).to(tl.int64)
-    Q += b * stride_qb + h * stride_qh
-    K += b * stride_kb + h_kv * stride_kh
-    V += b * stride_vb + h_kv * stride_vh
-    O += b * stride_ob + h * stride_oh
     DK += b * stride_dkb + h_kv * stride_dkh
     VR += (b * H_kv + h_kv) * Tk
     q_mask = (i[:, None] < Tq) & (d[None, :] < HEAD_DIM)
@@ -309,42 +329,33 @@ def fp8_forward(q8, k8, v8, descale_q, descale_k, descale_v, causal=False, scale
     them): o (B, H, Tq, D) in ``out_dtype``, contiguous; lse (B, H, Tq) float32, natural log.
 
     ``block_k`` (a power of two, at least 32; None: ``fp8_block_k(D)``, the emulation's default) is the key
-    tile. The checks of the layouts and flags, and the launch they lead to, are worked out once per layout
-    (``make_fp8_forward_plan``, kept by ``_plans.cached_plan``). Factors that ``quantize`` made, or that an
+    tile. The checks of the layouts and options, and the launch they lead to, are worked out once per layout
+    (``checked_fp8_forward_plan``, kept by ``_plans.cached_plan``). Factors that ``quantize`` made, or that an
     earlier call checked and that were not written to since, are not read again: the call then waits on
     nothing the GPU computes (``check_descale_values``). k's or V's factors laid out one per head (stride 0
     along T, ``one_per_head``) take the kernel's cheaper step: no factor on each score, no ratio on P. V with
     its keys contiguous (``quantize(v, ..., keys_contiguous=True)``) is read as it is; another layout is copied."""
     q8, k8, v8, descale_q, descale_k, descale_v = resolve_neg_bits(q8, k8, v8, descale_q, descale_k, descale_v)
-    plan = cached_plan(make_fp8_forward_plan, (q8, k8, v8, descale_q, descale_k, descale_v), causal, scale, alignment,
-                       out_dtype, block_k, names=("causal", "scale", "alignment", "out_dtype", "block_k"))
+    plan = cached_plan(checked_fp8_forward_plan, (q8, k8, v8, descale_q, descale_k, descale_v), causal, scale,
+                       alignment, out_dtype, block_k, names=LAUNCHER_OPTIONS)  # fmt: skip
     for name, descale in (("descale_q", descale_q), ("descale_k", descale_k), ("descale_v", descale_v)):
         check_descale_values(name, descale)
     return plan.run(q8, k8, v8, descale_q, descale_k, descale_v)
 
 
-def make_fp8_forward_plan(q8, k8, v8, descale_q, descale_k, descale_v, *, causal, scale, alignment, out_dtype,
-                          block_k=None) -> Fp8Plan:  # fmt: skip
-    """``fp8_forward``'s checks of everything but the factors' values, and its launch at ``fp8_config``'s settings."""
-    B, H, H_kv, Tq, Tk, D = check_fp8_inputs(q8, k8, v8, descale_q, descale_k, descale_v, values=False)
-    check_causal(causal)
-    check_alignment(alignment)
-    block_k = check_block("block_k", fp8_block_k(D) if block_k is None else block_k)
-    if block_k < MIN_FP8_DOT or block_k & (block_k - 1):
-        raise ValueError(f"block_k must be a power of two of at least {MIN_FP8_DOT} for E4M3 dots, got {block_k}")
-    if out_dtype not in OUT_DTYPES:
-        raise TypeError(f"out_dtype must be one of {OUT_DTYPES}, got {out_dtype!r}")
-    scale = resolve_scale(scale, D, torch.float32)  # the statistics are float32
-    for name, x in (("q8", q8), ("k8", k8), ("v8", v8)):
-        check_kernel_device(name, x)
-    if out_dtype == torch.bfloat16 and q8.device.type == "cpu":
-        raise TypeError("out_dtype=torch.bfloat16 on the CPU: the Triton interpreter computes bfloat16 wrongly (Triton "
-                        "issue 11584); pass out_dtype=torch.float32 there")  # fmt: skip
-    config = fp8_config(D)
-    config.pop("block_k")
-    return fp8_launch_plan(q8, k8, v8, descale_q, descale_k, descale_v, causal=causal, scale=scale,
-                           offset=diagonal_offset(Tq, Tk, alignment), out_dtype=out_dtype, block_k=block_k,
-                           **config)  # fmt: skip
+LAUNCHER_OPTIONS = ("causal", "scale", "alignment", "out_dtype", "block_k")  # as fp8_forward keys its plans
+
+
+def checked_fp8_forward_plan(q8, k8, v8, descale_q, descale_k, descale_v, *, causal, scale, alignment, out_dtype,
+                             block_k=None, block_q=None, num_warps=None, num_stages=None) -> Fp8Plan:  # fmt: skip
+    """``fp8_forward``'s plan (and ``launch_fp8_forward``'s): its options checked into one spec
+    (``_spec.check_spec``, τ within float32's range: the statistics are float32), then ``make_fp8_forward_plan``."""
+    shape = check_fp8_inputs(q8, k8, v8, descale_q, descale_k, descale_v, values=False)
+    spec = check_spec(shape, q8.dtype, causal=causal, scale=scale, alignment=alignment, window=None, softcap=None,
+                      causal_name="causal")  # fmt: skip
+    return make_fp8_forward_plan(q8, k8, v8, descale_q, descale_k, descale_v, spec=spec, out_dtype=out_dtype,
+                                 block_k=block_k, block_q=block_q, num_warps=num_warps,
+                                 num_stages=num_stages)  # fmt: skip
 
 
 class Fp8Plan(NamedTuple):
@@ -372,30 +383,52 @@ class Fp8Plan(NamedTuple):
         return o, lse
 
 
-def fp8_launch_plan(q8, k8, v8, descale_q, descale_k, descale_v, *, causal, scale, offset, out_dtype, block_k,
-                    block_q, num_warps, num_stages) -> Fp8Plan:  # fmt: skip
-    """The launch of arguments ``make_fp8_forward_plan`` has checked, at the given tiles, warps and stages. The
-    factors' layout picks the step (``one_per_head``): with V's one per head every ratio is exactly 1, so
+def make_fp8_forward_plan(q8, k8, v8, descale_q, descale_k, descale_v, *, spec: AttentionSpec, out_dtype,
+                          block_k=None, block_q=None, num_warps=None, num_stages=None) -> Fp8Plan:  # fmt: skip
+    """One call's launch from its checked options (``_spec.check_spec``: scale, mask band, GQA group) and its
+    inputs' layouts, at ``fp8_config``'s settings (``block_k``, ``block_q``, ``num_warps``, ``num_stages``:
+    other settings, for probes that time them); raises on a layout, a device, a setting or an option the
+    kernel cannot take (it has causal masks in both alignments, and no window, soft-cap or sinks).
+
+    The factors' layout picks the step (``one_per_head``): with V's one per head every ratio is exactly 1, so
     none is made or read; with k's, the head's factor is folded into dq."""
-    B, H, Tq, D = q8.shape
-    H_kv, Tk = k8.shape[1], k8.shape[2]
+    B, H, H_kv, Tq, Tk, D = check_fp8_inputs(q8, k8, v8, descale_q, descale_k, descale_v, values=False)
+    mask = kernel_mask(spec.mask, Tq, Tk)  # a causal band runs as the causal mask, no band as none
+    if mask.banded or spec.softcap is not None or spec.has_sinks:
+        raise ValueError(f"the FP8 kernel takes a causal mask or none, with no soft-cap and no sinks; got the band "
+                         f"{spec.mask}, softcap={spec.softcap}, has_sinks={spec.has_sinks}")  # fmt: skip
+    config = fp8_config(D)
+    block_k = check_block("block_k", config["block_k"] if block_k is None else block_k)
+    if block_k < MIN_FP8_DOT or block_k & (block_k - 1):
+        raise ValueError(f"block_k must be a power of two of at least {MIN_FP8_DOT} for E4M3 dots, got {block_k}")
+    block_q = config["block_q"] if block_q is None else check_tile_size("block_q", block_q)
+    num_warps, num_stages = check_launch(config["num_warps"] if num_warps is None else num_warps,
+                                         config["num_stages"] if num_stages is None else num_stages)  # fmt: skip
+    if out_dtype not in OUT_DTYPES:
+        raise TypeError(f"out_dtype must be one of {OUT_DTYPES}, got {out_dtype!r}")
+    for name, x in (("q8", q8), ("k8", k8), ("v8", v8)):
+        check_kernel_device(name, x)
+    if out_dtype == torch.bfloat16 and q8.device.type == "cpu":
+        raise TypeError("out_dtype=torch.bfloat16 on the CPU: the Triton interpreter computes bfloat16 wrongly (Triton "
+                        "issue 11584); pass out_dtype=torch.float32 there")  # fmt: skip
     v_ratios = not one_per_head(descale_v)
     copy_v = not (v8.stride(2) == 1 or Tk == 1)
     v_strides = (H_kv * Tk * D, Tk * D, 1, Tk) if copy_v else v8.stride()  # as keys_contiguous copies it
     v_scale_strides = (H_kv, 1) if v_ratios else descale_v.stride()[:2]  # amax's (B, H_kv), or descale_v's
-    units = kernel_scale(scale)
-    n_tiles, group = -(-Tq // block_q), H // H_kv
+    units = kernel_scale(spec.scale)
+    n_tiles = -(-Tq // block_q)
     # the programs of one query head stream its kv head's K and V (one byte an entry), which the group shares
-    chunk = heaviest_first_chunk(causal, 2 * Tk * D // group, B * H, B * H * n_tiles,
-                                 resident_programs(num_warps, None), q8.device, group)  # fmt: skip
+    chunk = heaviest_first_chunk(mask.causal, 2 * Tk * D // spec.group, B * H, B * H * n_tiles,
+                                 resident_programs(num_warps, None), q8.device, spec.group)  # fmt: skip
     o_strides = (H * Tq * D, Tq * D, D, 1)  # o contiguous
     launch = KernelLaunch(
         fp8_forward_kernel,
         grid=head_batch_grid(n_tiles, H, B),
         scalars=(*q8.stride(), *k8.stride(), *v_strides, *o_strides, *descale_q.stride(), *descale_k.stride(),
-                 *v_scale_strides, H, H_kv, Tq, Tk, offset, units.unit * LOG2E, max(chunk, 1)),  # fmt: skip
+                 *v_scale_strides, H, H_kv, Tq, Tk, spec.mask.offset(Tq, Tk), units.unit * LOG2E,
+                 max(chunk, 1)),  # fmt: skip
         constexprs=dict(HEAD_DIM=D, HEAD_DIM_PAD=max(MIN_FP8_DOT, 1 << (D - 1).bit_length()), BLOCK_Q=block_q,
-                        BLOCK_K=block_k, CAUSAL=causal, SIGN=units.sign, HEAVIEST_FIRST=chunk > 0,
+                        BLOCK_K=block_k, CAUSAL=mask.causal, SIGN=units.sign, HEAVIEST_FIRST=chunk > 0,
                         K_ROWS=not one_per_head(descale_k), V_RATIOS=v_ratios,
                         INTERPRETED=q8.device.type == "cpu"),  # fmt: skip
         num_warps=num_warps,
@@ -405,10 +438,11 @@ def fp8_launch_plan(q8, k8, v8, descale_q, descale_k, descale_v, *, causal, scal
     return Fp8Plan((B, H, Tq, D), out_dtype, copy_v, v_ratios, launch)
 
 
-def launch_fp8_forward(q8, k8, v8, descale_q, descale_k, descale_v, **settings):
-    """``fp8_launch_plan``'s launch, run once: for probes that time other settings than ``fp8_config``'s.
-    ``settings``: ``fp8_launch_plan``'s keywords (causal, scale, offset, out_dtype and the launch settings)."""
-    plan = fp8_launch_plan(q8, k8, v8, descale_q, descale_k, descale_v, **settings)
+def launch_fp8_forward(q8, k8, v8, descale_q, descale_k, descale_v, **options):
+    """One launch at other settings than ``fp8_config``'s, for probes that time them: ``options`` are
+    ``checked_fp8_forward_plan``'s keywords (causal, scale, alignment, out_dtype, and block_k, block_q,
+    num_warps, num_stages). The factors' values are not read."""
+    plan = checked_fp8_forward_plan(q8, k8, v8, descale_q, descale_k, descale_v, **options)
     return plan.run(q8, k8, v8, descale_q, descale_k, descale_v)
 
 
