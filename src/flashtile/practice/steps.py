@@ -160,7 +160,7 @@ STEPS: tuple[Step, ...] = (
     ),
     Step(
         "sink_gradient",
-        "sinks",
+        "sink_gradient",
         "flashtile.reference.sinks",
         ("sink_gradient",),
         "part-a/sinks-and-head-dims/#the-derivation",

@@ -1,4 +1,4 @@
-"""Drills: an attention sink, then its gradient. Read part-a/sinks-and-head-dims.
+"""Drill: an attention sink. Read part-a/sinks-and-head-dims.
 
 A sink is one logit per query head that joins every row's softmax and carries no value:
 row i of head h normalises over its visible keys and the sink,
@@ -9,11 +9,8 @@ with S = τ q kᵀ (the sink is in the units of the scaled scores: it is never m
 In the tiled forward it is the state a row starts from, as if it had seen one key whose value
 is zero: m = sink, l = 1, acc = 0 instead of (-inf, 0, 0). A row that sees no key ends as it
 started: o = 0 and lse = sink. A sink of -inf is no sink (start from m = -inf, l = 0).
-Its gradient comes from the backward's D = rowsum(dO * O) (``delta`` in code):
-dsink_h = -(sum over the batch and the rows of head h of e^(sink_h - lse) * D).
 Start from your forward of step 3 (and the GQA drill). Check with:
     python -m flashtile.practice check DIR --step sink
-    python -m flashtile.practice check DIR --step sink_gradient
 """
 
 from __future__ import annotations
@@ -46,19 +43,3 @@ def flash_attention_forward(
         included. A row that sees no key gets o = 0 and lse = its sink.
     """
     raise NotImplementedError("TODO: start each row from m = sink, l = 1, acc = 0")
-
-
-def sink_gradient(
-    sinks: torch.Tensor, lse: torch.Tensor, delta: torch.Tensor
-) -> torch.Tensor:
-    """The gradient of the loss with respect to the sinks.
-
-    Args:
-        sinks: (H,), as the forward got them.
-        lse: (B, H, Tq) from the forward with these sinks.
-        delta: (B, H, Tq), D = rowsum(dO * O).
-
-    Returns:
-        (H,): dsink_h = -(sum over b and i of e^(sink_h - lse[b, h, i]) * delta[b, h, i]).
-    """
-    raise NotImplementedError("TODO: each row's D, weighted by the sink's probability")
