@@ -302,7 +302,8 @@ MAX_SPLITS = 128  # the most slices one sequence's keys are cut into
 
 
 class DecodeShape(NamedTuple):
-    """Sizes of one decode call. ``page_size`` is None for a contiguous cache."""
+    """Sizes of one decode call: D is the query/key head dim d_qk, D_v the value head dim d_v (o's).
+    ``page_size`` is None for a contiguous cache."""
 
     B: int
     H: int
@@ -312,6 +313,7 @@ class DecodeShape(NamedTuple):
     capacity: int  # the most keys a sequence can hold: T_max, or max_pages * page_size
     page_size: int | None
     num_pages: int
+    D_v: int
 
     @property
     def group(self) -> int:
@@ -332,21 +334,26 @@ def check_decode_inputs(
     check_same("value_cache", value_cache, "query", query)
     for name, t in (("query", query), ("key_cache", key_cache), ("value_cache", value_cache)):
         check_values_in_memory(name, t)
-    if tuple(value_cache.shape) != tuple(key_cache.shape):
-        raise ValueError(f"value_cache must have the shape of key_cache {tuple(key_cache.shape)}, got "
-                         f"{tuple(value_cache.shape)}")
-    for name, t in (("query", query), ("key_cache", key_cache)):
+    if tuple(value_cache.shape[:-1]) != tuple(key_cache.shape[:-1]):
+        raise ValueError(f"value_cache must have the shape of key_cache {tuple(key_cache.shape)} in every dim but "
+                         f"the last (the value head dim d_v may differ), got {tuple(value_cache.shape)}")
+    for name, t in (("query", query), ("key_cache", key_cache), ("value_cache", value_cache)):
         if t.numel() == 0:
             raise ValueError(f"{name} is empty (shape {tuple(t.shape)}); every dimension must be at least 1")
     B, H, Tq, D = query.shape
     n0, H_kv, slots, Dk = key_cache.shape
+    D_v = value_cache.shape[3]
     if Tq > MAX_NEW_TOKENS:
         raise ValueError(f"query has {Tq} new tokens (dim 2); decode_attention takes 1 to {MAX_NEW_TOKENS}: "
                          "use flashtile.attention(..., is_causal=True, alignment='lower_right') for a prefill")
     if Dk != D:
-        raise ValueError(f"key_cache has head dim {Dk} but query has {D}; the head dim (dim 3) must match")
+        raise ValueError(f"key_cache has head dim {Dk} but query has {D}; the query/key head dim d_qk (dim 3) "
+                         "must match")
     if D > MAX_HEAD_DIM:
         raise ValueError(f"query has head dim {D}; flashtile supports head dims 1 to {MAX_HEAD_DIM}")
+    if D_v > MAX_HEAD_DIM:
+        raise ValueError(f"value_cache has head dim d_v = {D_v}; flashtile supports value head dims 1 to "
+                         f"{MAX_HEAD_DIM}")
     if H % H_kv:
         raise ValueError(f"query has {H} heads but key_cache has {H_kv}; the number of query heads must be a "
                          "multiple of the number of key/value heads (GQA)")
@@ -354,7 +361,7 @@ def check_decode_inputs(
         if n0 != B:
             raise ValueError(f"key_cache has batch size {n0} but query has {B}; without a block_table the cache "
                              "is (B, H_kv, T_max, D)")
-        shape = DecodeShape(B, H, H_kv, Tq, D, capacity=slots, page_size=None, num_pages=0)
+        shape = DecodeShape(B, H, H_kv, Tq, D, capacity=slots, page_size=None, num_pages=0, D_v=D_v)
     else:
         check_tensor("block_table", block_table, rank=2, dtypes=(torch.int32,))
         check_values_in_memory("block_table", block_table)
@@ -363,7 +370,7 @@ def check_decode_inputs(
         if block_table.shape[0] != B or block_table.shape[1] == 0:
             raise ValueError(f"block_table must have shape (B, max_pages) = ({B}, >= 1), got "
                              f"{tuple(block_table.shape)}")
-        shape = DecodeShape(B, H, H_kv, Tq, D, block_table.shape[1] * slots, page_size=slots, num_pages=n0)
+        shape = DecodeShape(B, H, H_kv, Tq, D, block_table.shape[1] * slots, page_size=slots, num_pages=n0, D_v=D_v)
     if cache_seqlens is not None:
         check_tensor("cache_seqlens", cache_seqlens, rank=1, dtypes=(torch.int32,))
         check_values_in_memory("cache_seqlens", cache_seqlens)

@@ -28,6 +28,10 @@ Decisions of the contract (the same for every tier):
   alignment="lower_right", window=(left, right))`` on that sequence's keys; ``softcap`` s replaces each
   scaled score x by s * tanh(x / s) before the mask. Only the key tiles some new token sees are cut
   into slices: the cache before a window is never read, and the split count is picked for the window.
+* Sinks and head dims: ``sinks`` (H,) joins each row's softmax as ``flashtile.attention``'s does (after
+  the scale and the cap, no value; lse includes e^sink; a row that sees no key gives o = 0, lse = sink)
+  and is counted once: the merge of the slices starts from it (with one slice, the slice does). The
+  values may have their own head dim d_v (1 to 256): o is (B, H, Tq, d_v), the default scale 1/sqrt(d_qk).
 * Host work per call: the shape and flag checks run once per layout of the tensors and flag values
   (``DecodeCall`` in ``flashtile._dispatch.decode``, kept by ``_plans.cached_plan``) and so does the kernels'
   plan (``DecodePlan``); a later call with the same layout checks the values (where there are any), allocates
@@ -84,21 +88,22 @@ __all__ = [  # the checks live in _checks and the split heuristic in reference.d
 def decode_attention(
     query, key_cache, value_cache, cache_seqlens=None, *, scale=None, num_splits=None,
     block_table=None,
-    return_lse=False, window=None, softcap=None,
+    return_lse=False, window=None, softcap=None, sinks=None,
 ):
     """Attention of Tq new tokens against each sequence's KV cache, split along the
     keys.
 
     Args:
-        query: (B, H, Tq, D), 1 <= Tq <= 16, 1 <= D <= 256; fp16, bf16, fp32 or float64;
+        query: (B, H, Tq, d_qk), 1 <= Tq <= 16, 1 <= d_qk <= 256; fp16, bf16, fp32 or
+            float64; any strides.
+        key_cache: (B, H_kv, T_max, d_qk), or pages (num_pages, H_kv, page_size, d_qk)
+            with ``block_table``; H a multiple of H_kv (GQA); query's dtype and device;
             any strides.
-        key_cache, value_cache: (B, H_kv, T_max, D), or pages (num_pages, H_kv,
-            page_size, D) with ``block_table``; H a multiple of H_kv (GQA); query's
-            dtype and device; any strides.
+        value_cache: key_cache's shape but for the last dim, d_v (1 to 256).
         cache_seqlens: (B,) int32, keys held by each sequence, the new tokens' included;
             each 0 or in [Tq, capacity]. None: every sequence holds ``capacity`` keys.
-        scale: τ, multiplies q·k; defaults to 1/sqrt(D). Zero and negative values are
-            allowed.
+        scale: τ, multiplies q·k; defaults to 1/sqrt(d_qk). Zero and negative values
+            are allowed.
         num_splits: slices of each sequence's keys, 1 to 128; None picks from the keys a
             new token can see, B * H_kv and the SM count (``pick_num_splits``). Any
             value gives the same answer up to rounding.
@@ -111,25 +116,29 @@ def decode_attention(
             is (W - 1, 0). The tiles before the window are never read.
         softcap: None or s > 0: each scaled score x becomes s * tanh(x / s) before the
             mask and the softmax.
+        sinks: None or (H,), float32 or query's dtype, finite or -inf (no sink): one
+            logit per query head that joins every row's softmax after the scale and the
+            cap, with a value of zero; counted once, however many slices.
 
     The same as ``flashtile.attention(q_b, k_b, v_b, is_causal=True,
     alignment="lower_right", window=window, softcap=softcap)`` on each sequence b's
     first cache_seqlens[b] keys.
 
     Returns:
-        o (B, H, Tq, D) in query's dtype, or (o, lse). Rows of an empty sequence: o = 0,
-            lse = -inf.
+        o (B, H, Tq, d_v) in query's dtype, or (o, lse). Rows of an empty sequence:
+            o = 0, lse = -inf (lse = the sink with one). With sinks, lse is the log of
+            the whole normaliser, e^sink included. No gradient: decoding is inference.
     """
     # a view's negative bit is a flag, not memory: the kernels would read the memory, so
     # resolve it first
-    query, key_cache, value_cache, cache_seqlens, block_table = resolve_neg_bits(
-        query, key_cache, value_cache, cache_seqlens, block_table
+    query, key_cache, value_cache, cache_seqlens, block_table, sinks = resolve_neg_bits(
+        query, key_cache, value_cache, cache_seqlens, block_table, sinks
     )
     # checked before it keys the plans: (True, 0) and (1, 0) hash alike
     if window is not None:
         window = check_window(window)
     return run_decode(
-        query, key_cache, value_cache, cache_seqlens, block_table, scale=scale,
+        query, key_cache, value_cache, cache_seqlens, block_table, sinks, scale=scale,
         num_splits=num_splits, return_lse=return_lse, window=window, softcap=softcap,
     )  # fmt: skip
 # --8<-- [end:decode_attention]

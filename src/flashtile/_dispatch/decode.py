@@ -1,7 +1,11 @@
 """``flashtile.decode_attention``'s floor: the checked call (``DecodeCall``), kept per layout and flags, the
 eager run on its tier, and the custom op ``flashtile::decode_attention`` that carries a call through
-``torch.compile`` as one opaque node (its eager run checks the values of cache_seqlens and block_table when the
-graph runs).
+``torch.compile`` as one opaque node (its eager run checks the values of cache_seqlens, block_table and the
+sinks when the graph runs).
+
+The sinks travel beside the tensors (their layout is part of the kept call's key; their values are checked on
+every eager call, ``check_sink_values``, which reads them once until they are written to). Decoding is
+inference: the sinks get no gradient, like every other input.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from .._checks import (
     check_decode_values,
     check_flag,
     check_num_splits,
+    check_sink_values,
+    check_sinks_layout,
     check_softcap,
     resolve_scale,
     stats_dtype,
@@ -43,38 +49,48 @@ class DecodeCall(NamedTuple):
     return_lse: bool
     mask: MaskBand  # (left, 0) around each sequence's lower-right diagonal: the new tokens are causal
     softcap: float | None
+    has_sinks: bool  # a (H,) sink per query head joins every row's softmax, once
     plans: DecodePlans
 
 
-def check_decode_call(query, key_cache, value_cache, cache_seqlens, block_table, *, scale, num_splits, return_lse,
-                      window, softcap) -> DecodeCall:  # fmt: skip
-    """Every check of ``decode_attention`` that reads only layouts and flags; raises on bad input."""
+def check_decode_call(query, key_cache, value_cache, cache_seqlens, block_table, sinks, *, scale, num_splits,
+                      return_lse, window, softcap) -> DecodeCall:  # fmt: skip
+    """Every check of ``decode_attention`` that reads only layouts and flags; raises on bad input. The scale
+    defaults to 1/sqrt(d_qk)."""
     shape = check_decode_inputs(query, key_cache, value_cache, cache_seqlens, block_table, check_values=False)
+    has_sinks = check_sinks_layout(sinks, shape, query.dtype, query.device) is not None
     scale = resolve_scale(scale, shape.D, query.dtype)
     num_splits = check_num_splits(num_splits)
     return_lse = check_flag("return_lse", return_lse)
     softcap = check_softcap(softcap, query.dtype)
     mask = check_mask(True, window, "lower_right")  # right capped at 0
     return DecodeCall(shape=shape, scale=scale, num_splits=num_splits, return_lse=return_lse, mask=mask,
-                      softcap=softcap, plans=DecodePlans())  # fmt: skip
+                      softcap=softcap, has_sinks=has_sinks, plans=DecodePlans())  # fmt: skip
 
 
-def run_decode(query, key_cache, value_cache, cache_seqlens, block_table, *, scale, num_splits, return_lse,
+def _empty_outputs(query, D_v: int):
+    """(o, lse) of the right shapes and dtypes, not computed: o (B, H, Tq, d_v), lse (B, H, Tq)."""
+    return query.new_empty((*query.shape[:-1], D_v)), query.new_empty(query.shape[:-1], dtype=stats_dtype(query.dtype))
+
+
+def run_decode(query, key_cache, value_cache, cache_seqlens, block_table, sinks, *, scale, num_splits, return_lse,
                window, softcap):  # fmt: skip
     """``decode_attention`` after its arguments' negative bits are resolved and the window checked: the
     layouts and flags checked once per key, then the values, then the call on its tier."""
-    call = cached_plan(check_decode_call, (query, key_cache, value_cache, cache_seqlens, block_table), scale,
+    call = cached_plan(check_decode_call, (query, key_cache, value_cache, cache_seqlens, block_table, sinks), scale,
                        num_splits, return_lse, window, softcap,
                        names=("scale", "num_splits", "return_lse", "window", "softcap"))  # fmt: skip
     if query.is_meta:  # shapes only, nothing computed (and no values to check)
-        o, lse = query.new_empty(query.shape), query.new_empty(query.shape[:-1], dtype=stats_dtype(query.dtype))
+        o, lse = _empty_outputs(query, call.shape.D_v)
         return (o, lse) if call.return_lse else o
     if torch.compiler.is_compiling():  # one opaque node, whose eager run checks the values (``decode_op``)
         o, lse = decode_op(query, key_cache, value_cache, cache_seqlens, block_table, call.scale, call.num_splits,
-                           call.mask.left, call.mask.right, call.softcap, pick_backend(query))  # fmt: skip
+                           call.mask.left, call.mask.right, call.softcap, pick_backend(query), sinks)  # fmt: skip
         return (o, lse) if call.return_lse else o
     if cache_seqlens is not None or block_table is not None:  # their values: one copy to the host
         check_decode_values(call.shape, cache_seqlens, block_table)
+    if sinks is not None:  # no NaN, no +inf: read once until the tensor is written to
+        check_sink_values(sinks)
     if pick_backend(query) == "triton":  # the dispatch of flashtile.attention, use_backend included
         # no autograd and no autocast to switch off: the kernels record nothing and choose their own precision
         plan = call.plans.kernels
@@ -84,16 +100,16 @@ def run_decode(query, key_cache, value_cache, cache_seqlens, block_table, *, sca
             plan = call.plans.kernels = plan_decode(
                 query, key_cache, value_cache, cache_seqlens, block_table, shape=call.shape, scale=call.scale,
                 mask=call.mask, softcap=call.softcap, num_splits=call.num_splits, store_lse=call.return_lse,
-                o_like_q=False,
+                o_like_q=False, sinks=sinks,
             )  # fmt: skip
-        o, lse = plan.run(query, key_cache, value_cache, cache_seqlens, block_table)
+        o, lse = plan.run(query, key_cache, value_cache, cache_seqlens, block_table, sinks)
         return (o, lse) if call.return_lse else o
     from ..reference.decode import decode_attention_reference
 
     with torch.no_grad(), no_autocast(query.device.type):  # inference only; the tiers choose their precision
         o, lse = decode_attention_reference(query, key_cache, value_cache, cache_seqlens, scale=call.scale,
                                             num_splits=call.num_splits, block_table=block_table,
-                                            window=call.mask.window, softcap=call.softcap)  # fmt: skip
+                                            window=call.mask.window, softcap=call.softcap, sinks=sinks)  # fmt: skip
     return (o, lse) if call.return_lse else o
 
 
@@ -101,13 +117,14 @@ def run_decode(query, key_cache, value_cache, cache_seqlens, block_table, *, sca
 def decode_op(
     query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, cache_seqlens: torch.Tensor | None,
     block_table: torch.Tensor | None, scale: float, num_splits: int | None, window_left: int, window_right: int,
-    softcap: float | None, backend: str,
+    softcap: float | None, backend: str, sinks: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(o, lse) of ``decode_attention`` as one node of a torch.compile graph: what the graph runs is the eager
-    call, on the tier chosen at trace time, so the values of cache_seqlens and block_table are checked where
-    they exist, at run time (tracing them would guard on data: torch's data-dependent error under fullgraph)."""
+    call, on the tier chosen at trace time, so the values of cache_seqlens, block_table and sinks are checked
+    where they exist, at run time (tracing them would guard on data: torch's data-dependent error under
+    fullgraph). sinks, None or (H,), last."""
     with use_backend(backend):
-        o, lse = run_decode(query, key_cache, value_cache, cache_seqlens, block_table, scale=scale,
+        o, lse = run_decode(query, key_cache, value_cache, cache_seqlens, block_table, sinks, scale=scale,
                             num_splits=num_splits, return_lse=True, window=(window_left, window_right),
                             softcap=softcap)  # fmt: skip
     return o.contiguous(), lse.contiguous()
@@ -115,5 +132,5 @@ def decode_op(
 
 @decode_op.register_fake
 def _(query, key_cache, value_cache, cache_seqlens, block_table, scale, num_splits, window_left, window_right, softcap,
-      backend):  # fmt: skip
-    return query.new_empty(query.shape), query.new_empty(query.shape[:-1], dtype=stats_dtype(query.dtype))
+      backend, sinks=None):  # fmt: skip
+    return _empty_outputs(query, value_cache.shape[-1])

@@ -13,7 +13,14 @@ order and grouping; in floating point the orders differ only by rounding. The Tr
 ``flashtile.kernels.decode`` compute the same slices (``split_bounds``) with the same names.
 
 The cache is either contiguous, (B, H_kv, T_max, D), or paged, (num_pages, H_kv, page_size, D) with
-a block table; ``gather_pages`` turns one paged sequence into the contiguous keys it stands for.
+a block table; ``gather_pages`` turns one paged sequence into the contiguous keys it stands for. The
+values may be narrower or wider than the keys (d_v != d_qk): the slices' scores contract over d_qk,
+their partials o_s and the output are d_v wide.
+
+Attention sinks (``reference.sinks``, one logit per query head, no value) join every row's softmax
+once: the sink is the partial of one key whose value is zero, o = 0 and lse = sink, so the merge
+starts from it instead of from the empty state (o = 0, lse = -inf), and no slice sees it. Counted in
+each slice instead, it would be counted num_splits times.
 
 Which keys a new token sees is a band (``decode_band``): new token t of a sequence of ``length`` keys
 sits at position p_t = t + length - Tq (lower-right, per sequence) and sees key j iff
@@ -43,6 +50,7 @@ from .masks import window_band
 from .merge import merge_partials
 from .naive import expand_kv_heads
 from .online_softmax import lse_from_stats, safe_exp_diff
+from .sinks import check_sinks
 
 REFERENCE_BLOCK_K = 64  # the key tile the splits are counted in; any value gives the same answer
 MIN_KEYS_PER_SPLIT = 256  # a split reads at least this many keys, so the merge stays a small fraction
@@ -178,12 +186,13 @@ def attend_split(
     band=None,
     softcap=None,
 ):
-    """Partial (o_s, lse_s) of the new tokens q (H, Tq, D) over keys [k_start, k_end) of
-    one sequence.
+    """Partial (o_s, lse_s) of the new tokens q (H, Tq, d_qk) over keys [k_start, k_end)
+    of one sequence.
 
-    k, v: (H, length, D). New token t sees key j iff lo <= j - (t + length - Tq) <= hi
-    (``decode_band``; None: causal), so a slice may hide every key from a row: o_s = 0,
-    lse_s = -inf, which merges as nothing. A key or value the row does not see never
+    k: (H, length, d_qk), v: (H, length, d_v); o_s is (H, Tq, d_v). New token t sees
+    key j iff lo <= j - (t + length - Tq) <= hi (``decode_band``; None: causal), so a
+    slice may hide every key from a row: o_s = 0, lse_s = -inf, which merges as
+    nothing. A key or value the row does not see never
     reaches it (``forward.masked_pv``); lse_s is float64.
     """
     Tq = q.shape[-2]
@@ -205,7 +214,7 @@ def attend_split(
     # (H, Tq, keys); rows that see nothing give 0, not NaN
     p = safe_exp_diff(s, m[..., None])
     l = p.sum(dim=-1)
-    # (H, Tq, D); a hidden value never reaches a row
+    # (H, Tq, d_v); a hidden value never reaches a row
     acc = masked_pv(p.to(q.dtype), v[:, k_start:k_end], keep)
     empty = (l == 0)[..., None]
     o_s = torch.where(
@@ -217,7 +226,8 @@ def attend_split(
 
 
 def sequence_keys(key_cache, value_cache, b: int, length: int, block_table, H: int, dtype):
-    """Keys and values of sequence b, contiguous and expanded to the H query heads: (H, length, D) each."""
+    """Keys and values of sequence b, contiguous and expanded to the H query heads: (H, length, d_qk) and
+    (H, length, d_v)."""
     if block_table is None:
         k, v = key_cache[b, :, :length], value_cache[b, :, :length]
     else:
@@ -239,19 +249,21 @@ def decode_attention_reference(
     order=None,
     window=None,
     softcap=None,
+    sinks=None,
 ):
     """``flashtile.decode_attention`` on the reference tier: split, attend each slice,
-    merge.
+    merge, starting from the sinks.
 
     Arguments as in ``flashtile.decode_attention``; ``block_k`` is the tile the slices
     are counted in and ``order`` an optional permutation of range(num_splits), the order
-    the partials are merged in (to show that it does not matter). Returns (o, lse): o in
-    query's dtype, lse float32 (float64 for float64 inputs); 16-bit inputs are computed
-    in float32, like the kernels' accumulators.
+    the partials are merged in (to show that it does not matter). Returns (o, lse): o
+    (B, H, Tq, d_v) in query's dtype, lse float32 (float64 for float64 inputs); 16-bit
+    inputs are computed in float32, like the kernels' accumulators.
     """
     shape = check_decode_inputs(
         query, key_cache, value_cache, cache_seqlens, block_table
     )
+    check_sinks(sinks, shape, query)  # (H,), finite or -inf
     block_k = check_block("block_k", block_k)
     num_splits = check_num_splits(num_splits)
     softcap = check_softcap(softcap, query.dtype)
@@ -275,8 +287,17 @@ def decode_attention_reference(
             f"got {order}"
         )
 
-    o = torch.empty(query.shape, dtype=query.dtype, device=query.device)
+    o = torch.empty(
+        (*query.shape[:-1], shape.D_v), dtype=query.dtype, device=query.device
+    )
     lse = torch.empty(query.shape[:-1], dtype=c, device=query.device)
+    # where each row's merge starts: the sink, a partial with o = 0 and lse = sink,
+    # counted once; without sinks the empty state, lse = -inf
+    start = torch.full(
+        query.shape[1:-1], float("-inf"), dtype=torch.float64, device=query.device
+    )
+    if sinks is not None:
+        start = sinks.double()[:, None].expand_as(start)
     # ragged: each sequence has its own length and its own slices
     for b, length in enumerate(lengths):
         k, v = sequence_keys(key_cache, value_cache, b, length, block_table, shape.H, c)
@@ -284,12 +305,9 @@ def decode_attention_reference(
         # the keys some new token sees: no other tile is read
         first, end = decode_keys(length, shape.Tq, band)
         bounds = split_bounds(end, num_splits, block_k, first)
-        # the empty state: o = 0, lse = -inf
-        o_b = torch.zeros(q.shape, dtype=c, device=q.device)
-        # rounded once, below
-        lse_b = torch.full(
-            q.shape[:-1], float("-inf"), dtype=torch.float64, device=q.device
-        )
+        # the start state: o = 0, lse = the sink (-inf without one); lse rounded once
+        o_b = torch.zeros(shape.H, shape.Tq, shape.D_v, dtype=c, device=q.device)
+        lse_b = start
         for split in order:
             o_s, lse_s = attend_split(
                 q, k, v, *bounds[split], length, scale, band, softcap
