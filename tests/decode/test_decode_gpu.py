@@ -148,3 +148,41 @@ def test_attention_routes_short_calls_to_the_decode_kernels_on_the_gpu(Tq, causa
     keep = definition_mask(Tq, 8192, None, causal, alignment)
     o_ref, _ = masked_truth(q.double().cpu(), k.double().cpu(), v.double().cpu(), keep)
     torch.testing.assert_close(o.double().cpu(), o_ref, atol=2e-2, rtol=2e-2)
+
+
+# --- attention sinks and a value head dim of its own ------------------------------------------------------------
+
+SINKS_AND_HEAD_DIMS = {  # name: (B, H, H_kv, Tq, T_max, lengths, page_size, window, softcap, d_qk, d_v, num_splits)
+    "gpt-oss-window-paged": (2, 64, 8, 1, 8192, [8192, 3000], 16, (127, 0), None, 64, 64, None),
+    "mla-192-128-ragged": (2, 16, 2, 4, 8192, [8192, 4100], None, None, None, 192, 128, None),
+    "128-64-one-slice-cap": (3, 16, 2, 3, 4096, [4096, 3, 0], 256, None, 30.0, 128, 64, 1),
+    "64-128-many-slices": (1, 8, 1, 1, 32768, [32768], None, None, None, 64, 128, None),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
+@pytest.mark.parametrize("variant", list(SINKS_AND_HEAD_DIMS))
+def test_decode_with_sinks_and_unequal_head_dims_matches_the_float64_formula(variant, dtype):
+    """Sinks (one head's -inf) and d_v != d_qk at serving lengths: o against the float64 formula on the same
+    rounded inputs within what a 16-bit output costs at |o| ~ 1 (2e-2, as the windowed tests), lse within
+    1e-3; the sink counted once whether one slice or the merge holds it."""
+    from tests.decode._decode_cases import sink_decode_truth
+
+    B, H, H_kv, Tq, T_max, lengths, page_size, window, softcap, d_qk, d_v, num_splits = SINKS_AND_HEAD_DIMS[variant]
+    gen = torch.Generator(device="cuda").manual_seed(zlib.crc32(variant.encode()))
+    q = torch.randn(B, H, Tq, d_qk, generator=gen, device="cuda").to(dtype)
+    k = torch.randn(B, H_kv, T_max, d_qk, generator=gen, device="cuda").to(dtype)
+    v = torch.randn(B, H_kv, T_max, d_v, generator=gen, device="cuda").to(dtype)
+    sinks = torch.randn(H, generator=gen, device="cuda") * 2 + 1
+    sinks[0] = float("-inf")
+    seqlens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    options = dict(window=window, softcap=softcap, num_splits=num_splits, sinks=sinks, return_lse=True)
+    if page_size is None:
+        o, lse = decode_attention(q, k, v, seqlens, **options)
+    else:
+        k_pages, v_pages, table = (t.cuda() for t in to_pages(k.cpu(), v.cpu(), page_size, lengths))
+        o, lse = decode_attention(q, k_pages, v_pages, seqlens, block_table=table, **options)
+    assert o.shape == (B, H, Tq, d_v) and o.dtype == dtype
+    o_ref, lse_ref = sink_decode_truth(q, k, v, lengths, window=window, softcap=softcap, sinks=sinks.cpu())
+    torch.testing.assert_close(o.double().cpu(), o_ref, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(lse.double().cpu(), lse_ref, atol=1e-3, rtol=1e-4)
