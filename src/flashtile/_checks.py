@@ -37,7 +37,8 @@ FLOAT32_MAX = torch.finfo(torch.float32).max
 
 
 class AttentionShape(NamedTuple):
-    """Sizes of one attention call: q is (B, H, Tq, D), k and v are (B, H_kv, Tk, D)."""
+    """Sizes of one attention call: q and k are (B, H, Tq, D) and (B, H_kv, Tk, D), v (B, H_kv, Tk, d_v), where
+    the callers that take a value head dim of its own read d_v from v (``check_attention_inputs``)."""
 
     B: int
     H: int
@@ -101,10 +102,14 @@ def check_same(name: str, x: torch.Tensor, ref_name: str, ref: torch.Tensor) -> 
         raise ValueError(f"{name} is on {x.device} but {ref_name} is on {ref.device}; they must match")
 
 
-def check_attention_inputs(q, k, v, *, dtypes=FLOAT_DTYPES, names=("q", "k", "v")) -> AttentionShape:
+def check_attention_inputs(q, k, v, *, dtypes=FLOAT_DTYPES, names=("q", "k", "v"),
+                           unequal_head_dims: bool = False) -> AttentionShape:  # fmt: skip
     """Validate q (B, H, Tq, D), k and v (B, H_kv, Tk, D) and return their sizes.
 
     ``names`` are the argument names the caller's users see (SDPA-style APIs say query, key, value).
+    ``unequal_head_dims``: v may have a head dim d_v of its own, 1 to ``MAX_HEAD_DIM`` (``check_value``),
+    for the callers whose every tier takes one (``flashtile.attention`` and the kernels below it); the
+    others keep v's shape equal to k's. D in the returned sizes is always q's and k's head dim, d_qk.
     """
     nq, nk, nv = names
     check_tensor(nq, q, rank=4, dtypes=dtypes)
@@ -114,11 +119,12 @@ def check_attention_inputs(q, k, v, *, dtypes=FLOAT_DTYPES, names=("q", "k", "v"
     check_same(nv, v, nq, q)
     for name, t in ((nq, q), (nk, k), (nv, v)):
         check_values_in_memory(name, t)
-        if t.numel() == 0:
+        # with a head dim of its own, v's d_v of 0 is a head dim out of range (``check_value``, below)
+        if t.numel() == 0 and not (unequal_head_dims and t is v and v.shape[-1] == 0):
             raise ValueError(f"{name} is empty (shape {tuple(t.shape)}); every dimension must be at least 1")
     B, H, Tq, D = q.shape
     Bk, H_kv, Tk, Dk = k.shape
-    if tuple(v.shape) != tuple(k.shape):
+    if not unequal_head_dims and tuple(v.shape) != tuple(k.shape):
         raise ValueError(f"{nv} must have the same shape as {nk} {tuple(k.shape)}, got {tuple(v.shape)}")
     if Bk != B:
         raise ValueError(f"{nk} has batch size {Bk} but {nq} has {B}; the batch dimension (dim 0) must match")
@@ -129,6 +135,8 @@ def check_attention_inputs(q, k, v, *, dtypes=FLOAT_DTYPES, names=("q", "k", "v"
             f"{nq} has head dim {D}; flashtile supports head dims 1 to {MAX_HEAD_DIM} on every tier (the kernels "
             f"keep a row of the head dim in registers); split the heads or use torch's scaled_dot_product_attention"
         )
+    if unequal_head_dims:
+        check_value(v, k, names=(nk, nv), dims=("batch size", "key/value heads", "length"))
     if H % H_kv != 0:
         raise ValueError(
             f"{nq} has {H} heads but {nk} and {nv} have {H_kv}; the number of query heads must be a multiple of "
@@ -137,13 +145,40 @@ def check_attention_inputs(q, k, v, *, dtypes=FLOAT_DTYPES, names=("q", "k", "v"
     return AttentionShape(B, H, H_kv, Tq, Tk, D)
 
 
-def check_like(name: str, x, ref_name: str, ref: torch.Tensor) -> torch.Tensor:
-    """x must be a tensor with exactly ref's shape, dtype and device (o, do, ...)."""
+def check_value(v: torch.Tensor, k: torch.Tensor, *, names: tuple[str, str], dims: tuple[str, ...]) -> int:
+    """v matches k in every dim but the last, its head dim d_v, which lies in 1 .. ``MAX_HEAD_DIM``; returns d_v.
+
+    ``dims`` names k's dims before the head dim, for the message (d_qk and d_v are free to differ: q . k
+    contracts over d_qk, and o takes v's d_v)."""
+    nk, nv = names
+    d_v = v.shape[-1]
+    if not 1 <= d_v <= MAX_HEAD_DIM:
+        raise ValueError(
+            f"{nv} has head dim d_v = {d_v}; flashtile supports value head dims 1 to {MAX_HEAD_DIM} on every tier "
+            "(the kernels keep a row of it in registers)"
+        )
+    for dim, what in enumerate(dims):
+        if v.shape[dim] != k.shape[dim]:
+            raise ValueError(
+                f"{nv} must have the same shape as {nk} {tuple(k.shape)} in every dim but the last (its head dim "
+                f"may differ), got {tuple(v.shape)}: {nv} has {what} {v.shape[dim]} (dim {dim}), {nk} "
+                f"{k.shape[dim]}"
+            )
+    return d_v
+
+
+def check_like(name: str, x, ref_name: str, ref: torch.Tensor, head_dim: int | None = None) -> torch.Tensor:
+    """x must be a tensor with exactly ref's shape, dtype and device (o, do, ...); with ``head_dim``, ref's
+    shape with that last dim (o and do of a call whose value head dim d_v differs from q's)."""
     check_tensor(name, x, dtypes=None)
     check_same(name, x, ref_name, ref)
     check_values_in_memory(name, x)
-    if tuple(x.shape) != tuple(ref.shape):
-        raise ValueError(f"{name} must have shape {tuple(ref.shape)} like {ref_name}, got {tuple(x.shape)}")
+    if head_dim is None or head_dim == ref.shape[-1]:
+        if tuple(x.shape) != tuple(ref.shape):
+            raise ValueError(f"{name} must have shape {tuple(ref.shape)} like {ref_name}, got {tuple(x.shape)}")
+    elif tuple(x.shape) != (*ref.shape[:-1], head_dim):
+        raise ValueError(f"{name} must have shape {(*ref.shape[:-1], head_dim)}, {ref_name}'s with v's head dim "
+                         f"d_v = {head_dim}, got {tuple(x.shape)}")
     return x
 
 
@@ -499,25 +534,25 @@ def check_cu_seqlens(name: str, cu_seqlens, total: int, device) -> list[int]:
 
 
 def check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, *, names=("q", "k", "v")):
-    """Packed documents: q (total_q, H, D), k and v (total_k, H_kv, D), and their cumulative lengths
-    (one entry more than there are documents, the same number for queries and keys). Returns
-    (H, H_kv, D, documents) with documents a list of ((q_start, q_end), (k_start, k_end))."""
+    """Packed documents: q (total_q, H, D), k (total_k, H_kv, D) and v (total_k, H_kv, d_v), d_v from 1 to
+    ``MAX_HEAD_DIM`` (``check_value``), and their cumulative lengths (one entry more than there are
+    documents, the same number for queries and keys). Returns (H, H_kv, D, documents) with documents a
+    list of ((q_start, q_end), (k_start, k_end)); d_v is v.shape[2]."""
     nq, nk, nv = names
     for name, t in ((nq, q), (nk, k), (nv, v)):
         check_tensor(name, t, rank=3)
         check_values_in_memory(name, t)
-        if t.numel() == 0:
+        if t.numel() == 0 and not (t is v and v.shape[-1] == 0):  # a d_v of 0: ``check_value``, below
             raise ValueError(f"{name} is empty (shape {tuple(t.shape)}); every dimension must be at least 1")
     check_same(nk, k, nq, q)
     check_same(nv, v, nq, q)
     total_q, H, D = q.shape
     total_k, H_kv, Dk = k.shape
-    if tuple(v.shape) != tuple(k.shape):
-        raise ValueError(f"{nv} must have the same shape as {nk} {tuple(k.shape)}, got {tuple(v.shape)}")
     if Dk != D:
         raise ValueError(f"{nk} has head dim {Dk} but {nq} has {D}; the head dim (dim 2) must match")
     if D > MAX_HEAD_DIM:
         raise ValueError(f"{nq} has head dim {D}; flashtile supports head dims 1 to {MAX_HEAD_DIM} on every tier")
+    check_value(v, k, names=(nk, nv), dims=("tokens", "key/value heads"))
     if H % H_kv != 0:
         raise ValueError(f"{nq} has {H} heads but {nk} and {nv} have {H_kv}; the number of query heads must be a "
                          "multiple of the number of key/value heads (GQA/MQA)")

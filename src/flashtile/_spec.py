@@ -38,6 +38,7 @@ from ._checks import (
     check_window,
     resolve_scale,
 )
+from ._layouts import contiguous_strides, strides_like
 
 
 class MaskBand(NamedTuple):
@@ -114,3 +115,21 @@ def spec_from_op(q: torch.Tensor, k: torch.Tensor, *, scale: float, alignment: s
 def op_arguments(spec: AttentionSpec) -> tuple:
     """The spec as a custom op's arguments after the tensors: scale, alignment, the band's two ints, softcap."""
     return spec.scale, spec.mask.alignment, spec.mask.left, spec.mask.right, spec.softcap
+
+
+def output_strides(q: torch.Tensor, d_v: int) -> tuple:
+    """The strides of o, (..., d_v) of q's other sizes, laid out as q is where q is dense (``_layouts.strides_like``:
+    a model's (B, H, T, D) view of (B, T, H, D) gives o that view too), contiguous otherwise. With d_v = q's head
+    dim they are ``strides_like(q)``; with another d_v, o's dims are stacked in the order of q's strides, so
+    that the fake implementations and every tier allocate the same layout."""
+    strides = strides_like(q)
+    if q.shape[-1] == d_v:
+        return strides
+    shape = (*q.shape[:-1], d_v)
+    if strides == contiguous_strides(q.shape):
+        return contiguous_strides(shape)
+    out, step = [0] * q.dim(), 1
+    for dim in sorted(range(q.dim()), key=lambda i: (strides[i], -i)):  # innermost first; ties: the later dim
+        out[dim] = step
+        step *= max(shape[dim], 1)
+    return tuple(out)

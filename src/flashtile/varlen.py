@@ -18,7 +18,8 @@ The forward and the backward are two custom ops, ``flashtile::attention_varlen_f
 host, dwarfs the dispatcher's). The checks read cu_seqlens on the host: under ``torch.compile`` that is a
 graph break before the op, by design.
 
-Supported: GQA (H a multiple of H_kv, always on, as in FlashAttention-2's varlen function), empty
+Supported: GQA (H a multiple of H_kv, always on, as in FlashAttention-2's varlen function), a value head
+dim d_v of its own (o is d_v wide), attention sinks (``sinks``, as ``flashtile.attention`` takes them), empty
 documents, documents with queries but no keys (their rows: o = 0, lse = -inf, zero gradients), one
 reverse-mode backward. Not supported: double backward, forward-mode AD and ``torch.func`` transforms (each
 raises), dropout and arbitrary masks.
@@ -26,7 +27,9 @@ raises), dropout and arbitrary masks.
 
 from __future__ import annotations
 
-from ._checks import AttentionShape, check_max_seqlen, check_varlen_inputs, resolve_neg_bits
+import torch
+
+from ._checks import AttentionShape, check_max_seqlen, check_sink_values, check_varlen_inputs, resolve_neg_bits
 from ._dispatch.tiers import (
     autocast_inputs,
     autocast_on,
@@ -55,12 +58,14 @@ def attention_varlen(
     softcap=None,
     alignment="upper_left",
     return_lse=False,
+    sinks=None,
 ):
     """Softmax attention within each packed document, differentiable, on (total_tokens, H, D) tensors.
 
     Args:
-        query: (total_q, H, D); key, value: (total_k, H_kv, D), H a multiple of H_kv, 1 <= D <= 256. fp16,
-            bf16, fp32, float64; any strides; CUDA or CPU (see the module docstring for which tier runs).
+        query: (total_q, H, D); key: (total_k, H_kv, D); value: (total_k, H_kv, d_v), H a multiple of H_kv,
+            1 <= D, d_v <= 256. fp16, bf16, fp32, float64; any strides; CUDA or CPU (see the module docstring
+            for which tier runs). scale defaults to 1/sqrt(D).
         cu_seqlens_q, cu_seqlens_k: int32 1-D tensors on the tokens' device, [0, n_1, n_1 + n_2, ..., total],
             non-decreasing, the same number of entries: document d owns queries cu_seqlens_q[d] ..
             cu_seqlens_q[d + 1] - 1 and keys cu_seqlens_k[d] .. cu_seqlens_k[d + 1] - 1.
@@ -70,13 +75,17 @@ def attention_varlen(
         is_causal, scale, window, softcap, alignment: as ``flashtile.attention``, applied to each document on
             its own (its own Tq and Tk, so with "lower_right" each document's last query sees its last key).
         return_lse: also return lse (H, total_q), natural log, float32 (float64 for float64 inputs), as
-            FlashAttention-2's varlen function lays it out; it carries no gradient.
+            FlashAttention-2's varlen function lays it out; it carries no gradient. With sinks, the log of
+            the whole normaliser, e^sink included.
+        sinks: None or (H,), as ``flashtile.attention`` takes them: one logit per query head that joins every
+            row's softmax, in every document, with a value of zero; float32 or query's dtype, finite or -inf
+            (no sink); differentiable.
 
     Returns:
-        o (total_q, H, D) in query's dtype, contiguous; or (o, lse) if return_lse. A query of a document
-        without keys gets o = 0 and lse = -inf.
+        o (total_q, H, d_v) in query's dtype, contiguous; or (o, lse) if return_lse. A query of a document
+        without keys gets o = 0 and lse = -inf (its head's sink, with sinks).
     """
-    query, key, value = resolve_neg_bits(query, key, value)
+    query, key, value, sinks = resolve_neg_bits(query, key, value, sinks)
     H, _, D, documents = check_varlen_inputs(query, key, value, cu_seqlens_q, cu_seqlens_k,
                                              names=("query", "key", "value"))  # fmt: skip
     # max_seqlen must bound the documents (as FlashAttention-2's varlen function requires); a larger bound is
@@ -88,7 +97,9 @@ def attention_varlen(
     check_max_seqlen("max_seqlen_k", max_seqlen_k, longest_k)
     spec = check_spec(AttentionShape(1, H, key.shape[1], query.shape[0], key.shape[0], D), query.dtype,
                       causal=is_causal, scale=scale, alignment=alignment, window=window, softcap=softcap,
-                      return_lse=return_lse)  # fmt: skip
+                      return_lse=return_lse, sinks=sinks, device=query.device)  # fmt: skip
+    if sinks is not None and not torch.compiler.is_compiling():  # the layout is checked; now the values
+        check_sink_values(sinks)
     # the band's sides clamped to the longest document: the same keys, and no int32 overflow in the kernels
     mask = clamp_band(spec.mask, max(longest_q, longest_k))
     refuse_unsupported_autograd_modes()
@@ -99,7 +110,7 @@ def attention_varlen(
     with no_autocast(device):  # the tiers choose their own precision
         o, lse, _stats = attention_varlen_fwd(query, key, value, cu_seqlens_q, cu_seqlens_k, longest_q, longest_k,
                                               spec.scale, mask.alignment, mask.left, mask.right, spec.softcap,
-                                              backend)  # fmt: skip
+                                              backend, sinks)  # fmt: skip
     return (o, lse) if spec.return_lse else o
 
 

@@ -93,7 +93,8 @@ def forward_assuming_contiguous_strides(q, k, v, causal=False, alignment="upper_
         *contiguous_strides(q), *contiguous_strides(k), *contiguous_strides(v), *o.stride(),
         H, H // H_kv, Tq, Tk, diagonal_offset(Tq, Tk, alignment), units.qk_scale, B * H * Tq, 1,
         0, 0, units.unit, 1.0,  # band_lo, band_hi, unit, softcap: no window, no cap (BAND, SOFTCAP off)
-        HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D), BLOCK_Q=16, BLOCK_K=16, CAUSAL=causal, SIGN=units.sign,
+        HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D), HEAD_DIM_V=D, HEAD_DIM_V_PAD=head_dim_pad(D), BLOCK_Q=16,
+        BLOCK_K=16, CAUSAL=causal, SIGN=units.sign,
         USE_TMA=False, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         INTERPRETED=q.device.type == "cpu", HEAVIEST_FIRST=False, MASKED_TILES=True, BAND=False, SOFTCAP=False,
     )

@@ -49,8 +49,9 @@ def spills(kernel):
 out = {"ptx": {}, "stats": []}
 for D in (64, 128):
     config = backward.backward_config(D, torch.bfloat16, 8192)  # the settings from 1k tokens on
-    common = dict(CAUSAL=True, HEAD_DIM=D, HEAD_DIM_PAD=D, SIGN=1, DOT_PRECISION="tf32", WIDE=False, USE_TMA=False,
-                  BAND=False, SOFTCAP=False)  # no window, no cap: the switches compile out
+    common = dict(CAUSAL=True, HEAD_DIM=D, HEAD_DIM_PAD=D, HEAD_DIM_V=D, HEAD_DIM_V_PAD=D, SIGN=1,
+                  DOT_PRECISION="tf32", WIDE=False, USE_TMA=False, BAND=False,
+                  SOFTCAP=False)  # no window, no cap: the switches compile out
     for atomic in (False, True):
         dkdv = backward.backward_config(D, torch.bfloat16, 8192, atomic_dq=atomic, work=0)["dkdv"]  # pointers
         bq, bk, warps, stages = dkdv
@@ -80,12 +81,25 @@ for D in (64, 128, 256):  # the atomic mode through TMA: each dQ share one bulk 
     bq, bk, warps, stages = backward.backward_config(D, torch.bfloat16, 8192, atomic_dq=True)["dkdv"]
     tile = f"[1, 1, {bq}, {D}]>"
     POINTERS.update(Q=f"tensordesc<bf16{tile}", DO=f"tensordesc<bf16{tile}", DQ_ACC=f"tensordesc<fp32{tile}")
-    kernel = like_a_launch(backward.backward_dkdv_kernel, dict(common, HEAD_DIM=D, HEAD_DIM_PAD=D, BLOCK_Q=bq,
+    kernel = like_a_launch(backward.backward_dkdv_kernel, dict(common, HEAD_DIM=D, HEAD_DIM_PAD=D, HEAD_DIM_V=D,
+                           HEAD_DIM_V_PAD=D, BLOCK_Q=bq,
                            BLOCK_K=bk, ATOMIC_DQ=True, INTERPRETED=False, USE_TMA=True, SPLIT=1, DQ_REDUCE=True),
                            warps, stages)
     out["ptx"][f"bulk_{D}"] = kernel.asm["ptx"]
     out["stats"].append(["dkdv_bulk", D, (bq, bk, warps, stages), *spills(kernel), kernel.metadata.shared])
 POINTERS.update(Q="*bf16", DO="*bf16", DQ_ACC="*fp32")
+for d_qk, d_v in ((192, 128), (128, 64)):  # unequal head dims, at the settings of the wider one (backward_config)
+    config = backward.backward_config(max(d_qk, d_v), torch.bfloat16, 8192, work=0)  # pointers
+    pads = dict(HEAD_DIM=d_qk, HEAD_DIM_PAD=1 << (d_qk - 1).bit_length(), HEAD_DIM_V=d_v, HEAD_DIM_V_PAD=d_v)
+    bq, bk, warps, stages = config["dkdv"]
+    kernel = like_a_launch(backward.backward_dkdv_kernel, dict(common, **pads, BLOCK_Q=bq, BLOCK_K=bk, ATOMIC_DQ=False,
+                           INTERPRETED=False, SPLIT=1), warps, stages)
+    out["ptx"][f"dkdv_{d_qk}_{d_v}"] = kernel.asm["ptx"]
+    out["stats"].append([f"dkdv {d_qk}/{d_v}", d_qk, config["dkdv"], *spills(kernel), kernel.metadata.shared])
+    bq, bk, warps, stages = config["dq"]
+    kernel = like_a_launch(backward.backward_dq_kernel, dict(common, **pads, BLOCK_Q=bq, BLOCK_K=bk), warps, stages)
+    out["ptx"][f"dq_{d_qk}_{d_v}"] = kernel.asm["ptx"]
+    out["stats"].append([f"dq {d_qk}/{d_v}", d_qk, config["dq"], *spills(kernel), kernel.metadata.shared])
 print(json.dumps(out))
 """
 register("backward", BODY)
@@ -141,3 +155,13 @@ def test_tma_loads_free_the_registers_that_tiles_of_pointers_hold(sm90):
     for D in (64, 128):
         assert stats["dkdv_tma", D][0] < stats["dkdv", D][0], (D, stats["dkdv_tma", D], stats["dkdv", D])
         assert stats["dq_tma", D][1] <= stats["dq", D][1], (D, stats["dq_tma", D], stats["dq", D])
+
+
+@pytest.mark.parametrize("d_qk, d_v", [(192, 128), (128, 64)])
+def test_unequal_head_dims_compile_both_kernels_to_wgmma_at_the_wider_dims_settings(sm90, d_qk, d_v):
+    """The dK/dV and dQ kernels with q, k d_qk wide and v, do d_v wide, at ``backward_config``'s settings for
+    max(d_qk, d_v): their matmuls still lower to wgmma; their spills and shared memory are held to the limits
+    of the test above, which takes their stats too."""
+    for kernel in ("dkdv", "dq"):
+        assert "wgmma.mma_async" in sm90["ptx"][f"{kernel}_{d_qk}_{d_v}"], (kernel, d_qk, d_v)
+    assert {f"dkdv {d_qk}/{d_v}", f"dq {d_qk}/{d_v}"} <= {row[0] for row in sm90["stats"]}

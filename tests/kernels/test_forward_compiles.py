@@ -22,6 +22,7 @@ from tests._sm90 import compiled, register
 
 BODY = """
 import re, subprocess, tempfile
+import torch
 from flashtile.kernels import forward
 
 
@@ -42,7 +43,7 @@ for use_tma in (False, True):
     if use_tma:  # what mangle_type(TensorDescriptor(x, shape, strides, [1, 1, rows, D])) gives
         types.update(Q=f"tensordesc<bf16[1, 1, {BLOCK_Q}, {D}]>", K=f"tensordesc<bf16[1, 1, {BLOCK_K}, {D}]>",
                      V=f"tensordesc<bf16[1, 1, {BLOCK_K}, {D}]>")
-    constexprs = dict(HEAD_DIM=D, HEAD_DIM_PAD=D, BLOCK_Q=BLOCK_Q, BLOCK_K=BLOCK_K, CAUSAL=True, SIGN=1,
+    constexprs = dict(HEAD_DIM=D, HEAD_DIM_PAD=D, HEAD_DIM_V=D, HEAD_DIM_V_PAD=D, BLOCK_Q=BLOCK_Q, BLOCK_K=BLOCK_K, CAUSAL=True, SIGN=1,
                       USE_TMA=use_tma, DOT_PRECISION="tf32", INTERPRETED=False, BAND=False, SOFTCAP=False)
     kernel = sm90(forward._forward_kernel, types, constexprs, num_warps=8, num_stages=3)
     out["tma" if use_tma else "pointers"] = kernel.asm["ptx"]
@@ -51,6 +52,17 @@ for use_tma in (False, True):
         sink = sm90(forward._forward_kernel, dict(types, SINKS="*fp32"), dict(constexprs, SINK=True), num_warps=8,
                     num_stages=3)  # fmt: skip
         out["sink"], out["sink_spills"] = sink.asm["ptx"], spills(sink)
+# unequal head dims at the settings of the wider one (forward_config), and that one's equal-dims call beside them
+for d_qk, d_v in ((192, 128), (256, 256), (128, 64), (128, 128)):
+    config = forward.forward_config(max(d_qk, d_v), torch.bfloat16, causal=True, tma=False)
+    pad = 1 << (d_qk - 1).bit_length()
+    constexprs = dict(HEAD_DIM=d_qk, HEAD_DIM_PAD=pad, HEAD_DIM_V=d_v, HEAD_DIM_V_PAD=d_v, BLOCK_Q=config["block_q"],
+                      BLOCK_K=config["block_k"], CAUSAL=True, SIGN=1, USE_TMA=False, DOT_PRECISION="tf32",
+                      INTERPRETED=False, BAND=False, SOFTCAP=False)
+    kernel = sm90(forward._forward_kernel, pointers, constexprs, num_warps=config["num_warps"],
+                  num_stages=config["num_stages"], **({"maxnreg": config["maxnreg"]} if "maxnreg" in config else {}))
+    out[f"{d_qk}/{d_v}"] = kernel.asm["ptx"]
+    out[f"{d_qk}/{d_v} spills"], out[f"{d_qk}/{d_v} shared"] = spills(kernel), kernel.metadata.shared
 print(json.dumps(out))
 """
 register("forward", BODY)
@@ -82,3 +94,15 @@ def test_the_sink_start_state_compiles_to_wgmma_and_spills_no_more_than_without_
     assert "wgmma.mma_async" in sm90_ptx["sink"]
     assert sm90_ptx["sink"] != sm90_ptx["pointers"]  # a control: SINK=True compiled the start state in
     assert sm90_ptx["sink_spills"] <= sm90_ptx["spills"], (sm90_ptx["sink_spills"], sm90_ptx["spills"])
+
+
+@pytest.mark.parametrize("d_qk, d_v, wider", [(192, 128, 256), (128, 64, 128)])
+def test_unequal_head_dims_compile_to_wgmma_within_the_wider_dims_registers_and_shared_memory(sm90_ptx, d_qk, d_v,
+                                                                                              wider):  # fmt: skip
+    """q, k d_qk wide and v, acc, o d_v wide, at ``forward_config``'s settings for the wider dim (causal,
+    pointers): both dots still lower to wgmma, and the kernel spills no more and takes no more shared memory
+    than the equal-dims kernel of the wider dim at the same settings, whose speed was measured."""
+    key, equal = f"{d_qk}/{d_v}", f"{wider}/{wider}"
+    assert "wgmma.mma_async" in sm90_ptx[key]
+    assert sm90_ptx[f"{key} shared"] <= sm90_ptx[f"{equal} shared"], (sm90_ptx[f"{key} shared"], equal)
+    assert sm90_ptx[f"{key} spills"] <= sm90_ptx[f"{equal} spills"], (sm90_ptx[f"{key} spills"], equal)

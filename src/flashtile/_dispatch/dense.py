@@ -30,7 +30,7 @@ import torch
 from .._checks import MAX_NEW_TOKENS, check_attention_inputs, resolve_neg_bits, stats_dtype
 from .._layouts import empty_like_layout, strides_like
 from .._plans import cached_plan, layout_key
-from .._spec import AttentionSpec, check_spec, op_arguments, spec_from_op
+from .._spec import AttentionSpec, check_spec, op_arguments, output_strides, spec_from_op
 from .tiers import (
     PLAIN_TENSORS,
     REFERENCE_BLOCK,
@@ -56,7 +56,7 @@ def forward_impl(q, k, v, spec: AttentionSpec, backend: str, sinks=None):
     o, lse = flash_attention_forward(q, k, v, False, spec.scale, REFERENCE_BLOCK, REFERENCE_BLOCK, spec.mask.alignment,
                                      window=spec.mask.window, softcap=spec.softcap, sinks=sinks)  # fmt: skip
     # o laid out as q is, as the kernels give it (and as the fake says, whichever tier runs)
-    return empty_like_layout(o, strides_like(q)).copy_(o), lse.contiguous(), lse.new_empty((0,))
+    return empty_like_layout(o, output_strides(q, v.shape[-1])).copy_(o), lse.contiguous(), lse.new_empty((0,))
 
 
 def backward_impl(do, q, k, v, o, lse, stats, *, spec: AttentionSpec, backend: str, sinks=None):
@@ -84,10 +84,10 @@ def attention_fwd(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, alignment: str, window_left: int,
     window_right: int, softcap: float | None, backend: str, sinks: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(o, lse, stats): o (B, H, Tq, D) in q's dtype, laid out like q where q is dense (``_layouts.strides_like``),
-    contiguous otherwise; lse (B, H, Tq) float32 (float64 for float64), with sinks the log of the whole
-    normaliser, e^sink included; stats, what the backward needs besides lse: the kernels' final (m, l),
-    (2, B, H, Tq), or empty. The mask travels as its band's two sides around the alignment's diagonal,
+    """(o, lse, stats): o (B, H, Tq, d_v) in q's dtype (d_v, v's head dim, may differ from q's), laid out like q
+    where q is dense (``_spec.output_strides``), contiguous otherwise; lse (B, H, Tq) float32 (float64 for
+    float64), with sinks the log of the whole normaliser, e^sink included; stats, what the backward needs
+    besides lse: the kernels' final (m, l), (2, B, H, Tq), or empty. The mask travels as its band's two sides around the alignment's diagonal,
     -1 unbounded (``_spec.MaskBand``); sinks, None or (H,), last."""
     spec = spec_from_op(q, k, scale=scale, alignment=alignment, window_left=window_left, window_right=window_right,
                         softcap=softcap, sinks=sinks)  # fmt: skip
@@ -99,10 +99,11 @@ def attention_fwd(
 @attention_fwd.register_fake
 def _(q, k, v, scale, alignment, window_left, window_right, softcap, backend, sinks=None):
     # Only shapes, dtypes and devices: what torch.compile needs to trace past the op without running it.
-    B, H, Tq, D = q.shape
+    B, H, Tq, _ = q.shape
     c = stats_dtype(q.dtype)
     stats_shape = (2, B, H, Tq) if backend == "triton" else (0,)
-    return empty_like_layout(q, strides_like(q)), q.new_empty((B, H, Tq), dtype=c), q.new_empty(stats_shape, dtype=c)
+    o = q.new_empty_strided((B, H, Tq, v.shape[-1]), output_strides(q, v.shape[-1]))
+    return o, q.new_empty((B, H, Tq), dtype=c), q.new_empty(stats_shape, dtype=c)
 # --8<-- [end:forward_op]
 
 
@@ -273,7 +274,7 @@ class AttentionCall(NamedTuple):
 
     spec: AttentionSpec  # τ resolved (float64 or not is all it reads of the dtype; autocast never changes that)
     plans: KernelPlans
-    short: bool  # Tq <= 16: the decode kernels may run it (``decode_route``)
+    short: bool  # Tq <= 16 and one head dim for q, k and v: the decode kernels may run it (``decode_route``)
     plain: bool  # plain_inputs(query, key, value): their types and device are part of the key
 
 
@@ -281,13 +282,14 @@ def check_attention_call(query, key, value, *, is_causal, scale, enable_gqa, ali
                          softcap, sinks=None) -> AttentionCall:  # fmt: skip
     """Every check of ``flashtile.attention`` that reads only layouts and flags (of the sinks: their layout,
     not their values); raises on bad input."""
-    shape = check_attention_inputs(query, key, value, names=("query", "key", "value"))
+    shape = check_attention_inputs(query, key, value, names=("query", "key", "value"), unequal_head_dims=True)
     spec = check_spec(shape, query.dtype, causal=is_causal, scale=scale, alignment=alignment, window=window,
                       softcap=softcap, return_lse=return_lse, enable_gqa=enable_gqa, sinks=sinks,
                       device=query.device)  # fmt: skip
-    # a short call (a decode step, a speculative or chunked one) may run on the decode kernels
-    return AttentionCall(spec=spec, plans=KernelPlans(), short=shape.Tq <= MAX_NEW_TOKENS,
-                         plain=plain_inputs(query, key, value))  # fmt: skip
+    # a short call (a decode step, a speculative or chunked one) may run on the decode kernels, which take
+    # one head dim for q, k and v: a value head dim of its own keeps the forward kernel
+    short = shape.Tq <= MAX_NEW_TOKENS and value.shape[-1] == shape.D
+    return AttentionCall(spec=spec, plans=KernelPlans(), short=short, plain=plain_inputs(query, key, value))
 
 
 def call_key(query, key, value, flags: tuple, sinks=None) -> tuple | None:
@@ -357,8 +359,9 @@ def decode_route(q, k, v, call: AttentionCall, backend: str) -> bool:
     decode kernels split the keys across it. They take every mask ``attention`` has, as a band around
     the lower-right diagonal (``kernels.decode.plan_decode``: causal in either alignment, windows, no
     mask), GQA, any scale and the soft-cap. A call that needs a gradient keeps the forward kernel, whose
-    (m, l) the backward reads, and so does a call with sinks (``dispatch`` asks this only without them);
-    the reference tier is unchanged.
+    (m, l) the backward reads, and so do a call with sinks (``dispatch`` asks this only without them) and
+    a call whose value head dim differs from the query's (``call.short`` is False for it); the reference
+    tier is unchanged.
     Plain Python on the call's flags, so torch.compile traces it into the graph like the rest of the dispatch.
     """
     return call.short and backend == "triton" and not records_gradient(q, k, v)

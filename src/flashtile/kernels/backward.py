@@ -16,6 +16,10 @@ final (m, l) and the same raw dots u = (sign · q)·k, in the same units (``_hos
 score of a row then gives exactly 1 / l at any magnitude of the logits. Given only a natural-log lse (from
 elsewhere: a merge across devices, say), the backward uses m = lse / |τ| and l = 1, which is as exact as
 lse itself: its rounding, relative to |lse|, becomes an error in P of the same relative size times |lse|.
+
+Unequal head dims: q, k, dq and dk are HEAD_DIM = d_qk wide, v, o, do and dv HEAD_DIM_V = d_v wide, each
+padded to its own power of two (``cols`` and ``cols_v``): S = Q K^T, dQ and dK contract or carry d_qk,
+dP = dO V^T contracts over d_v, dV carries it, and delta = rowsum(dO * O) sums over it.
 """
 
 from __future__ import annotations
@@ -156,10 +160,11 @@ def load_masked(ptrs, row_ok, col_ok, MASK_ROWS: tl.constexpr, MASK_COLS: tl.con
 # --8<-- [start:dkdv]
 @triton.jit
 def dkdv_query_tiles(
-    dk, dv, k, v, Q, DO, M, L, DELTA, DQ_ACC, q_offsets, do_offsets, acc_offsets, rows0, cols, keys,
+    dk, dv, k, v, Q, DO, M, L, DELTA, DQ_ACC, q_offsets, do_offsets, acc_offsets, rows0, cols, cols_v, keys,
     stride_qt, stride_dot, first, end, jump_at, jump_by, Tq, Tk, offset, scale, qk_scale, b, h,
     band_lo, band_hi, unit, softcap,
-    BLOCK_Q: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, MASKED: tl.constexpr,
+    BLOCK_Q: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+    HEAD_DIM_V_PAD: tl.constexpr, MASKED: tl.constexpr,
     CAUSAL: tl.constexpr, SIGN: tl.constexpr, DOT_PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr,
     INTERPRETED: tl.constexpr, USE_TMA: tl.constexpr, BAND: tl.constexpr = False, SOFTCAP: tl.constexpr = False,
     DQ_REDUCE: tl.constexpr = False,
@@ -173,9 +178,11 @@ def dkdv_query_tiles(
     compile-time switch: the tiles on the causal diagonal or past Tq or Tk pay for the mask, the
     interior tiles load and compute without one.
 
-    With USE_TMA, Q and DO are tensor descriptors of the whole (B, H, Tq, D) tensors and the copy engine
-    fetches each (BLOCK_Q, HEAD_DIM_PAD) tile by its coordinates (b, h, q_start, 0), with zeros past Tq
-    and HEAD_DIM: no tile of pointers is computed or kept in registers, and no load needs a mask.
+    With USE_TMA, Q and DO are tensor descriptors of the whole (B, H, Tq, D) and (B, H, Tq, d_v) tensors
+    and the copy engine fetches each (BLOCK_Q, HEAD_DIM_PAD) or (BLOCK_Q, HEAD_DIM_V_PAD) tile by its
+    coordinates (b, h, q_start, 0), with zeros past Tq and the head dim: no tile of pointers is computed or
+    kept in registers, and no load needs a mask. cols are the columns of q and k (d_qk), cols_v those of
+    v and dO (d_v).
 
     BAND masks with the window's band instead of the causal bound (``visible``); SOFTCAP rebuilds P from
     the capped scores, as the forward did, and multiplies dS by the cap's derivative 1 - tanh^2.
@@ -186,12 +193,12 @@ def dkdv_query_tiles(
         rows = q_start + rows0
         if USE_TMA:
             qT = tl.trans(Q.load([b, h, q_start, 0]).reshape(BLOCK_Q, HEAD_DIM_PAD))  # a view of the tile
-            do = DO.load([b, h, q_start, 0]).reshape(BLOCK_Q, HEAD_DIM_PAD)
+            do = DO.load([b, h, q_start, 0]).reshape(BLOCK_Q, HEAD_DIM_V_PAD)
         else:
             qT = load_masked(Q + q_start.to(tl.int64) * stride_qt + q_offsets, rows[None, :] < Tq,
                              cols[:, None] < HEAD_DIM, MASKED, HEAD_DIM != HEAD_DIM_PAD)  # fmt: skip
             do = load_masked(DO + q_start.to(tl.int64) * stride_dot + do_offsets, rows[:, None] < Tq,
-                             cols[None, :] < HEAD_DIM, MASKED, HEAD_DIM != HEAD_DIM_PAD)  # fmt: skip
+                             cols_v[None, :] < HEAD_DIM_V, MASKED, HEAD_DIM_V != HEAD_DIM_V_PAD)  # fmt: skip
         qT = apply_sign(qT, SIGN)  # sign(τ) · q, as in the forward
         m, log2_l, delta = load_row_terms(M, L, DELTA, rows, Tq, MASKED)
         lhs, rhs = k, qT  # uT = K Q^T: the forward's raw dots, transposed; the same sums on the GPU
@@ -238,7 +245,8 @@ def backward_dkdv_kernel(
     stride_dvb, stride_dvh, stride_dvt, stride_dvd,
     H, H_kv, Tq, Tk, n_rows, unit, scale, qk_scale, offset, chunk, band_lo, band_hi, softcap,
     CAUSAL: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, HEAD_DIM: tl.constexpr,
-    HEAD_DIM_PAD: tl.constexpr, SIGN: tl.constexpr, DOT_PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr, SIGN: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr,
     WIDE: tl.constexpr, INTERPRETED: tl.constexpr, USE_TMA: tl.constexpr,
     SPLIT: tl.constexpr, HEAVIEST_FIRST: tl.constexpr, BAND: tl.constexpr, SOFTCAP: tl.constexpr,
     CU_Q=None, CU_K=None, ORDER=None, VARLEN: tl.constexpr = False, DQ_REDUCE: tl.constexpr = False,
@@ -282,19 +290,20 @@ def backward_dkdv_kernel(
     first_head = (plane % SPLIT) * (group // SPLIT)  # this program's share of the group: all of it unless SPLIT
     keys = k_start + tl.arange(0, BLOCK_K)
     rows0 = tl.arange(0, BLOCK_Q)
-    cols = tl.arange(0, HEAD_DIM_PAD)
-    key_ok, col_ok = keys[:, None] < Tk, cols[None, :] < HEAD_DIM
+    cols = tl.arange(0, HEAD_DIM_PAD)  # of q, k, dq, dk: d_qk
+    cols_v = tl.arange(0, HEAD_DIM_V_PAD)  # of v, do, dv: d_v
+    key_ok, col_ok, col_v_ok = keys[:, None] < Tk, cols[None, :] < HEAD_DIM, cols_v[None, :] < HEAD_DIM_V
     k_offsets = tile_offsets(keys[:, None] - k_start, cols[None, :], stride_kt, stride_kd, WIDE)
-    v_offsets = tile_offsets(keys[:, None] - k_start, cols[None, :], stride_vt, stride_vd, WIDE)
+    v_offsets = tile_offsets(keys[:, None] - k_start, cols_v[None, :], stride_vt, stride_vd, WIDE)
     k_tile = load_masked(K + b * stride_kb + h_kv * stride_kh + k_start.to(tl.int64) * stride_kt + k_offsets,
                          key_ok, col_ok, True, HEAD_DIM != HEAD_DIM_PAD)  # fmt: skip
     v_tile = load_masked(V + b * stride_vb + h_kv * stride_vh + k_start.to(tl.int64) * stride_vt + v_offsets,
-                         key_ok, col_ok, True, HEAD_DIM != HEAD_DIM_PAD)  # fmt: skip
+                         key_ok, col_v_ok, True, HEAD_DIM_V != HEAD_DIM_V_PAD)  # fmt: skip
     q_offsets = tile_offsets(rows0[None, :], cols[:, None], stride_qt, stride_qd, WIDE)  # qT: (HEAD_DIM_PAD, BLOCK_Q)
-    do_offsets = tile_offsets(rows0[:, None], cols[None, :], stride_dot, stride_dod, WIDE)
+    do_offsets = tile_offsets(rows0[:, None], cols_v[None, :], stride_dot, stride_dod, WIDE)
     acc_offsets = rows0[:, None] * HEAD_DIM_PAD + cols[None, :]  # DQ_ACC: contiguous along the head dim
     dk = tl.zeros((BLOCK_K, HEAD_DIM_PAD), dtype=tl.float32)  # lives in registers for the whole program
-    dv = tl.zeros((BLOCK_K, HEAD_DIM_PAD), dtype=tl.float32)
+    dv = tl.zeros((BLOCK_K, HEAD_DIM_V_PAD), dtype=tl.float32)
     # Query tiles [lo, mid) straddle the diagonal, [mid, hi) see every key of this tile, [hi, n) hold rows
     # past Tq. The masked body is compiled once, for both masked runs: each copy of it costs registers.
     n = tl.cdiv(Tq, BLOCK_Q)
@@ -322,46 +331,50 @@ def backward_dkdv_kernel(
         acc_ptr = DQ_ACC if DQ_REDUCE else DQ_ACC + row_base * HEAD_DIM_PAD  # a descriptor: tiles by coordinates
         dk, dv = dkdv_query_tiles(  # the interior, unmasked
             dk, dv, k_tile, v_tile, q_ptr, do_ptr, m_ptr, l_ptr, delta_ptr, acc_ptr, q_offsets, do_offsets,
-            acc_offsets, rows0, cols, keys, stride_qt, stride_dot, mid, hi, hi, 0, Tq, Tk, offset,
+            acc_offsets, rows0, cols, cols_v, keys, stride_qt, stride_dot, mid, hi, hi, 0, Tq, Tk, offset,
             scale, qk_scale, b.to(tl.int32), h.to(tl.int32), band_lo, band_hi, unit, softcap, BLOCK_Q, HEAD_DIM,
-            HEAD_DIM_PAD, False, CAUSAL, SIGN, DOT_PRECISION, ATOMIC_DQ, INTERPRETED, USE_TMA, BAND, SOFTCAP, DQ_REDUCE,
+            HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, False, CAUSAL, SIGN, DOT_PRECISION, ATOMIC_DQ, INTERPRETED,
+            USE_TMA, BAND, SOFTCAP, DQ_REDUCE,
         )  # fmt: skip
         dk, dv = dkdv_query_tiles(  # one masked loop: the band [lo, mid), then the tail [hi, n)
             dk, dv, k_tile, v_tile, q_ptr, do_ptr, m_ptr, l_ptr, delta_ptr, acc_ptr, q_offsets, do_offsets,
-            acc_offsets, rows0, cols, keys, stride_qt, stride_dot, lo, mid + n - hi, mid, hi - mid, Tq, Tk, offset,
-            scale, qk_scale, b.to(tl.int32), h.to(tl.int32), band_lo, band_hi, unit, softcap, BLOCK_Q, HEAD_DIM,
-            HEAD_DIM_PAD, True, CAUSAL, SIGN, DOT_PRECISION, ATOMIC_DQ, INTERPRETED, USE_TMA, BAND, SOFTCAP, DQ_REDUCE,
+            acc_offsets, rows0, cols, cols_v, keys, stride_qt, stride_dot, lo, mid + n - hi, mid, hi - mid, Tq, Tk,
+            offset, scale, qk_scale, b.to(tl.int32), h.to(tl.int32), band_lo, band_hi, unit, softcap, BLOCK_Q, HEAD_DIM,
+            HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, True, CAUSAL, SIGN, DOT_PRECISION, ATOMIC_DQ, INTERPRETED,
+            USE_TMA, BAND, SOFTCAP, DQ_REDUCE,
         )  # fmt: skip
     dk = dk * unit  # S = τ Q K^T = unit (sign Q) K^T, so dK = unit * dS^T (sign Q)
     store_tile(DK + b * stride_dkb + plane * stride_dkh, stride_dkt, stride_dkd, keys, cols, Tk, HEAD_DIM, dk)
-    store_tile(DV + b * stride_dvb + plane * stride_dvh, stride_dvt, stride_dvd, keys, cols, Tk, HEAD_DIM, dv)
+    store_tile(DV + b * stride_dvb + plane * stride_dvh, stride_dvt, stride_dvd, keys, cols_v, Tk, HEAD_DIM_V, dv)
 # --8<-- [end:dkdv]
 
 
 # --8<-- [start:dq]
 @triton.jit
 def dq_key_tiles(
-    dq, q, do, m, log2_l, delta, K, V, kT_offsets, vT_offsets, rows, keys0, cols,
+    dq, q, do, m, log2_l, delta, K, V, kT_offsets, vT_offsets, rows, keys0, cols, cols_v,
     stride_kt, stride_vt, first, end, Tq, Tk, offset, qk_scale, b, h_kv, band_lo, band_hi, unit, softcap,
-    BLOCK_K: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, MASKED: tl.constexpr,
+    BLOCK_K: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+    HEAD_DIM_V_PAD: tl.constexpr, MASKED: tl.constexpr,
     CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr, BAND: tl.constexpr = False,
     SOFTCAP: tl.constexpr = False,
 ):  # fmt: skip
     """Fold key tiles first .. end - 1 into dq. K and V arrive as kT, vT, (HEAD_DIM_PAD, BLOCK_K) loads
     through transposed pointers, so S = Q K^T and dP = dO V^T are plain products; dQ = dS K reads kT as a
     transposed view of the loaded tile. With USE_TMA, K and V are tensor descriptors and each tile is
-    fetched by its coordinates (b, h_kv, k_start, 0), with zeros past Tk and HEAD_DIM."""
+    fetched by its coordinates (b, h_kv, k_start, 0), with zeros past Tk and the head dim. cols are the
+    columns of k (d_qk), cols_v those of v (d_v)."""
     for k_index in range(first, end):
         k_start = k_index * BLOCK_K
         keys = k_start + keys0
         if USE_TMA:
             kT = tl.trans(K.load([b, h_kv, k_start, 0]).reshape(BLOCK_K, HEAD_DIM_PAD))
-            vT = tl.trans(V.load([b, h_kv, k_start, 0]).reshape(BLOCK_K, HEAD_DIM_PAD))
+            vT = tl.trans(V.load([b, h_kv, k_start, 0]).reshape(BLOCK_K, HEAD_DIM_V_PAD))
         else:
             kT = load_masked(K + k_start.to(tl.int64) * stride_kt + kT_offsets, keys[None, :] < Tk,
                              cols[:, None] < HEAD_DIM, MASKED, HEAD_DIM != HEAD_DIM_PAD)  # fmt: skip
             vT = load_masked(V + k_start.to(tl.int64) * stride_vt + vT_offsets, keys[None, :] < Tk,
-                             cols[:, None] < HEAD_DIM, MASKED, HEAD_DIM != HEAD_DIM_PAD)  # fmt: skip
+                             cols_v[:, None] < HEAD_DIM_V, MASKED, HEAD_DIM_V != HEAD_DIM_V_PAD)  # fmt: skip
         u = tl.dot(q, kT, input_precision=DOT_PRECISION)
         if SOFTCAP:
             u, t = soft_cap(u, unit, softcap)
@@ -390,7 +403,8 @@ def backward_dq_kernel(
     stride_dqb, stride_dqh, stride_dqt, stride_dqd,
     H, H_kv, Tq, Tk, n_rows, scale, qk_scale, offset, chunk, band_lo, band_hi, unit, softcap,
     CAUSAL: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, HEAD_DIM: tl.constexpr,
-    HEAD_DIM_PAD: tl.constexpr, SIGN: tl.constexpr, DOT_PRECISION: tl.constexpr, WIDE: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr, SIGN: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, WIDE: tl.constexpr,
     USE_TMA: tl.constexpr, HEAVIEST_FIRST: tl.constexpr, BAND: tl.constexpr, SOFTCAP: tl.constexpr,
     CU_Q=None, CU_K=None, ORDER=None, VARLEN: tl.constexpr = False,
 ):  # fmt: skip
@@ -421,21 +435,22 @@ def backward_dq_kernel(
     h_kv = h // (H // H_kv)  # the kv head this query head reads: K and V are indexed, never repeated
     rows = q_start + tl.arange(0, BLOCK_Q)
     keys0 = tl.arange(0, BLOCK_K)
-    cols = tl.arange(0, HEAD_DIM_PAD)
+    cols = tl.arange(0, HEAD_DIM_PAD)  # of q, k, dq: d_qk
+    cols_v = tl.arange(0, HEAD_DIM_V_PAD)  # of v, o, do: d_v
     row_base = (b * H + h) * Tq  # each plane of STATS and ROWS is (B, H, Tq), contiguous
     if VARLEN:  # (H, total_q) planes: the document's rows from q_doc on
         row_base = h * (n_rows // H) + q_doc
-    row_ok, col_ok = rows[:, None] < Tq, cols[None, :] < HEAD_DIM
+    row_ok, col_ok, col_v_ok = rows[:, None] < Tq, cols[None, :] < HEAD_DIM, cols_v[None, :] < HEAD_DIM_V
     q_ptr = Q + b * stride_qb + h * stride_qh + q_start.to(tl.int64) * stride_qt
     q_tile = load_masked(q_ptr + tile_offsets(rows[:, None] - q_start, cols[None, :], stride_qt, stride_qd, WIDE),
                          row_ok, col_ok, True, HEAD_DIM != HEAD_DIM_PAD)  # fmt: skip
     q_tile = apply_sign(q_tile, SIGN)  # sign(τ) · q, as in the forward
     do_ptr = DO + b * stride_dob + h * stride_doh + q_start.to(tl.int64) * stride_dot
-    do_tile = load_masked(do_ptr + tile_offsets(rows[:, None] - q_start, cols[None, :], stride_dot, stride_dod, WIDE),
-                          row_ok, col_ok, True, HEAD_DIM != HEAD_DIM_PAD)  # fmt: skip
+    do_offsets = tile_offsets(rows[:, None] - q_start, cols_v[None, :], stride_dot, stride_dod, WIDE)
+    do_tile = load_masked(do_ptr + do_offsets, row_ok, col_v_ok, True, HEAD_DIM_V != HEAD_DIM_V_PAD)
     o_ptr = O + b * stride_ob + h * stride_oh + q_start.to(tl.int64) * stride_ot
-    o_tile = load_masked(o_ptr + tile_offsets(rows[:, None] - q_start, cols[None, :], stride_ot, stride_od, WIDE),
-                         row_ok, col_ok, True, HEAD_DIM != HEAD_DIM_PAD)  # fmt: skip
+    o_tile = load_masked(o_ptr + tile_offsets(rows[:, None] - q_start, cols_v[None, :], stride_ot, stride_od, WIDE),
+                         row_ok, col_v_ok, True, HEAD_DIM_V != HEAD_DIM_V_PAD)  # fmt: skip
     m, l = load_stats(STATS, row_base, rows, Tq, n_rows)
     delta, m, log2_l = row_terms(o_tile, do_tile, m, l)
     store_row_terms(ROWS, row_base, rows, Tq, n_rows, delta, m, log2_l)  # for the dK/dV kernel, which runs next
@@ -458,38 +473,38 @@ def backward_dq_kernel(
         k_ptr = K + b * stride_kb + h_kv * stride_kh
         v_ptr = V + b * stride_vb + h_kv * stride_vh
     kT_offsets = tile_offsets(keys0[None, :], cols[:, None], stride_kt, stride_kd, WIDE)  # (HEAD_DIM_PAD, BLOCK_K)
-    vT_offsets = tile_offsets(keys0[None, :], cols[:, None], stride_vt, stride_vd, WIDE)
+    vT_offsets = tile_offsets(keys0[None, :], cols_v[:, None], stride_vt, stride_vd, WIDE)
     if BAND:
         dq = dq_key_tiles(  # the band's left edge
-            dq, q_tile, do_tile, m, log2_l, delta, k_ptr, v_ptr, kT_offsets, vT_offsets, rows, keys0, cols,
+            dq, q_tile, do_tile, m, log2_l, delta, k_ptr, v_ptr, kT_offsets, vT_offsets, rows, keys0, cols, cols_v,
             stride_kt, stride_vt, first, full_first, Tq, Tk, offset, qk_scale, b.to(tl.int32), h_kv.to(tl.int32),
-            band_lo, band_hi, unit, softcap, BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, True, False, DOT_PRECISION, USE_TMA,
-            True, SOFTCAP,
+            band_lo, band_hi, unit, softcap, BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD,
+            True, False, DOT_PRECISION, USE_TMA, True, SOFTCAP,
         )  # fmt: skip
         dq = dq_key_tiles(  # FULL
-            dq, q_tile, do_tile, m, log2_l, delta, k_ptr, v_ptr, kT_offsets, vT_offsets, rows, keys0, cols,
+            dq, q_tile, do_tile, m, log2_l, delta, k_ptr, v_ptr, kT_offsets, vT_offsets, rows, keys0, cols, cols_v,
             stride_kt, stride_vt, full_first, full_end, Tq, Tk, offset, qk_scale, b.to(tl.int32), h_kv.to(tl.int32),
-            band_lo, band_hi, unit, softcap, BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, False, False, DOT_PRECISION, USE_TMA,
-            True, SOFTCAP,
+            band_lo, band_hi, unit, softcap, BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD,
+            False, False, DOT_PRECISION, USE_TMA, True, SOFTCAP,
         )  # fmt: skip
         dq = dq_key_tiles(  # the right edge, and a ragged last key tile
-            dq, q_tile, do_tile, m, log2_l, delta, k_ptr, v_ptr, kT_offsets, vT_offsets, rows, keys0, cols,
+            dq, q_tile, do_tile, m, log2_l, delta, k_ptr, v_ptr, kT_offsets, vT_offsets, rows, keys0, cols, cols_v,
             stride_kt, stride_vt, full_end, n, Tq, Tk, offset, qk_scale, b.to(tl.int32), h_kv.to(tl.int32),
-            band_lo, band_hi, unit, softcap, BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, True, False, DOT_PRECISION, USE_TMA,
-            True, SOFTCAP,
+            band_lo, band_hi, unit, softcap, BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD,
+            True, False, DOT_PRECISION, USE_TMA, True, SOFTCAP,
         )  # fmt: skip
     else:
         dq = dq_key_tiles(  # the full tiles first, then the diagonal band and a ragged last tile, masked
-            dq, q_tile, do_tile, m, log2_l, delta, k_ptr, v_ptr, kT_offsets, vT_offsets, rows, keys0, cols,
+            dq, q_tile, do_tile, m, log2_l, delta, k_ptr, v_ptr, kT_offsets, vT_offsets, rows, keys0, cols, cols_v,
             stride_kt, stride_vt, 0, n_full, Tq, Tk, offset, qk_scale, b.to(tl.int32), h_kv.to(tl.int32),
-            band_lo, band_hi, unit, softcap, BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, False, CAUSAL, DOT_PRECISION, USE_TMA,
-            False, SOFTCAP,
+            band_lo, band_hi, unit, softcap, BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD,
+            False, CAUSAL, DOT_PRECISION, USE_TMA, False, SOFTCAP,
         )  # fmt: skip
         dq = dq_key_tiles(
-            dq, q_tile, do_tile, m, log2_l, delta, k_ptr, v_ptr, kT_offsets, vT_offsets, rows, keys0, cols,
+            dq, q_tile, do_tile, m, log2_l, delta, k_ptr, v_ptr, kT_offsets, vT_offsets, rows, keys0, cols, cols_v,
             stride_kt, stride_vt, n_full, n, Tq, Tk, offset, qk_scale, b.to(tl.int32), h_kv.to(tl.int32),
-            band_lo, band_hi, unit, softcap, BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, True, CAUSAL, DOT_PRECISION, USE_TMA,
-            False, SOFTCAP,
+            band_lo, band_hi, unit, softcap, BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD,
+            True, CAUSAL, DOT_PRECISION, USE_TMA, False, SOFTCAP,
         )  # fmt: skip
     dq = dq * scale  # dQ = τ dS K, with the signed τ
     store_tile(DQ + b * stride_dqb + h * stride_dqh, stride_dqt, stride_dqd, rows, cols, Tq, HEAD_DIM, dq)
@@ -499,46 +514,53 @@ def backward_dq_kernel(
 # --8<-- [start:split_sum]
 @triton.jit
 def sum_split_kernel(
-    PARTIALS, DK, DV, plane, H_kv, B, head_dim,
+    PARTIALS, DK, DV, plane, H_kv, B, width, head_dim_k, head_dim_v,
     stride_dkb, stride_dkh, stride_dkt, stride_dkd,
     stride_dvb, stride_dvh, stride_dvt, stride_dvd,
     SPLIT: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     """With a GQA split, dk and dv from their float32 partials, cast to the inputs' dtype: one launch for both.
 
-    PARTIALS is (2, B, H_kv * SPLIT, Tk, D) contiguous and plane = Tk * D; DK and DV are (B, H_kv, Tk, D)
-    with any strides. Program (tile, h_kv, which * B + b) adds the SPLIT planes of its kv head in the
-    order s = 0, 1, ..., so every run rounds the same way."""
+    PARTIALS is (2, B, H_kv * SPLIT, Tk, width) contiguous, width = max(d_qk, d_v), and plane = Tk * width;
+    DK is (B, H_kv, Tk, head_dim_k) and DV (B, H_kv, Tk, head_dim_v), with any strides (a partial's columns
+    past its own head dim are never written, read or stored). Program (tile, h_kv, which * B + b) adds the
+    SPLIT planes of its kv head in the order s = 0, 1, ..., so every run rounds the same way."""
     inner = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     h_kv = tl.program_id(1).to(tl.int64)
     which_b = tl.program_id(2).to(tl.int64)  # which * B + b; which = 0 for dk, 1 for dv
     ok = inner < plane
+    if which_b < B:  # a partial's columns past its own head dim hold nothing: not read
+        ok = ok & (inner % width < head_dim_k)
+    else:
+        ok = ok & (inner % width < head_dim_v)
     first = (which_b * H_kv + h_kv) * SPLIT  # the first partial plane of this kv head
     acc = tl.load(PARTIALS + first * plane + inner, mask=ok, other=0.0)
     for s in tl.static_range(1, SPLIT):
         acc += tl.load(PARTIALS + (first + s) * plane + inner, mask=ok, other=0.0)
     b = which_b % B
-    t = (inner // head_dim).to(tl.int64)
-    d = inner % head_dim
+    t = (inner // width).to(tl.int64)
+    d = inner % width
     if which_b < B:
         out = DK + b * stride_dkb + h_kv * stride_dkh + t * stride_dkt + d * stride_dkd
-        tl.store(out, acc.to(DK.dtype.element_ty), mask=ok)
+        tl.store(out, acc.to(DK.dtype.element_ty), mask=ok & (d < head_dim_k))
     else:
         out = DV + b * stride_dvb + h_kv * stride_dvh + t * stride_dvt + d * stride_dvd
-        tl.store(out, acc.to(DV.dtype.element_ty), mask=ok)
+        tl.store(out, acc.to(DV.dtype.element_ty), mask=ok & (d < head_dim_v))
 
 
 SPLIT_SUM_BLOCK = 1024  # elements per program: a plain streaming sum, 4 warps
 
 
-def split_sum_launch(B: int, H_kv: int, Tk: int, D: int, kv_split: int, dk_strides: tuple,
+def split_sum_launch(B: int, H_kv: int, Tk: int, head_dims: tuple[int, int], kv_split: int, dk_strides: tuple,
                      dv_strides: tuple) -> KernelLaunch | None:  # fmt: skip
-    """The launch that sums the split's partials into dk and dv (part of the backward's plan); None without a split."""
+    """The launch that sums the split's partials into dk and dv (part of the backward's plan); None without a split.
+    ``head_dims``: (d_qk, d_v), dk's and dv's widths; the partials are max(d_qk, d_v) wide."""
     if kv_split == 1:
         return None
-    plane = Tk * D
+    width = max(head_dims)
+    plane = Tk * width
     return KernelLaunch(sum_split_kernel, grid=head_batch_grid(-(-plane // SPLIT_SUM_BLOCK), H_kv, 2 * B),
-                        scalars=(plane, H_kv, B, D, *dk_strides, *dv_strides),
+                        scalars=(plane, H_kv, B, width, *head_dims, *dk_strides, *dv_strides),
                         constexprs=dict(SPLIT=kv_split, BLOCK=SPLIT_SUM_BLOCK), num_warps=4, num_stages=1,
                         plan_keyed=True)  # its tensors are all allocated per call  # fmt: skip
 # --8<-- [end:split_sum]
@@ -575,6 +597,10 @@ def backward_config(head_dim: int, dtype: torch.dtype, seq_len: int = 0, atomic_
     on 8 warps and 128 x 64 dQ tiles in one stage 2.2-2.4x faster than the 16 x 32 tiles kept before.
     fp32 inputs multiply on the CUDA cores, not the tensor cores, and need far smaller tiles.
     The interpreter runs programs one after another: fewer, larger tiles are faster there.
+    A call whose value head dim d_v differs from d_qk asks with the larger of the two (the launchers pass
+    ``max(d_qk, d_v)``): each kernel then holds at most the tiles of the wider one's equal-dims call, whose
+    settings were measured (192/128 takes the D = 256 settings, 128/64 and 64/128 the D = 128 ones); not
+    yet measured on the GPU with unequal dims.
     """
     # --8<-- [start:bwd_settings]
     pad = head_dim_pad(head_dim)
@@ -662,7 +688,8 @@ class BackwardPlan(NamedTuple):
 
     scale: float
     softcap: float | None  # with a cap, the kernels' scores, and so m, are in natural units
-    pad: int
+    pad: int  # the q and k tiles' width: d_qk padded (``_host.head_dim_pad``)
+    pad_v: int  # the v and do tiles' width: d_v padded
     deterministic: bool
     preprocess: KernelLaunch | None  # the atomic mode's row terms (the deterministic mode's dQ kernel stores them)
     dkdv: KernelLaunch  # one program per key tile: dK, dV (and with atomics, its share of dQ)
@@ -687,9 +714,10 @@ def make_backward_plan(q, k, v, o, lse, do, stats, *, spec: AttentionSpec, deter
                        block_k=None, config=None, tma=None) -> BackwardPlan:  # fmt: skip
     """Derive one backward call's launches from its checked options (``_spec.check_spec``); raises on a layout,
     a device or a setting the kernels cannot take."""
-    shape = check_attention_inputs(q, k, v, dtypes=KERNEL_DTYPES)
-    check_like("o", o, "q", q)
-    check_like("do", do, "q", q)
+    shape = check_attention_inputs(q, k, v, dtypes=KERNEL_DTYPES, unequal_head_dims=True)
+    d_v = v.shape[3]  # v, o, do and dv: d_v wide; q, k, dq and dk: D = d_qk
+    check_like("o", o, "q", q, head_dim=d_v)
+    check_like("do", do, "q", q, head_dim=d_v)
     check_lse(lse, shape, q)
     offset = spec.mask.offset(shape.Tq, shape.Tk)
     mask = kernel_mask(spec.mask, shape.Tq, shape.Tk)
@@ -698,18 +726,20 @@ def make_backward_plan(q, k, v, o, lse, do, stats, *, spec: AttentionSpec, deter
     check_kernel_device("q", q)
     block_q = None if block_q is None else check_tile_size("block_q", block_q)
     block_k = None if block_k is None else check_tile_size("block_k", block_k)
+    width = max(shape.D, d_v)  # unequal head dims take the settings of the wider one (``backward_config``)
     if config is None:
-        work = shape.B * shape.H * shape.Tq * shape.Tk * shape.D * (0.5 if causal else 1.0)
+        mean_dim = (shape.D + d_v) / 2  # the work per pair is (3 d_qk + 2 d_v) * 2 FLOPs: D for equal dims
+        work = shape.B * shape.H * shape.Tq * shape.Tk * mean_dim * (0.5 if causal else 1.0)
         if mask.banded:  # the pairs the window keeps
-            work = shape.B * shape.H * shape.D * window_visible_pairs(shape.Tq, shape.Tk, spec.mask.window, False,
-                                                                      spec.mask.alignment)  # fmt: skip
-        config = backward_config(shape.D, q.dtype, max(shape.Tq, shape.Tk), atomic_dq=not deterministic, work=work)
+            work = shape.B * shape.H * mean_dim * window_visible_pairs(shape.Tq, shape.Tk, spec.mask.window, False,
+                                                                       spec.mask.alignment)  # fmt: skip
+        config = backward_config(width, q.dtype, max(shape.Tq, shape.Tk), atomic_dq=not deterministic, work=work)
     else:  # a caller's config loads through pointers unless tma says otherwise
         config = dict(check_config(config), tma=False)
     tma = config["tma"] if tma is None else check_flag("tma", tma)
     strides = use_tma(tma, q, do, k, v)  # the streamed tiles: q and do for dK/dV, k and v for dQ
     if not deterministic and config["tma"] and strides is None:  # it picked TMA's settings, and TMA is out:
-        config = backward_config(shape.D, q.dtype, 0, atomic_dq=True)  # the settings of per-element dQ adds
+        config = backward_config(width, q.dtype, 0, atomic_dq=True)  # the settings of per-element dQ adds
     if stats is not None:
         check_tensor("stats", stats, rank=4, dtypes=(torch.float32,))
         if tuple(stats.shape) != (2, *lse.shape) or stats.device != q.device:
@@ -718,17 +748,18 @@ def make_backward_plan(q, k, v, o, lse, do, stats, *, spec: AttentionSpec, deter
     units = kernel_scale(scale)
     qk_scale = units.qk_scale if softcap is None else LOG2E  # capped scores are in natural units (soft_cap)
     cap = (*mask.band, 1.0 if softcap is None else softcap)  # band_lo, band_hi, softcap
-    pad = head_dim_pad(shape.D)
+    pad, pad_v = head_dim_pad(shape.D), head_dim_pad(d_v)
     tiles = config["dkdv"][:2] + config["dq"][:2] + (block_q or 0, block_k or 0)
-    common = dict(CAUSAL=causal, HEAD_DIM=shape.D, HEAD_DIM_PAD=pad, SIGN=units.sign,
-                  DOT_PRECISION=dot_precision(q.dtype), WIDE=wide_offsets(max(tiles), pad, q, k, v, do, o))
+    common = dict(CAUSAL=causal, HEAD_DIM=shape.D, HEAD_DIM_PAD=pad, HEAD_DIM_V=d_v, HEAD_DIM_V_PAD=pad_v,
+                  SIGN=units.sign, DOT_PRECISION=dot_precision(q.dtype),
+                  WIDE=wide_offsets(max(tiles), max(pad, pad_v), q, k, v, do, o))
     masks = dict(BAND=mask.banded, SOFTCAP=softcap is not None)
     dkdv_q, dkdv_k, dkdv_warps, dkdv_stages = config["dkdv"]
     dkdv_q, dkdv_k = block_q or dkdv_q, block_k or dkdv_k
     n_key_tiles = -(-shape.Tk // dkdv_k)
     kv_split = pick_kv_split(shape.group, n_key_tiles * shape.H_kv * shape.B, q.device)
     grad_strides = (strides_like(q), strides_like(k), strides_like(v))  # dq, dk, dv: laid out like q, k, v
-    partials = contiguous_strides((shape.B, shape.H_kv * kv_split, shape.Tk, shape.D))
+    partials = contiguous_strides((shape.B, shape.H_kv * kv_split, shape.Tk, width))
     dk_dv_strides = (*grad_strides[1], *grad_strides[2]) if kv_split == 1 else (*partials, *partials)
     dq_q, dq_k, dq_warps, dq_stages = config["dq"]
     dq_q, dq_k = block_q or dq_q, block_k or dq_k
@@ -740,7 +771,7 @@ def make_backward_plan(q, k, v, o, lse, do, stats, *, spec: AttentionSpec, deter
     dq_reduce = not deterministic and tma_dkdv is not None and q.device.type == "cuda"
     # heaviest tiles first, in chunks of heads whose streamed tiles fit in L2: a dK/dV program streams q and
     # do of its share of the group's query heads, a dQ program k and v of the kv head its group shares
-    share_bytes = 2 * shape.D * q.element_size()
+    share_bytes = (shape.D + d_v) * q.element_size()
     dkdv_pairs, dq_pairs, n_query_tiles = shape.B * shape.H_kv * kv_split, shape.B * shape.H, -(-shape.Tq // dq_q)
     dkdv_chunk = heaviest_first_chunk(causal, share_bytes * shape.Tq * shape.group // kv_split,
                                       dkdv_pairs, dkdv_pairs * n_key_tiles, resident_programs(dkdv_warps, None),
@@ -752,6 +783,7 @@ def make_backward_plan(q, k, v, o, lse, do, stats, *, spec: AttentionSpec, deter
         scale=scale,
         softcap=softcap,
         pad=pad,
+        pad_v=pad_v,
         deterministic=deterministic,
         preprocess=None if deterministic else preprocess_launch(o, do, block_q or config["dq"][0]),
         dkdv=KernelLaunch(
@@ -781,7 +813,7 @@ def make_backward_plan(q, k, v, o, lse, do, stats, *, spec: AttentionSpec, deter
         tma_dq=tma_dq,
         dq_reduce_rows=dkdv_q if dq_reduce else 0,
         kv_split=kv_split,
-        split_sum=split_sum_launch(shape.B, shape.H_kv, shape.Tk, shape.D, kv_split, *grad_strides[1:]),
+        split_sum=split_sum_launch(shape.B, shape.H_kv, shape.Tk, (shape.D, d_v), kv_split, *grad_strides[1:]),
         grad_strides=grad_strides,
         # torch.empty_like(x) is the cheapest allocation (no shape, strides, dtype or device to pass), and for
         # a dense plain tensor it gives exactly x's strides, which are then what strides_like chose
@@ -801,7 +833,7 @@ def checked_backward_plan(q, k, v, o, lse, do, stats, *, causal, scale, alignmen
                           block_q, block_k, config, tma) -> BackwardPlan:  # fmt: skip
     """``flash_attention_backward``'s plan: its arguments checked into one spec (``_spec.check_spec``), then
     ``make_backward_plan``; raises on anything the kernels cannot take."""
-    shape = check_attention_inputs(q, k, v, dtypes=KERNEL_DTYPES)
+    shape = check_attention_inputs(q, k, v, dtypes=KERNEL_DTYPES, unequal_head_dims=True)
     spec = check_spec(shape, q.dtype, causal=causal, scale=scale, alignment=alignment, window=window,
                       softcap=softcap, causal_name="causal")  # fmt: skip
     return make_backward_plan(q, k, v, o, lse, do, stats, spec=spec, deterministic=check_flag("deterministic",
@@ -846,8 +878,9 @@ def flash_attention_backward(
     """Gradients of attention from the forward's o and lse, with two Triton launches.
 
     Args:
-        q: (B, H, Tq, D); k, v: (B, H_kv, Tk, D), H a multiple of H_kv; fp16, bf16 or fp32, any strides.
-        o, do: like q (do may be non-contiguous). lse: (B, H, Tq) float32 from the forward.
+        q: (B, H, Tq, D); k: (B, H_kv, Tk, D), v: (B, H_kv, Tk, d_v), H a multiple of H_kv; fp16, bf16 or
+            fp32, any strides. o, do: (B, H, Tq, d_v) (do may be non-contiguous). lse: (B, H, Tq) float32 from
+            the forward.
         causal, scale, block_q, block_k, alignment: in the positional order of
             ``reference.backward.flash_attention_backward``, the same name's PyTorch tier; causal, scale and
             alignment as in the forward. block_q, block_k override both kernels' tile sizes (powers of
@@ -896,7 +929,8 @@ def backward_with_plan(plan: BackwardPlan, q, k, v, o, do, stats, rows=None) -> 
         if rows is None:
             rows = torch.empty(plan.rows_shape, dtype=torch.float32, device=plan.device)
         dq = torch.empty_like(q) if like_q else empty_like_layout(q, plan.grad_strides[0])
-        k_tiles, v_tiles = (k, v) if plan.tma_dq is None else tile_descriptors(plan.tma_dq, k, v, plan.pad)
+        k_tiles, v_tiles = (k, v) if plan.tma_dq is None else tile_descriptors(plan.tma_dq, k, v,
+                                                                                (plan.pad, plan.pad_v))  # fmt: skip
         plan.dq(q, k_tiles, v_tiles, do, o, stats, rows, dq)
         dq_acc = dq_acc_arg = dq  # the dK/dV kernel ignores this argument
     else:  # the row terms from their own kernel, and a float32 dQ accumulator that every key tile adds into
@@ -908,11 +942,13 @@ def backward_with_plan(plan: BackwardPlan, q, k, v, o, do, stats, rows=None) -> 
     dk = torch.empty_like(k) if like_k else empty_like_layout(k, plan.grad_strides[1])
     dv = torch.empty_like(v) if like_v else empty_like_layout(v, plan.grad_strides[2])
     dk_out, dv_out = dk, dv  # where the dK/dV kernel writes
-    if plan.kv_split > 1:  # float32 partials of dk and dv in one buffer: one allocation for both
+    if plan.kv_split > 1:  # float32 partials of dk and dv in one buffer (as wide as the wider): one allocation
         B, H_kv, Tk, D = k.shape
-        partials = torch.empty((2, B, H_kv * plan.kv_split, Tk, D), dtype=torch.float32, device=plan.device)
+        width = max(D, v.shape[3])
+        partials = torch.empty((2, B, H_kv * plan.kv_split, Tk, width), dtype=torch.float32, device=plan.device)
         dk_out, dv_out = partials[0], partials[1]
-    q_tiles, do_tiles = (q, do) if plan.tma_dkdv is None else tile_descriptors(plan.tma_dkdv, q, do, plan.pad)
+    q_tiles, do_tiles = (q, do) if plan.tma_dkdv is None else tile_descriptors(plan.tma_dkdv, q, do,
+                                                                                (plan.pad, plan.pad_v))  # fmt: skip
     plan.dkdv(q_tiles, k, v, do_tiles, rows, dk_out, dv_out, dq_acc_arg)
     if plan.kv_split > 1:  # the partials of each kv head, summed in a fixed order and cast, in one launch
         plan.split_sum(partials, dk, dv)
@@ -921,10 +957,11 @@ def backward_with_plan(plan: BackwardPlan, q, k, v, o, do, stats, rows=None) -> 
     return dq, dk, dv
 
 
-def tile_descriptors(tma: tuple, x, y, pad: int) -> tuple:
-    """Host-built TMA descriptors of x and y for (1, 1, rows, pad) tiles, from a plan's (strides, strides, rows)."""
+def tile_descriptors(tma: tuple, x, y, pads: tuple[int, int]) -> tuple:
+    """Host-built TMA descriptors of x (d_qk wide: q or k) and y (d_v wide: do or v) for (1, 1, rows, pad)
+    tiles, from a plan's (strides, strides, rows) and the two pads."""
     x_strides, y_strides, rows = tma
-    return tile_descriptor(x, x_strides, rows, pad), tile_descriptor(y, y_strides, rows, pad)
+    return tile_descriptor(x, x_strides, rows, pads[0]), tile_descriptor(y, y_strides, rows, pads[1])
 
 
 # --8<-- [end:launcher]
@@ -939,7 +976,8 @@ def flash_attention_varlen_backward(
     then dK/dV, one program per (key tile, kv head, document) summing its GQA group in a fixed order.
 
     Args:
-        q: (total_q, H, D); k, v: (total_k, H_kv, D); o, do like q; lse (H, total_q) float32 from the forward.
+        q: (total_q, H, D); k: (total_k, H_kv, D); v: (total_k, H_kv, d_v); o, do: (total_q, H, d_v); lse
+            (H, total_q) float32 from the forward.
         cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, alignment, window, softcap,
             checked: as the forward's.
         block_q, block_k: override both kernels' tile sizes; defaults from ``backward_config``.
@@ -951,8 +989,8 @@ def flash_attention_varlen_backward(
     """
     for name, x in (("q", q), ("k", k), ("v", v)):
         check_tensor(name, x, rank=3, dtypes=KERNEL_DTYPES)
-    check_like("o", o, "q", q)
-    check_like("do", do, "q", q)
+    check_like("o", o, "q", q, head_dim=v.shape[2])
+    check_like("do", do, "q", q, head_dim=v.shape[2])
     if not checked:
         _, _, _, documents = check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k)
         check_max_seqlen("max_seqlen_q", max_seqlen_q, max((e - s for (s, e), _ in documents), default=0))
@@ -966,17 +1004,21 @@ def flash_attention_varlen_backward(
         raise ValueError(f"lse must have shape (H, total_q) = {(H, total_q)}, got {tuple(lse.shape)}")
     spec = check_spec(AttentionShape(1, H, H_kv, total_q, total_k, D), q.dtype, causal=causal, scale=scale,
                       alignment=alignment, window=window, softcap=softcap, causal_name="causal")  # fmt: skip
-    return varlen_backward_with_spec(q, k, v, o, lse, do, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_q,
-                                     max_seqlen_k=max_k, spec=spec, block_q=block_q, block_k=block_k,
-                                     stats=stats)  # fmt: skip
+    dq, dk, dv, _ = varlen_backward_with_spec(q, k, v, o, lse, do, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_q,
+                                              max_seqlen_k=max_k, spec=spec, block_q=block_q, block_k=block_k,
+                                              stats=stats)  # fmt: skip
+    return dq, dk, dv
 
 
 def varlen_backward_with_spec(q, k, v, o, lse, do, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int,
-                              max_seqlen_k: int, spec: AttentionSpec, block_q=None, block_k=None, stats=None):
+                              max_seqlen_k: int, spec: AttentionSpec, block_q=None, block_k=None, stats=None,
+                              sinks=None):  # fmt: skip
     """``flash_attention_varlen_backward`` on inputs and cu_seqlens checked already (``flashtile.attention_varlen``'s),
-    with the call's checked options: (dq, dk, dv)."""
+    with the call's checked options: (dq, dk, dv, dsinks), dsinks (H,) from the row terms with ``sinks`` (the
+    (H,) sinks of the forward whose lse this is: ``sink_gradient_from_rows``), None without."""
     total_q, H, D = q.shape
     total_k, H_kv, _ = k.shape
+    d_v = v.shape[2]
     max_q, max_k = max_seqlen_q, max_seqlen_k
     scale, softcap = spec.scale, spec.softcap
     check_kernel_device("q", q)
@@ -987,7 +1029,7 @@ def varlen_backward_with_spec(q, k, v, o, lse, do, cu_seqlens_q, cu_seqlens_k, *
     # The pointer path's settings, those of short sequences: on the packed case (8 documents in 16k, D = 128)
     # 32 x 64 dK/dV tiles ran 5 % faster than the 64 x 64 that long sequences take through TMA, and no dQ
     # setting beat the default (bench/results/sweeps/varlen-configs.json)
-    config = backward_config(D, q.dtype, 0, atomic_dq=False)
+    config = backward_config(max(D, d_v), q.dtype, 0, atomic_dq=False)
     units = kernel_scale(scale)
     qk_scale = units.qk_scale if softcap is None else LOG2E
     stats = stats_from_lse(lse, scale, softcap) if stats is None else stats.contiguous()
@@ -997,19 +1039,20 @@ def varlen_backward_with_spec(q, k, v, o, lse, do, cu_seqlens_q, cu_seqlens_k, *
     rows = torch.empty((3, H, total_q), dtype=torch.float32, device=q.device)  # delta, m, log2 l
     dq = torch.empty((total_q, H, D), dtype=q.dtype, device=q.device)
     dk = torch.empty((total_k, H_kv, D), dtype=k.dtype, device=k.device)
-    dv = torch.empty((total_k, H_kv, D), dtype=v.dtype, device=v.device)
+    dv = torch.empty((total_k, H_kv, d_v), dtype=v.dtype, device=v.device)
 
     def strides(x):  # (total, heads, D) seen as (1, heads, total, D): the batch stride is never stepped
         return 0, x.stride(1), x.stride(0), x.stride(2)
 
-    pad = head_dim_pad(D)
+    pad, pad_v = head_dim_pad(D), head_dim_pad(d_v)
     dkdv_q, dkdv_k, dkdv_warps, dkdv_stages = config["dkdv"]
     dq_q, dq_k, dq_warps, dq_stages = config["dq"]
     dkdv_q, dkdv_k, dq_q, dq_k = block_q or dkdv_q, block_k or dkdv_k, block_q or dq_q, block_k or dq_k
     as_4d = [x.transpose(0, 1).unsqueeze(0) for x in (q, k, v, do, o)]
     precision = dot_precision(q.dtype)  # the forward's (spelled apart from the plan's: tests/test_mutants.py)
-    common = dict(CAUSAL=causal_mask, HEAD_DIM=D, HEAD_DIM_PAD=pad, SIGN=units.sign,
-                  DOT_PRECISION=precision, WIDE=wide_offsets(max(dkdv_q, dkdv_k, dq_q, dq_k), pad, *as_4d),
+    common = dict(CAUSAL=causal_mask, HEAD_DIM=D, HEAD_DIM_PAD=pad, HEAD_DIM_V=d_v, HEAD_DIM_V_PAD=pad_v,
+                  SIGN=units.sign, DOT_PRECISION=precision,
+                  WIDE=wide_offsets(max(dkdv_q, dkdv_k, dq_q, dq_k), max(pad, pad_v), *as_4d),
                   USE_TMA=False, HEAVIEST_FIRST=False, BAND=banded, SOFTCAP=softcap is not None, CU_Q=cu_seqlens_q,
                   CU_K=cu_seqlens_k, ORDER=document_order(cu_seqlens_q, cu_seqlens_k), VARLEN=True)  # fmt: skip
     sizes = (H, H_kv, total_q, total_k)
@@ -1026,4 +1069,7 @@ def varlen_backward_with_spec(q, k, v, o, lse, do, cu_seqlens_q, cu_seqlens_k, *
         BLOCK_Q=dkdv_q, BLOCK_K=dkdv_k, **common, ATOMIC_DQ=False, INTERPRETED=q.device.type == "cpu", SPLIT=1,
         num_warps=dkdv_warps, num_stages=dkdv_stages,
     )  # fmt: skip
-    return dq, dk, dv
+    if sinks is None:
+        return dq, dk, dv, None
+    # lse (H, total_q) holds the sinks, and rows[0] is every row's delta: as (1, H, total_q), one batch
+    return dq, dk, dv, sink_gradient_from_rows(sinks, lse[None], rows[0][None])

@@ -25,8 +25,13 @@ that sees no key gives o = 0 and lse = -inf.
 Attention sinks (``SINK``, one logit per query head in ``SINKS``): every row starts from the state after
 one key whose score is its head's sink and whose value is zero (``sink_start``), as the reference tier's
 ``reference.sinks.sink_start_state``; the loops and the epilogue are unchanged. A row that sees no key then
-gives o = 0 and lse = sink, and a sink of -inf is the empty start state, bit for bit. The dense entry point
-passes them; the varlen launch and ``flash_attention`` take none.
+gives o = 0 and lse = sink, and a sink of -inf is the empty start state, bit for bit. The entry points
+pass them (``forward_with_spec``, ``varlen_forward_with_spec``); the launchers ``flash_attention`` and
+``flash_attention_varlen`` take none.
+
+Unequal head dims: q and k are HEAD_DIM = d_qk wide, v, acc and o HEAD_DIM_V = d_v wide, each padded to
+its own power of two (``_host.head_dim_pad``): the QK^T dot contracts over d_qk's columns ``d``, the PV dot
+carries d_v's columns ``dv`` (``reference.head_dims``).
 """
 
 from __future__ import annotations
@@ -49,9 +54,8 @@ from .._checks import (
     check_varlen_inputs,
     check_window,
 )
-from .._layouts import strides_like
 from .._plans import cached_plan
-from .._spec import AttentionSpec, check_spec
+from .._spec import AttentionSpec, check_spec, output_strides
 from ._host import (
     KERNEL_DTYPES,
     LOG2E,
@@ -94,12 +98,14 @@ LN2 = tl.constexpr(math.log(2.0))  # a constexpr global, so the jit function may
 def _attend_key_tiles(
     acc, l, m, shift, largest, q,
     K, V, b, h_kv, stride_kt, stride_kd, stride_vt, stride_vd,
-    i, d, first_k_index, end_k_index, Tk, offset, qk_scale, band_lo, band_hi, unit, softcap,
+    i, d, dv, first_k_index, end_k_index, Tk, offset, qk_scale, band_lo, band_hi, unit, softcap,
     BLOCK_K: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
-    MASKED: tl.constexpr, CAUSAL: tl.constexpr, USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    HEAD_DIM_V: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+    USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr,
     FUSED: tl.constexpr, INTERPRETED: tl.constexpr, BAND: tl.constexpr = False, SOFTCAP: tl.constexpr = False,
 ):
-    """Fold key tiles first_k_index .. end_k_index - 1 into (acc, l, m); i holds the query rows.
+    """Fold key tiles first_k_index .. end_k_index - 1 into (acc, l, m); i holds the query rows, d the
+    columns of q and k (HEAD_DIM of them, d_qk), dv those of v and acc (HEAD_DIM_V, d_v).
 
     FUSED takes ``fused_softmax_step`` (one multiply-add per score; it also carries shift and largest),
     otherwise ``online_softmax_step`` (exact at any magnitude; shift and largest pass through).
@@ -118,23 +124,23 @@ def _attend_key_tiles(
     """
     j0 = tl.arange(0, BLOCK_K)
     k_offsets = d[:, None].to(tl.int64) * stride_kd + j0[None, :].to(tl.int64) * stride_kt  # K^T tile
-    v_offsets = j0[:, None].to(tl.int64) * stride_vt + d[None, :].to(tl.int64) * stride_vd
+    v_offsets = j0[:, None].to(tl.int64) * stride_vt + dv[None, :].to(tl.int64) * stride_vd
     for k_index in range(first_k_index, end_k_index):
         k_start = k_index * BLOCK_K
         j = k_start + j0  # the key columns of this tile
         # --8<-- [start:tma_load]
-        if USE_TMA:  # (1, 1, BLOCK_K, HEAD_DIM_PAD) boxes of the (B, H_kv, Tk, D) tensors, zeros outside
+        if USE_TMA:  # (1, 1, BLOCK_K, pad) boxes of the (B, H_kv, Tk, D) tensors, zeros outside
             k = tl.trans(K.load([b, h_kv, k_start, 0]).reshape(BLOCK_K, HEAD_DIM_PAD))  # K^T tile
-            v = V.load([b, h_kv, k_start, 0]).reshape(BLOCK_K, HEAD_DIM_PAD)
+            v = V.load([b, h_kv, k_start, 0]).reshape(BLOCK_K, HEAD_DIM_V_PAD)
         # --8<-- [end:tma_load]
-        elif MASKED or BAND or HEAD_DIM != HEAD_DIM_PAD:
-            k_mask = (d[:, None] < HEAD_DIM) & (j[None, :] < Tk)  # zeros past the keys and the head dim
-            v_mask = (j[:, None] < Tk) & (d[None, :] < HEAD_DIM)
+        elif MASKED or BAND or HEAD_DIM != HEAD_DIM_PAD or HEAD_DIM_V != HEAD_DIM_V_PAD:
+            k_mask = (d[:, None] < HEAD_DIM) & (j[None, :] < Tk)  # zeros past the keys and the head dims
+            v_mask = (j[:, None] < Tk) & (dv[None, :] < HEAD_DIM_V)
             k = tl.load(K + k_start.to(tl.int64) * stride_kt + k_offsets, mask=k_mask, other=0.0)
             v = tl.load(V + k_start.to(tl.int64) * stride_vt + v_offsets, mask=v_mask, other=0.0)
         else:
             k = tl.load(K + k_start.to(tl.int64) * stride_kt + k_offsets)  # (HEAD_DIM_PAD, BLOCK_K)
-            v = tl.load(V + k_start.to(tl.int64) * stride_vt + v_offsets)  # (BLOCK_K, HEAD_DIM_PAD)
+            v = tl.load(V + k_start.to(tl.int64) * stride_vt + v_offsets)  # (BLOCK_K, HEAD_DIM_V_PAD)
         u = tl.dot(q, k, input_precision=DOT_PRECISION)  # (BLOCK_Q, BLOCK_K) fp32 raw dots; S = unit * u
         if SOFTCAP:  # the cap acts on the scaled score, before the mask: u becomes s = c tanh(unit u / c)
             u, _t = soft_cap(u, unit, softcap)
@@ -194,7 +200,7 @@ def _forward_kernel(
     stride_vb, stride_vh, stride_vt, stride_vd,
     stride_ob, stride_oh, stride_ot, stride_od,
     H, group, Tq, Tk, offset, qk_scale, n_rows, chunk, band_lo, band_hi, unit, softcap,
-    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, CAUSAL: tl.constexpr, SIGN: tl.constexpr,
     USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr, INTERPRETED: tl.constexpr,
     HEAVIEST_FIRST: tl.constexpr, MASKED_TILES: tl.constexpr, BAND: tl.constexpr, SOFTCAP: tl.constexpr,
@@ -208,7 +214,8 @@ def _forward_kernel(
     q_start = q_index * BLOCK_Q
     q_end = tl.minimum(q_start + BLOCK_Q, Tq)
     i = q_start + tl.arange(0, BLOCK_Q)  # the query rows of this tile
-    d = tl.arange(0, HEAD_DIM_PAD)
+    d = tl.arange(0, HEAD_DIM_PAD)  # the columns of q and k
+    dv = tl.arange(0, HEAD_DIM_V_PAD)  # of v, acc and o: d_v may differ from d_qk
     # --8<-- [end:program]
     # --8<-- [start:varlen]
     if VARLEN:  # packed documents: the grid's third axis is the document, read from cu_seqlens (varlen_program)
@@ -243,7 +250,7 @@ def _forward_kernel(
     # --8<-- [start:state]
     m = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)
     l = tl.zeros([BLOCK_Q], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_Q, HEAD_DIM_PAD], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_Q, HEAD_DIM_V_PAD], dtype=tl.float32)  # as wide as v
     shift = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)  # fl(m * qk_scale), what p subtracts
     largest = tl.zeros([BLOCK_Q], dtype=tl.float32)  # max |shift| a row has used, for the check below
     if SINK:  # the rows have seen one key already, the sink, whose value is zero
@@ -258,20 +265,23 @@ def _forward_kernel(
                                                    n_key_tiles)  # fmt: skip
         acc, l, m, shift, largest = _attend_key_tiles(  # the band's left edge crosses these
             acc, l, m, shift, largest, q, k_base, v_base, b, h_kv, stride_kt, stride_kd, stride_vt, stride_vd,
-            i, d, first_k_index, full_first, Tk, offset, qk_scale, band_lo, band_hi, unit, softcap,
-            BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, MASKED=False, CAUSAL=False, USE_TMA=USE_TMA, DOT_PRECISION=DOT_PRECISION,
+            i, d, dv, first_k_index, full_first, Tk, offset, qk_scale, band_lo, band_hi, unit, softcap,
+            BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD,
+            MASKED=False, CAUSAL=False, USE_TMA=USE_TMA, DOT_PRECISION=DOT_PRECISION,
             FUSED=True, INTERPRETED=INTERPRETED, BAND=True, SOFTCAP=SOFTCAP,
         )
         acc, l, m, shift, largest = _attend_key_tiles(  # FULL: no mask
             acc, l, m, shift, largest, q, k_base, v_base, b, h_kv, stride_kt, stride_kd, stride_vt, stride_vd,
-            i, d, full_first, full_end, Tk, offset, qk_scale, band_lo, band_hi, unit, softcap,
-            BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, MASKED=False, CAUSAL=False, USE_TMA=USE_TMA,
+            i, d, dv, full_first, full_end, Tk, offset, qk_scale, band_lo, band_hi, unit, softcap,
+            BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD,
+            MASKED=False, CAUSAL=False, USE_TMA=USE_TMA,
             DOT_PRECISION=DOT_PRECISION, FUSED=True, INTERPRETED=INTERPRETED, SOFTCAP=SOFTCAP,
         )
         acc, l, m, shift, largest = _attend_key_tiles(  # the right edge, and a ragged last key tile
             acc, l, m, shift, largest, q, k_base, v_base, b, h_kv, stride_kt, stride_kd, stride_vt, stride_vd,
-            i, d, full_end, n_key_tiles, Tk, offset, qk_scale, band_lo, band_hi, unit, softcap,
-            BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, MASKED=False, CAUSAL=False, USE_TMA=USE_TMA, DOT_PRECISION=DOT_PRECISION,
+            i, d, dv, full_end, n_key_tiles, Tk, offset, qk_scale, band_lo, band_hi, unit, softcap,
+            BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD,
+            MASKED=False, CAUSAL=False, USE_TMA=USE_TMA, DOT_PRECISION=DOT_PRECISION,
             FUSED=True, INTERPRETED=INTERPRETED, BAND=True, SOFTCAP=SOFTCAP,
         )
         delta = delta_of_shift(m, shift, l, qk_scale, INTERPRETED)  # the shift's rounding, which (acc, l) carry
@@ -285,15 +295,17 @@ def _forward_kernel(
             n_key_tiles = tl.cdiv(Tk, BLOCK_K)
         acc, l, m, shift, largest = _attend_key_tiles(
             acc, l, m, shift, largest, q, k_base, v_base, b, h_kv, stride_kt, stride_kd, stride_vt, stride_vd,
-            i, d, 0, n_full_tiles, Tk, offset, qk_scale, band_lo, band_hi, unit, softcap,
-            BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, MASKED=False, CAUSAL=CAUSAL, USE_TMA=USE_TMA,
+            i, d, dv, 0, n_full_tiles, Tk, offset, qk_scale, band_lo, band_hi, unit, softcap,
+            BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD,
+            MASKED=False, CAUSAL=CAUSAL, USE_TMA=USE_TMA,
             DOT_PRECISION=DOT_PRECISION, FUSED=True, INTERPRETED=INTERPRETED, SOFTCAP=SOFTCAP,
         )
         if MASKED_TILES:  # causal, or Tk not a multiple of BLOCK_K; otherwise not compiled (an empty loop costs time)
             acc, l, m, shift, largest = _attend_key_tiles(
                 acc, l, m, shift, largest, q, k_base, v_base, b, h_kv, stride_kt, stride_kd, stride_vt, stride_vd,
-                i, d, n_full_tiles, n_key_tiles, Tk, offset, qk_scale, band_lo, band_hi, unit, softcap,
-                BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, MASKED=True, CAUSAL=CAUSAL, USE_TMA=USE_TMA,
+                i, d, dv, n_full_tiles, n_key_tiles, Tk, offset, qk_scale, band_lo, band_hi, unit, softcap,
+                BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD,
+                MASKED=True, CAUSAL=CAUSAL, USE_TMA=USE_TMA,
                 DOT_PRECISION=DOT_PRECISION, FUSED=True, INTERPRETED=INTERPRETED, SOFTCAP=SOFTCAP,
             )
         delta = delta_of_shift(m, shift, l, qk_scale, INTERPRETED)  # the shift's rounding, which (acc, l) carry
@@ -301,11 +313,12 @@ def _forward_kernel(
 
     # --8<-- [start:exact_rerun]
     out = (O + program_offset(b, stride_ob) + program_offset(h, stride_oh)
-           + i[:, None].to(tl.int64) * stride_ot + d[None, :].to(tl.int64) * stride_od)
+           + i[:, None].to(tl.int64) * stride_ot + dv[None, :].to(tl.int64) * stride_od)
+    o_mask = (i[:, None] < Tq) & (dv[None, :] < HEAD_DIM_V)
     rows = ROW_STATS + program_offset(b * H + h, Tq) + i  # ROW_STATS is (3, B, H, Tq), contiguous: lse, m, l
     if VARLEN:  # ROW_STATS is (3, H, total_q): n_rows = H * total_q, the document's rows from q_doc on
         rows = ROW_STATS + program_offset(h, n_rows // H) + q_doc + i
-    _write_rows(acc, l, m, delta, qk_scale, out, rows, n_rows, q_mask, i < Tq, STATS)  # the fast result, at once
+    _write_rows(acc, l, m, delta, qk_scale, out, rows, n_rows, o_mask, i < Tq, STATS)  # the fast result, at once
     if tl.max(largest, 0) >= SHIFT_LIMIT:  # a score past about 10^7, where 2^delta is no longer harmless
         # Rare, decided once per program, after the fast rows are on their way: the check then waits for
         # nothing (deciding first and writing in each branch was slower: sweeps/forward-ab-2.json). Start over
@@ -315,24 +328,25 @@ def _forward_kernel(
         tl.debug_barrier()
         m = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)
         l = tl.zeros([BLOCK_Q], dtype=tl.float32)
-        acc = tl.zeros([BLOCK_Q, HEAD_DIM_PAD], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_Q, HEAD_DIM_V_PAD], dtype=tl.float32)
         if SINK:  # the exact step keeps l relative to 2^(m * qk_scale): the sink counts 1 (0 if -inf)
             m, l, shift, largest = sink_start(SINKS, h, unit, qk_scale, BLOCK_Q, SOFTCAP, INTERPRETED)
             l = tl.where(l == 0.0, 0.0, 1.0)
         acc, l, m, shift, largest = _attend_key_tiles(
             acc, l, m, shift, largest, q, k_base, v_base, b, h_kv, stride_kt, stride_kd, stride_vt, stride_vd,
-            i, d, first_k_index, n_key_tiles, Tk, offset, qk_scale, band_lo, band_hi, unit, softcap,
-            BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, MASKED=True, CAUSAL=CAUSAL, USE_TMA=USE_TMA,
+            i, d, dv, first_k_index, n_key_tiles, Tk, offset, qk_scale, band_lo, band_hi, unit, softcap,
+            BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD,
+            MASKED=True, CAUSAL=CAUSAL, USE_TMA=USE_TMA,
             DOT_PRECISION=DOT_PRECISION, FUSED=False, INTERPRETED=INTERPRETED, BAND=BAND, SOFTCAP=SOFTCAP,
         )
-        _write_rows(acc, l, m, tl.zeros([BLOCK_Q], dtype=tl.float32), qk_scale, out, rows, n_rows, q_mask, i < Tq,
+        _write_rows(acc, l, m, tl.zeros([BLOCK_Q], dtype=tl.float32), qk_scale, out, rows, n_rows, o_mask, i < Tq,
                     STATS)
     # --8<-- [end:exact_rerun]
 
 
 # --8<-- [start:epilogue]
 @triton.jit
-def _write_rows(acc, l, m, delta, qk_scale, out, rows, n_rows, q_mask, row_ok, STATS: tl.constexpr):
+def _write_rows(acc, l, m, delta, qk_scale, out, rows, n_rows, o_mask, row_ok, STATS: tl.constexpr):
     """o = acc / l into ``out``; with STATS, lse, m and l into ROW_STATS at ``rows`` (the 3 planes n_rows
     apart). A call that keeps no statistics (no gradient recorded, no lse returned) launches without them.
 
@@ -347,7 +361,7 @@ def _write_rows(acc, l, m, delta, qk_scale, out, rows, n_rows, q_mask, row_ok, S
     lse = m * (qk_scale * LN2) + tl.math.log2(l_safe) * LN2  # natural units: unit * m + ln l, never past them
     lse = tl.where(m == float("inf"), m, lse)  # a +inf score: lse = +inf, as torch.logsumexp says
     lse = tl.where(empty, float("-inf"), lse)
-    tl.store(out, o.to(out.dtype.element_ty), mask=q_mask)
+    tl.store(out, o.to(out.dtype.element_ty), mask=o_mask)
     if STATS:
         tl.store(rows, lse, mask=row_ok)
         tl.store(rows + n_rows, m, mask=row_ok)  # for the backward: the final (m, l), m in raw-dot units
@@ -376,6 +390,12 @@ def forward_config(head_dim: int, dtype: torch.dtype, interpreted: bool = False,
     descriptors, for a layout or a device that cannot have them. The interpreter (CPU tensors)
     runs programs one after another, where fewer, larger tiles are faster; it takes TMA where it can,
     so CPU tests cover that path.
+
+    A call whose value head dim d_v differs from d_qk asks with the larger of the two (the launchers pass
+    ``max(d_qk, d_v)``): the q tile is d_qk wide and acc d_v wide, so its registers and shared memory are
+    at most those of the wider one's equal-dims call, whose settings were measured. 192/128 takes the
+    D = 256 settings (d_qk = 192 pads to 256 anyway), 128/64 and 64/128 the D = 128 ones; not yet
+    measured on the GPU with unequal dims.
     """
     # --8<-- [start:settings]
     pad = head_dim_pad(head_dim)
@@ -402,13 +422,14 @@ def forward_config(head_dim: int, dtype: torch.dtype, interpreted: bool = False,
 class ForwardPlan(NamedTuple):
     """Everything about a launch that follows from the inputs' layout and the flags, worked out once."""
 
-    out_shape: tuple  # (B, H, Tq, D) of o
+    out_shape: tuple  # (B, H, Tq, d_v) of o
+    out_strides: tuple  # o's (``_spec.output_strides``): q's layout where q is dense
     stats_shape: tuple  # (3, B, H, Tq) of the row statistics (lse, m, l)
     device: torch.device  # q's, kept: reading q.device makes a new device object on every call
-    o_like_q: bool  # o laid out as q is (``_layouts.strides_like``): torch.empty_like(q) gives it; else contiguous
+    o_like_q: bool  # o has q's shape and strides (``_spec.output_strides``): torch.empty_like(q) gives it
     launch: KernelLaunch  # grid, the arguments after the tensors (strides, sizes, offset, qk_scale, rows), settings
     launch_without_stats: KernelLaunch  # the same kernel storing o only (STATS=False), for calls that keep no lse
-    tma: tuple | None  # (strides, tile rows) of each of q, k, v's descriptors, or None for pointers
+    tma: tuple | None  # (strides, tile rows, tile width) of each of q, k, v's descriptors, or None for pointers
     return_stats: bool
     has_sinks: bool  # the spec's: the kernel starts every row from its head's sink (SINK)
 
@@ -421,17 +442,19 @@ def make_forward_plan(q, k, v, *, spec: AttentionSpec, return_stats: bool, block
                       num_warps=None, num_stages=None, tma=None) -> ForwardPlan:  # fmt: skip
     """Derive one call's launch from its checked options (``_spec.check_spec``); raises on a layout, a device or
     a launch setting the kernel cannot take."""
-    shape = check_attention_inputs(q, k, v, dtypes=KERNEL_DTYPES)
+    shape = check_attention_inputs(q, k, v, dtypes=KERNEL_DTYPES, unequal_head_dims=True)
+    d_v = v.shape[3]  # v, acc and o: d_v wide; q and k: D = d_qk
     mask = kernel_mask(spec.mask, shape.Tq, shape.Tk)
     softcap = spec.softcap
     causal = mask.causal  # a window that is plain causal (or no mask) runs as such
     tma = None if tma is None else check_flag("tma", tma)
     check_kernel_device("q", q)
     length_class = 512 if shape.Tq <= 512 else (1024 if shape.Tq <= 1024 else 4096)  # so the cache stays small
-    config = forward_config(shape.D, q.dtype, q.device.type == "cpu", causal, length_class)
+    width = max(shape.D, d_v)  # unequal head dims take the settings of the wider one (``forward_config``)
+    config = forward_config(width, q.dtype, q.device.type == "cpu", causal, length_class)
     strides = use_tma(config["tma"] if tma is None else tma, q, k, v)
     if strides is None and config["tma"] == "auto":  # settings measured with descriptors, which this call lacks
-        config = forward_config(shape.D, q.dtype, q.device.type == "cpu", causal, length_class, tma=False)
+        config = forward_config(width, q.dtype, q.device.type == "cpu", causal, length_class, tma=False)
     block_q, block_k, num_warps, num_stages, own_settings = launch_settings(config, block_q, block_k, num_warps,
                                                                             num_stages)  # fmt: skip
     B, H, H_kv, Tq, Tk, D = shape
@@ -441,8 +464,8 @@ def make_forward_plan(q, k, v, *, spec: AttentionSpec, return_stats: bool, block
     # the programs of one query head stream its kv head's K and V, which the group's heads share
     n_tiles = -(-Tq // block_q)  # cdiv in plain Python: triton.cdiv is a jit function
     maxnreg = config.get("maxnreg") if own_settings else None  # a cap measured with these settings only
-    o_strides = strides_like(q)  # q's own layout where q is dense (a model's (B, T, H, D) view), else contiguous
-    chunk = heaviest_first_chunk(causal, 2 * Tk * D * q.element_size() // shape.group, B * H,
+    o_strides = output_strides(q, d_v)  # q's layout where q is dense (a model's (B, T, H, D) view), else contiguous
+    chunk = heaviest_first_chunk(causal, Tk * (D + d_v) * q.element_size() // shape.group, B * H,
                                  B * H * n_tiles, resident_programs(num_warps, maxnreg), q.device,
                                  shape.group)  # fmt: skip
     def launch(stats: bool) -> KernelLaunch:
@@ -452,7 +475,8 @@ def make_forward_plan(q, k, v, *, spec: AttentionSpec, return_stats: bool, block
             scalars=(*q.stride(), *k.stride(), *v.stride(), *o_strides, H, shape.group, Tq,
                      Tk, offset, qk_scale, B * H * Tq, max(chunk, 1), *mask.band, units.unit,
                      1.0 if softcap is None else softcap),  # fmt: skip
-            constexprs=dict(HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D), BLOCK_Q=block_q, BLOCK_K=block_k,
+            constexprs=dict(HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D), HEAD_DIM_V=d_v, HEAD_DIM_V_PAD=head_dim_pad(d_v),
+                            BLOCK_Q=block_q, BLOCK_K=block_k,
                             CAUSAL=causal, SIGN=units.sign, USE_TMA=strides is not None,
                             DOT_PRECISION=dot_precision(q.dtype), INTERPRETED=q.device.type == "cpu",
                             HEAVIEST_FIRST=chunk > 0,
@@ -469,14 +493,16 @@ def make_forward_plan(q, k, v, *, spec: AttentionSpec, return_stats: bool, block
             plan_keyed=True,  # kept under q, k and v's layouts (flash_attention, and attention's kept call)
         )
 
+    pads = (head_dim_pad(D), head_dim_pad(D), head_dim_pad(d_v))  # the descriptors' tile widths: q, k, v
     return ForwardPlan(
-        out_shape=(B, H, Tq, D),
+        out_shape=(B, H, Tq, d_v),
+        out_strides=o_strides,
         stats_shape=(3, B, H, Tq),
         device=q.device,
         o_like_q=o_strides == tuple(q.stride()),
         launch=launch(True),
         launch_without_stats=launch(False),
-        tma=None if strides is None else tuple(zip(strides, (block_q, block_k, block_k))),
+        tma=None if strides is None else tuple(zip(strides, (block_q, block_k, block_k), pads)),
         return_stats=return_stats,
         has_sinks=spec.has_sinks,
     )
@@ -490,7 +516,7 @@ def checked_forward_plan(q, k, v, *, causal, scale, alignment, window, softcap, 
                          num_warps, num_stages, tma) -> ForwardPlan:  # fmt: skip
     """``flash_attention``'s plan: its arguments checked into one spec (``_spec.check_spec``), then
     ``make_forward_plan``; raises on anything the kernel cannot take."""
-    shape = check_attention_inputs(q, k, v, dtypes=KERNEL_DTYPES)
+    shape = check_attention_inputs(q, k, v, dtypes=KERNEL_DTYPES, unequal_head_dims=True)
     spec = check_spec(shape, q.dtype, causal=causal, scale=scale, alignment=alignment, window=window,
                       softcap=softcap, causal_name="causal")  # fmt: skip
     return make_forward_plan(q, k, v, spec=spec, return_stats=check_flag("return_stats", return_stats),
@@ -505,8 +531,8 @@ def flash_attention(
     """Attention forward on the GPU, without materialising the Tq x Tk score matrix.
 
     Args:
-        q: (B, H, Tq, D); k, v: (B, H_kv, Tk, D) with H a multiple of H_kv. fp16, bf16 or fp32
-            (fp32 dots in full fp32, never tf32), any strides, 1 <= D <= 256.
+        q: (B, H, Tq, D); k: (B, H_kv, Tk, D), v: (B, H_kv, Tk, d_v) with H a multiple of H_kv. fp16,
+            bf16 or fp32 (fp32 dots in full fp32, never tf32), any strides, 1 <= D, d_v <= 256.
         causal, alignment: the causal mask of ``flashtile.reference.causal``.
         scale: τ, multiplies Q K^T; defaults to 1/sqrt(D). Zero and negative values are allowed.
         block_q, block_k: tile sizes (powers of two >= 16); defaults from ``forward_config``.
@@ -521,7 +547,7 @@ def flash_attention(
         softcap: None or s > 0: each scaled score x becomes s * tanh(x / s) before the mask and the softmax.
 
     Returns:
-        o: (B, H, Tq, D) in q's dtype, laid out as q is where q is dense (for q a (B, H, T, D) view of a
+        o: (B, H, Tq, d_v) in q's dtype, laid out as q is where q is dense (for q a (B, H, T, D) view of a
         (B, T, H, D) tensor, o is one too, so o.transpose(1, 2) needs no copy), contiguous otherwise.
         lse: (B, H, Tq) fp32, natural log; a row that sees no key gets o = 0 and lse = -inf. With
         return_stats, also stats: (2, B, H, Tq) fp32, stats[0] = m (the row max of the raw dots
@@ -555,11 +581,11 @@ def forward_with_plan(plan: ForwardPlan, q, k, v, stats: bool = True,
     """
     loads = (q, k, v)  # what the kernel reads tiles through: the tensors, or TMA descriptors of them
     if plan.tma is not None:
-        pad = plan.launch.constexprs["HEAD_DIM_PAD"]
-        loads = tuple(tile_descriptor(x, strides, rows, pad) for x, (strides, rows) in zip(loads, plan.tma))
+        loads = tuple(tile_descriptor(x, strides, rows, pad) for x, (strides, rows, pad) in zip(loads, plan.tma))
     # torch.empty_like is the cheapest allocation a call can make (no size or dtype to parse), and where q
-    # is dense it gives exactly q's strides, which the plan passed to the kernel
-    o = torch.empty_like(q) if plan.o_like_q else torch.empty(plan.out_shape, dtype=q.dtype, device=plan.device)
+    # is dense (and o as wide as q) it gives exactly q's strides, which the plan passed to the kernel
+    o = torch.empty_like(q) if plan.o_like_q else torch.empty_strided(plan.out_shape, plan.out_strides, dtype=q.dtype,
+                                                                       device=plan.device)  # fmt: skip
     if plan.has_sinks:
         sinks = sinks.to(torch.float32, copy=True)
     if not stats:  # o stands in for ROW_STATS, and for SINKS without sinks, which this kernel never touches
@@ -588,7 +614,8 @@ def flash_attention_varlen(
     """Attention within each packed document on the GPU: one program per (query tile, head, document).
 
     Args:
-        q: (total_q, H, D); k, v: (total_k, H_kv, D), H a multiple of H_kv; fp16, bf16 or fp32, any strides.
+        q: (total_q, H, D); k: (total_k, H_kv, D), v: (total_k, H_kv, d_v), H a multiple of H_kv; fp16, bf16
+            or fp32, any strides.
         cu_seqlens_q, cu_seqlens_k: int32 (n_documents + 1,) on q's device, 0 first, non-decreasing, ending at
             total_q and total_k (``flashtile.reference.varlen``).
         max_seqlen_q, max_seqlen_k: at least the longest document's query and key counts; the grid has
@@ -602,7 +629,7 @@ def flash_attention_varlen(
             tensors (``flashtile.attention_varlen`` does): the launcher then reads nothing on the host.
 
     Returns:
-        o (total_q, H, D) contiguous in q's dtype, lse (H, total_q) float32, and stats (2, H, total_q): the
+        o (total_q, H, d_v) contiguous in q's dtype, lse (H, total_q) float32, and stats (2, H, total_q): the
         final (m, l) of every row, the hand-off to ``flash_attention_varlen_backward``.
     """
     for name, x in (("q", q), ("k", k), ("v", v)):
@@ -621,36 +648,40 @@ def flash_attention_varlen(
 
 
 def varlen_forward_with_spec(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q: int, spec: AttentionSpec,
-                             block_q=None, block_k=None, num_warps=None, num_stages=None):  # fmt: skip
+                             block_q=None, block_k=None, num_warps=None, num_stages=None, sinks=None):  # fmt: skip
     """``flash_attention_varlen`` on inputs and cu_seqlens checked already (``flashtile.attention_varlen``'s), with
-    the call's checked options: (o, lse, stats)."""
+    the call's checked options: (o, lse, stats). ``sinks``: the (H,) sinks where ``spec.has_sinks`` (checked by
+    the caller): every row starts from its head's sink (``sink_start``)."""
     total_q, H, D = q.shape
-    H_kv = k.shape[1]
+    H_kv, d_v = k.shape[1], v.shape[2]
     check_kernel_device("q", q)
     mask = kernel_mask(spec.mask)  # the sides: each document's programs work out its own band
     softcap = spec.softcap
     left, right = mask.band
-    config = varlen_forward_config(D, q.dtype, q.device.type == "cpu", mask.causal, max_seqlen_q)
+    config = varlen_forward_config(max(D, d_v), q.dtype, q.device.type == "cpu", mask.causal, max_seqlen_q)
     block_q, block_k, num_warps, num_stages, own_settings = launch_settings(config, block_q, block_k, num_warps,
                                                                             num_stages)  # fmt: skip
     maxnreg = config.get("maxnreg") if own_settings else None
     units = kernel_scale(spec.scale)
     qk_scale = units.qk_scale if softcap is None else LOG2E
-    o = torch.empty((total_q, H, D), dtype=q.dtype, device=q.device)
+    o = torch.empty((total_q, H, d_v), dtype=q.dtype, device=q.device)
     row_stats = torch.empty((3, H, total_q), dtype=torch.float32, device=q.device)  # lse, m, l
     n_docs = cu_seqlens_q.shape[0] - 1
+    # the sinks as a contiguous float32 copy, the one form the kernel reads; row_stats stands in without them
+    sinks = row_stats if sinks is None else sinks.to(torch.float32, copy=True)
 
     def strides(x):  # (total, heads, D) seen as (1, heads, total, D): the batch stride is never stepped
         return 0, x.stride(1), x.stride(0), x.stride(2)
 
     _forward_kernel[head_batch_grid(-(-max_seqlen_q // block_q), H, n_docs)](
-        q, k, v, o, row_stats, row_stats, *strides(q), *strides(k), *strides(v), *strides(o),  # no SINKS: row_stats
+        q, k, v, o, row_stats, sinks, *strides(q), *strides(k), *strides(v), *strides(o),
         H, H // H_kv, total_q, k.shape[0], int(spec.mask.alignment == "lower_right"), qk_scale, H * total_q, 1, left,
         right, units.unit, 1.0 if softcap is None else softcap,
-        HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D), BLOCK_Q=block_q, BLOCK_K=block_k, CAUSAL=mask.causal,
+        HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D), HEAD_DIM_V=d_v, HEAD_DIM_V_PAD=head_dim_pad(d_v), BLOCK_Q=block_q,
+        BLOCK_K=block_k, CAUSAL=mask.causal,
         SIGN=units.sign, USE_TMA=False, DOT_PRECISION=dot_precision(q.dtype), INTERPRETED=q.device.type == "cpu",
         HEAVIEST_FIRST=False, MASKED_TILES=True, BAND=mask.banded, SOFTCAP=softcap is not None,
         CU_Q=cu_seqlens_q, CU_K=cu_seqlens_k, ORDER=document_order(cu_seqlens_q, cu_seqlens_k), VARLEN=True,
-        num_warps=num_warps, num_stages=num_stages, **({"maxnreg": maxnreg} if maxnreg else {}),
+        SINK=spec.has_sinks, num_warps=num_warps, num_stages=num_stages, **({"maxnreg": maxnreg} if maxnreg else {}),
     )  # fmt: skip
     return o, row_stats[0], row_stats[1:]
