@@ -2,11 +2,14 @@
 
 The truth is the suite's one float64 formula, tests/_truth.py (einsum and torch.softmax, no import from
 flashtile), so a bug shared by the ring and the reference tier cannot hide in it; this module only
-adapts it to the ring tests' shape of call and draws their inputs.
+adapts it to the ring tests' shape of call and draws their inputs. With sinks the truth is the same
+dense softmax with one more column per row, the sink's, whose value is zero (``sink_attention_truth``,
+written here from the definition).
 """
 
 from __future__ import annotations
 
+import math
 import sys
 
 import torch
@@ -18,6 +21,25 @@ def attention_truth(q, k, v, do, is_causal: bool, scale: float | None = None):
     """(o, dq, dk, dv) in float64 for q (B, H, T, D), k, v (B, H_kv, T, D), do like q."""
     o, _lse, (dq, dk, dv) = truth_with_grads(q, k, v, do, is_causal, scale)
     return o, dq, dk, dv
+
+
+def sink_attention_truth(q, k, v, do, sinks, is_causal: bool, scale: float | None = None):
+    """(o, dq, dk, dv, dsinks) in float64 for q (B, H, T, D), k, v (B, H_kv, T, D), sinks (H,): the row
+    softmax over the visible keys and the sink's column (score: the sink, after the scale; value: zero),
+    the gradients by torch autograd. Query head h reads key/value head h // (H // H_kv)."""
+    q, k, v, sinks = (x.detach().double().cpu().requires_grad_() for x in (q, k, v, sinks))
+    group = q.shape[1] // k.shape[1]
+    keys, values = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    tau = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    s = tau * torch.einsum("bhid,bhjd->bhij", q, keys)
+    if is_causal:
+        T = q.shape[2]
+        s = s.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+    column = sinks[None, :, None, None].expand(*s.shape[:-1], 1)
+    p = torch.softmax(torch.cat([s, column], dim=-1), dim=-1)[..., :-1]  # the sink's share dropped
+    o = torch.einsum("bhij,bhjd->bhid", p, values)
+    grads = torch.autograd.grad(o, (q, k, v, sinks), do.detach().double().cpu())
+    return (o.detach(), *grads)
 
 
 def random_qkv(B, H, H_kv, T, D, seed, dtype=torch.float64):

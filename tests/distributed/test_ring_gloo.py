@@ -18,7 +18,12 @@ from flashtile.distributed import (
     unshard_sequence,
 )
 from flashtile.distributed.local import RankFailed
-from tests.distributed._ring_cases import attention_truth, random_qkv, run_ring_from_the_tests
+from tests.distributed._ring_cases import (
+    attention_truth,
+    random_qkv,
+    run_ring_from_the_tests,
+    sink_attention_truth,
+)
 
 TIMEOUT_S = 60  # a hang fails the test after this long instead of holding up CI
 
@@ -32,11 +37,19 @@ CASES = [
 ]
 
 
-def group_worker(rank, world_size, cases, strided_inputs):
+# (name, B, H, H_kv, T, D, is_causal, scale, sinks): -inf is a head without a sink
+SINK_CASES = [
+    ("sinks-full", 2, 4, 2, 24, 8, False, None, (0.7, float("-inf"), -1.2, 2.5)),
+    ("sinks-causal", 1, 3, 1, 36, 16, True, 0.3, (1.5, -0.4, float("-inf"))),
+]
+
+
+def group_worker(rank, world_size, cases, strided_inputs, sink_cases=()):
     """Worker: every case in order, then the strided views, then the error cases last (so that a broken
     error path cannot touch the cases before it); this rank's results by kind."""
     return {
         "cases": [ring_attention_on_shards(rank, world_size, *case) for case in cases],
+        "sinks": [ring_attention_on_shards(rank, world_size, *case) for case in sink_cases],
         "strided": strided_shards(rank, world_size, *strided_inputs, True),
         "mismatched": mismatched_shards(rank, world_size),
         "disagreeing": disagreeing_ranks(rank, world_size),
@@ -44,8 +57,9 @@ def group_worker(rank, world_size, cases, strided_inputs):
 
 
 def inputs(case, world_size):
-    name, B, H, H_kv, T, D, is_causal, scale = case
-    return (*random_qkv(B, H, H_kv, T, D, seed=len(name) + world_size), is_causal, scale)
+    name, B, H, H_kv, T, D, is_causal, scale, *sinks = case
+    drawn = (*random_qkv(B, H, H_kv, T, D, seed=len(name) + world_size), is_causal, scale)
+    return (*drawn, torch.tensor(sinks[0], dtype=torch.float64)) if sinks else drawn
 
 
 # One worker takes every test of this file (make test runs pytest-xdist with --dist loadgroup): with the tests
@@ -59,17 +73,31 @@ def ring_results(request):
     world_size = request.param
     cases = [inputs(case, world_size) for case in CASES]
     strided_inputs = random_qkv(1, 4, 2, 4 * world_size, 8, seed=world_size)  # T: 2 chunks per rank
-    per_rank = run_ring_from_the_tests(group_worker, world_size, cases, strided_inputs, timeout_s=TIMEOUT_S)
-    return world_size, cases, strided_inputs, per_rank
+    sink_cases = [inputs(case, world_size) for case in SINK_CASES]
+    per_rank = run_ring_from_the_tests(group_worker, world_size, cases, strided_inputs, sink_cases,
+                                       timeout_s=TIMEOUT_S)
+    return world_size, cases, strided_inputs, per_rank, sink_cases
 
 
 @pytest.mark.parametrize("index", range(len(CASES)), ids=[c[0] for c in CASES])
 def test_ring_matches_float64_truth_output_and_every_gradient(ring_results, index):
-    world_size, cases, _, per_rank = ring_results
+    world_size, cases, _, per_rank, _ = ring_results
     q, k, v, do, is_causal, scale = cases[index]
     got = [unshard_sequence([r["cases"][index][i] for r in per_rank], is_causal) for i in range(4)]
     truth = attention_truth(q, k, v, do, is_causal, scale)
     for name, g, want in zip(("o", "dq", "dk", "dv"), got, truth):
+        assert g.dtype == torch.float64 and g.shape == want.shape, name
+        torch.testing.assert_close(g, want, rtol=0, atol=1e-12, msg=lambda m, name=name: f"{name}: {m}")
+
+
+@pytest.mark.parametrize("index", range(len(SINK_CASES)), ids=[c[0] for c in SINK_CASES])
+def test_ring_with_sinks_matches_float64_truth_and_the_ranks_shares_of_dsinks_add_up(ring_results, index):
+    _, _, _, per_rank, sink_cases = ring_results
+    q, k, v, do, is_causal, scale, sinks = sink_cases[index]
+    got = [unshard_sequence([r["sinks"][index][i] for r in per_rank], is_causal) for i in range(4)]
+    got.append(sum(r["sinks"][index][4] for r in per_rank))  # each rank: its query rows' share
+    truth = sink_attention_truth(q, k, v, do, sinks, is_causal, scale)
+    for name, g, want in zip(("o", "dq", "dk", "dv", "dsinks"), got, truth):
         assert g.dtype == torch.float64 and g.shape == want.shape, name
         torch.testing.assert_close(g, want, rtol=0, atol=1e-12, msg=lambda m, name=name: f"{name}: {m}")
 
@@ -90,7 +118,7 @@ def mismatched_shards(rank, world_size):
 
 
 def test_mismatched_shards_raise_value_error_on_every_rank(ring_results):
-    per_rank = [r["mismatched"] for r in ring_results[-1]]
+    per_rank = [r["mismatched"] for r in ring_results[3]]
     assert all(errors == per_rank[0] for errors in per_rank)  # one message, word for word, on every rank
     shape_error, causal_error = per_rank[0]
     assert "rank 0: query (1, 2, 4, 4)" in shape_error and "rank 1: query (1, 2, 8, 4)" in shape_error
@@ -100,16 +128,17 @@ def test_mismatched_shards_raise_value_error_on_every_rank(ring_results):
 
 
 def disagreeing_ranks(rank, world_size):
-    """Worker: rank 1 differs from rank 0 in the dtype only, then in the scale only. Every rank must raise
-    the same ValueError (before this check knew dtypes, the ranks aborted inside gloo: the transfers'
-    byte counts differ)."""
+    """Worker: rank 1 differs from rank 0 in the dtype only, then in the scale only, then in having sinks.
+    Every rank must raise the same ValueError (before this check knew dtypes, the ranks aborted inside
+    gloo: the transfers' byte counts differ)."""
     errors = []
-    for case in ("dtype", "scale"):
+    for case in ("dtype", "scale", "sinks"):
         dtype = torch.float32 if case == "dtype" and rank == 1 else torch.float64
         scale = 0.25 if case == "scale" and rank == 1 else None  # the default is 1/sqrt(4) = 0.5
+        sinks = torch.zeros(2, dtype=torch.float64) if case == "sinks" and rank == 1 else None
         q = torch.linspace(-1, 1, 32, dtype=dtype).view(1, 2, 4, 4)
         try:
-            ring_attention(q, q, q, scale=scale)
+            ring_attention(q, q, q, scale=scale, sinks=sinks)
             errors.append(None)
         except ValueError as e:
             errors.append(str(e))
@@ -118,14 +147,17 @@ def disagreeing_ranks(rank, world_size):
 
 
 def test_ranks_with_different_dtypes_or_scales_raise_the_same_value_error(ring_results):
-    per_rank = [r["disagreeing"] for r in ring_results[-1]]
+    per_rank = [r["disagreeing"] for r in ring_results[3]]
     assert all(errors == per_rank[0] for errors in per_rank)  # one message, word for word, on every rank
-    dtype_error, scale_error = per_rank[0]
+    dtype_error, scale_error, sinks_error = per_rank[0]
     assert dtype_error is not None and "different dtype on different ranks" in dtype_error
     assert "rank 0: query (1, 2, 4, 4)" in dtype_error and "float64 on cpu" in dtype_error
     assert "rank 1: query (1, 2, 4, 4)" in dtype_error and "float32 on cpu" in dtype_error
     assert scale_error is not None and "different scale on different ranks" in scale_error
     assert "scale=0.5" in scale_error and "scale=0.25" in scale_error
+    assert sinks_error is not None and "different sinks on different ranks" in sinks_error
+    assert "rank 1: query (1, 2, 4, 4)" in sinks_error and "float64 on cpu, with sinks" in sinks_error
+    assert "rank 0: query (1, 2, 4, 4), key (1, 2, 4, 4), is_causal=False, scale=0.5, float64 on cpu;" in sinks_error
 
 
 def strided_shards(rank, world_size, q, k, v, do, is_causal):
@@ -167,7 +199,7 @@ def test_strided_and_negative_view_shards_are_read_as_their_values_at_world_size
 
 def test_strided_and_negative_view_shards_are_read_as_their_values_in_a_ring(ring_results):
     # before: world size 1 passed and world size 2 failed inside dist.isend ("Tensors must be contiguous")
-    _, _, (q, k, v, do), per_rank = ring_results
+    _, _, (q, k, v, do), per_rank, _ = ring_results
     assert_strided_results([r["strided"] for r in per_rank], q, k, v, do)
 
 

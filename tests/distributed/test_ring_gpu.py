@@ -9,7 +9,12 @@ import torch
 
 import flashtile
 from flashtile.distributed import ring_attention_on_shards, unshard_sequence
-from tests.distributed._ring_cases import attention_truth, random_qkv, run_ring_from_the_tests
+from tests.distributed._ring_cases import (
+    attention_truth,
+    random_qkv,
+    run_ring_from_the_tests,
+    sink_attention_truth,
+)
 
 pytestmark = [
     pytest.mark.gpu,
@@ -22,6 +27,13 @@ CASES = [
     ("causal-d64", 2, 8, 8, 2048, 64, True),
     ("gqa-causal-d128", 1, 8, 2, 4096, 128, True),
     ("gqa-full-d128-short", 1, 4, 1, 256, 128, False),
+]
+
+
+# (name, B, H, H_kv, T, D, is_causal, sinks): bf16 shards, float32 sinks (-inf: a head without one)
+SINK_CASES = [
+    ("sinks-causal-d64", 2, 8, 2, 2048, 64, True, (0.5, -1.0, 2.0, float("-inf"), 0.0, 3.0, -2.5, 1.0)),
+    ("sinks-full-d128", 1, 4, 4, 1024, 128, False, (1.0, float("-inf"), -0.5, 4.0)),
 ]
 
 
@@ -51,6 +63,31 @@ def ring_and_single():
         truth = [t.cpu() for t in attention_truth(*(x.cuda() for x in (q, k, v, do)), is_causal)]
         out.append((ring, single, truth))
     return out
+
+
+@pytest.fixture(scope="module")
+def ring_with_sinks():
+    cases = []
+    for name, B, H, H_kv, T, D, is_causal, sinks in SINK_CASES:
+        q, k, v, do = (x.to(torch.bfloat16) for x in random_qkv(B, H, H_kv, T, D, seed=len(name), dtype=torch.float32))
+        cases.append((q, k, v, do, is_causal, None, torch.tensor(sinks, dtype=torch.float32)))
+    per_rank = run_ring_from_the_tests(run_cases, 2, cases, backend="nccl", timeout_s=240)
+    out = []
+    for index, (q, k, v, do, is_causal, _, sinks) in enumerate(cases):
+        ring = [unshard_sequence([r[index][i] for r in per_rank], is_causal) for i in range(4)]
+        ring.append(sum(r[index][4] for r in per_rank))  # the ranks' shares of dsinks
+        out.append((ring, sink_attention_truth(q, k, v, do, sinks, is_causal)))
+    return out
+
+
+@pytest.mark.parametrize("index", range(len(SINK_CASES)), ids=[c[0] for c in SINK_CASES])
+def test_nccl_ring_bf16_with_sinks_matches_float64(ring_with_sinks, index):
+    ring, truth = ring_with_sinks[index]
+    for name, r, t in zip(("o", "dq", "dk", "dv", "dsinks"), ring, truth):
+        assert r.dtype == (torch.float32 if name == "dsinks" else torch.bfloat16), name
+        assert torch.isfinite(r).all(), name
+        # bf16 operands, as in the test without sinks: within 1e-2 of the float64 truth
+        assert rel(r, t) < 1e-2, (name, rel(r, t))
 
 
 @pytest.mark.parametrize("index", range(len(CASES)), ids=[c[0] for c in CASES])

@@ -97,11 +97,11 @@ def run_local_ring(fn, world_size: int, *args, backend: str = "gloo", timeout_s:
 
 # --8<-- [start:on_shards]
 def ring_attention_on_shards(
-    rank, world_size, q, k, v, do, is_causal=False, scale=None
+    rank, world_size, q, k, v, do, is_causal=False, scale=None, sinks=None
 ):
     """Run on every rank of a group: shard the full q, k, v, do, run ring attention
     forward and backward on this rank's shards, and return this rank's (o, dq, dk, dv)
-    shards, on the CPU."""
+    shards, on the CPU; with ``sinks`` (H,) also this rank's share of their gradient."""
     from .ring import ring_attention
     from .sharding import shard_sequence
 
@@ -112,7 +112,10 @@ def ring_attention_on_shards(
         shard_sequence(x, world_size, rank, is_causal).to(device) for x in (q, k, v, do)
     )
     q, k, v = (x.requires_grad_() for x in (q, k, v))
-    o = ring_attention(q, k, v, is_causal=is_causal, scale=scale)
+    if sinks is not None:  # replicated: every rank holds all of them
+        sinks = sinks.to(device).requires_grad_()
+    o = ring_attention(q, k, v, is_causal=is_causal, scale=scale, sinks=sinks)
     o.backward(do)
-    return tuple(x.cpu() for x in (o.detach(), q.grad, k.grad, v.grad))
+    leaves = (q, k, v) if sinks is None else (q, k, v, sinks)
+    return tuple(x.cpu() for x in (o.detach(), *(leaf.grad for leaf in leaves)))
 # --8<-- [end:on_shards]

@@ -8,16 +8,22 @@ and ``merge_into`` folds it into the running one with the rescale identity of th
 keys around once more, and the dK, dV accumulated for them travel along and arrive at their owner
 after the last step.
 
+Attention sinks (``sinks``, one logit per query head, ``reference.sinks``) join each row once: every
+ring step merges keys only, and the sinks are folded into the finished (o, lse) as a partial of their
+own (o = 0, lse = sink). The saved lse then holds them, so the backward's steps are unchanged, and each
+rank's dsinks is its query rows' share, -sum of e^(sink - lse) D over them.
+
 Status and caveats:
 
 * Supports: fp16, bf16, fp32 on CUDA (flashtile's Triton kernels do the local attention), any float
   dtype on CPU and float64 everywhere (the reference tier); GQA (H a multiple of H_kv; only the H_kv
-  key/value heads travel); causal (zig-zag layout) and non-causal (contiguous layout).
+  key/value heads travel); causal (zig-zag layout) and non-causal (contiguous layout); attention
+  sinks, differentiable (the sinks never travel; their gradient on each rank is that rank's share).
 * Does not support: cross-attention (query and key shards must hold the same tokens), masks other
   than causal, dropout, uneven shards.
 * Every call checks that all ranks hold shards of one shape, dtype and device type, with one is_causal
-  and scale: a small all_gather and, on CUDA, a host sync; every rank raises the same ValueError
-  naming what differs. ``check_shards=False`` skips it.
+  and scale, and sinks on all of them or none: a small all_gather and, on CUDA, a host sync; every
+  rank raises the same ValueError naming what differs. ``check_shards=False`` skips it.
 * Transport is torch.distributed's ``batch_isend_irecv`` (NCCL on GPUs, gloo on CPUs); the transfer
   of the next key/value shard is started before the local attention and waited for after it.
 * Measured status: bench/results/ring.json (1.74-2.09x on two H200s from 32k tokens, except the causal
@@ -32,8 +38,17 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
-from .._checks import FLOAT_DTYPES, check_attention_inputs, check_causal, resolve_neg_bits, resolve_scale
+from .._checks import (
+    FLOAT_DTYPES,
+    check_attention_inputs,
+    check_causal,
+    check_sinks,
+    resolve_neg_bits,
+    resolve_scale,
+)
+from ..reference.backward import backward_delta
 from ..reference.merge import merge_partials
+from ..reference.sinks import merge_sink, sink_gradient
 from .sharding import LAYOUTS, layout_for
 
 REFERENCE_BLOCK = 64  # tile size of the reference tier on CPU: any value gives the same result up to rounding
@@ -163,6 +178,25 @@ def backward_step(
 # --8<-- [end:steps]
 
 
+# --8<-- [start:sinks]
+def fold_sinks(o, lse, sinks):
+    """(o, lse) over every key, with the sinks joined once: merged as a partial of
+    their own, o = 0 and lse = sink (``reference.sinks.merge_sink``), in lse's dtype.
+    Unchanged without sinks. After it, o = o * e^(lse - lse') and lse' = log(e^lse +
+    e^sink)."""
+    if sinks is None:
+        return o, lse
+    return merge_sink(o, lse, sinks)
+
+
+def sink_share(sinks, o, lse, do):
+    """This rank's share of dsinks: -sum over its rows of e^(sink - lse) D, with the
+    final o and the lse that holds the sinks (``reference.sinks.sink_gradient``)."""
+    c = lse.dtype
+    return sink_gradient(sinks, lse, backward_delta(o.to(c), do.to(c)))
+# --8<-- [end:sinks]
+
+
 # --8<-- [start:simulate]
 def simulate_ring(
     q_shards,
@@ -171,13 +205,16 @@ def simulate_ring(
     is_causal: bool,
     scale: float | None = None,
     do_shards=None,
+    *,
+    sinks=None,
 ):
     """Ring attention for W = len(q_shards) ranks in one process: the same plans and
     steps as ``ring_attention``, with "the shard that arrived from the previous rank"
     replaced by indexing.
 
     Returns the list of o shards (in the merge dtype), and when ``do_shards`` is given
-    also the lists of dq, dk and dv shards, every one of them in rank order.
+    also the lists of dq, dk and dv shards, every one of them in rank order, and with
+    ``sinks`` the list of each rank's share of dsinks (they sum to dsinks).
     """
     world, T_local = len(q_shards), q_shards[0].shape[2]
     scale = resolve_scale(scale, q_shards[0].shape[-1])
@@ -194,6 +231,7 @@ def simulate_ring(
             forward_step(
                 q_shards[rank], k_shards[source], v_shards[source], o, lse, plan, scale
             )
+        o, lse = fold_sinks(o, lse, sinks)
         outs.append(o)
         lses.append(lse)
     if do_shards is None:
@@ -213,7 +251,13 @@ def simulate_ring(
                 q_shards[rank], k_shards[source], v_shards[source], o, lses[rank],
                 do_shards[rank], plan, scale, dqs[rank], dks[source], dvs[source],
             )  # fmt: skip
-    return outs, dqs, dks, dvs
+    if sinks is None:
+        return outs, dqs, dks, dvs
+    shares = [
+        sink_share(sinks, outs[r].to(q_shards[r].dtype), lses[r], do_shards[r])
+        for r in range(world)
+    ]
+    return outs, dqs, dks, dvs, shares
 # --8<-- [end:simulate]
 
 
@@ -246,14 +290,15 @@ def wait(requests: list) -> None:
 
 
 # --8<-- [start:ring_forward]
-def ring_forward(q, k, v, is_causal: bool, scale: float, ring: Ring):
-    """This rank's (o, lse): o in q's dtype, lse in the merge dtype.
+def ring_forward(q, k, v, is_causal: bool, scale: float, ring: Ring, sinks=None):
+    """This rank's (o, lse): o in q's dtype, lse in the merge dtype (with the sinks).
 
-    With two ranks there is one merge, so o stays in q's dtype: the merged rows are
-    rounded once, as they would be at the end. With more, o is kept in the merge dtype
-    and rounded at the end.
+    With two ranks and no sinks there is one merge, so o stays in q's dtype: the merged
+    rows are rounded once, as they would be at the end. With more, or with the sinks'
+    merge after the last step, o is kept in the merge dtype and rounded at the end.
     """
-    running = q.dtype if ring.world <= 2 else stats_dtype(q)
+    one_merge = ring.world <= 2 and sinks is None
+    running = q.dtype if one_merge else stats_dtype(q)
     for step in range(ring.world):
         source = (ring.rank - step) % ring.world
         last = step == ring.world - 1
@@ -268,6 +313,7 @@ def ring_forward(q, k, v, is_causal: bool, scale: float, ring: Ring):
         if not last:
             wait(requests)
             k, v = k_next, v_next
+    o, lse = fold_sinks(o, lse, sinks)  # once, after every key shard
     return o.to(q.dtype), lse
 # --8<-- [end:ring_forward]
 
@@ -312,21 +358,25 @@ def ring_backward(q, k, v, o, lse, do, is_causal: bool, scale: float, ring: Ring
 
 
 class RingAttention(torch.autograd.Function):
-    """Saves q, k, v, o and lse of this rank's shard: O(T / W) memory, never a score matrix."""
+    """Saves q, k, v, o and lse of this rank's shard (and the (H,) sinks): O(T / W) memory, never a score
+    matrix."""
 
     @staticmethod
-    def forward(ctx, q, k, v, is_causal, scale, ring):
-        o, lse = ring_forward(q, k, v, is_causal, scale, ring)
-        ctx.save_for_backward(q, k, v, o, lse)
+    def forward(ctx, q, k, v, sinks, is_causal, scale, ring):
+        o, lse = ring_forward(q, k, v, is_causal, scale, ring, sinks)
+        ctx.save_for_backward(q, k, v, o, lse, *([] if sinks is None else [sinks]))
         ctx.config = (is_causal, scale, ring)
         return o
 
     @staticmethod
     def backward(ctx, do):
-        q, k, v, o, lse = ctx.saved_tensors
+        q, k, v, o, lse, *sinks = ctx.saved_tensors
         (do,) = resolve_neg_bits(do)  # a negative view's memory holds -do; the kernels and the transfers read memory
-        dq, dk, dv = ring_backward(q, k, v, o, lse, do.contiguous(), *ctx.config)
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None
+        do = do.contiguous()
+        # the lse that holds the sinks: exp(S - lse) is each key's share, so the steps are as without them
+        dq, dk, dv = ring_backward(q, k, v, o, lse, do, *ctx.config)
+        dsinks = sink_share(sinks[0], o, lse, do) if sinks and ctx.needs_input_grad[3] else None
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dsinks, None, None, None
 
 
 def check_group(group):
@@ -344,33 +394,35 @@ def check_group(group):
 DEVICE_TYPES = ("cpu", "cuda")  # a signature's device code: the index here, or len(DEVICE_TYPES) for another
 
 
-def signature_of(q, k, is_causal: bool, scale: float) -> list[int]:
+def signature_of(q, k, is_causal: bool, scale: float, has_sinks: bool = False) -> list[int]:
     """What every rank must agree on, as ints: the two shapes, is_causal, the scale's bits, the dtype and the
-    device type (query's; check_attention_inputs made key and value match it)."""
+    device type (query's; check_attention_inputs made key and value match it), and whether sinks were given."""
     scale_bits = struct.unpack("<q", struct.pack("<d", scale))[0]
     device_code = DEVICE_TYPES.index(q.device.type) if q.device.type in DEVICE_TYPES else len(DEVICE_TYPES)
-    return [*q.shape, *k.shape, int(is_causal), scale_bits, FLOAT_DTYPES.index(q.dtype), device_code]
+    return [*q.shape, *k.shape, int(is_causal), scale_bits, FLOAT_DTYPES.index(q.dtype), device_code, int(has_sinks)]
 
 
-SIGNATURE_FIELDS = ("query shape", "key shape", "is_causal", "scale", "dtype", "device type")
+SIGNATURE_FIELDS = ("query shape", "key shape", "is_causal", "scale", "dtype", "device type", "sinks")
 
 
 def describe_signature(t: list[int]) -> str:
     dtype = str(FLOAT_DTYPES[t[10]]).replace("torch.", "")
     device = DEVICE_TYPES[t[11]] if t[11] < len(DEVICE_TYPES) else "another device type"
     scale = struct.unpack("<d", struct.pack("<q", t[9]))[0]
-    return f"query {tuple(t[:4])}, key {tuple(t[4:8])}, is_causal={bool(t[8])}, scale={scale}, {dtype} on {device}"
+    sinks = ", with sinks" if t[12] else ""
+    return (f"query {tuple(t[:4])}, key {tuple(t[4:8])}, is_causal={bool(t[8])}, scale={scale}, {dtype} on "
+            f"{device}{sinks}")
 
 
-def check_shards_agree(q, k, is_causal: bool, scale: float, ring: Ring) -> None:
+def check_shards_agree(q, k, is_causal: bool, scale: float, ring: Ring, has_sinks: bool = False) -> None:
     """Every rank must hold shards of one shape, dtype and device type, and call with the same is_causal
-    and scale.
+    and scale, with sinks on every rank or on none.
 
     One all_gather of a few ints, so that every rank sees every other rank's signature and all of them
     raise the same error, instead of some hanging in a transfer that never comes, or aborting inside the
     transport when the byte counts of a transfer differ (shards of two dtypes).
     """
-    mine = signature_of(q, k, is_causal, scale)
+    mine = signature_of(q, k, is_causal, scale, has_sinks)
     device = q.device if q.is_cuda else torch.device("cpu")
     # One collective into one buffer and one copy back: every extra launch or host read here is paid
     # on every call, before any attention work is queued.
@@ -381,13 +433,13 @@ def check_shards_agree(q, k, is_causal: bool, scale: float, ring: Ring) -> None:
     gather_into(everyone, signature, group=ring.group)
     signatures = everyone.view(ring.world, len(mine)).cpu().tolist()
     if any(theirs != signatures[0] for theirs in signatures):
-        spans = (slice(0, 4), slice(4, 8), slice(8, 9), slice(9, 10), slice(10, 11), slice(11, 12))
+        spans = (slice(0, 4), slice(4, 8), slice(8, 9), slice(9, 10), slice(10, 11), slice(11, 12), slice(12, 13))
         differ = [f for f, at in zip(SIGNATURE_FIELDS, spans) if any(t[at] != signatures[0][at] for t in signatures)]
         described = "; ".join(f"rank {r}: {describe_signature(t)}" for r, t in enumerate(signatures))
         raise ValueError(
             f"ring_attention was called with a different {', '.join(differ)} on different ranks ({described}): "
             "every rank must hold an equal shard (see shard_sequence) of one dtype on one device type, and use "
-            "the same is_causal and scale"
+            "the same is_causal and scale, and sinks on every rank or on none"
         )
 
 
@@ -400,6 +452,7 @@ def ring_attention(
     scale=None,
     group=None,
     *,
+    sinks=None,
     layout=None,
     check_shards=True,
 ):
@@ -415,11 +468,17 @@ def ring_attention(
         scale: multiplies Q K^T; defaults to 1/sqrt(D).
         group: the torch.distributed process group (None: the default one, which must
             exist).
+        sinks: None or (H,), float32 or query's dtype, on query's device: one logit per
+            query head that joins every row's softmax once, with a value of zero, as in
+            ``flashtile.attention``; -inf is no sink. The same on every rank (a
+            replicated parameter); differentiable: each rank's gradient is its query
+            rows' share, and the shares sum to the whole, as a replicated weight's do.
         layout: optional, "zigzag" or "contiguous": states the layout of the shards, and
             must be the one ``shard_sequence`` uses for ``is_causal`` (zig-zag for
             causal, contiguous otherwise).
         check_shards: check that every rank holds shards of one shape, dtype and device
-            type and passes the same is_causal and scale (a small all_gather per call).
+            type and passes the same is_causal and scale, and sinks on every rank or on
+            none (a small all_gather per call).
 
     Returns:
         This rank's shard of the output, like query, differentiable with respect to
@@ -427,9 +486,10 @@ def ring_attention(
     """
     # a negative view's memory holds the negated values, and the transfers and kernels
     # read memory
-    query, key, value = resolve_neg_bits(query, key, value)
+    query, key, value, sinks = resolve_neg_bits(query, key, value, sinks)
     shape = check_attention_inputs(query, key, value, names=("query", "key", "value"))
     check_causal(is_causal, "is_causal")
+    sinks = check_sinks(sinks, shape, query)
     expected = layout_for(is_causal)
     if layout is not None and layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS} or None, got {layout!r}")
@@ -453,10 +513,10 @@ def ring_attention(
     scale = resolve_scale(scale, shape.D)
     ring = ring_of(check_group(group))
     if check_shards:
-        check_shards_agree(query, key, is_causal, scale, ring)
+        check_shards_agree(query, key, is_causal, scale, ring, sinks is not None)
     # The key and value shards travel (isend/irecv send dense memory): any layout is
     # taken, as a dense copy where it is not dense already, at every world size alike.
     # The gradients flow back through the copy.
     key, value = key.contiguous(), value.contiguous()
-    return RingAttention.apply(query, key, value, is_causal, scale, ring)
+    return RingAttention.apply(query, key, value, sinks, is_causal, scale, ring)
 # --8<-- [end:ring_attention]
