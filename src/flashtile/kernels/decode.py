@@ -264,7 +264,8 @@ def _decode_split_kernel(
     l = tl.zeros([BLOCK_M], dtype=tl.float32)
     # --8<-- [start:sink_start]
     if SINK:  # one slice writes o itself: its rows start from their head's sink
-        sink = tl.load(SINKS + h.to(tl.int64) * stride_sink, mask=row_ok, other=float("-inf"))
+        sink_ptrs = SINKS + h.to(tl.int64) * stride_sink  # each packed row's head
+        sink = tl.load(sink_ptrs, mask=row_ok, other=float("-inf"))
         # one key already seen, score = the sink, value 0: m in the loop's units (raw
         # dots, or natural units for capped scores), l = 1 (0 for a sink of -inf)
         m = sink.to(tl.float32)
@@ -441,8 +442,9 @@ class DecodePlan(NamedTuple):
     merge: KernelLaunch | None
 
     def run(
-        self, q, key_cache, value_cache, cache_seqlens=None, block_table=None, sinks=None
-    ):
+        self, q, key_cache, value_cache, cache_seqlens=None, block_table=None,
+        sinks=None,
+    ):  # fmt: skip
         """``decode_with_plan(self, ...)``: (o, lse), lse None unless the plan stores
         it."""
         return decode_with_plan(
@@ -704,7 +706,8 @@ def decode_with_plan(
 def flash_decode(
     q, key_cache, value_cache, cache_seqlens=None, *, scale=None, num_splits=None,
     block_table=None,
-    block_k=None, num_warps=None, num_stages=None, window=None, softcap=None, sinks=None,
+    block_k=None, num_warps=None, num_stages=None, window=None, softcap=None,
+    sinks=None,
 ):
     """Split-K decode on the GPU (or the interpreter). Arguments as
     ``flashtile.decode_attention``; block_k, num_warps, num_stages override
