@@ -2,16 +2,16 @@
 
 A call site written for ``torch.nn.functional.scaled_dot_product_attention(query, key, value,
 is_causal=..., scale=..., enable_gqa=...)`` can call ``flashtile.attention`` with the same arguments.
-What SDPA has and flashtile does not: ``attn_mask`` and ``dropout_p`` (both raise if used), inputs of
-rank other than 4, and a value head dim different from the query's. What flashtile has and SDPA does not:
-windows, soft-capping, ``return_lse`` and attention sinks (``sinks``).
+What SDPA has and flashtile does not: ``attn_mask`` and ``dropout_p`` (both raise if used), and inputs of
+rank other than 4. Like SDPA, the value head dim d_v may differ from the query's (1 to 256, on every tier).
+What flashtile has and SDPA does not: windows, soft-capping, ``return_lse`` and attention sinks (``sinks``).
 
 What runs (the dispatch):
 
 * CUDA tensors run the Triton kernels (``flashtile.kernels.forward`` and ``.backward``).
   Calls of Tq <= 16 query rows that autograd does not record run the split-K decode kernels
   (``flashtile.kernels.decode``) instead of the forward kernel, with every mask, the same answer and
-  the same contract (``decode_route``).
+  the same contract (``decode_route``), unless they have sinks or a value head dim of their own.
 * CPU tensors run the same Triton kernels through Triton's interpreter when ``TRITON_INTERPRET`` is on
   (read exactly as Triton reads it; set it before flashtile's kernel modules are imported), and the
   PyTorch reference tier (``flashtile.reference.forward`` / ``.backward``, in float32) otherwise.
@@ -110,11 +110,13 @@ def attention(
     """Softmax attention with SDPA's argument names, differentiable, torch.compile-clean.
 
     Args:
-        query: (B, H, Tq, D). key, value: (B, H_kv, Tk, D), 1 <= D <= 256. fp16, bf16, fp32, float64;
-            any strides; CUDA, or CPU (see the module docstring for which tier runs).
+        query: (B, H, Tq, D). key: (B, H_kv, Tk, D), value: (B, H_kv, Tk, d_v), 1 <= D, d_v <= 256 (d_v
+            may differ from D: q . k contracts over D, o is d_v wide). fp16, bf16, fp32, float64; any
+            strides; CUDA, or CPU (see the module docstring for which tier runs).
         attn_mask, dropout_p: accepted for signature compatibility only; must be None and 0.0.
         is_causal: causal mask; with Tq != Tk its diagonal follows ``alignment``.
-        scale: τ, multiplies Q K^T; defaults to 1/sqrt(D), as in SDPA. Zero and negative allowed.
+        scale: τ, multiplies Q K^T; defaults to 1/sqrt(D) (query's head dim), as in SDPA. Zero and negative
+            allowed.
         enable_gqa: allow H_kv < H (H a multiple of H_kv); without it H must equal H_kv, as in SDPA.
         alignment: "upper_left" (SDPA's is_causal) or "lower_right" (the last query sees every key).
         return_lse: also return lse (B, H, Tq), natural log, float32 (float64 for float64 inputs);
@@ -140,7 +142,7 @@ def attention(
             default); see ``flashtile.fp8.attention.fp8_attention``.
 
     Returns:
-        o (B, H, Tq, D) in query's dtype (the autocast dtype under autocast), laid out as query is where
+        o (B, H, Tq, d_v) in query's dtype (the autocast dtype under autocast), laid out as query is where
         query is dense (a model's (B, H, T, D) view of (B, T, H, D) gives o that view too), contiguous
         otherwise; or (o, lse) if return_lse.
     """
