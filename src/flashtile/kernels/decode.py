@@ -280,19 +280,22 @@ def _decode_split_kernel(
         acc, l, m = _decode_key_tiles(
             acc, l, m, q, t, k_head, v_head, BLOCK_TABLE, stride_kp, stride_kt, stride_kd, stride_vp, stride_vt,
             stride_vd, stride_tb, stride_tp, b, d, dv, start_tile, full_first, k_end, lo, hi, qk_scale, unit,
-            softcap, BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, PAGE_SIZE, PAGED, MASKED=True, BAND=True, SOFTCAP=SOFTCAP,
+            softcap, BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, PAGE_SIZE, PAGED,
+            MASKED=True, BAND=True, SOFTCAP=SOFTCAP,
             DOT_PRECISION=DOT_PRECISION,
         )
     acc, l, m = _decode_key_tiles(  # FULL: no mask
         acc, l, m, q, t, k_head, v_head, BLOCK_TABLE, stride_kp, stride_kt, stride_kd, stride_vp, stride_vt,
         stride_vd, stride_tb, stride_tp, b, d, dv, full_first, full_end, k_end, lo, hi, qk_scale, unit, softcap,
-        BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, PAGE_SIZE, PAGED, MASKED=False, BAND=False, SOFTCAP=SOFTCAP,
+        BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, PAGE_SIZE, PAGED,
+        MASKED=False, BAND=False, SOFTCAP=SOFTCAP,
         DOT_PRECISION=DOT_PRECISION,
     )
     acc, l, m = _decode_key_tiles(  # the right edge and the end of the slice
         acc, l, m, q, t, k_head, v_head, BLOCK_TABLE, stride_kp, stride_kt, stride_kd, stride_vp, stride_vt,
         stride_vd, stride_tb, stride_tp, b, d, dv, full_end, end_tile, k_end, lo, hi, qk_scale, unit, softcap,
-        BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, PAGE_SIZE, PAGED, MASKED=True, BAND=BAND, SOFTCAP=SOFTCAP,
+        BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, PAGE_SIZE, PAGED,
+        MASKED=True, BAND=BAND, SOFTCAP=SOFTCAP,
         DOT_PRECISION=DOT_PRECISION,
     )
 
