@@ -108,14 +108,43 @@ def test_a_training_step_matches_eager_logits_and_every_gradient(name, backend, 
 
 
 @pytest.mark.parametrize("backend", ["reference", "triton"])
-def test_greedy_generation_with_a_kv_cache_matches_eager_token_for_token(name, backend):
-    """A prompt of 6 tokens and 7 new ones: the windowed layer's cache runs past its 4 keys."""
+def test_greedy_generation_with_a_kv_cache_matches_eager_token_for_token(name, backend, monkeypatch):
+    """A prompt of 6 tokens and 5 new ones: the windowed layer's cache runs past its 4 keys. New tokens 2
+    to 5 take the decode kernel, with the sinks."""
+    calls = []
+    decode = integration.decode_attention
+    monkeypatch.setattr(integration, "decode_attention", lambda *a, **k: calls.append(k) or decode(*a, **k))
     truth, ours = gpt_oss_twins(name)
     prompt = token_ids(2, 6)
-    expected = truth.generate(prompt, max_new_tokens=7, **GREEDY)
+    expected = truth.generate(prompt, max_new_tokens=5, **GREEDY)
     with use_backend(backend):
-        got = ours.generate(prompt, max_new_tokens=7, **GREEDY)
-    assert got.shape == (2, 13) and torch.equal(got, expected)
+        got = ours.generate(prompt, max_new_tokens=5, **GREEDY)
+    assert got.shape == (2, 11) and torch.equal(got, expected)
+    assert len(calls) == 4 * 2 and all(call["sinks"] is ours.model.layers[0].self_attn.sinks for call in calls[::2])
+
+
+def test_a_padded_batch_is_one_call_per_layer_and_matches_eager_on_real_tokens(name, monkeypatch):
+    """Left padding of 5 and 11 (a single real token) in one batch: each layer runs one packed call with
+    the sinks, and the real tokens' logits are eager's; then generation from the padded prompts. Eager in
+    float64 is a truth here even with padding (unlike Llama's, test_transformers.py, PADDED_TRUTH): the
+    sink's column keeps a padding row's softmax finite."""
+    truth, ours = gpt_oss_twins(name)
+    ids = token_ids(3, 12)
+    mask = torch.ones(3, 12, dtype=torch.long)
+    mask[0, :5] = 0
+    mask[2, :11] = 0
+    calls = []
+    varlen = integration.attention_varlen
+    monkeypatch.setattr(integration, "attention_varlen", lambda *a, **k: calls.append(k) or varlen(*a, **k))
+    with torch.no_grad(), use_backend("triton"):  # the kernels (on a CPU, the interpreter)
+        got = ours(ids, attention_mask=mask).logits
+        expected = truth(ids, attention_mask=mask).logits
+    real = mask.bool()
+    assert (got.double() - expected)[real].abs().max().item() < LOGITS_ATOL
+    assert len(calls) == 2 and all(call["sinks"] is not None for call in calls)
+    with use_backend("reference"):  # the interpreter is slow: the cache's masks on the reference tier
+        new = ours.generate(ids, attention_mask=mask, max_new_tokens=5, **GREEDY)
+    assert torch.equal(new, truth.generate(ids, attention_mask=mask, max_new_tokens=5, **GREEDY))
 
 
 def test_sinks_that_are_not_one_per_head_are_refused():

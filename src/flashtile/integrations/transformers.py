@@ -17,6 +17,12 @@ What it supports:
   alternating layers) as ``window=(W - 1, 0)``: W keys, the query's own included, as transformers' mask;
 * logit soft-capping (the layer's ``softcap``, Gemma-2's ``attn_logit_softcapping``) as ``softcap=``, and
   the layer's ``scaling`` as τ (Gemma-2's ``query_pre_attn_scalar``);
+* attention sinks (gpt-oss's ``s_aux``: one learnable logit per query head, in the units of the scaled
+  score, as its eager attention appends it to the scores) as ``sinks=``, the layer's own tensor, so its
+  gradient reaches the parameter; on every path (dense, packed and decode calls), with gpt-oss's
+  alternating sliding-window and full layers;
+* a value head dim of its own (DeepSeek-V3's multi-head latent attention: 192 for q·k, 128 for v):
+  value goes in with its own D_v, unpadded, and o comes back with D_v, on every path;
 * padded batches (left or right padding) and packed rows (``position_ids`` that restart, as
   ``DataCollatorWithFlattening`` makes them, or its ``cu_seq_lens_q`` / ``cu_seq_lens_k``): the real
   tokens are gathered into one ``flashtile.attention_varlen`` call, one document per run of real tokens,
@@ -25,7 +31,7 @@ What it supports:
 What it refuses, with an error that names the limitation (never a silently ignored mask): a mask that is
 not "causal on runs of real tokens, with the layer's window" (block or prefix masks, additive biases,
 per-head masks, right padding during generation), a mask or a binding window on a non-causal layer,
-attention dropout, attention sinks and position biases.
+attention dropout, sinks that are not one per query head (per-token sinks) and position biases.
 
 Two traps this module handles for its users:
 
@@ -36,8 +42,9 @@ Two traps this module handles for its users:
   is registered under the same name (``AttentionMaskInterface``): ``register`` registers one.
 
 Measured status: the CPU tests in tests/integrations compare logits, every parameter gradient and greedy
-generation with transformers' eager attention on tiny Llama, Qwen2 (with and without windows), Mistral
-and Gemma-2 models, padded and packed. A masked or packed batch reads its layout on the host once per
+generation with transformers' eager attention on tiny Llama, Qwen2 (with and without windows), Mistral,
+Gemma-2, gpt-oss (sinks, alternating windows) and DeepSeek-V3 (q·k 24 dims, v 16) models, padded and
+packed. A masked or packed batch reads its layout on the host once per
 forward (the first layer; the others reuse it), so it is not ``torch.compile`` fullgraph-clean; an
 unpadded, unpacked batch is a single call without host reads.
 """
@@ -55,11 +62,6 @@ from ..decode import decode_attention
 from ..varlen import attention_varlen
 
 DEFAULT_NAME = "ftile"
-VARLEN_SINKS = (
-    "flashtile's packed (varlen) call takes no attention sinks yet: a padded or packed "
-    "batch of a model with sinks (gpt-oss) cannot run as one call; run the sequences "
-    "unpadded, or use attn_implementation='eager'"
-)
 
 
 # --8<-- [start:register]
@@ -170,7 +172,7 @@ def flashtile_attention_forward(
             attention_mask, documents, query, key, layer["window"], causal
         )
         return run_segments(query, key, value, plan, **layer), None
-    if Tq == 1 and decode_fits(query, value, layer["sinks"]):
+    if Tq == 1 and decode_fits(query):
         o = decode_attention(
             query,
             key,
@@ -178,6 +180,7 @@ def flashtile_attention_forward(
             scale=scaling,
             window=layer["window"],
             softcap=layer["softcap"],
+            sinks=layer["sinks"],
         )
     # sdpa's mask function skips the mask only for Tq == 1, Tq == Tk, or an empty cache
     # (rows 0 ... Tq-1)
@@ -272,11 +275,10 @@ def layer_window(sliding_window, causal: bool, Tk: int) -> tuple[int, int] | Non
 # --8<-- [end:layer_window]
 
 
-def decode_fits(query, value, sinks) -> bool:
-    """One new token can take ``decode_attention`` (window and soft-cap included) when no gradient is wanted,
-    the layer has no sinks and value's head dim is query's (``decode_attention`` takes neither)."""
-    wants_grad = torch.is_grad_enabled() and query.requires_grad
-    return not wants_grad and sinks is None and value.shape[-1] == query.shape[-1]
+def decode_fits(query) -> bool:
+    """One new token can take ``decode_attention`` (window, soft-cap, sinks and D_v included) when no gradient
+    is wanted."""
+    return not (torch.is_grad_enabled() and query.requires_grad)
 
 
 def document_starts(query: torch.Tensor, key: torch.Tensor, kwargs: dict) -> torch.Tensor | None:
@@ -534,18 +536,17 @@ def run_segments(
     if plan.whole is not None:
         k0, k1 = plan.whole
         key, value = key[:, :, k0:k1], value[:, :, k0:k1]
-        if Tq == 1 and decode_fits(query, value, sinks):
+        if Tq == 1 and decode_fits(query):
             o = decode_attention(
-                query, key, value, scale=scale, window=window, softcap=softcap
-            )
+                query, key, value, scale=scale, window=window, softcap=softcap,
+                sinks=sinks,
+            )  # fmt: skip
             return o.transpose(1, 2).contiguous()
         o = attention(
             query, key, value, is_causal=True, scale=scale, enable_gqa=enable_gqa,
             alignment="lower_right", window=window, softcap=softcap, sinks=sinks,
         )  # fmt: skip
         return o.transpose(1, 2).contiguous()
-    if sinks is not None:
-        raise ValueError(VARLEN_SINKS)
     # (B, T, H, D) views, flattened to tokens: free for the model's projections, one
     # copy for a cache
     # (total_q, H, D)
@@ -558,7 +559,7 @@ def run_segments(
         packed = attention_varlen(
             q, k, v, plan.cu_seqlens_q, plan.cu_seqlens_k, plan.max_seqlen_q,
             plan.max_seqlen_k, is_causal=True, scale=scale, window=window,
-            softcap=softcap, alignment="lower_right",
+            softcap=softcap, alignment="lower_right", sinks=sinks,
         )  # fmt: skip
         o = o.index_copy(0, plan.q_index, packed)
     return o.view(B, Tq, H, D_v)
