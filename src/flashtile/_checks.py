@@ -369,15 +369,14 @@ def check_decode_inputs(
     check_same("value_cache", value_cache, "query", query)
     for name, t in (("query", query), ("key_cache", key_cache), ("value_cache", value_cache)):
         check_values_in_memory(name, t)
-    if tuple(value_cache.shape[:-1]) != tuple(key_cache.shape[:-1]):
-        raise ValueError(f"value_cache must have the shape of key_cache {tuple(key_cache.shape)} in every dim but "
-                         f"the last (the value head dim d_v may differ), got {tuple(value_cache.shape)}")
-    for name, t in (("query", query), ("key_cache", key_cache), ("value_cache", value_cache)):
+    # every dim as key_cache's but the last, the value head dim d_v (1 to MAX_HEAD_DIM)
+    D_v = check_value(value_cache, key_cache, names=("key_cache", "value_cache"),
+                      dims=("pages (or batch size)", "key/value heads", "slots"))  # fmt: skip
+    for name, t in (("query", query), ("key_cache", key_cache)):
         if t.numel() == 0:
             raise ValueError(f"{name} is empty (shape {tuple(t.shape)}); every dimension must be at least 1")
     B, H, Tq, D = query.shape
     n0, H_kv, slots, Dk = key_cache.shape
-    D_v = value_cache.shape[3]
     if Tq > MAX_NEW_TOKENS:
         raise ValueError(f"query has {Tq} new tokens (dim 2); decode_attention takes 1 to {MAX_NEW_TOKENS}: "
                          "use flashtile.attention(..., is_causal=True, alignment='lower_right') for a prefill")
@@ -386,9 +385,6 @@ def check_decode_inputs(
                          "must match")
     if D > MAX_HEAD_DIM:
         raise ValueError(f"query has head dim {D}; flashtile supports head dims 1 to {MAX_HEAD_DIM}")
-    if D_v > MAX_HEAD_DIM:
-        raise ValueError(f"value_cache has head dim d_v = {D_v}; flashtile supports value head dims 1 to "
-                         f"{MAX_HEAD_DIM}")
     if H % H_kv:
         raise ValueError(f"query has {H} heads but key_cache has {H_kv}; the number of query heads must be a "
                          "multiple of the number of key/value heads (GQA)")

@@ -14,8 +14,10 @@ import pytest
 import torch
 
 import flashtile
-from flashtile.api import use_backend
+from flashtile._spec import output_strides
+from flashtile.api import check_attention_call, use_backend
 from flashtile.decode import decode_op
+from flashtile.kernels.decode import make_attention_decode_plan
 from tests._truth import assert_close_to_truth
 from tests.decode._decode_cases import random_decode_inputs, sink_decode_truth, to_pages
 
@@ -132,10 +134,11 @@ def _bad_calls():
         (dict(sinks=torch.zeros(4, device="meta")), ValueError, "sinks is on meta"),
         (dict(sinks=torch.tensor([0.0, float("inf"), 0.0, 0.0])), ValueError, "sinks must be finite or -inf"),
         (dict(sinks=torch.tensor([0.0, 0.0, float("nan"), 0.0])), ValueError, "sinks must be finite or -inf"),
-        (dict(value_cache=v[:, :, :7]), ValueError, "value_cache must have the shape of key_cache"),
-        (dict(value_cache=v[:, :1]), ValueError, "value_cache must have the shape of key_cache"),
+        (dict(value_cache=v[:, :, :7]), ValueError, r"value_cache must have the same shape as key_cache \(1, 2, 8, 16\) "
+         r"in every dim but the last .* value_cache has slots 7 \(dim 2\), key_cache 8"),
+        (dict(value_cache=v[:, :1]), ValueError, r"value_cache has key/value heads 1 \(dim 1\), key_cache 2"),
         (dict(value_cache=torch.zeros(1, 2, 8, 257)), ValueError, "value_cache has head dim d_v = 257"),
-        (dict(value_cache=torch.zeros(1, 2, 8, 0)), ValueError, "value_cache is empty"),
+        (dict(value_cache=torch.zeros(1, 2, 8, 0)), ValueError, "value_cache has head dim d_v = 0"),
         (dict(value_cache=v.double()), TypeError, "value_cache"),
     ]
 
@@ -181,3 +184,21 @@ def test_the_decode_op_passes_opcheck_with_sinks_and_head_dims(backend):
     args = (_seqlens(24, 3), None, 0.3, 2, -1, 0, None, backend, _sinks(4, 8))
     result = torch.library.opcheck(decode_op, (q, k, v, *args))
     assert set(result.values()) == {"SUCCESS"}, result
+
+
+def test_attention_decode_plans_take_sinks_and_a_value_head_dim():
+    # what flashtile.attention's short calls run on the decode kernels: a full cache, lower-right causal, o
+    # laid out as attention lays it out (q a (B, H, T, D) view of (B, T, H, D): o d_v wide in that order)
+    q, k, v = random_decode_inputs(2, 4, 2, 3, 33, 20, seed=11, D_v=12)
+    q = q.transpose(1, 2).contiguous().transpose(1, 2)
+    sinks = _sinks(4, 11)
+    call = check_attention_call(q, k, v, is_causal=True, scale=None, enable_gqa=True, alignment="lower_right",
+                                return_lse=True, window=(6, 0), softcap=None, sinks=sinks)  # fmt: skip
+    plan = make_attention_decode_plan(q, k, v, sinks, spec=call.spec, store_lse=True)
+    o, lse = plan.run(q, k, v, None, None, sinks)
+    o_true, lse_true = sink_decode_truth(q, k, v, [33, 33], window=(6, 0), sinks=sinks)
+    assert o.stride() == output_strides(q, 12)
+    assert_close_to_truth(o, o_true, "o", rtol=3e-5, atol=3e-5)
+    assert_close_to_truth(lse, lse_true, "lse", rtol=3e-5, atol=3e-5)
+    with pytest.raises(ValueError, match="sinks must be passed exactly where"):
+        plan.run(q, k, v)

@@ -55,9 +55,9 @@ from .._checks import (
     resolve_scale,
 )
 from .._env import is_interpreting, sm_count
-from .._layouts import contiguous_strides, strides_like
+from .._layouts import contiguous_strides
 from .._plans import cached_plan
-from .._spec import AttentionSpec, MaskBand
+from .._spec import AttentionSpec, MaskBand, output_strides
 from ..reference.decode import decode_span, pick_num_splits
 from ._host import (
     KERNEL_DTYPES,
@@ -429,8 +429,9 @@ class DecodePlan(NamedTuple):
     shape: DecodeShape
     num_splits: int
     # o allocated by torch.empty_like(q) (its strides are the ones the plan passed);
-    # else contiguous
+    # else with o_strides
     o_like_q: bool
+    o_strides: tuple
     # lse allocated, written and returned; otherwise None (a caller that does not want
     # it)
     store_lse: bool
@@ -490,12 +491,13 @@ def make_attention_decode_plan(
 ) -> DecodePlan:
     """The plan of a ``flashtile.attention`` call that the decode kernels run (Tq <= 16,
     no gradient), from its checked options: k and v are a full cache of Tk keys, and o
-    is laid out as ``attention`` lays it out (``_layouts.strides_like(q)``; contiguous
-    where v's head dim differs from q's). ``sinks``: the call's (H,) sinks where
-    ``spec.has_sinks`` (the plan keeps their strides: key it by their layout too)."""
+    is laid out as ``attention`` lays it out (``_spec.output_strides``, d_v wide).
+    ``sinks``: the call's (H,) sinks where ``spec.has_sinks`` (the plan keeps their
+    strides: key it by their layout too)."""
     a = check_attention_inputs(
-        q, k, v, dtypes=KERNEL_DTYPES, names=("query", "key", "value")
-    )
+        q, k, v, dtypes=KERNEL_DTYPES, names=("query", "key", "value"),
+        unequal_head_dims=True,
+    )  # fmt: skip
     if a.Tq > MAX_NEW_TOKENS:
         raise ValueError(
             f"query has {a.Tq} rows; the decode kernels take 1 to {MAX_NEW_TOKENS}"
@@ -548,10 +550,11 @@ def plan_decode(
     # capped scores are in natural units (soft_cap)
     qk_scale = units.qk_scale if softcap is None else math.log2(math.e)
     B, H, Tq, D_v = shape.B, shape.H, shape.Tq, shape.D_v
-    # o as attention lays it out (q's own layout where q is dense and as wide), or
+    # o as attention lays it out (q's own layout where q is dense, d_v wide), or
     # contiguous (decode_attention's)
-    o_like_q = o_like_q and D_v == shape.D
-    o_strides = strides_like(q) if o_like_q else contiguous_strides((B, H, Tq, D_v))
+    o_strides = (
+        output_strides(q, D_v) if o_like_q else contiguous_strides((B, H, Tq, D_v))
+    )
     lse_strides = contiguous_strides((B, H, Tq))
     # the split kernel writes o and lse themselves: a split axis of size 1 (stride 0)
     if num_splits == 1:
@@ -652,7 +655,8 @@ def plan_decode(
     return DecodePlan(
         shape,
         num_splits,
-        o_like_q and tuple(o_strides) == tuple(q.stride()),
+        o_like_q and D_v == shape.D and tuple(o_strides) == tuple(q.stride()),
+        tuple(o_strides),
         store_lse,
         sinks is not None,
         workspace,
@@ -681,7 +685,9 @@ def decode_with_plan(
     o = (
         torch.empty_like(q)
         if plan.o_like_q
-        else torch.empty((B, H, Tq, D_v), dtype=q.dtype, device=q.device)
+        else torch.empty_strided(
+            (B, H, Tq, D_v), plan.o_strides, dtype=q.dtype, device=q.device
+        )
     )
     lse = (
         torch.empty((B, H, Tq), dtype=torch.float32, device=q.device)
