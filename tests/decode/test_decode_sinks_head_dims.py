@@ -134,8 +134,8 @@ def _bad_calls():
         (dict(sinks=torch.zeros(4, device="meta")), ValueError, "sinks is on meta"),
         (dict(sinks=torch.tensor([0.0, float("inf"), 0.0, 0.0])), ValueError, "sinks must be finite or -inf"),
         (dict(sinks=torch.tensor([0.0, 0.0, float("nan"), 0.0])), ValueError, "sinks must be finite or -inf"),
-        (dict(value_cache=v[:, :, :7]), ValueError, r"value_cache must have the same shape as key_cache \(1, 2, 8, 16\) "
-         r"in every dim but the last .* value_cache has slots 7 \(dim 2\), key_cache 8"),
+        (dict(value_cache=v[:, :, :7]), ValueError, r"value_cache must have the same shape as key_cache "
+         r"\(1, 2, 8, 16\) in every dim but the last .* value_cache has slots 7 \(dim 2\), key_cache 8"),
         (dict(value_cache=v[:, :1]), ValueError, r"value_cache has key/value heads 1 \(dim 1\), key_cache 2"),
         (dict(value_cache=torch.zeros(1, 2, 8, 257)), ValueError, "value_cache has head dim d_v = 257"),
         (dict(value_cache=torch.zeros(1, 2, 8, 0)), ValueError, "value_cache has head dim d_v = 0"),
