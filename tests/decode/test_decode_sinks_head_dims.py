@@ -165,17 +165,18 @@ def test_meta_inputs_give_a_d_v_wide_output():
 def test_sinks_and_head_dims_compile_with_fullgraph(backend):
     torch._dynamo.reset()
     q, k, v = random_decode_inputs(3, 4, 2, 2, 40, 24, seed=6, D_v=10)
-    sinks = _sinks(4, 6)
+    sinks = torch.nn.Parameter(_sinks(4, 6))  # a model's sinks: decoding asks the graph for no backward
     compiled = torch.compile(lambda q, k, v, n, s: flashtile.decode_attention(q, k, v, n, sinks=s, num_splits=3,
                                                                               return_lse=True), fullgraph=True)
     with use_backend(backend):
         for lengths in ([40, 0, 17], [2, 33, 5]):  # new values: nothing guards on them
             o, lse = compiled(q, k, v, _seqlens(*lengths), sinks)
-            o_true, lse_true = sink_decode_truth(q, k, v, lengths, sinks=sinks)
+            o_true, lse_true = sink_decode_truth(q, k, v, lengths, sinks=sinks.detach())
+            assert not o.requires_grad
             assert_close_to_truth(o, o_true, "o", rtol=3e-5, atol=3e-5)
             assert_close_to_truth(lse, lse_true, "lse", rtol=3e-5, atol=3e-5)
         with pytest.raises(ValueError, match="sinks must be finite or -inf"):  # the eager check, when it runs
-            compiled(q, k, v, _seqlens(40, 0, 17), torch.tensor([0.0, float("nan"), 0.0, 0.0]))
+            compiled(q, k, v, _seqlens(40, 0, 17), torch.nn.Parameter(torch.tensor([0.0, float("nan"), 0.0, 0.0])))
 
 
 @pytest.mark.parametrize("backend", ["triton", "reference"])

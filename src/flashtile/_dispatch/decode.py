@@ -84,6 +84,10 @@ def run_decode(query, key_cache, value_cache, cache_seqlens, block_table, sinks,
         o, lse = _empty_outputs(query, call.shape.D_v)
         return (o, lse) if call.return_lse else o
     if torch.compiler.is_compiling():  # one opaque node, whose eager run checks the values (``decode_op``)
+        # inference: detached, so that a model's sinks (a parameter) ask the graph for no backward
+        tensors = (t if t is None else t.detach() for t in (query, key_cache, value_cache, cache_seqlens,
+                                                               block_table, sinks))  # fmt: skip
+        query, key_cache, value_cache, cache_seqlens, block_table, sinks = tensors
         o, lse = decode_op(query, key_cache, value_cache, cache_seqlens, block_table, call.scale, call.num_splits,
                            call.mask.left, call.mask.right, call.softcap, pick_backend(query), sinks)  # fmt: skip
         return (o, lse) if call.return_lse else o
