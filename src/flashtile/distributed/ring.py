@@ -291,11 +291,10 @@ def wait(requests: list) -> None:
 
 # --8<-- [start:ring_forward]
 def ring_forward(q, k, v, is_causal: bool, scale: float, ring: Ring, sinks=None):
-    """This rank's (o, lse): o in q's dtype, lse in the merge dtype (with the sinks).
+    """This rank's (o, lse): o in q's dtype, lse in the merge dtype, sinks included.
 
-    With two ranks and no sinks there is one merge, so o stays in q's dtype: the merged
-    rows are rounded once, as they would be at the end. With more, or with the sinks'
-    merge after the last step, o is kept in the merge dtype and rounded at the end.
+    With two ranks and no sinks each row is merged once, so o stays in q's dtype and is
+    rounded once; otherwise it is kept in the merge dtype and rounded at the end.
     """
     one_merge = ring.world <= 2 and sinks is None
     running = q.dtype if one_merge else stats_dtype(q)
