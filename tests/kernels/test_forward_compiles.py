@@ -43,8 +43,9 @@ for use_tma in (False, True):
     if use_tma:  # what mangle_type(TensorDescriptor(x, shape, strides, [1, 1, rows, D])) gives
         types.update(Q=f"tensordesc<bf16[1, 1, {BLOCK_Q}, {D}]>", K=f"tensordesc<bf16[1, 1, {BLOCK_K}, {D}]>",
                      V=f"tensordesc<bf16[1, 1, {BLOCK_K}, {D}]>")
-    constexprs = dict(HEAD_DIM=D, HEAD_DIM_PAD=D, HEAD_DIM_V=D, HEAD_DIM_V_PAD=D, BLOCK_Q=BLOCK_Q, BLOCK_K=BLOCK_K, CAUSAL=True, SIGN=1,
-                      USE_TMA=use_tma, DOT_PRECISION="tf32", INTERPRETED=False, BAND=False, SOFTCAP=False)
+    constexprs = dict(HEAD_DIM=D, HEAD_DIM_PAD=D, HEAD_DIM_V=D, HEAD_DIM_V_PAD=D, BLOCK_Q=BLOCK_Q, BLOCK_K=BLOCK_K,
+                      CAUSAL=True, SIGN=1, USE_TMA=use_tma, DOT_PRECISION="tf32", INTERPRETED=False, BAND=False,
+                      SOFTCAP=False)
     kernel = sm90(forward._forward_kernel, types, constexprs, num_warps=8, num_stages=3)
     out["tma" if use_tma else "pointers"] = kernel.asm["ptx"]
     if not use_tma:

@@ -87,8 +87,8 @@ def attention_fwd(
     """(o, lse, stats): o (B, H, Tq, d_v) in q's dtype (d_v, v's head dim, may differ from q's), laid out like q
     where q is dense (``_spec.output_strides``), contiguous otherwise; lse (B, H, Tq) float32 (float64 for
     float64), with sinks the log of the whole normaliser, e^sink included; stats, what the backward needs
-    besides lse: the kernels' final (m, l), (2, B, H, Tq), or empty. The mask travels as its band's two sides around the alignment's diagonal,
-    -1 unbounded (``_spec.MaskBand``); sinks, None or (H,), last."""
+    besides lse: the kernels' final (m, l), (2, B, H, Tq), or empty. The mask travels as its band's two sides
+    around the alignment's diagonal, -1 unbounded (``_spec.MaskBand``); sinks, None or (H,), last."""
     spec = spec_from_op(q, k, scale=scale, alignment=alignment, window_left=window_left, window_right=window_right,
                         softcap=softcap, sinks=sinks)  # fmt: skip
     o, lse, stats = forward_impl(q, k, v, spec, backend, sinks)
