@@ -360,3 +360,27 @@ def test_the_atomic_mode_takes_larger_tiles_only_where_its_dq_shares_go_through_
     strided = torch.randn(1, 8, 128, 4096, dtype=torch.float16).transpose(2, 3)  # head dim not contiguous: no TMA
     assert tiles(plan(strided)) == (32, 64) and plan(strided).tma_dkdv is None
     assert not plan(q).dkdv.constexprs["DQ_REDUCE"]  # the interpreter has no bulk add: it adds per element
+
+
+@pytest.mark.parametrize(
+    "deterministic, tma, kv_split",
+    [(True, True, 1), (True, False, 2), (False, True, 2), (False, False, 1)],
+    ids=["deterministic-tma", "deterministic-split", "atomic-tma-split", "atomic-pointers"],
+)
+def test_unequal_head_dims_match_float64_through_every_path_of_the_launchers(deterministic, tma, kv_split, monkeypatch):
+    """q, k 40 wide and v, o, do 24 wide (padded to 64 and 32): through TMA descriptors of each width, the atomic
+    dQ mode, and a GQA split whose partials are as wide as the wider of the two, against the float64 formula."""
+    from tests.reference._sink_truth import dense_attention
+
+    used_split = force_kv_split(monkeypatch, kv_split)
+    q, k, v, do = randn(1, 4, 21, 40), randn(1, 2, 13, 40), randn(1, 2, 13, 24), randn(1, 4, 21, 24)
+    o, lse, stats = flash_attention(q, k, v, causal=True, alignment="lower_right", return_stats=True, tma=tma)
+    grads = flash_attention_backward(q, k, v, o, lse, do, causal=True, alignment="lower_right", stats=stats,
+                                     deterministic=deterministic, tma=tma)  # fmt: skip
+    assert used_split()
+    leaves = [t.detach().double().cpu().requires_grad_() for t in (q, k, v)]
+    o_64, lse_64 = dense_attention(*leaves, causal=True, alignment="lower_right")
+    torch.testing.assert_close(o.double().cpu(), o_64.detach(), atol=2e-6, rtol=0)
+    torch.testing.assert_close(lse.double().cpu(), lse_64.detach(), atol=2e-6, rtol=0)
+    expected = torch.autograd.grad(o_64, leaves, do.double().cpu())
+    assert_gradients_close([g.cpu() for g in grads], expected, F32)
