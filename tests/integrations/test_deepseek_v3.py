@@ -124,11 +124,14 @@ def test_a_padded_batch_is_one_packed_call_per_layer_and_matches_on_real_tokens(
 def test_bf16_on_the_gpu_is_as_accurate_as_eager_and_generates_its_tokens(name):
     """bf16 on the kernels with DeepSeek-V3's own head dims (192 = 128 + 64 for queries and keys, 128 for
     values), padded and unpadded, against a float32 eager truth: flashtile's largest logit error on the real
-    tokens may not exceed eager's own bf16 error by more than 25 % (plus 1e-2); greedy generation gives
-    eager bf16's tokens. T = 384."""
+    tokens may not exceed eager's own bf16 error by more than 25 % (plus 2e-3); greedy generation gives
+    eager bf16's tokens. T = 384. Every token takes both routed experts and the weights are small
+    (initializer_range 0.02): a choice among experts would flip under bf16 rounding, and large hidden states
+    would make eager's own bf16 error hide the attention's (test_gpt_oss.py has the numbers)."""
     sizes = dict(max_position_embeddings=512, vocab_size=512, hidden_size=256, intermediate_size=256,
                  num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=64, qk_nope_head_dim=128,
-                 qk_rope_head_dim=64, v_head_dim=128, initializer_range=0.1, num_hidden_layers=3)  # fmt: skip
+                 qk_rope_head_dim=64, v_head_dim=128, initializer_range=0.02, num_hidden_layers=3,
+                 n_routed_experts=2, num_experts_per_tok=2)  # fmt: skip
     config = deepseek_v3_config(**sizes)
     truth = build(config, "eager").cuda()
     ids = torch.randint(1, 512, (2, 384), generator=torch.Generator().manual_seed(1)).cuda()
@@ -150,5 +153,5 @@ def test_bf16_on_the_gpu_is_as_accurate_as_eager_and_generates_its_tokens(name):
         tokens[implementation] = model.generate(ids[:, :40], attention_mask=prompt_mask, max_new_tokens=8,
                                                 **GREEDY)  # fmt: skip
     for padded in (False, True):
-        assert errors[name, padded] <= 1.25 * errors["eager", padded] + 1e-2, errors
+        assert errors[name, padded] <= 1.25 * errors["eager", padded] + 2e-3, errors
     assert torch.equal(tokens[name], tokens["eager"])
