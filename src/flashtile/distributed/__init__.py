@@ -3,7 +3,8 @@
 * ``shard_sequence`` / ``unshard_sequence``: cut a (B, H, T, D) tensor along T into per-rank shards
   (zig-zag for causal attention, contiguous otherwise) and glue them back.
 * ``ring_attention``: forward and backward on this rank's shards, with the key/value shards passed
-  around the ring by ``torch.distributed.batch_isend_irecv``.
+  around the ring by ``torch.distributed.batch_isend_irecv``; attention sinks (``sinks=``) join each
+  row once, after the last merge.
 * ``merge_into``: the (o, lse) merge every ring step uses, in place (``reference.merge.merge_partials``,
   or the Triton kernel of ``kernels.merge`` on CUDA).
 * ``simulate_ring``: the same steps for W ranks in one process, for reading and for claims.

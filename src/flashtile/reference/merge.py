@@ -9,7 +9,8 @@ the outputs follow with the same two weights:
 
 Split-K decoding (``reference.decode``) merges its key slices with it, ring attention
 (``flashtile.distributed``) each visiting key shard's result; ``kernels.merge.merge_into`` is the same merge
-in place, as one Triton kernel.
+in place, as one Triton kernel. An attention sink is one more part, o = 0 and lse = sink, merged exactly
+once (``reference.sinks.merge_sink``): merged into every part, it would count once per part.
 """
 
 from __future__ import annotations
