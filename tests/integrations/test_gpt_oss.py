@@ -79,8 +79,8 @@ def test_the_layer_passes_its_sinks_in_the_units_of_the_scaled_score(name):
 
 @pytest.mark.parametrize(
     "backend, dtype",
-    [("reference", torch.float64), ("reference", torch.float32), ("triton", torch.float32)],
-    ids=["reference-float64", "reference-float32", "triton-float32"],
+    [("reference", torch.float64), ("triton", torch.float32)],
+    ids=["reference-float64", "triton-float32"],
 )
 def test_a_training_step_matches_eager_logits_and_every_gradient(name, backend, dtype):
     """Two layers (windowed of 4 keys, then full) on 12 tokens: logits and the gradient of every parameter,
@@ -91,20 +91,28 @@ def test_a_training_step_matches_eager_logits_and_every_gradient(name, backend, 
     with use_backend(backend):
         out = ours(ids, labels=ids)
         out.loss.backward()
-    expected = truth(ids).logits
     float64 = dtype == torch.float64
-    assert (out.logits.double() - expected).abs().max().item() < (FLOAT64_ATOL if float64 else LOGITS_ATOL)
+    assert (out.logits.double() - truth(ids).logits).abs().max().item() < (FLOAT64_ATOL if float64 else LOGITS_ATOL)
     err, where = max_rel_grad_error(truth, ours)
     assert err < (FLOAT64_ATOL if float64 else GRAD_RTOL), f"{where}: {err}"
     sinks = [p.grad for n, p in ours.named_parameters() if n.endswith("sinks")]
     assert len(sinks) == 2 and all(bool(g.abs().min() > 0) for g in sinks)
-    with torch.no_grad():  # controls: the sinks and the window both matter here
+
+
+def test_the_sinks_and_the_window_matter_in_this_model():
+    """The control for the tests above: eager without the sinks (all -inf), or without the window (4 keys
+    on layer 0), is far from eager with them on the same 12 tokens, so a flashtile that dropped either would
+    fail."""
+    truth = with_sinks(build(gpt_oss_config(), "eager", dtype=torch.float64))
+    ids = token_ids(2, 12)
+    with torch.no_grad():
+        expected = truth(ids).logits
+        full = build(gpt_oss_config(sliding_window=12), "eager", dtype=torch.float64)  # 12 keys: no window
+        full.load_state_dict(truth.state_dict())
+        assert (full(ids).logits - expected).abs().max().item() > FAR
         for layer in truth.model.layers:
             layer.self_attn.sinks.fill_(float("-inf"))
         assert (truth(ids).logits - expected).abs().max().item() > FAR
-        full = build(gpt_oss_config(sliding_window=12), "eager", dtype=torch.float64)
-        full.load_state_dict(with_sinks(truth).state_dict())
-        assert (full(ids).logits - expected).abs().max().item() > FAR
 
 
 @pytest.mark.parametrize("backend", ["reference", "triton"])
