@@ -75,7 +75,7 @@ def test_sinks_case_runs_end_to_end(monkeypatch):
     # no backward on the CPU, so its rows say so, after its forward passed the check against the truth
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-    def flex_uncompiled(T, window, device):
+    def flex_uncompiled(T, window, device, rescale=True):
         L = window[0]
         band = create_block_mask(lambda b, h, qi, ki: (ki <= qi) & (qi - ki <= L), None, None, T, T, device=device)
 
@@ -83,18 +83,18 @@ def test_sinks_case_runs_end_to_end(monkeypatch):
             o, lse = flex_attention(q, k, v, block_mask=band, enable_gqa=True, return_lse=True)
             return o * torch.sigmoid(lse - s.float()[None, :, None]).unsqueeze(-1).to(o.dtype)
 
-        return attend
+        return attend if rescale else lambda q, k, v: flex_attention(q, k, v, block_mask=band, enable_gqa=True)
 
     monkeypatch.setattr(sinks, "flex_with_sinks", flex_uncompiled)
     monkeypatch.setattr(sinks, "make_inputs", make_f32)
     rows = sinks.measure_case("tiny", rounds=2, device="cpu")
     check_rows(rows)
-    assert {(r["provider"], r["sinks"]) for r in rows} == {("flashtile", False), ("flashtile", True), ("flex", True),
-                                                            ("naive", True)}  # fmt: skip
+    assert {(r["provider"], r["sinks"]) for r in rows} == {("flashtile", False), ("flashtile", True), ("flex", False),
+                                                            ("flex", True), ("naive", True)}  # fmt: skip
     timed = [r for r in rows if r["provider"] != "flex"]
     assert all(r["ms"] == 1.0 and len(r["rounds_ms"]) == 2 for r in timed)
     assert all("does not support backward on CPU" in r["error"] for r in rows if r["provider"] == "flex")
-    assert len(calls) == 3 * 2 * 2 + 1  # three providers forward and backward in two rounds, flex's forward once
+    assert len(calls) == 3 * 2 * 2 + 2  # three providers forward and backward in two rounds, flex's forwards once
     assert all(r["mask"] == "window:3,0" for r in rows)
 
 

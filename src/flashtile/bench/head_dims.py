@@ -11,6 +11,9 @@ Providers (every row has ``D`` = d_qk and ``D_v``):
 - ``flashtile``: ``flashtile.attention`` with v of d_v, o of d_v;
 - ``flashtile_padded``: what model code does for kernels that need one head dim: v zero-padded to d_qk,
   the call, o cut back to d_v (the pad and the cut are timed, as they run in the model);
+- ``flashtile_qk_pow2`` (where d_qk is no power of two, 192): q and k zero-padded to the next power of two
+  (256) with the scale of d_qk, v as it is: the width a Triton tile's head dim has (``tl.arange`` spans a
+  power of two), so its time beside ``flashtile``'s says how much of the q·k work is padding;
 - ``sdpa_cudnn``, ``sdpa_flash``, ``sdpa_efficient``: SDPA's backends given v of d_v as it is; a backend
   that refuses the shape gets rows that say so.
 
@@ -76,6 +79,17 @@ def padded(q, k, v):
     return o[..., :d_v]
 
 
+def qk_padded(q, k, v):
+    """q and k zero-padded to the next power of two (the scores, and with the scale given, o, unchanged):
+    the width the kernel's q·k tiles have anyway, since a tile's head dim is a power of two."""
+    from ..api import attention
+
+    d = q.shape[-1]
+    wide = 1 << (d - 1).bit_length()
+    q, k = (torch.nn.functional.pad(x, (0, wide - d)) for x in (q, k))
+    return attention(q, k, v, is_causal=True, scale=d**-0.5)
+
+
 def contenders(q, k, v) -> dict:
     from ..api import attention
 
@@ -85,6 +99,8 @@ def contenders(q, k, v) -> dict:
         "flashtile_padded": padded,
         **{name: _sdpa(backend, True, False) for name, backend in SDPA.items()},
     }
+    if q.shape[-1] & (q.shape[-1] - 1):  # not a power of two: what the kernel's padded q·k tiles cost
+        found["flashtile_qk_pow2"] = qk_padded
     return {name: Contender(fn, (q, k, v), names, dict(provider=name), truth) for name, fn in found.items()}
 
 

@@ -12,7 +12,9 @@ Providers:
 - ``flashtile`` without sinks (rows ``sinks: false``): the same call, the cost a sink is measured against;
 - ``flashtile`` with sinks (``sinks: true``): ``flashtile.attention(..., sinks=)``, the sink as each
   row's start state;
-- ``flex`` (``sinks: true``): what users write today, since a sink is no ``score_mod``: compiled
+- ``flex`` without sinks (``sinks: false``): compiled ``flex_attention`` over the same band, no sink, so
+  that a table can tell what Flex's rescale costs from how the two kernels compare without a sink;
+- ``flex`` with sinks (``sinks: true``): what users write today, since a sink is no ``score_mod``: compiled
   ``flex_attention`` with ``return_lse=True`` and the block mask of the same band, then
   o · e^lse / (e^lse + e^sink) = o · sigmoid(lse - sink); the whole function (attention and rescale) is
   one ``torch.compile``, Flex's best case;
@@ -88,9 +90,10 @@ def sink_truth(q, k, v, sinks, window, rows: int = 512) -> torch.Tensor:
     return out
 
 
-def flex_with_sinks(T: int, window, device):
+def flex_with_sinks(T: int, window, device, rescale: bool = True):
     """Compiled (q, k, v, sinks) -> o: flex_attention's o and lse over the band, then each row rescaled by
-    e^lse / (e^lse + e^sink) = sigmoid(lse - sink), all in one torch.compile."""
+    e^lse / (e^lse + e^sink) = sigmoid(lse - sink), all in one torch.compile; ``rescale=False``: compiled
+    (q, k, v) -> o, flex_attention alone over the band (no sink)."""
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     L = T if window is None else window[0]
@@ -102,8 +105,11 @@ def flex_with_sinks(T: int, window, device):
         keep = torch.sigmoid(lse - sinks.float()[None, :, None])
         return o * keep.unsqueeze(-1).to(o.dtype)
 
+    def plain(q, k, v):
+        return flex_attention(q, k, v, block_mask=band, enable_gqa=True)
+
     torch._dynamo.reset()  # one fresh compile per case
-    return torch.compile(attend, dynamic=False)
+    return torch.compile(attend if rescale else plain, dynamic=False)
 
 
 def eager_with_sinks(window):
@@ -124,7 +130,7 @@ def eager_with_sinks(window):
 
 
 def contenders(q, k, v, sinks, window) -> dict:
-    """The four providers of one case, each with the truth its forward is checked against."""
+    """The five providers of one case, each with the truth its forward is checked against."""
     from ..api import attention
 
     T, qkv = q.shape[2], ("q", "k", "v")
@@ -137,8 +143,10 @@ def contenders(q, k, v, sinks, window) -> dict:
         "flashtile+sinks": Contender(
             lambda q, k, v, s: attention(q, k, v, is_causal=True, window=window, enable_gqa=True, sinks=s),
             with_sinks, (*qkv, "sinks"), dict(provider="flashtile", sinks=True), truth),  # fmt: skip
-        "flex": Contender(flex_with_sinks(T, window, q.device), with_sinks, (*qkv, "sinks"),
-                          dict(provider="flex", sinks=True), truth),  # fmt: skip
+        "flex": Contender(flex_with_sinks(T, window, q.device, rescale=False), (q, k, v), qkv,
+                          dict(provider="flex", sinks=False), no_sink),  # fmt: skip
+        "flex+rescale": Contender(flex_with_sinks(T, window, q.device), with_sinks, (*qkv, "sinks"),
+                                  dict(provider="flex", sinks=True), truth),  # fmt: skip
         "naive": Contender(eager_with_sinks(window), with_sinks, (*qkv, "sinks"), dict(provider="naive", sinks=True),
                            truth),
     }
@@ -168,7 +176,7 @@ def measure_case(name: str, rounds: int = ROUNDS, device="cuda") -> list[dict]:
             row.update(ms=round(ms, 4), tflops=tflops, rounds_ms=[round(t, 4) for t in times])
             if which == "forward":
                 row["max_abs_err_vs_fp32"] = round(out.max_abs_err_vs_fp32, 5)
-            elif c.fields["sinks"] and key != "flashtile+sinks":
+            elif c.fields["sinks"] and key != "flashtile+sinks":  # the same sinks, two implementations
                 diff = relative_grad_difference(out.grads, ours)
                 assert diff < GRAD_RTOL, f"{key}'s gradients differ from flashtile's by {diff:.3g} (relative) on {name}"
                 row["max_rel_grad_diff_vs_flashtile"] = round(diff, 5)
