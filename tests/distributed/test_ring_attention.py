@@ -259,4 +259,5 @@ def test_kernel_path_of_the_steps_with_sinks_matches_float64_truth(monkeypatch):
     got = [unshard_sequence(x, True) for x in (o, dq, dk, dv)] + [sum(shares)]
     for name, g, want in zip(("o", "dq", "dk", "dv", "dsinks"), got, sink_attention_truth(q, k, v, do, sinks, True)):
         assert g.dtype == torch.float32, name
-        torch.testing.assert_close(g.double().cpu(), want, rtol=1e-3, atol=1e-3, msg=lambda m, name=name: f"{name}: {m}")
+        torch.testing.assert_close(g.double().cpu(), want, rtol=1e-3, atol=1e-3,
+                                   msg=lambda m, name=name: f"{name}: {m}")
