@@ -34,7 +34,7 @@ def reference_gradients(q, k, v, do, causal, alignment, scale=None):
 
 def kernel_gradients(q, k, v, do, causal, alignment, scale=None, **blocks):
     """The kernel backward on the kernel forward's own o, lse and (m, l): the training hand-off."""
-    o, lse, stats = flash_attention(q, k, v, causal, scale, alignment, return_stats=True)
+    o, lse, stats = flash_attention(q, k, v, causal=causal, scale=scale, alignment=alignment, return_stats=True)
     return flash_attention_backward(
         q, k, v, o, lse, do, causal=causal, scale=scale, alignment=alignment, stats=stats, **blocks
     )
@@ -190,7 +190,8 @@ def test_backward_from_an_external_lse_alone():
     # A natural-log lse from elsewhere (here the float64 truth, rounded to float32), no (m, l) statistics.
     q, k, v, do = make_inputs(1, 4, 2, 37, 29, 16, F32, seed=12)
     (o, lse), expected = reference_gradients(q, k, v, do, True, "lower_right", scale=-0.4)
-    actual = flash_attention_backward(q, k, v, o.float(), lse.float(), do, True, -0.4, alignment="lower_right")
+    actual = flash_attention_backward(q, k, v, o.float(), lse.float(), do, causal=True, scale=-0.4,
+                                      alignment="lower_right")  # fmt: skip
     assert_gradients_close(actual, expected, F32)
 
 

@@ -118,8 +118,8 @@ def test_heaviest_first_gives_the_same_bits_and_the_float64_gradients(shape, mon
             patch.setattr(_plans, "_plans", {})  # fresh plans, made with the chunk above
             patch.setattr(forward, "heaviest_first_chunk", chunk)
             patch.setattr(backward, "heaviest_first_chunk", chunk)
-            o, lse, stats = flash_attention(q, k, v, True, block_q=16, block_k=16, return_stats=True)
-            grads = flash_attention_backward(q, k, v, o, lse, do, True, stats=stats, config=config)
+            o, lse, stats = flash_attention(q, k, v, causal=True, block_q=16, block_k=16, return_stats=True)
+            grads = flash_attention_backward(q, k, v, o, lse, do, causal=True, stats=stats, config=config)
         assert len(chunks) == 3 and (all(chunks) if first else not any(chunks)), chunks  # forward, dK/dV, dQ
         results.append((o, lse, *grads))
     for before, after in zip(*results):
@@ -171,8 +171,8 @@ def test_the_document_order_changes_no_bit_of_the_varlen_kernels(monkeypatch):
                 plain = lambda cu_q, cu_k: torch.arange(cu_q.shape[0] - 1, dtype=torch.int32, device=cu_q.device)
                 patch.setattr(forward, "document_order", plain)
                 patch.setattr(backward, "document_order", plain)
-            o, lse, stats = flash_attention_varlen(q, k, v, cu, cu, 40, 40, True, block_q=16, block_k=16)
-            grads = flash_attention_varlen_backward(q, k, v, o, lse, do, cu, cu, 40, 40, True, block_q=16,
+            o, lse, stats = flash_attention_varlen(q, k, v, cu, cu, 40, 40, causal=True, block_q=16, block_k=16)
+            grads = flash_attention_varlen_backward(q, k, v, o, lse, do, cu, cu, 40, 40, causal=True, block_q=16,
                                                     block_k=16, stats=stats)  # fmt: skip
         results.append((o, lse, stats, *grads))
     for before, after in zip(*results):

@@ -79,10 +79,10 @@ def test_forward_and_backward_match_float64_for_any_input(
     do = make((B, H, Tq, D), layouts[3], dtype, gen)
     block_q, block_k = blocks
 
-    o, lse, stats = flash_attention(q, k, v, causal, scale, alignment, block_q, block_k, return_stats=True)
-    dq, dk, dv = flash_attention_backward(
-        q, k, v, o, lse, do, causal, scale, block_q, block_k, alignment, stats=stats
-    )
+    o, lse, stats = flash_attention(q, k, v, causal=causal, scale=scale, alignment=alignment, block_q=block_q,
+                                    block_k=block_k, return_stats=True)  # fmt: skip
+    dq, dk, dv = flash_attention_backward(q, k, v, o, lse, do, causal=causal, scale=scale, block_q=block_q,
+                                          block_k=block_k, alignment=alignment, stats=stats)  # fmt: skip
     o_ref, lse_ref, (dq_ref, dk_ref, dv_ref) = truth_with_grads(q, k, v, do, causal, scale, alignment)
 
     rel = REL[dtype]

@@ -69,10 +69,10 @@ def test_window_forward_and_backward_match_the_float64_definition(left, right, c
                                                                   H, H_kv, dtype):  # fmt: skip
     window = (left, right)
     q, k, v, do = make_inputs(1, H, H_kv, Tq, Tk, D, dtype, seed=Tq * 7 + Tk + D)
-    o, lse, stats = flash_attention(q, k, v, causal, None, alignment, 16, 16, return_stats=True, window=window,
-                                    softcap=softcap)  # fmt: skip
-    grads = flash_attention_backward(q, k, v, o, lse, do, causal, None, 16, 16, alignment, stats=stats,
-                                     window=window, softcap=softcap)  # fmt: skip
+    o, lse, stats = flash_attention(q, k, v, causal=causal, scale=None, alignment=alignment, block_q=16, block_k=16,
+                                    return_stats=True, window=window, softcap=softcap)  # fmt: skip
+    grads = flash_attention_backward(q, k, v, o, lse, do, causal=causal, scale=None, block_q=16, block_k=16,
+                                     alignment=alignment, stats=stats, window=window, softcap=softcap)  # fmt: skip
     (o_ref, lse_ref), grads_ref = truth(q, k, v, do, window, causal, alignment, softcap)
     assert o.dtype == dtype and lse.dtype == F32
     assert_close_to_truth(o, o_ref, "o", **FORWARD_TOL[dtype])
@@ -88,9 +88,11 @@ def test_window_backward_from_lse_alone_in_both_dq_modes(deterministic):
     in natural units, so m = lse there (a raw-dot m = lse / |τ| would be off by the scale)."""
     q, k, v, do = make_inputs(1, 2, 1, 40, 52, 16, F32, seed=3)
     window, softcap, scale = (11, 4), 1.5, 0.7
-    o, lse = flash_attention(q, k, v, False, scale, "lower_right", 16, 16, window=window, softcap=softcap)
-    grads = flash_attention_backward(q, k, v, o, lse, do, False, scale, 16, 16, "lower_right", window=window,
-                                     softcap=softcap, deterministic=deterministic)  # fmt: skip
+    o, lse = flash_attention(q, k, v, causal=False, scale=scale, alignment="lower_right", block_q=16, block_k=16,
+                             window=window, softcap=softcap)  # fmt: skip
+    grads = flash_attention_backward(q, k, v, o, lse, do, causal=False, scale=scale, block_q=16, block_k=16,
+                                     alignment="lower_right", window=window, softcap=softcap,
+                                     deterministic=deterministic)  # fmt: skip
     _, grads_ref = truth(q, k, v, do, window, False, "lower_right", softcap, scale)
     for name, g, g_ref in zip(("dq", "dk", "dv"), grads, grads_ref):
         assert_close_to_truth(g, g_ref, name, **GRAD_TOL[F32])
@@ -101,8 +103,10 @@ def test_window_with_query_and_key_tiles_of_different_sizes(block_q, block_k):
     """The band's tile bounds take BLOCK_Q and BLOCK_K apart (first_key_tile, band_query_tiles): a swap of the
     two in any of them shows only when they differ."""
     q, k, v, do = make_inputs(1, 2, 2, 75, 61, 16, F32, seed=block_q)
-    o, lse = flash_attention(q, k, v, False, None, "lower_right", block_q, block_k, window=(21, 5))
-    grads = flash_attention_backward(q, k, v, o, lse, do, False, None, block_q, block_k, "lower_right", window=(21, 5))
+    o, lse = flash_attention(q, k, v, causal=False, scale=None, alignment="lower_right", block_q=block_q,
+                             block_k=block_k, window=(21, 5))  # fmt: skip
+    grads = flash_attention_backward(q, k, v, o, lse, do, causal=False, scale=None, block_q=block_q, block_k=block_k,
+                                     alignment="lower_right", window=(21, 5))  # fmt: skip
     (o_ref, lse_ref), grads_ref = truth(q, k, v, do, (21, 5), False, "lower_right", None)
     assert_close_to_truth(o, o_ref, "o", **FORWARD_TOL[F32])
     for name, g, g_ref in zip(("dq", "dk", "dv"), grads, grads_ref):
@@ -119,9 +123,10 @@ def test_window_with_the_gqa_group_split_over_programs(deterministic, monkeypatc
     monkeypatch.setattr(_plans, "_plans", {})  # no plan made before the patch is reused
     monkeypatch.setattr(backward, "pick_kv_split", lambda group, programs, device: group)
     q, k, v, do = make_inputs(1, 4, 1, 40, 40, 16, F32, seed=13)
-    o, lse = flash_attention(q, k, v, True, None, "upper_left", 16, 16, window=(9, -1), softcap=2.0)
-    grads = flash_attention_backward(q, k, v, o, lse, do, True, None, 16, 16, window=(9, -1), softcap=2.0,
-                                     deterministic=deterministic)  # fmt: skip
+    o, lse = flash_attention(q, k, v, causal=True, scale=None, alignment="upper_left", block_q=16, block_k=16,
+                             window=(9, -1), softcap=2.0)  # fmt: skip
+    grads = flash_attention_backward(q, k, v, o, lse, do, causal=True, scale=None, block_q=16, block_k=16,
+                                     window=(9, -1), softcap=2.0, deterministic=deterministic)  # fmt: skip
     assert any(getattr(plan, "kv_split", None) == 4 for plan in _plans._plans.values())  # the split did run
     _, grads_ref = truth(q, k, v, do, (9, -1), True, "upper_left", 2.0)
     for name, g, g_ref in zip(("dq", "dk", "dv"), grads, grads_ref):
@@ -133,8 +138,10 @@ def test_softcap_stays_exact_where_it_barely_bends_and_where_it_saturates():
     accuracy near 0, where 1 - exp(-2y) cancels) and a cap of 0.05 (tanh saturated, derivative ~ 0)."""
     q, k, v, do = make_inputs(1, 1, 1, 40, 40, 16, F32, seed=5)
     for softcap in (1e4, 0.05):
-        o, lse = flash_attention(q, k, v, False, None, "upper_left", 16, 16, window=(7, 7), softcap=softcap)
-        grads = flash_attention_backward(q, k, v, o, lse, do, False, None, 16, 16, window=(7, 7), softcap=softcap)
+        o, lse = flash_attention(q, k, v, causal=False, scale=None, alignment="upper_left", block_q=16, block_k=16,
+                                 window=(7, 7), softcap=softcap)  # fmt: skip
+        grads = flash_attention_backward(q, k, v, o, lse, do, causal=False, scale=None, block_q=16, block_k=16,
+                                         window=(7, 7), softcap=softcap)  # fmt: skip
         (o_ref, lse_ref), grads_ref = truth(q, k, v, do, (7, 7), False, "upper_left", softcap)
         assert_close_to_truth(o, o_ref, f"o, cap {softcap}", **FORWARD_TOL[F32])
         assert_close_to_truth(lse, lse_ref, f"lse, cap {softcap}", **LSE_TOL[F32])
@@ -146,8 +153,10 @@ def test_rows_whose_window_holds_no_key_give_zero_and_minus_inf():
     """Lower-right, Tq = 50 > Tk = 20, window (3, 0): rows 0..29 sit before the first key's diagonal and see
     nothing: o = 0, lse = -inf, dq = 0, exactly."""
     q, k, v, do = make_inputs(1, 2, 2, 50, 20, 16, F32, seed=6)
-    o, lse = flash_attention(q, k, v, False, None, "lower_right", 16, 16, window=(3, 0))
-    dq, dk, dv = flash_attention_backward(q, k, v, o, lse, do, False, None, 16, 16, "lower_right", window=(3, 0))
+    o, lse = flash_attention(q, k, v, causal=False, scale=None, alignment="lower_right", block_q=16, block_k=16,
+                             window=(3, 0))  # fmt: skip
+    dq, dk, dv = flash_attention_backward(q, k, v, o, lse, do, causal=False, scale=None, block_q=16, block_k=16,
+                                          alignment="lower_right", window=(3, 0))  # fmt: skip
     assert torch.equal(o[:, :, :30], torch.zeros_like(o[:, :, :30])) and torch.isneginf(lse[:, :, :30]).all()
     assert torch.equal(dq[:, :, :30], torch.zeros_like(dq[:, :, :30]))
     (o_ref, lse_ref), grads_ref = truth(q, k, v, do, (3, 0), False, "lower_right", None)
@@ -175,8 +184,10 @@ def test_forward_and_dq_never_read_key_tiles_outside_the_band(one_too_many):
     if one_too_many:  # key 16: inside a visited (DIAGONAL) tile, outside the rows' band: loaded, so NaN arrives
         poison[16] = True
     k[:, :, poison], v[:, :, poison] = float("nan"), float("nan")
-    o_kernel, _ = flash_attention(q, k, v, False, None, "upper_left", 16, 16, window=(5, 3))
-    dq, _, _ = flash_attention_backward(q, k, v, o, lse, do, False, None, 16, 16, window=(5, 3))
+    o_kernel, _ = flash_attention(q, k, v, causal=False, scale=None, alignment="upper_left", block_q=16, block_k=16,
+                                  window=(5, 3))  # fmt: skip
+    dq, _, _ = flash_attention_backward(q, k, v, o, lse, do, causal=False, scale=None, block_q=16, block_k=16,
+                                        window=(5, 3))  # fmt: skip
     rows = slice(32, 48)
     if one_too_many:
         assert torch.isnan(o_kernel[:, :, rows]).any() and torch.isnan(dq[:, :, rows]).any()
@@ -193,7 +204,8 @@ def test_dkdv_programs_never_read_query_tiles_the_band_does_not_reach(one_too_ma
     if one_too_many:  # row 44: inside visited query tile 2, outside the band of keys 48..63
         poison[44] = True
     q[:, :, poison], do[:, :, poison] = float("nan"), float("nan")
-    _, dk, dv = flash_attention_backward(q, k, v, o, lse, do, False, None, 16, 16, window=(5, 3))
+    _, dk, dv = flash_attention_backward(q, k, v, o, lse, do, causal=False, scale=None, block_q=16, block_k=16,
+                                         window=(5, 3))  # fmt: skip
     keys = slice(48, 64)
     if one_too_many:
         assert torch.isnan(dv[:, :, keys]).any()
@@ -218,8 +230,9 @@ def test_window_reads_views_through_their_strides(head_dim_outermost):
         v = randn(1, 2, 16, 41, generator=gen).transpose(2, 3)
     do = randn(1, 2, 37, 16, generator=gen)
     args = dict(window=(6, 2), softcap=3.0)
-    o, lse = flash_attention(q, k, v, True, None, "lower_right", 16, 16, **args)
-    grads = flash_attention_backward(q, k, v, o, lse, do, True, None, 16, 16, "lower_right", **args)
+    o, lse = flash_attention(q, k, v, causal=True, scale=None, alignment="lower_right", block_q=16, block_k=16, **args)
+    grads = flash_attention_backward(q, k, v, o, lse, do, causal=True, scale=None, block_q=16, block_k=16,
+                                     alignment="lower_right", **args)  # fmt: skip
     (o_ref, lse_ref), grads_ref = truth(q, k, v, do, (6, 2), True, "lower_right", 3.0)
     assert_close_to_truth(o, o_ref, "o", **FORWARD_TOL[F32])
     for name, g, g_ref in zip(("dq", "dk", "dv"), grads, grads_ref):
@@ -291,8 +304,8 @@ GPU_CASES = [  # (B, H, H_kv, T, D, window, causal, softcap); N(0, 1) inputs: sc
 def test_window_on_the_gpu_in_bf16_against_float64(case, deterministic):
     B, H, H_kv, T, D, window, causal, softcap = case
     q, k, v, do = make_inputs(B, H, H_kv, T, T, D, BF16, seed=T + D, spread=1.0)
-    o, lse = flash_attention(q, k, v, causal, None, "upper_left", window=window, softcap=softcap)
-    grads = flash_attention_backward(q, k, v, o, lse, do, causal, window=window, softcap=softcap,
+    o, lse = flash_attention(q, k, v, causal=causal, scale=None, alignment="upper_left", window=window, softcap=softcap)
+    grads = flash_attention_backward(q, k, v, o, lse, do, causal=causal, window=window, softcap=softcap,
                                      deterministic=deterministic)  # fmt: skip
     (o_ref, lse_ref), grads_ref = truth(q, k, v, do, window, causal, "upper_left", softcap)
     assert_close_to_truth(o, o_ref, "o", **FORWARD_TOL[BF16])
@@ -311,7 +324,8 @@ def test_skip_tiles_are_never_read_by_the_compiled_kernels(one_too_many):
     program of keys [512, 576) reads rows 512..703 (those that see them: 512..675). The control poisons
     key 384 and row 700 too: loaded (their tiles are visited), masked, and still NaN through 0 * NaN."""
     q, k, v, do = make_inputs(1, 2, 2, 1024, 1024, 128, BF16, seed=12, spread=1.0)
-    o, lse = flash_attention(q, k, v, False, None, "upper_left", 128, 128, window=(100, 0))
+    o, lse = flash_attention(q, k, v, causal=False, scale=None, alignment="upper_left", block_q=128, block_k=128,
+                             window=(100, 0))  # fmt: skip
     keys, rows = torch.ones(1024, dtype=torch.bool), torch.ones(1024, dtype=torch.bool)
     keys[384:640], rows[512:704] = False, False
     if one_too_many:
@@ -319,10 +333,12 @@ def test_skip_tiles_are_never_read_by_the_compiled_kernels(one_too_many):
     k, v, q_poisoned, do_poisoned = k.clone(), v.clone(), q.clone(), do.clone()
     k[:, :, keys], v[:, :, keys] = float("nan"), float("nan")
     q_poisoned[:, :, rows], do_poisoned[:, :, rows] = float("nan"), float("nan")
-    o_poisoned, _ = flash_attention(q, k, v, False, None, "upper_left", 128, 128, window=(100, 0))
-    dq, _, _ = flash_attention_backward(q, k, v, o, lse, do, False, None, 64, 64, window=(100, 0))
-    _, dk, dv = flash_attention_backward(q_poisoned, k.nan_to_num(), v.nan_to_num(), o, lse, do_poisoned, False,
-                                         None, 64, 64, window=(100, 0))  # fmt: skip
+    o_poisoned, _ = flash_attention(q, k, v, causal=False, scale=None, alignment="upper_left", block_q=128, block_k=128,
+                                    window=(100, 0))  # fmt: skip
+    dq, _, _ = flash_attention_backward(q, k, v, o, lse, do, causal=False, scale=None, block_q=64, block_k=64,
+                                        window=(100, 0))  # fmt: skip
+    _, dk, dv = flash_attention_backward(q_poisoned, k.nan_to_num(), v.nan_to_num(), o, lse, do_poisoned, causal=False,
+                                         scale=None, block_q=64, block_k=64, window=(100, 0))  # fmt: skip
     seen = [o_poisoned[:, :, 512:640], dq[:, :, 512:576], dk[:, :, 512:576], dv[:, :, 512:576]]
     if one_too_many:
         assert all(torch.isnan(x).any() for x in (seen[0], seen[1], seen[3]))

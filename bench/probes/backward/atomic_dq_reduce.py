@@ -64,7 +64,7 @@ def main(out: Path) -> None:
             rows.append(dict(provider=name, ms=ms, tflops=attention_tflops(s, ms, "bwd"), **fields))
             print(s["Tq"], D, causal, name, round(rows[-1]["tflops"], 1), flush=True)
         o, lse, stats = flash_attention(q, k, v, causal=causal, return_stats=True)
-        truth = flash_attention_backward(q, k, v, o, lse, do, causal, stats=stats)
+        truth = flash_attention_backward(q, k, v, o, lse, do, causal=causal, stats=stats)
         default = backward_config(D, torch.bfloat16, s["Tq"])
         runs = [("deterministic", None, None, True), ("atomic_pointers", None, False, False)]
         runs += [("atomic_bulk", dict(dkdv=setting, dq=default["dq"]), True, False) for setting in SETTINGS[D]]

@@ -58,7 +58,7 @@ def main(out: Path) -> None:
             q, k, v, do = (torch.randn(s["B"], s["H"], s["Tq"], D, device="cuda", dtype=torch.bfloat16, generator=g)
                            for _ in range(4))  # fmt: skip
             o, lse, stats = flash_attention(q, k, v, causal=s["causal"], return_stats=True)
-            truth = flash_attention_backward(q, k, v, o, lse, do, s["causal"], stats=stats)
+            truth = flash_attention_backward(q, k, v, o, lse, do, causal=s["causal"], stats=stats)
             cases.append((s, partial(flash_attention_backward, q, k, v, o, lse, do, s["causal"], stats=stats,
                                      tma=True), truth))  # fmt: skip
         default = backward_config(D, torch.bfloat16, 8192)

@@ -52,11 +52,12 @@ def calls(s: dict) -> dict:
     tma_as_rung = s["Tq"] >= 1024
     return {
         f"rung_{last.index}": lambda q, k, v, o, lse, do, st: rung(q, k, v, o, lse, do, causal),
-        "package": lambda q, k, v, o, lse, do, st: flash_attention_backward(q, k, v, o, lse, do, causal, stats=st),
+        "package": lambda q, k, v, o, lse, do, st: flash_attention_backward(q, k, v, o, lse, do, causal=causal,
+                                                                            stats=st),  # fmt: skip
         "package_rung4_settings": lambda q, k, v, o, lse, do, st: flash_attention_backward(
-            q, k, v, o, lse, do, causal, stats=st, config=RUNG4_SETTINGS),
+            q, k, v, o, lse, do, causal=causal, stats=st, config=RUNG4_SETTINGS),
         "package_rung4_settings_tma_as_rung4": lambda q, k, v, o, lse, do, st: flash_attention_backward(
-            q, k, v, o, lse, do, causal, stats=st, config=RUNG4_SETTINGS, tma=tma_as_rung),
+            q, k, v, o, lse, do, causal=causal, stats=st, config=RUNG4_SETTINGS, tma=tma_as_rung),
     }
 
 

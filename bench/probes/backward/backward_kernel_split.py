@@ -64,7 +64,7 @@ def measure(s: dict) -> dict:
                    for _ in range(4))  # fmt: skip
     causal = s["causal"]
     o, lse, stats = flash_attention(q, k, v, causal=causal, return_stats=True)
-    ours = profiled(lambda: flash_attention_backward(q, k, v, o, lse, do, causal, stats=stats))
+    ours = profiled(lambda: flash_attention_backward(q, k, v, o, lse, do, causal=causal, stats=stats))
     leaves = [x.clone().requires_grad_() for x in (q, k, v)]
     with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
         o_s = scaled_dot_product_attention(*leaves, is_causal=causal)

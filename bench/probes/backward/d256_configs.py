@@ -80,7 +80,8 @@ def main(out: Path) -> None:
         row = dict(pass_="backward", provider="flashtile", stage=stage, dkdv=config["dkdv"], dq=config["dq"], tma=tma,
                    **{key: s[key] for key in ("B", "H", "Tq", "D", "causal")})  # fmt: skip
         try:
-            fn = lambda: flash_attention_backward(q, k, v, o, lse, do, s["causal"], stats=stats, config=config, tma=tma)
+            fn = lambda: flash_attention_backward(q, k, v, o, lse, do, causal=s["causal"], stats=stats, config=config,
+                                                  tma=tma)  # fmt: skip
             grads = fn()
             if truth is not None:
                 row["max_err"] = max((a.float() - b.float()).abs().max().item() for a, b in zip(grads, truth))
@@ -115,7 +116,7 @@ def main(out: Path) -> None:
     # the package's own answers at the search shape, the truth every setting is compared with
     q, k, v, do = inputs(SEARCH)
     o, lse, stats = flash_attention(q, k, v, causal=False, return_stats=True)
-    truth_bwd = flash_attention_backward(q, k, v, o, lse, do, False, stats=stats)
+    truth_bwd = flash_attention_backward(q, k, v, o, lse, do, causal=False, stats=stats)
     with torch.no_grad():
         truth_fwd = flash_attention(q, k, v)[0]
 

@@ -145,7 +145,7 @@ def study_shape(tuned, shape: tuple, device: str, dtype, timer, truth_fn, check_
     ):
 
         def call(settings=settings, tma=tma):
-            return flash_attention(q, k, v, causal, **settings, tma=tma)[0]
+            return flash_attention(q, k, v, causal=causal, **settings, tma=tma)[0]
 
         err = (call().float() - truth.float()).abs().max().item()
         if not err < check_tol:

@@ -148,7 +148,7 @@ def main(argv=None) -> None:
             "attention fwd + autograd.grad": (fwd_bwd, args.calls // 4),
             "launcher flash_attention": (lambda: flash_attention(q, k, v, causal=True), args.calls),
             "launcher flash_attention_backward": (
-                lambda: flash_attention_backward(q, k, v, o, lse, do, True, stats=stats), args.calls),
+                lambda: flash_attention_backward(q, k, v, o, lse, do, causal=True, stats=stats), args.calls),
             "sdpa fwd (CPU math, for scale)": (lambda: sdpa(q, k, v, is_causal=True), max(args.calls // 8, 1)),
             "sdpa fwd + autograd.grad (CPU)": (sdpa_bwd, max(args.calls // 40, 1)),
         }

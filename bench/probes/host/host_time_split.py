@@ -108,7 +108,7 @@ def main(out: Path) -> None:
         return api.backward_impl(do, q, k, v, o, lse, stats, spec=spec, backend="triton")
 
     def ft_bwd_launcher():
-        return flash_attention_backward(q, k, v, o_ft, lse_ft, do, True, scale, stats=stats_ft)
+        return flash_attention_backward(q, k, v, o_ft, lse_ft, do, causal=True, scale=scale, stats=stats_ft)
 
     o_kept_ft = attention(*leaves, is_causal=True)
     o_kept_sdpa = sdpa(*leaves, is_causal=True)

@@ -82,7 +82,7 @@ class LauncherBackward(torch.autograd.Function):
         from ..kernels.backward import flash_attention_backward
 
         q, k, v, o, lse, stats = ctx.saved_tensors
-        grads = flash_attention_backward(q, k, v, o, lse, do, ctx.causal, stats=stats, **ctx.options)
+        grads = flash_attention_backward(q, k, v, o, lse, do, causal=ctx.causal, stats=stats, **ctx.options)
         return (*grads, None, None)
 
 

@@ -101,7 +101,7 @@ def backward_providers(s: dict) -> dict:
         found[provider_name(rung)] = (rung.index, lambda q, k, v, o, lse, do, stats, fn=fn: fn(q, k, v, o, lse, do,
                                                                                                 causal))
     found["flashtile"] = (len(found), lambda q, k, v, o, lse, do, stats: flash_attention_backward(
-        q, k, v, o, lse, do, causal, stats=stats))
+        q, k, v, o, lse, do, causal=causal, stats=stats))
     return found
 
 
