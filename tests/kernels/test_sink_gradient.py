@@ -1,0 +1,53 @@
+"""The sinks' gradient kernel (``kernels.sinks``) against the float64 sum written here, in the interpreter:
+strided rows, a sink of -inf, rows whose lse is -inf, and sinks in float32 and 16-bit dtypes."""
+
+import math
+
+import pytest
+import torch
+
+from flashtile.kernels.sinks import sink_gradient, sink_gradient_launch
+
+
+def float64_sum(sinks, lse, delta):
+    """-(sum over b and i of exp(sink_h - lse_bhi) * delta_bhi), a sink of -inf counting 0, by loops."""
+    B, H, T = lse.shape
+    out = []
+    for h in range(H):
+        sink = float(sinks[h])
+        total = 0.0
+        if sink != -math.inf:
+            for b in range(B):
+                for i in range(T):
+                    total += math.exp(sink - float(lse[b, h, i])) * float(delta[b, h, i])
+        out.append(-total)
+    return torch.tensor(out, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("T", [5, 1030])  # under one step of rows, and over one (with a partial step)
+def test_the_kernel_sums_every_row_of_its_head(dtype, T):
+    gen = torch.Generator().manual_seed(T)
+    B, H = 2, 3
+    sinks = torch.randn(H, generator=gen).to(dtype)
+    sinks[1] = -math.inf  # no sink: 0
+    lse = torch.randn(H, B, T, generator=gen).permute(1, 0, 2) + 2.0  # strided (B, H, T)
+    delta = torch.randn(B, H, T, generator=gen)
+    got = sink_gradient(sinks, lse, delta)
+    want = float64_sum(sinks.double(), lse.double(), delta.double())
+    assert got.dtype == dtype and got[1] == 0
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol * want.abs().max().item())
+
+
+def test_rows_without_key_or_sink_count_zero_and_a_plans_launch_is_reused():
+    sinks = torch.tensor([0.5, -math.inf])
+    lse = torch.tensor([[[1.0, 0.5], [-math.inf, -math.inf]]])  # (1, 2, 2): head 1 has no key and no sink
+    delta = torch.tensor([[[2.0, 3.0], [4.0, 5.0]]])
+    launch = sink_gradient_launch(lse, delta)
+    want = -(math.exp(0.5 - 1.0) * 2.0 + math.exp(0.0) * 3.0)
+    for _ in range(2):  # the plan's launch, twice
+        got = sink_gradient(sinks, lse, delta, launch)
+        assert got[1] == 0 and got[0].item() == pytest.approx(want)
+    strided = torch.stack([sinks, sinks], 1)[:, 0]  # a view with stride 2
+    assert sink_gradient(strided, lse[:, :, :1], delta[:, :, :1])[0].item() == pytest.approx(-math.exp(0.5 - 1.0) * 2)
