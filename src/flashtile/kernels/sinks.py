@@ -16,6 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .._plans import cached_plan
 from ._host import KernelLaunch
 
 ROWS = 1024  # rows a program reads per step
@@ -50,11 +51,10 @@ def sink_gradient_launch(lse: torch.Tensor, delta: torch.Tensor) -> KernelLaunch
                         constexprs=dict(BLOCK=ROWS), num_warps=4, num_stages=1, fresh_outputs=1)  # fmt: skip
 
 
-def sink_gradient(sinks: torch.Tensor, lse: torch.Tensor, delta: torch.Tensor,
-                  launch: KernelLaunch | None = None) -> torch.Tensor:  # fmt: skip
-    """(H,) dsinks in sinks' dtype from ``lse`` and ``delta`` ((B, H, Tq) float32) and the (H,) ``sinks``,
-    with a plan's ``launch`` (``sink_gradient_launch`` of the same layouts) or a new one."""
+def sink_gradient(sinks: torch.Tensor, lse: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+    """(H,) dsinks in sinks' dtype from ``lse`` and ``delta`` ((B, H, Tq) float32) and the (H,) ``sinks``:
+    the launch kept per layout of lse and delta (``_plans.cached_plan``), one kernel."""
     dsinks = torch.empty(sinks.shape, dtype=sinks.dtype, device=sinks.device)
     sinks = sinks if sinks.stride(0) == 1 else sinks.contiguous()  # the kernel steps one element a head
-    (launch or sink_gradient_launch(lse, delta))(sinks, lse, delta, dsinks)
+    cached_plan(sink_gradient_launch, (lse, delta))(sinks, lse, delta, dsinks)
     return dsinks
