@@ -125,17 +125,20 @@ def attention_bwd(
     backend: str,
     sinks: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv, dsinks): dq, dk, dv in the inputs' dtype, each laid out like its input where that is dense
-    (``_layouts.strides_like``), contiguous otherwise, dk and dv summed over each GQA group; dsinks (H,) in
-    sinks' dtype, or an empty tensor without sinks (an op's output cannot be None)."""
-    spec = spec_from_op(q, k, scale=scale, alignment=alignment, window_left=window_left, window_right=window_right,
-                        softcap=softcap, sinks=sinks)  # fmt: skip
-    dq, dk, dv, dsinks = backward_impl(do, q, k, v, o, lse, stats, spec=spec, backend=backend, sinks=sinks)
+    """(dq, dk, dv, dsinks): dq, dk, dv in the inputs' dtype, each laid out like its
+    input where that is dense (``_layouts.strides_like``), contiguous otherwise, dk and
+    dv summed over each GQA group; dsinks (H,) in sinks' dtype, or an empty tensor
+    without sinks (an op's output cannot be None)."""
+    spec = spec_from_op(q, k, scale=scale, alignment=alignment, window_left=window_left,
+                        window_right=window_right, softcap=softcap, sinks=sinks)
+    dq, dk, dv, dsinks = backward_impl(do, q, k, v, o, lse, stats, spec=spec,
+                                       backend=backend, sinks=sinks)
     return dq, dk, dv, (lse.new_empty((0,)) if dsinks is None else dsinks)
 
 
 @attention_bwd.register_fake
-def _(do, q, k, v, o, lse, stats, scale, alignment, window_left, window_right, softcap, backend, sinks=None):
+def _(do, q, k, v, o, lse, stats, scale, alignment, window_left, window_right, softcap,
+      backend, sinks=None):  # fmt: skip
     dsinks = lse.new_empty((0,)) if sinks is None else torch.empty_like(sinks)
     return (*(empty_like_layout(x, strides_like(x)) for x in (q, k, v)), dsinks)
 # --8<-- [end:backward_op]
@@ -143,7 +146,8 @@ def _(do, q, k, v, o, lse, stats, scale, alignment, window_left, window_right, s
 
 # --8<-- [start:autograd]
 def _setup_context(ctx, inputs, output):
-    q, k, v, *arguments = inputs  # scale, alignment, the band's two sides, softcap, backend[, sinks]
+    # scale, alignment, the band's two sides, softcap, backend[, sinks]
+    q, k, v, *arguments = inputs
     arguments = arguments[:6]
     sinks = inputs[9] if len(inputs) > 9 else None
     o, lse, stats = output
@@ -154,10 +158,13 @@ def _setup_context(ctx, inputs, output):
 
 
 def _backward(ctx, do, _dlse, _dstats):
-    if do is None:  # o's gradient undefined (a Function upstream returned None, gradcheck's check): zero
+    # o's gradient undefined (a Function upstream returned None, gradcheck's check):
+    # zero
+    if do is None:
         return (None,) * (4 + len(ctx.arguments))
     q, k, v, o, lse, stats, *sinks = ctx.saved_tensors
-    dq, dk, dv, dsinks = attention_bwd(do, q, k, v, o, lse, stats, *ctx.arguments, *sinks)
+    dq, dk, dv, dsinks = attention_bwd(do, q, k, v, o, lse, stats, *ctx.arguments,
+                                       *sinks)
     return dq, dk, dv, *(None,) * len(ctx.arguments), (dsinks if sinks else None)
 
 

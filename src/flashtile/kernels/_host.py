@@ -167,12 +167,14 @@ def kernel_mask(mask: MaskBand, Tq: int | None = None, Tk: int | None = None) ->
 
 # --8<-- [start:kernel_scale]
 class KernelScale(NamedTuple):
-    """How the kernels carry the softmax scale τ so that every exponent is a difference of raw dots.
+    """How the kernels carry the softmax scale τ so that every exponent is a difference
+    of raw dots.
 
-    S = τ · q·k is computed as ``unit`` · (sign · q)·k, with ``sign`` in {1, -1, 0} folded into the
-    query tile and ``unit`` = |τ| > 0. The row max m is then a max of raw dots u = (sign · q)·k, one of
-    the very numbers it is subtracted from, so u - m is exact for the largest score at any magnitude,
-    and P = exp2((u - m) · qk_scale) with qk_scale = unit · log2(e) > 0.
+    S = τ · q·k is computed as ``unit`` · (sign · q)·k, with ``sign`` in {1, -1, 0}
+    folded into the query tile and ``unit`` = |τ| > 0. The row max m is then a max of
+    raw dots u = (sign · q)·k, one of the very numbers it is subtracted from, so u - m
+    is exact for the largest score at any magnitude, and P = exp2((u - m) · qk_scale)
+    with qk_scale = unit · log2(e) > 0.
     """
 
     sign: int
@@ -181,8 +183,9 @@ class KernelScale(NamedTuple):
 
 
 def kernel_scale(scale: float) -> KernelScale:
-    """Split τ into (sign, unit, qk_scale). τ = 0 becomes sign 0 (every score 0 · (q·k), NaN kept) and
-    unit 1; so does a |τ| too small for float32, whose scores would round to 0 anyway."""
+    """Split τ into (sign, unit, qk_scale). τ = 0 becomes sign 0 (every score 0 · (q·k),
+    NaN kept) and unit 1; so does a |τ| too small for float32, whose scores would round
+    to 0 anyway."""
     unit = abs(scale)
     if unit * LOG2E < FLOAT32_TINY:
         return KernelScale(0, 1.0, LOG2E)

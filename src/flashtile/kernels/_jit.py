@@ -33,9 +33,12 @@ def program_tile(chunk, HEAVY_TILE_LAST: tl.constexpr, HEAVIEST_FIRST: tl.conste
     n_tiles = tl.num_programs(0)
     if HEAVIEST_FIRST:
         n_planes = tl.num_programs(1)
-        rank = tile + n_tiles * (plane + n_planes * b)  # this program's place in the launch order
-        first = rank // (chunk * n_tiles) * chunk  # the first (plane, batch) pair of its chunk
-        size = tl.minimum(chunk, n_planes * tl.num_programs(2) - first)  # the last chunk may be smaller
+        # this program's place in the launch order
+        rank = tile + n_tiles * (plane + n_planes * b)
+        # the first (plane, batch) pair of its chunk
+        first = rank // (chunk * n_tiles) * chunk
+        # the last chunk may be smaller
+        size = tl.minimum(chunk, n_planes * tl.num_programs(2) - first)
         within = rank - first * n_tiles
         tile = within // size
         pair = first + within % size
@@ -50,7 +53,8 @@ def program_tile(chunk, HEAVY_TILE_LAST: tl.constexpr, HEAVIEST_FIRST: tl.conste
 # --8<-- [start:apply_sign]
 @triton.jit
 def apply_sign(q, SIGN: tl.constexpr):
-    """sign · q for the query tile, exact in every dtype; 0 · q keeps a NaN in q (0 · NaN = NaN)."""
+    """sign · q for the query tile, exact in every dtype; 0 · q keeps a NaN in q
+    (0 · NaN = NaN)."""
     if SIGN == -1:
         q = -q
     elif SIGN == 0:
@@ -62,23 +66,29 @@ def apply_sign(q, SIGN: tl.constexpr):
 # --8<-- [start:softmax_step]
 @triton.jit
 def online_softmax_step(acc, l, m, u, v, qk_scale, DOT_PRECISION: tl.constexpr):
-    """Fold one key tile into the running (acc, l, m): the online-softmax update of Part A, in raw-dot units.
+    """Fold one key tile into the running (acc, l, m): the online-softmax update of
+    Part A, in raw-dot units.
 
-    u: (rows, BLOCK_K) fp32 raw dots of the tile, -inf where a key is hidden; v: (BLOCK_K, HEAD_DIM_PAD)
-    value tile in the input dtype. Every kernel that walks key tiles (forward, decode) calls this one
-    function, so the update and its -inf guard are written once.
+    u: (rows, BLOCK_K) fp32 raw dots of the tile, -inf where a key is hidden; v:
+    (BLOCK_K, HEAD_DIM_PAD) value tile in the input dtype. Every kernel that walks key
+    tiles (forward, decode) calls this one function, so the update and its -inf guard
+    are written once.
     """
     # --8<-- [start:exact_update]
     m_new = tl.maximum(m, tl.max(u, 1))
-    # A row that has seen only -inf scores so far (masked keys, or keys scoring -inf) has m_new = -inf;
-    # subtracting it would give exp(-inf - (-inf)) = NaN. Subtracting 0 instead gives p = 0 and
-    # alpha = 0. One select per row, in every tile: an unmasked tile can hold -inf scores too.
+    # A row that has seen only -inf scores so far (masked keys, or keys scoring -inf)
+    # has m_new = -inf; subtracting it would give exp(-inf - (-inf)) = NaN. Subtracting
+    # 0 instead gives p = 0 and alpha = 0. One select per row, in every tile: an
+    # unmasked tile can hold -inf scores too.
     m_new_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.math.exp2((m - m_new_safe) * qk_scale)  # shrink what we had to the new max
-    p = tl.math.exp2((u - m_new_safe[:, None]) * qk_scale)  # u - m first: exact for the max
+    # shrink what we had to the new max
+    alpha = tl.math.exp2((m - m_new_safe) * qk_scale)
+    # u - m first: exact for the max
+    p = tl.math.exp2((u - m_new_safe[:, None]) * qk_scale)
     l = alpha * l + tl.sum(p, 1)
     acc = acc * alpha[:, None]
-    acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)  # P in the input dtype
+    # P in the input dtype
+    acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
     return acc, l, m_new
     # --8<-- [end:exact_update]
 # --8<-- [end:softmax_step]
@@ -120,13 +130,16 @@ def fused_softmax_step(acc, l, m, shift, largest, u, v, qk_scale, DOT_PRECISION:
     # --8<-- [start:fused_update]
     m_new = tl.maximum(m, tl.max(u, 1))
     shift_new = m_new * qk_scale  # rounded once: the kernel's only rounding of the row max
-    shift_safe = tl.where(m_new == float("-inf"), 0.0, shift_new)  # the -inf guard of online_softmax_step
-    alpha = tl.math.exp2(shift - shift_safe)  # both shifts as rounded and used: their roundings cancel
+    # the -inf guard of online_softmax_step
+    shift_safe = tl.where(m_new == float("-inf"), 0.0, shift_new)
+    # both shifts as rounded and used: their roundings cancel
+    alpha = tl.math.exp2(shift - shift_safe)
     p = tl.math.exp2(multiply_subtract(u, qk_scale, shift_safe[:, None], INTERPRETED))
     l = alpha * l + tl.sum(p, 1)
     acc = acc * alpha[:, None]
     acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
-    largest = tl.where(tl.abs(shift_safe) > largest, tl.abs(shift_safe), largest)  # a NaN shift is never largest
+    # a NaN shift is never largest
+    largest = tl.where(tl.abs(shift_safe) > largest, tl.abs(shift_safe), largest)
     return acc, l, m_new, shift_new, largest
     # --8<-- [end:fused_update]
 
@@ -152,9 +165,10 @@ def delta_of_shift(m, shift, l, qk_scale, INTERPRETED: tl.constexpr):
 # --8<-- [start:program_offset]
 @triton.jit
 def program_offset(index, stride):
-    """index * stride in 64 bits. Program ids and tl.arange are int32, and so is a stride below
-    2**31; their product silently wraps once a tensor passes 2**31 elements unless one side is
-    widened first. The cast is assigned, not just called: ``index.to(tl.int64)`` alone does nothing.
+    """index * stride in 64 bits. Program ids and tl.arange are int32, and so is a
+    stride below 2**31; their product silently wraps once a tensor passes 2**31 elements
+    unless one side is widened first. The cast is assigned, not just called:
+    ``index.to(tl.int64)`` alone does nothing.
     """
     index = index.to(tl.int64)
     return index * stride
@@ -164,21 +178,26 @@ def program_offset(index, stride):
 # --8<-- [start:tiles]
 @triton.jit
 def load_tile(ptr, stride_t, stride_d, rows, cols, n_rows, head_dim):
-    """Load the (len(rows), len(cols)) tile ptr[rows, cols], zero outside [0, n_rows) x [0, head_dim).
+    """Load the (len(rows), len(cols)) tile ptr[rows, cols], zero outside
+    [0, n_rows) x [0, head_dim).
 
-    ``ptr`` already points at the (batch, head) slice. Rows and columns are widened to int64 before
-    they meet a stride: row * stride_t, or col * stride_d when the head dim is an outer axis of the
-    storage, overflows int32 once a tensor passes 2**31 elements.
+    ``ptr`` already points at the (batch, head) slice. Rows and columns are widened to
+    int64 before they meet a stride: row * stride_t, or col * stride_d when the head dim
+    is an outer axis of the storage, overflows int32 once a tensor passes 2**31
+    elements.
     """
-    offsets = rows.to(tl.int64)[:, None] * stride_t + cols.to(tl.int64)[None, :] * stride_d
+    offsets = (rows.to(tl.int64)[:, None] * stride_t
+               + cols.to(tl.int64)[None, :] * stride_d)
     mask = (rows[:, None] < n_rows) & (cols[None, :] < head_dim)
     return tl.load(ptr + offsets, mask=mask, other=0.0)
 
 
 @triton.jit
 def store_tile(ptr, stride_t, stride_d, rows, cols, n_rows, head_dim, value):
-    """Store ``value`` into ptr[rows, cols] inside [0, n_rows) x [0, head_dim), cast to ptr's dtype."""
-    offsets = rows.to(tl.int64)[:, None] * stride_t + cols.to(tl.int64)[None, :] * stride_d
+    """Store ``value`` into ptr[rows, cols] inside [0, n_rows) x [0, head_dim), cast to
+    ptr's dtype."""
+    offsets = (rows.to(tl.int64)[:, None] * stride_t
+               + cols.to(tl.int64)[None, :] * stride_d)
     mask = (rows[:, None] < n_rows) & (cols[None, :] < head_dim)
     tl.store(ptr + offsets, value.to(ptr.dtype.element_ty), mask=mask)
 # --8<-- [end:tiles]
@@ -187,12 +206,13 @@ def store_tile(ptr, stride_t, stride_d, rows, cols, n_rows, head_dim, value):
 # --8<-- [start:tile_counts]
 @triton.jit
 def last_key_tile(q_end, Tk, BLOCK_K: tl.constexpr, offset):
-    """Number of key tiles a query tile ending at q_end needs: ``reference.causal.last_key_tile``, with
-    the same arguments in the same order.
+    """Number of key tiles a query tile ending at q_end needs:
+    ``reference.causal.last_key_tile``, with the same arguments in the same order.
 
-    The last row q_end - 1 sees keys up to q_end - 1 + offset. Clamping that to -1 makes the count 0
-    for a tile that sees nothing, and keeps every division on non-negative numbers (Triton's // on
-    integers truncates toward zero like C, it does not floor like Python).
+    The last row q_end - 1 sees keys up to q_end - 1 + offset. Clamping that to -1 makes
+    the count 0 for a tile that sees nothing, and keeps every division on non-negative
+    numbers (Triton's // on integers truncates toward zero like C, it does not floor
+    like Python).
     """
     last_visible_key = tl.maximum(q_end - 1 + offset, -1)
     return tl.minimum(tl.cdiv(Tk, BLOCK_K), (last_visible_key + BLOCK_K) // BLOCK_K)
@@ -200,18 +220,22 @@ def last_key_tile(q_end, Tk, BLOCK_K: tl.constexpr, offset):
 
 @triton.jit
 def full_key_tiles(q_start, Tk, BLOCK_K: tl.constexpr, offset):
-    """Number of leading key tiles that are FULL for every row of a query tile starting at q_start.
+    """Number of leading key tiles that are FULL for every row of a query tile starting
+    at q_start.
 
-    Key tile t is full when its last column (t + 1) * BLOCK_K - 1 is visible from the first row,
-    (t + 1) * BLOCK_K - 1 <= q_start + offset, and lies inside the keys, (t + 1) * BLOCK_K <= Tk.
+    Key tile t is full when its last column (t + 1) * BLOCK_K - 1 is visible from the
+    first row, (t + 1) * BLOCK_K - 1 <= q_start + offset, and lies inside the keys,
+    (t + 1) * BLOCK_K <= Tk.
     """
-    first_row_sees = tl.maximum(q_start + offset + 1, 0)  # keys visible from row q_start
+    # keys visible from row q_start
+    first_row_sees = tl.maximum(q_start + offset + 1, 0)
     return tl.minimum(first_row_sees // BLOCK_K, Tk // BLOCK_K)
 
 
 @triton.jit
 def first_query_row(k_start, offset):
-    """The first query row that sees key k_start (i >= k_start - offset), clamped at row 0."""
+    """The first query row that sees key k_start (i >= k_start - offset), clamped at
+    row 0."""
     return tl.maximum(k_start - offset, 0)
 # --8<-- [end:tile_counts]
 

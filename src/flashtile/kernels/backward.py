@@ -117,11 +117,12 @@ def visible(rows, keys, Tq, Tk, offset, band_lo, band_hi, CAUSAL: tl.constexpr, 
 # --8<-- [start:p_from_raw_dots]
 @triton.jit
 def p_from_raw_dots(u, m, log2_l, qk_scale):
-    """P for one tile from the raw dots u and the forward's (m, log2 l), shaped to broadcast against u:
-    the kernels' form of ``reference.backward.recompute_p`` (which takes S and lse), in raw-dot units.
+    """P for one tile from the raw dots u and the forward's (m, log2 l), shaped to
+    broadcast against u: the kernels' form of ``reference.backward.recompute_p`` (which
+    takes S and lse), in raw-dot units.
 
-    The caller masks P itself, not u, and only on tiles that need it: a row whose statistics are NaN
-    must still give 0, not NaN, for the keys it never saw.
+    The caller masks P itself, not u, and only on tiles that need it: a row whose
+    statistics are NaN must still give 0, not NaN, for the keys it never saw.
     """
     return tl.math.exp2((u - m) * qk_scale - log2_l)
 # --8<-- [end:p_from_raw_dots]
@@ -131,10 +132,11 @@ def p_from_raw_dots(u, m, log2_l, qk_scale):
 # --8<-- [start:loads]
 @triton.jit
 def tile_offsets(rows, cols, stride_t, stride_d, WIDE: tl.constexpr):
-    """rows * stride_t + cols * stride_d for the rows and columns of one tile, counted from the tile's
-    first row. The kernels add that row's own offset in 64 bits, so these stay below
-    BLOCK * stride_t + HEAD_DIM_PAD * stride_d: int32 unless the launcher finds that this can pass
-    2**31 (WIDE, a head dim stored as an outer axis, say)."""
+    """rows * stride_t + cols * stride_d for the rows and columns of one tile, counted
+    from the tile's first row. The kernels add that row's own offset in 64 bits, so
+    these stay below BLOCK * stride_t + HEAD_DIM_PAD * stride_d: int32 unless the
+    launcher finds that this can pass 2**31 (WIDE, a head dim stored as an outer axis,
+    say)."""
     if WIDE:
         rows = rows.to(tl.int64)
         cols = cols.to(tl.int64)
@@ -143,8 +145,9 @@ def tile_offsets(rows, cols, stride_t, stride_d, WIDE: tl.constexpr):
 
 @triton.jit
 def load_masked(ptrs, row_ok, col_ok, MASK_ROWS: tl.constexpr, MASK_COLS: tl.constexpr):
-    """tl.load with zeros where a row or a column is out of range. A mask known at compile time to be
-    all True is left out: a full tile of a head dim that is a power of two loads with no mask at all."""
+    """tl.load with zeros where a row or a column is out of range. A mask known at
+    compile time to be all True is left out: a full tile of a head dim that is a power
+    of two loads with no mask at all."""
     if MASK_ROWS and MASK_COLS:
         x = tl.load(ptrs, mask=row_ok & col_ok, other=0.0)
     elif MASK_ROWS:
@@ -607,19 +610,27 @@ def backward_config(head_dim: int, dtype: torch.dtype, seq_len: int = 0, atomic_
     if is_interpreting():
         return dict(dkdv=(32, 32, 4, 1), dq=(32, 32, 4, 1), tma=False)
     if dtype == torch.float32:
-        return dict(dkdv=(32, 32, 4, 2) if pad <= 64 else (16, 32, 8, 2), dq=(32, 32, 4, 2), tma=False)
+        dkdv = (32, 32, 4, 2) if pad <= 64 else (16, 32, 8, 2)
+        return dict(dkdv=dkdv, dq=(32, 32, 4, 2), tma=False)
     long = seq_len >= 1024
     tma = "auto" if long and work >= TMA_MIN_WORK else False
-    if atomic_dq and tma:  # dQ shares as bulk adds through TMA (DQ_REDUCE): larger dK/dV tiles fit
-        return dict(dkdv=ATOMIC_BULK_DKDV[max(pad, 64)], dq=(64, 64, 4, 3), tma=tma)  # (dq: the preprocess's rows)
-    if pad <= 64:  # below 1k tokens, 64 x 64 dK/dV tiles (sweeps/backward-d64-rung-settings.json)
+    # dQ shares as bulk adds through TMA (DQ_REDUCE): larger dK/dV tiles fit; dq: the
+    # preprocess's rows
+    if atomic_dq and tma:
+        return dict(dkdv=ATOMIC_BULK_DKDV[max(pad, 64)], dq=(64, 64, 4, 3), tma=tma)
+    # below 1k tokens, 64 x 64 dK/dV tiles (sweeps/backward-d64-rung-settings.json)
+    if pad <= 64:
         short = not long and not atomic_dq
-        return dict(dkdv=(64, 64, 4, 3) if short else (32, 128, 4, 3), dq=(64, 64, 4, 3), tma=tma)
+        dkdv = (64, 64, 4, 3) if short else (32, 128, 4, 3)
+        return dict(dkdv=dkdv, dq=(64, 64, 4, 3), tma=tma)
     if pad == 128:
-        return dict(dkdv=(64, 64, 4, 2) if long and not atomic_dq else (32, 64, 4, 3), dq=(128, 64, 8, 3), tma=tma)
-    if atomic_dq:  # D = 256 through pointers: the per-element adds' dQ tile leaves room for small tiles only
+        dkdv = (64, 64, 4, 2) if long and not atomic_dq else (32, 64, 4, 3)
+        return dict(dkdv=dkdv, dq=(128, 64, 8, 3), tma=tma)
+    # D = 256 through pointers: the per-element adds' dQ tile leaves room for small tiles
+    if atomic_dq:
         return dict(dkdv=(16, 32, 4, 2), dq=(64, 32, 8, 2), tma=False)
-    return dict(dkdv=(64, 64, 8, 2), dq=(128, 64, 8, 1), tma=tma)  # D = 256 (sweeps/backward-d256-configs.json)
+    # D = 256 (sweeps/backward-d256-configs.json)
+    return dict(dkdv=(64, 64, 8, 2), dq=(128, 64, 8, 1), tma=tma)
     # --8<-- [end:bwd_settings]
 
 
@@ -628,18 +639,21 @@ PROGRAMS_PER_SM = 4  # below this many dK/dV programs per SM, split GQA groups (
 
 # --8<-- [start:kv_split]
 def pick_kv_split(group: int, programs: int, device: torch.device) -> int:
-    """How many dK/dV programs share one (key tile, kv head): a divisor of the GQA group size.
+    """How many dK/dV programs share one (key tile, kv head): a divisor of the GQA group
+    size.
 
-    1 without GQA, on the CPU, or when the grid already has PROGRAMS_PER_SM programs per SM;
-    otherwise the smallest divisor of the group that gets there (or the whole group): on the H200, a
-    grid of one program per SM left the dK/dV kernel far slower than the same work over four times the
-    programs (sweeps/backward-kv-split.json). A split writes float32 partials, which
-    the launcher sums in a fixed order: still bitwise reproducible, rounded differently from no split.
+    1 without GQA, on the CPU, or when the grid already has PROGRAMS_PER_SM programs per
+    SM; otherwise the smallest divisor of the group that gets there (or the whole
+    group): on the H200, a grid of one program per SM left the dK/dV kernel far slower
+    than the same work over four times the programs (sweeps/backward-kv-split.json). A
+    split writes float32 partials, which the launcher sums in a fixed order: still
+    bitwise reproducible, rounded differently from no split.
     """
     if group == 1 or device.type != "cuda":
         return 1
     enough = PROGRAMS_PER_SM * sm_count(device)
-    return next((d for d in range(1, group + 1) if group % d == 0 and programs * d >= enough), group)
+    divisors = (d for d in range(1, group + 1) if group % d == 0)
+    return next((d for d in divisors if programs * d >= enough), group)
 # --8<-- [end:kv_split]
 
 

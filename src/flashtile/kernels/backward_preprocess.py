@@ -23,21 +23,25 @@ from ._jit import load_tile
 # --8<-- [start:row_terms]
 @triton.jit
 def row_terms(o, do, m, l):
-    """(delta, m, log2 l) of a tile's rows from its o and do tiles and the forward's (m, l).
+    """(delta, m, log2 l) of a tile's rows from its o and do tiles and the forward's
+    (m, l).
 
-    delta = sum_d dO * O, in float32 whatever the input dtype (padded columns load as 0 in both).
-    m and log2 l are what p = exp2((u - m) * qk_scale - log2 l) reads: worked out once per row here
-    instead of once per tile in the loops. A row that sees no key (l = 0) gets m = +inf and
+    delta = sum_d dO * O over the d_v columns of o and do, in float32 whatever the input
+    dtype (padded columns load as 0 in both). m and log2 l are what
+    p = exp2((u - m) * qk_scale - log2 l) reads: worked out once per row here instead of
+    once per tile in the loops. A row that sees no key (l = 0) gets m = +inf and
     log2 l = 0, so that u - m = -inf and p = 0; a NaN in m or l is kept."""
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
     empty = l == 0.0
-    return delta, tl.where(empty, float("inf"), m), tl.math.log2(tl.where(empty, 1.0, l))
+    log2_l = tl.math.log2(tl.where(empty, 1.0, l))
+    return delta, tl.where(empty, float("inf"), m), log2_l
 
 
 @triton.jit
 def load_stats(STATS, row_base, rows, Tq, n_rows):
-    """The forward's (m, l) of ``rows`` from STATS, (2, B, H, Tq) float32 contiguous, n_rows = B * H * Tq
-    apart; rows past Tq read m = 0, l = 1 (finite, and never stored)."""
+    """The forward's (m, l) of ``rows`` from STATS, (2, B, H, Tq) float32 contiguous,
+    n_rows = B * H * Tq apart; rows past Tq read m = 0, l = 1 (finite, and never
+    stored)."""
     m = tl.load(STATS + row_base + rows, mask=rows < Tq, other=0.0)
     l = tl.load(STATS + n_rows + row_base + rows, mask=rows < Tq, other=1.0)
     return m, l
@@ -45,7 +49,8 @@ def load_stats(STATS, row_base, rows, Tq, n_rows):
 
 @triton.jit
 def store_row_terms(ROWS, row_base, rows, Tq, n_rows, delta, m, log2_l):
-    """Store a tile's (delta, m, log2 l) into ROWS, (3, B, H, Tq) float32 contiguous, rows < Tq only."""
+    """Store a tile's (delta, m, log2 l) into ROWS, (3, B, H, Tq) float32 contiguous,
+    rows < Tq only."""
     out = ROWS + row_base + rows
     tl.store(out, delta, mask=rows < Tq)
     tl.store(out + n_rows, m, mask=rows < Tq)
@@ -62,17 +67,20 @@ def backward_preprocess_kernel(
     H, Tq, head_dim, n_rows,
     BLOCK_Q: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
 ):  # fmt: skip
-    """One program per (query tile, head, batch): the row terms of that tile, for the atomic-dQ backward
-    (the deterministic one computes them in its dQ kernel). ROWS is (3, B, H, Tq) float32:
-    delta, m, log2 l (``row_terms``)."""
+    """One program per (query tile, head, batch): the row terms of that tile, for the
+    atomic-dQ backward (the deterministic one computes them in its dQ kernel). ROWS is
+    (3, B, H, Tq) float32: delta, m, log2 l (``row_terms``). O and DO are d_v wide
+    (head_dim, padded to HEAD_DIM_PAD)."""
     q_index = tl.program_id(0)
     h = tl.program_id(1).to(tl.int64)  # int64 so b * stride_b cannot overflow
     b = tl.program_id(2).to(tl.int64)
     row_base = (b * H + h) * Tq
     rows = q_index * BLOCK_Q + tl.arange(0, BLOCK_Q)
     cols = tl.arange(0, HEAD_DIM_PAD)
-    o = load_tile(O + b * stride_ob + h * stride_oh, stride_ot, stride_od, rows, cols, Tq, head_dim)
-    do = load_tile(DO + b * stride_dob + h * stride_doh, stride_dot, stride_dod, rows, cols, Tq, head_dim)
+    o_base = O + b * stride_ob + h * stride_oh
+    do_base = DO + b * stride_dob + h * stride_doh
+    o = load_tile(o_base, stride_ot, stride_od, rows, cols, Tq, head_dim)
+    do = load_tile(do_base, stride_dot, stride_dod, rows, cols, Tq, head_dim)
     m, l = load_stats(STATS, row_base, rows, Tq, n_rows)
     delta, m, log2_l = row_terms(o, do, m, l)
     store_row_terms(ROWS, row_base, rows, Tq, n_rows, delta, m, log2_l)

@@ -130,7 +130,8 @@ def _attend_key_tiles(
         j = k_start + j0  # the key columns of this tile
         # --8<-- [start:tma_load]
         if USE_TMA:  # (1, 1, BLOCK_K, pad) boxes of the (B, H_kv, Tk, D) tensors, zeros outside
-            k = tl.trans(K.load([b, h_kv, k_start, 0]).reshape(BLOCK_K, HEAD_DIM_PAD))  # K^T tile
+            k = K.load([b, h_kv, k_start, 0]).reshape(BLOCK_K, HEAD_DIM_PAD)
+            k = tl.trans(k)  # the K^T tile
             v = V.load([b, h_kv, k_start, 0]).reshape(BLOCK_K, HEAD_DIM_V_PAD)
         # --8<-- [end:tma_load]
         elif MASKED or BAND or HEAD_DIM != HEAD_DIM_PAD or HEAD_DIM_V != HEAD_DIM_V_PAD:
@@ -146,8 +147,9 @@ def _attend_key_tiles(
             u, _t = soft_cap(u, unit, softcap)
         # --8<-- [start:row_bound]
         if MASKED:  # padded keys, and keys past the diagonal, must score -inf, not 0
-            # Key j is visible from row i when j < Tk and (causal) j <= i + offset: one bound per row on the
-            # tile's own column 0..BLOCK_K-1, so that each score costs one compare against a row value
+            # Key j is visible from row i when j < Tk and (causal) j <= i + offset: one
+            # bound per row on the tile's own column 0..BLOCK_K-1, so that each score
+            # costs one compare against a row value
             last = Tk - 1 - k_start  # the last column inside the keys
             if CAUSAL:
                 last = tl.minimum(i + (offset - k_start), last)  # and the last one row i sees
@@ -208,8 +210,10 @@ def _forward_kernel(
     SINK: tl.constexpr = False,
 ):
     # --8<-- [start:program]
-    # under causal, the longest query tiles (most key tiles) launch first, so the short ones fill the tail
-    q_index, h, b = program_tile(chunk, HEAVY_TILE_LAST=CAUSAL, HEAVIEST_FIRST=HEAVIEST_FIRST)
+    # under causal, the longest query tiles (most key tiles) launch first, so the short
+    # ones fill the tail
+    q_index, h, b = program_tile(chunk, HEAVY_TILE_LAST=CAUSAL,
+                                 HEAVIEST_FIRST=HEAVIEST_FIRST)
     h_kv = h // group  # GQA: query head h reads the key/value head of its group, no copy
     q_start = q_index * BLOCK_Q
     q_end = tl.minimum(q_start + BLOCK_Q, Tq)
@@ -218,15 +222,20 @@ def _forward_kernel(
     dv = tl.arange(0, HEAD_DIM_V_PAD)  # of v, acc and o: d_v may differ from d_qk
     # --8<-- [end:program]
     # --8<-- [start:varlen]
-    if VARLEN:  # packed documents: the grid's third axis is the document, read from cu_seqlens (varlen_program)
+    # packed documents: the grid's third axis is the document, read from cu_seqlens
+    # (varlen_program)
+    if VARLEN:
         q_index, q_doc, k_doc, Tq, Tk, offset, band_lo, band_hi = varlen_program(
-            CU_Q, CU_K, ORDER, b, Tq, Tk, offset, band_lo, band_hi, BLOCK_Q, OWN_KEYS=False, HEAVY_TILE_LAST=CAUSAL)
-        if q_index < 0:  # past this document's query tiles (or a document without queries): nothing to do
+            CU_Q, CU_K, ORDER, b, Tq, Tk, offset, band_lo, band_hi, BLOCK_Q,
+            OWN_KEYS=False, HEAVY_TILE_LAST=CAUSAL)
+        # past this document's query tiles (or a document without queries): nothing to do
+        if q_index < 0:
             return
         q_start = q_index * BLOCK_Q
         q_end = tl.minimum(q_start + BLOCK_Q, Tq)
         i = q_start + tl.arange(0, BLOCK_Q)
-        Q += q_doc.to(tl.int64) * stride_qt  # the document's first token becomes token 0: b's strides are 0
+        # the document's first token becomes token 0: b's strides are 0
+        Q += q_doc.to(tl.int64) * stride_qt
         O += q_doc.to(tl.int64) * stride_ot
         K += k_doc.to(tl.int64) * stride_kt
         V += k_doc.to(tl.int64) * stride_vt
@@ -234,7 +243,8 @@ def _forward_kernel(
 
     # --8<-- [start:pointers]
     q_mask = (i[:, None] < Tq) & (d[None, :] < HEAD_DIM)
-    if USE_TMA:  # Q, K, V are TMA descriptors of the (B, H, T, D) tensors: tiles by coordinates
+    # Q, K, V are TMA descriptors of the (B, H, T, D) tensors: tiles by coordinates
+    if USE_TMA:
         q = Q.load([b, h, q_start, 0]).reshape(BLOCK_Q, HEAD_DIM_PAD)
         k_base = K
         v_base = V
@@ -242,19 +252,25 @@ def _forward_kernel(
         q_base = Q + program_offset(b, stride_qb) + program_offset(h, stride_qh)
         k_base = K + program_offset(b, stride_kb) + program_offset(h_kv, stride_kh)
         v_base = V + program_offset(b, stride_vb) + program_offset(h_kv, stride_vh)
-        q_ptrs = q_base + i[:, None].to(tl.int64) * stride_qt + d[None, :].to(tl.int64) * stride_qd
-        q = tl.load(q_ptrs, mask=q_mask, other=0.0)  # loaded once, reused for every key tile
-    q = apply_sign(q, SIGN)  # sign(τ) · q, so that the raw dots u order the scores as S = τ q·k does
+        q_ptrs = (q_base + i[:, None].to(tl.int64) * stride_qt
+                  + d[None, :].to(tl.int64) * stride_qd)
+        # loaded once, reused for every key tile
+        q = tl.load(q_ptrs, mask=q_mask, other=0.0)
+    # sign(τ) · q, so that the raw dots u order the scores as S = τ q·k does
+    q = apply_sign(q, SIGN)
     # --8<-- [end:pointers]
 
     # --8<-- [start:state]
     m = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)
     l = tl.zeros([BLOCK_Q], dtype=tl.float32)
     acc = tl.zeros([BLOCK_Q, HEAD_DIM_V_PAD], dtype=tl.float32)  # as wide as v
-    shift = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)  # fl(m * qk_scale), what p subtracts
-    largest = tl.zeros([BLOCK_Q], dtype=tl.float32)  # max |shift| a row has used, for the check below
+    # fl(m * qk_scale), what p subtracts
+    shift = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)
+    # max |shift| a row has used, for the check below
+    largest = tl.zeros([BLOCK_Q], dtype=tl.float32)
     if SINK:  # the rows have seen one key already, the sink, whose value is zero
-        m, l, shift, largest = sink_start(SINKS, h, unit, qk_scale, BLOCK_Q, SOFTCAP, INTERPRETED)
+        m, l, shift, largest = sink_start(SINKS, h, unit, qk_scale, BLOCK_Q, SOFTCAP,
+                                          INTERPRETED)
     # --8<-- [end:state]
 
     first_k_index = 0
@@ -346,25 +362,34 @@ def _forward_kernel(
 
 # --8<-- [start:epilogue]
 @triton.jit
-def _write_rows(acc, l, m, delta, qk_scale, out, rows, n_rows, o_mask, row_ok, STATS: tl.constexpr):
-    """o = acc / l into ``out``; with STATS, lse, m and l into ROW_STATS at ``rows`` (the 3 planes n_rows
-    apart). A call that keeps no statistics (no gradient recorded, no lse returned) launches without them.
+def _write_rows(acc, l, m, delta, qk_scale, out, rows, n_rows, o_mask, row_ok,
+                STATS: tl.constexpr):
+    """o = acc / l into ``out``; with STATS, lse, m and l into ROW_STATS at ``rows``
+    (the 3 planes n_rows apart). A call that keeps no statistics (no gradient recorded,
+    no lse returned) launches without them.
 
-    (acc, l) carry a factor 2^delta, the fused path's rounding of its shift (``delta_of_shift``; 0 after
-    the exact path): it cancels in o = acc / l, and l * 2^-delta is l in the units of lse and the stats.
+    (acc, l) carry a factor 2^delta, the fused path's rounding of its shift
+    (``delta_of_shift``; 0 after the exact path): it cancels in o = acc / l, and
+    l * 2^-delta is l in the units of lse and the stats.
     """
-    empty = l == 0.0  # True only for a row that sees no key (a NaN l is not 0: that row stays NaN)
-    l_safe = tl.where(empty, 1.0, l)  # such a row keeps acc = 0, so o = 0 rather than 0 / 0
-    o = acc / l_safe[:, None]
-    l = l * tl.math.exp2(-delta)  # a factor within 2^(+-1/2): the row sum the backward takes
+    # True only for a row that sees no key (a NaN l is not 0: that row stays NaN)
+    empty = l == 0.0
+    # such a row keeps acc = 0, so o = 0 rather than 0 / 0
     l_safe = tl.where(empty, 1.0, l)
-    lse = m * (qk_scale * LN2) + tl.math.log2(l_safe) * LN2  # natural units: unit * m + ln l, never past them
-    lse = tl.where(m == float("inf"), m, lse)  # a +inf score: lse = +inf, as torch.logsumexp says
+    o = acc / l_safe[:, None]
+    # a factor within 2^(+-1/2): the row sum the backward takes
+    l = l * tl.math.exp2(-delta)
+    l_safe = tl.where(empty, 1.0, l)
+    # natural units: unit * m + ln l, never past them
+    lse = m * (qk_scale * LN2) + tl.math.log2(l_safe) * LN2
+    # a +inf score: lse = +inf, as torch.logsumexp says
+    lse = tl.where(m == float("inf"), m, lse)
     lse = tl.where(empty, float("-inf"), lse)
     tl.store(out, o.to(out.dtype.element_ty), mask=o_mask)
     if STATS:
         tl.store(rows, lse, mask=row_ok)
-        tl.store(rows + n_rows, m, mask=row_ok)  # for the backward: the final (m, l), m in raw-dot units
+        # for the backward: the final (m, l), m in raw-dot units
+        tl.store(rows + n_rows, m, mask=row_ok)
         tl.store(rows + n_rows + n_rows, l, mask=row_ok)
 # --8<-- [end:epilogue]
 
@@ -405,15 +430,20 @@ def forward_config(head_dim: int, dtype: torch.dtype, interpreted: bool = False,
         if pad <= 64:
             return dict(block_q=128, block_k=64, num_warps=8, num_stages=3, tma=False)
         return dict(block_q=64, block_k=32, num_warps=4, num_stages=2, tma=False)
-    if pad == 64 and not causal and tma:  # fewer, longer key steps; the cap keeps two programs an SM
-        return dict(block_q=128, block_k=128, num_warps=8, num_stages=3, tma="auto", maxnreg=128)
-    if pad <= 64:  # two programs of 8 warps share an SM only at <= 128 registers a thread: capped there
-        return dict(block_q=128, block_k=64, num_warps=8, num_stages=3, tma=False, maxnreg=128)
+    # fewer, longer key steps; the cap keeps two programs an SM
+    if pad == 64 and not causal and tma:
+        return dict(block_q=128, block_k=128, num_warps=8, num_stages=3, tma="auto",
+                    maxnreg=128)
+    # two programs of 8 warps share an SM only at <= 128 registers a thread: capped there
+    if pad <= 64:
+        return dict(block_q=128, block_k=64, num_warps=8, num_stages=3, tma=False,
+                    maxnreg=128)
     if pad == 128 and (Tq <= 512 or (Tq <= 1024 and causal)):
         return dict(block_q=64, block_k=64, num_warps=4, num_stages=3, tma="auto")
     if pad == 128:
         return dict(block_q=128, block_k=128, num_warps=8, num_stages=3, tma="auto")
-    return dict(block_q=128, block_k=64, num_warps=8, num_stages=2, tma=False)  # D = 256: 128 x 64, 2 stages
+    # D = 256: 128 x 64, 2 stages
+    return dict(block_q=128, block_k=64, num_warps=8, num_stages=2, tma=False)
     # --8<-- [end:settings]
 # --8<-- [end:config]
 
