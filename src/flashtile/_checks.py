@@ -277,8 +277,9 @@ def check_alignment(alignment) -> str:
 
 # --8<-- [start:flags]
 def check_flag(name: str, value) -> bool:
-    """A yes/no argument: a Python or NumPy bool. Anything else (1, "no", None) is refused, because
-    ``bool("no")`` is True and a silently enabled option is worse than an error."""
+    """A yes/no argument: a Python or NumPy bool. Anything else (1, "no", None) is
+    refused, because ``bool("no")`` is True and a silently enabled option is worse than
+    an error."""
     if not isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
     return bool(value)
@@ -289,42 +290,50 @@ def check_causal(causal, name: str = "causal") -> bool:
 
 
 def is_finite(value: float) -> bool:
-    """``math.isfinite(value)`` in comparisons torch.compile can trace: dynamo refuses ``math.isfinite`` on a
-    float it traces symbolically (a module attribute or an argument under ``dynamic=True``), and handles these."""
-    return value == value and abs(value) != math.inf  # NaN is the one float unequal to itself
+    """``math.isfinite(value)`` in comparisons torch.compile can trace: dynamo refuses
+    ``math.isfinite`` on a float it traces symbolically (a module attribute or an
+    argument under ``dynamic=True``), and handles these."""
+    # NaN is the one float unequal to itself
+    return value == value and abs(value) != math.inf
 
 
 def real_to_float(name: str, value) -> float:
-    """``float(value)`` of a real number, or a ValueError naming the argument where it has no float (an int or
-    a Fraction beyond the float range, which ``float`` meets with a bare OverflowError)."""
-    if value.__class__ is float:  # the common case (and a traced float): nothing to convert
+    """``float(value)`` of a real number, or a ValueError naming the argument where it
+    has no float (an int or a Fraction beyond the float range, which ``float`` meets
+    with a bare OverflowError)."""
+    # the common case (and a traced float): nothing to convert
+    if value.__class__ is float:
         return value
     try:
         return float(value)
     except OverflowError:
         digits = len(str(abs(int(value))))
         kind = "an int" if isinstance(value, numbers.Integral) else "a number"
-        raise ValueError(f"{name} must be finite, got {kind} too large for a float ({digits} digits)") from None
+        raise ValueError(f"{name} must be finite, got {kind} too large for a float "
+                         f"({digits} digits)") from None
 
 
 def resolve_scale(scale, D: int, dtype: torch.dtype | None = None) -> float:
-    """Softmax scale τ: 1/sqrt(D) by default, otherwise a finite real number (zero and negative allowed).
+    """Softmax scale τ: 1/sqrt(D) by default (D the head dim of q and k, d_qk),
+    otherwise a finite real number (zero and negative allowed).
 
-    With ``dtype`` given, a scale too large for the arithmetic of that dtype is refused: everything but
-    float64 computes in float32, where τ · log2(e) must stay finite.
+    With ``dtype`` given, a scale too large for the arithmetic of that dtype is refused:
+    everything but float64 computes in float32, where τ · log2(e) must stay finite.
     """
     if scale is None:
         return 1.0 / math.sqrt(D)
     if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, numbers.Real):
-        raise TypeError(f"scale must be a real number or None, got {type(scale).__name__} {scale!r}")
+        raise TypeError(f"scale must be a real number or None, got "
+                        f"{type(scale).__name__} {scale!r}")
     value = real_to_float("scale", scale)
     if not is_finite(value):
         raise ValueError(f"scale must be finite, got {value}")
     limit = FLOAT32_MAX / math.log2(math.e)
     if dtype is not None and dtype != torch.float64 and abs(value) > limit:
         raise ValueError(
-            f"scale must be at most {limit:.3e} in magnitude for {_dtype_name(dtype)} inputs (the statistics are "
-            f"float32), got {value:.3e}; use float64 inputs for larger scales"
+            f"scale must be at most {limit:.3e} in magnitude for {_dtype_name(dtype)} "
+            f"inputs (the statistics are float32), got {value:.3e}; use float64 inputs "
+            "for larger scales"
         )
     return value
 # --8<-- [end:flags]

@@ -46,59 +46,78 @@ from .tiers import (
 
 # --8<-- [start:impl]
 def forward_impl(q, k, v, spec: AttentionSpec, backend: str, sinks=None):
-    """What the forward op computes, callable without the op: (o, lse, stats), see ``attention_fwd``."""
+    """What the forward op computes, callable without the op: (o, lse, stats), see
+    ``attention_fwd``."""
     if check_backend(backend) == "triton":
         from ..kernels.forward import forward_with_spec
 
         return forward_with_spec(q, k, v, spec, sinks)
     from ..reference.forward import flash_attention_forward
 
-    o, lse = flash_attention_forward(q, k, v, False, spec.scale, REFERENCE_BLOCK, REFERENCE_BLOCK, spec.mask.alignment,
-                                     window=spec.mask.window, softcap=spec.softcap, sinks=sinks)  # fmt: skip
-    # o laid out as q is, as the kernels give it (and as the fake says, whichever tier runs)
-    return empty_like_layout(o, output_strides(q, v.shape[-1])).copy_(o), lse.contiguous(), lse.new_empty((0,))
+    o, lse = flash_attention_forward(q, k, v, False, spec.scale, REFERENCE_BLOCK,
+                                     REFERENCE_BLOCK, spec.mask.alignment,
+                                     window=spec.mask.window, softcap=spec.softcap,
+                                     sinks=sinks)  # fmt: skip
+    # o laid out as q is, as the kernels give it (and as the fake says, whichever tier
+    # runs)
+    o = empty_like_layout(o, output_strides(q, v.shape[-1])).copy_(o)
+    return o, lse.contiguous(), lse.new_empty((0,))
 
 
-def backward_impl(do, q, k, v, o, lse, stats, *, spec: AttentionSpec, backend: str, sinks=None):
-    """What the backward op computes, callable without the op: (dq, dk, dv, dsinks), see ``attention_bwd``;
-    dsinks None without sinks."""
-    (do,) = resolve_neg_bits(do)  # an upstream gradient may be a negative view: the kernels read memory
-    if check_backend(backend) == "triton":  # the launcher's gradients are new tensors, laid out like q, k, v
+def backward_impl(do, q, k, v, o, lse, stats, *, spec: AttentionSpec, backend: str,
+                  sinks=None):  # fmt: skip
+    """What the backward op computes, callable without the op: (dq, dk, dv, dsinks), see
+    ``attention_bwd``; dsinks None without sinks."""
+    # an upstream gradient may be a negative view: the kernels read memory
+    (do,) = resolve_neg_bits(do)
+    # the launcher's gradients are new tensors, laid out like q, k, v
+    if check_backend(backend) == "triton":
         from ..kernels.backward import backward_with_spec
 
         return backward_with_spec(q, k, v, o, lse, do, stats, spec=spec, sinks=sinks)
     from ..reference.backward import backward_delta, flash_attention_backward
     from ..reference.sinks import sink_gradient
 
-    grads = flash_attention_backward(q, k, v, o, lse, do, False, spec.scale, REFERENCE_BLOCK, REFERENCE_BLOCK,
-                                     spec.mask.alignment, window=spec.mask.window, softcap=spec.softcap)  # fmt: skip
-    # given the sink-including lse, dq, dk, dv are as without a sink; the sink's own column gives dsinks
+    grads = flash_attention_backward(q, k, v, o, lse, do, False, spec.scale,
+                                     REFERENCE_BLOCK, REFERENCE_BLOCK,
+                                     spec.mask.alignment, window=spec.mask.window,
+                                     softcap=spec.softcap)  # fmt: skip
+    # given the sink-including lse, dq, dk, dv are as without a sink; the sink's own
+    # column gives dsinks
     dsinks = None if sinks is None else sink_gradient(sinks, lse, backward_delta(o, do))
-    return (*(empty_like_layout(x, strides_like(x)).copy_(g) for x, g in zip((q, k, v), grads)), dsinks)
+    grads = (empty_like_layout(x, strides_like(x)).copy_(g)
+             for x, g in zip((q, k, v), grads))
+    return (*grads, dsinks)
 # --8<-- [end:impl]
 
 
 # --8<-- [start:forward_op]
 @torch.library.custom_op("flashtile::attention_fwd", mutates_args=())
 def attention_fwd(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, alignment: str, window_left: int,
-    window_right: int, softcap: float | None, backend: str, sinks: torch.Tensor | None = None,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, alignment: str,
+    window_left: int, window_right: int, softcap: float | None, backend: str,
+    sinks: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(o, lse, stats): o (B, H, Tq, d_v) in q's dtype (d_v, v's head dim, may differ from q's), laid out like q
-    where q is dense (``_spec.output_strides``), contiguous otherwise; lse (B, H, Tq) float32 (float64 for
-    float64), with sinks the log of the whole normaliser, e^sink included; stats, what the backward needs
-    besides lse: the kernels' final (m, l), (2, B, H, Tq), or empty. The mask travels as its band's two sides
-    around the alignment's diagonal, -1 unbounded (``_spec.MaskBand``); sinks, None or (H,), last."""
-    spec = spec_from_op(q, k, scale=scale, alignment=alignment, window_left=window_left, window_right=window_right,
-                        softcap=softcap, sinks=sinks)  # fmt: skip
+    """(o, lse, stats): o (B, H, Tq, d_v) in q's dtype (d_v, v's head dim, may differ
+    from q's), laid out like q where q is dense (``_spec.output_strides``), contiguous
+    otherwise; lse (B, H, Tq) float32 (float64 for float64), with sinks the log of the
+    whole normaliser, e^sink included; stats, what the backward needs besides lse: the
+    kernels' final (m, l), (2, B, H, Tq), or empty. The mask travels as its band's two
+    sides around the alignment's diagonal, -1 unbounded (``_spec.MaskBand``); sinks,
+    None or (H,), last."""
+    spec = spec_from_op(q, k, scale=scale, alignment=alignment, window_left=window_left,
+                        window_right=window_right, softcap=softcap, sinks=sinks)
     o, lse, stats = forward_impl(q, k, v, spec, backend, sinks)
-    # The kernels write lse and (m, l) into one buffer, and an op's outputs may not share memory.
+    # The kernels write lse and (m, l) into one buffer, and an op's outputs may not
+    # share memory.
     return o, lse, (stats.clone() if stats.numel() else stats)
 
 
 @attention_fwd.register_fake
-def _(q, k, v, scale, alignment, window_left, window_right, softcap, backend, sinks=None):
-    # Only shapes, dtypes and devices: what torch.compile needs to trace past the op without running it.
+def _(q, k, v, scale, alignment, window_left, window_right, softcap, backend,
+      sinks=None):  # fmt: skip
+    # Only shapes, dtypes and devices: what torch.compile needs to trace past the op
+    # without running it.
     B, H, Tq, _ = q.shape
     c = stats_dtype(q.dtype)
     stats_shape = (2, B, H, Tq) if backend == "triton" else (0,)

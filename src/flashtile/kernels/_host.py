@@ -133,30 +133,37 @@ def heaviest_first_chunk(causal: bool, plane_bytes: int, pairs: int, programs: i
 
 # --8<-- [start:kernel_mask]
 class KernelMask(NamedTuple):
-    """Which mask body a kernel compiles, and its band: the causal one (CAUSAL), the window's (BAND), or none."""
+    """Which mask body a kernel compiles, and its band: the causal one (CAUSAL), the
+    window's (BAND), or none."""
 
     causal: bool  # j <= i + offset: the causal path, as without a window
     banded: bool  # lo <= j - i <= hi with both edges: the window path
     band: tuple[int, int]  # the kernel's two band arguments (below)
-    diagonals: tuple[int, int] | None  # (lo, hi) of one sequence, clamped into [-Tq, Tk]; None for packed documents
+    # (lo, hi) of one sequence, clamped into [-Tq, Tk]; None for packed documents
+    diagonals: tuple[int, int] | None
 
 
-def kernel_mask(mask: MaskBand, Tq: int | None = None, Tk: int | None = None) -> KernelMask:
-    """The kernels' mask for a checked band, run as no mask or as the causal mask where the band is one of
-    those, so that such a call compiles and runs exactly as a call without a window does.
+def kernel_mask(mask: MaskBand, Tq: int | None = None,
+                Tk: int | None = None) -> KernelMask:  # fmt: skip
+    """The kernels' mask for a checked band, run as no mask or as the causal mask where
+    the band is one of those, so that such a call compiles and runs exactly as a call
+    without a window does.
 
-    With one sequence's sizes Tq and Tk, ``band`` is the window path's (lo, hi), lo <= j - i <= hi
-    (``reference.masks.window_band``: an unbounded side becomes an edge no pair reaches), and (0, 0), unused,
-    on the other paths; a band that keeps every pair, or exactly the causal ones, takes those paths. Without
-    them (packed documents, each with its own Tq and Tk), ``band`` is the sides (left, right), which each
-    document's programs turn into its own edges (``_jit.varlen_program``)."""
+    With one sequence's sizes Tq and Tk, ``band`` is the window path's (lo, hi),
+    lo <= j - i <= hi (``reference.masks.window_band``: an unbounded side becomes an
+    edge no pair reaches), and (0, 0), unused, on the other paths; a band that keeps
+    every pair, or exactly the causal ones, takes those paths. Without them (packed
+    documents, each with its own Tq and Tk), ``band`` is the sides (left, right), which
+    each document's programs turn into its own edges (``_jit.varlen_program``)."""
     left, right = mask.left, mask.right
     if Tq is None:
-        causal, everything = left == UNBOUNDED and right == 0, left == right == UNBOUNDED
+        causal = left == UNBOUNDED and right == 0
+        everything = left == right == UNBOUNDED
         return KernelMask(causal, not (causal or everything), (left, right), None)
     offset = mask.offset(Tq, Tk)
-    lo = -Tq if left == UNBOUNDED else max(offset - left, -Tq)  # j - i >= -(Tq - 1) always holds
-    hi = Tk if right == UNBOUNDED else min(offset + right, Tk)  # j - i <= Tk - 1 always holds
+    # j - i >= -(Tq - 1) and j - i <= Tk - 1 always hold
+    lo = -Tq if left == UNBOUNDED else max(offset - left, -Tq)
+    hi = Tk if right == UNBOUNDED else min(offset + right, Tk)
     if lo == -Tq and hi == Tk:  # every pair: no mask
         return KernelMask(False, False, (0, 0), (lo, hi))
     if lo == -Tq and hi == offset:  # j <= i + offset: causal

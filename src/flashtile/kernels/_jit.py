@@ -301,24 +301,28 @@ def in_band(rows, keys, lo, hi):
 
 
 # --8<-- [start:soft_cap]
-TANH_SERIES_BELOW = tl.constexpr(0.3)  # |y| under this: the odd series, which keeps tanh's relative accuracy
+# |y| under this: the odd series, which keeps tanh's relative accuracy
+TANH_SERIES_BELOW = tl.constexpr(0.3)
 
 
 @triton.jit
 def tanh(y):
-    """tanh in float32, within a few units in the last place, on the GPU and in the interpreter alike
-    (Triton has no tanh of its own, and the interpreter runs no libdevice).
+    """tanh in float32, within a few units in the last place, on the GPU and in the
+    interpreter alike (Triton has no tanh of its own, and the interpreter runs no
+    libdevice).
 
-    For |y| >= 0.3, tanh |y| = (1 - e) / (1 + e) with e = exp(-2 |y|): e lies in (0, 0.55], so 1 - e
-    loses at most a bit or two, and e -> 0 gives 1 at any |y|, infinite included. Below 0.3 that
-    subtraction would cancel (1 - e ~ 2 |y|), so the Taylor series to y^11 takes over: its next
-    term is under 2e-9 of tanh there. NaN stays NaN (it fails the comparison and reaches exp2).
+    For |y| >= 0.3, tanh |y| = (1 - e) / (1 + e) with e = exp(-2 |y|): e lies in
+    (0, 0.55], so 1 - e loses at most a bit or two, and e -> 0 gives 1 at any |y|,
+    infinite included. Below 0.3 that subtraction would cancel (1 - e ~ 2 |y|), so the
+    Taylor series to y^11 takes over: its next term is under 2e-9 of tanh there. NaN
+    stays NaN (it fails the comparison and reaches exp2).
     """
     a = tl.abs(y)
     e = tl.math.exp2(a * -2.8853900817779268)  # exp(-2|y|) = 2^(-2 log2(e) |y|)
     far = (1.0 - e) / (1.0 + e)
     a2 = a * a
-    series = -17.0 / 315 + a2 * (62.0 / 2835 + a2 * (-1382.0 / 155925))  # y - y^3/3 + 2y^5/15 - ..., Horner
+    # y - y^3/3 + 2y^5/15 - ..., Horner
+    series = -17.0 / 315 + a2 * (62.0 / 2835 + a2 * (-1382.0 / 155925))
     series = a * (1.0 + a2 * (-1.0 / 3 + a2 * (2.0 / 15 + a2 * series)))
     t = tl.where(a < TANH_SERIES_BELOW, series, far)
     return tl.where(y < 0, -t, t)
@@ -326,10 +330,11 @@ def tanh(y):
 
 @triton.jit
 def soft_cap(u, unit, softcap):
-    """(s, t) for raw dots u: s = softcap * tanh(x / softcap) of the scaled scores x = unit * u (natural
-    units: ``reference.forward.softcap_scores``), and t = tanh(x / softcap), whose 1 - t^2 the backward
-    multiplies dS by. The kernels then run the softmax on s with qk_scale = log2(e): m and l are in
-    natural units, and the cap is applied in the units the reference applies it in."""
+    """(s, t) for raw dots u: s = softcap * tanh(x / softcap) of the scaled scores
+    x = unit * u (natural units: ``reference.forward.softcap_scores``), and
+    t = tanh(x / softcap), whose 1 - t^2 the backward multiplies dS by. The kernels then
+    run the softmax on s with qk_scale = log2(e): m and l are in natural units, and the
+    cap is applied in the units the reference applies it in."""
     t = tanh(u * unit / softcap)
     return softcap * t, t
 # --8<-- [end:soft_cap]

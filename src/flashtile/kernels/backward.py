@@ -85,9 +85,10 @@ from .backward_preprocess import backward_preprocess, load_stats, preprocess_lau
 # --8<-- [start:row_stats]
 @triton.jit
 def load_row_terms(M, LOG2_L, DELTA, rows, Tq, MASKED: tl.constexpr):
-    """(m, log2 l, delta) for ``rows``, as the dQ (or the preprocess) kernel stored them, ready for
-    p = exp2((u - m) * qk_scale - log2 l). Rows past Tq (only in MASKED tiles) read m = +inf and
-    log2 l = 0, so p = 0: no contribution, as for a row that sees no key."""
+    """(m, log2 l, delta) for ``rows``, as the dQ (or the preprocess) kernel stored
+    them, ready for p = exp2((u - m) * qk_scale - log2 l). Rows past Tq (only in MASKED
+    tiles) read m = +inf and log2 l = 0, so p = 0: no contribution, as for a row that
+    sees no key."""
     if MASKED:
         m = tl.load(M + rows, mask=rows < Tq, other=float("inf"))
         log2_l = tl.load(LOG2_L + rows, mask=rows < Tq, other=0.0)
@@ -100,12 +101,14 @@ def load_row_terms(M, LOG2_L, DELTA, rows, Tq, MASKED: tl.constexpr):
 
 
 @triton.jit
-def visible(rows, keys, Tq, Tk, offset, band_lo, band_hi, CAUSAL: tl.constexpr, BAND: tl.constexpr):
-    """Which (row, key) pairs contribute: rows inside [0, Tq), keys inside [0, Tk) and, if causal,
-    j <= i + offset; with BAND (a window), band_lo <= j - i <= band_hi instead. ``rows`` and ``keys``
-    come already shaped for the tile: (1, BLOCK_Q) against (BLOCK_K, 1) in the dK/dV kernel, which works
-    on transposed tiles, (BLOCK_Q, 1) against (1, BLOCK_K) in the dQ kernel. Padding rows load q = 0,
-    and 0 * inf is NaN: they must give P = 0 explicitly."""
+def visible(rows, keys, Tq, Tk, offset, band_lo, band_hi, CAUSAL: tl.constexpr,
+            BAND: tl.constexpr):  # fmt: skip
+    """Which (row, key) pairs contribute: rows inside [0, Tq), keys inside [0, Tk) and,
+    if causal, j <= i + offset; with BAND (a window), band_lo <= j - i <= band_hi
+    instead. ``rows`` and ``keys`` come already shaped for the tile: (1, BLOCK_Q)
+    against (BLOCK_K, 1) in the dK/dV kernel, which works on transposed tiles,
+    (BLOCK_Q, 1) against (1, BLOCK_K) in the dQ kernel. Padding rows load q = 0, and
+    0 * inf is NaN: they must give P = 0 explicitly."""
     ok = (rows < Tq) & (keys < Tk)
     if BAND:
         ok = ok & in_band(rows, keys, band_lo, band_hi)

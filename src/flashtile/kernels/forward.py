@@ -305,26 +305,33 @@ def _forward_kernel(
         # --8<-- [start:loops]
         if CAUSAL:
             n_full_tiles = full_key_tiles(q_start, Tk, BLOCK_K, offset)
-            n_key_tiles = last_key_tile(q_end, Tk, BLOCK_K, offset)  # tiles past it are never loaded
+            # tiles past it are never loaded
+            n_key_tiles = last_key_tile(q_end, Tk, BLOCK_K, offset)
         else:
             n_full_tiles = Tk // BLOCK_K  # every tile but a ragged last one
             n_key_tiles = tl.cdiv(Tk, BLOCK_K)
         acc, l, m, shift, largest = _attend_key_tiles(
-            acc, l, m, shift, largest, q, k_base, v_base, b, h_kv, stride_kt, stride_kd, stride_vt, stride_vd,
-            i, d, dv, 0, n_full_tiles, Tk, offset, qk_scale, band_lo, band_hi, unit, softcap,
-            BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD,
-            MASKED=False, CAUSAL=CAUSAL, USE_TMA=USE_TMA,
-            DOT_PRECISION=DOT_PRECISION, FUSED=True, INTERPRETED=INTERPRETED, SOFTCAP=SOFTCAP,
+            acc, l, m, shift, largest, q, k_base, v_base, b, h_kv,
+            stride_kt, stride_kd, stride_vt, stride_vd,
+            i, d, dv, 0, n_full_tiles, Tk, offset, qk_scale, band_lo, band_hi, unit,
+            softcap, BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD,
+            MASKED=False, CAUSAL=CAUSAL, USE_TMA=USE_TMA, DOT_PRECISION=DOT_PRECISION,
+            FUSED=True, INTERPRETED=INTERPRETED, SOFTCAP=SOFTCAP,
         )
-        if MASKED_TILES:  # causal, or Tk not a multiple of BLOCK_K; otherwise not compiled (an empty loop costs time)
+        # causal, or Tk not a multiple of BLOCK_K; otherwise not compiled (an empty loop
+        # costs time)
+        if MASKED_TILES:
             acc, l, m, shift, largest = _attend_key_tiles(
-                acc, l, m, shift, largest, q, k_base, v_base, b, h_kv, stride_kt, stride_kd, stride_vt, stride_vd,
-                i, d, dv, n_full_tiles, n_key_tiles, Tk, offset, qk_scale, band_lo, band_hi, unit, softcap,
+                acc, l, m, shift, largest, q, k_base, v_base, b, h_kv,
+                stride_kt, stride_kd, stride_vt, stride_vd,
+                i, d, dv, n_full_tiles, n_key_tiles, Tk, offset, qk_scale, band_lo,
+                band_hi, unit, softcap,
                 BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD,
-                MASKED=True, CAUSAL=CAUSAL, USE_TMA=USE_TMA,
-                DOT_PRECISION=DOT_PRECISION, FUSED=True, INTERPRETED=INTERPRETED, SOFTCAP=SOFTCAP,
+                MASKED=True, CAUSAL=CAUSAL, USE_TMA=USE_TMA, DOT_PRECISION=DOT_PRECISION,
+                FUSED=True, INTERPRETED=INTERPRETED, SOFTCAP=SOFTCAP,
             )
-        delta = delta_of_shift(m, shift, l, qk_scale, INTERPRETED)  # the shift's rounding, which (acc, l) carry
+        # the shift's rounding, which (acc, l) carry
+        delta = delta_of_shift(m, shift, l, qk_scale, INTERPRETED)
         # --8<-- [end:loops]
 
     # --8<-- [start:exact_rerun]
