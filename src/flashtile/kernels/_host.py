@@ -273,110 +273,139 @@ def tile_descriptor(x: torch.Tensor, strides: list[int], block_rows: int, head_d
 
 
 # --8<-- [start:launch]
-MAX_COMPILED = 16  # specialisations one launch remembers (devices, alignments); past that it starts over
+# specialisations one launch remembers (devices, alignments); past that it starts over
+MAX_COMPILED = 16
 
 
 def specialization(arg):
-    """What Triton compiles a separate kernel for, given one tensor-like launch argument.
+    """What Triton compiles a separate kernel for, given one tensor-like argument.
 
-    Triton specialises a tensor on its dtype and on whether its address is a multiple of 16 bytes, and a
-    TMA descriptor on its tensor's dtype and alignment, its geometry and its tile. (Ints and floats are
-    specialised too, but a plan fixes those.) A key finer than Triton's only costs an extra trip
-    through the full launch path, never a wrong kernel.
+    Triton specialises a tensor on its dtype and on whether its address is a multiple of
+    16 bytes, and a TMA descriptor on its tensor's dtype and alignment, its geometry and
+    its tile. (Ints and floats are specialised too, but a plan fixes those.) A key finer
+    than Triton's only costs an extra trip through the full launch path, never a wrong
+    kernel.
     """
     if isinstance(arg, torch.Tensor):
         return arg.dtype, arg.data_ptr() % 16 == 0
-    base = getattr(arg, "base", None)  # a host TMA descriptor: its tensor, geometry and tile
+    # a host TMA descriptor: its tensor, geometry and tile
+    base = getattr(arg, "base", None)
     if isinstance(base, torch.Tensor):
-        return (base.dtype, base.data_ptr() % 16 == 0, tuple(arg.shape), tuple(arg.strides), tuple(arg.block_shape),
-                arg.padding)  # fmt: skip
+        return (base.dtype, base.data_ptr() % 16 == 0, tuple(arg.shape),
+                tuple(arg.strides), tuple(arg.block_shape), arg.padding)  # fmt: skip
     return arg  # None, for an optional tensor left out
 
 
 def _launch_hooked() -> bool:
-    """Whether a profiler hooks Triton's launches (None or an empty chain of hooks when not)."""
+    """Whether a profiler hooks Triton's launches (None or an empty chain of hooks when
+    none does)."""
     hook = triton.knobs.runtime.launch_enter_hook
     return hook is not None and bool(getattr(hook, "calls", True))
 
 
 class KernelLaunch:
-    """``kernel[grid](*tensors, *scalars, **constexprs, num_warps=..., num_stages=...)``, at a fraction
-    of the host cost: one kernel's launch, as a plan works it out once per layout.
+    """``kernel[grid](*tensors, *scalars, **constexprs, num_warps=..., ...)``, at a
+    fraction of the host cost: one kernel's launch, as a plan works it out once per
+    layout.
 
-    Triton's launch path re-binds every argument, rebuilds the specialisation key and looks up the device
-    and stream on each call, several times what the compiled launcher itself costs (the performance
-    chapter's host times). Everything in that key but the tensors' addresses is fixed by the
-    plan that holds this launch, so a call only reads each tensor's dtype and 16-byte alignment, finds
-    the compiled kernel kept for them, and hands its arguments straight to that kernel's launcher. The
-    first call of each specialisation takes Triton's full path and keeps what it compiled. An interpreted
-    kernel (TRITON_INTERPRET=1), and a launch a profiler hooks, always take the full path.
+    Triton's launch path re-binds every argument, rebuilds the specialisation key and
+    looks up the device and stream on each call, several times what the compiled
+    launcher itself costs (the performance chapter's host times). Everything in that key
+    but the tensors' addresses is fixed by the plan that holds this launch, so a call
+    only reads each tensor's dtype and 16-byte alignment, finds the compiled kernel kept
+    for them, and hands its arguments straight to that kernel's launcher. The first call
+    of each specialisation takes Triton's full path and keeps what it compiled. An
+    interpreted kernel (TRITON_INTERPRET=1), and a launch a profiler hooks, always take
+    the full path.
 
-    ``plan_keyed``: the plan holding this launch is kept under a key with the dtype and the 16-byte alignment
-    of every tensor it passes that the caller did not allocate for the call (``_plans.layout_key``), and the
-    ones it did allocate are fresh blocks of the caching allocator (512-byte aligned) in dtypes the plan
-    fixes. Then every call of this launch has one specialisation per device, and the kept kernel is found
-    by the device alone, with no per-tensor read.
+    ``plan_keyed``: the plan holding this launch is kept under a key with the dtype and
+    the 16-byte alignment of every tensor it passes that the caller did not allocate for
+    the call (``_plans.layout_key``), and the ones it did allocate are fresh blocks of
+    the caching allocator (512-byte aligned) in dtypes the plan fixes. Then every call
+    of this launch has one specialisation per device, and the kept kernel is found by
+    the device alone, with no per-tensor read.
     """
 
-    __slots__ = ("kernel", "grid", "scalars", "constexprs", "num_warps", "num_stages", "options", "keyed",
-                 "plan_keyed", "direct", "_compiled")  # fmt: skip
+    __slots__ = ("kernel", "grid", "scalars", "constexprs", "num_warps", "num_stages",
+                 "options", "keyed", "plan_keyed", "direct", "_compiled")  # fmt: skip
 
-    def __init__(self, kernel, *, grid: tuple, scalars: tuple, constexprs: dict, num_warps: int, num_stages: int,
-                 maxnreg: int | None = None, fresh_outputs: int = 0, plan_keyed: bool = False):  # fmt: skip
-        self.kernel, self.grid, self.scalars, self.constexprs = kernel, grid, scalars, constexprs
+    def __init__(self, kernel, *, grid: tuple, scalars: tuple, constexprs: dict,
+                 num_warps: int, num_stages: int, maxnreg: int | None = None,
+                 fresh_outputs: int = 0, plan_keyed: bool = False):  # fmt: skip
+        self.kernel, self.grid = kernel, grid
+        self.scalars, self.constexprs = scalars, constexprs
         self.num_warps, self.num_stages = num_warps, num_stages
-        # The last ``fresh_outputs`` tensors are outputs the caller allocates on every call, in dtypes
-        # its plan fixes; the caching allocator aligns every block to 512 bytes, so their specialisation
-        # never changes and is left out of the key (two fewer reads of an address per call).
+        # The last ``fresh_outputs`` tensors are outputs the caller allocates on every
+        # call, in dtypes its plan fixes; the caching allocator aligns every block to
+        # 512 bytes, so their specialisation never changes and is left out of the key
+        # (two fewer reads of an address per call).
         self.keyed = slice(None, -fresh_outputs if fresh_outputs else None)
         self.plan_keyed = plan_keyed
-        # An interpreted kernel (TRITON_INTERPRET=1 when it was defined) is another type, for good: asked once
+        # An interpreted kernel (TRITON_INTERPRET=1 when it was defined) is another
+        # type, for good: asked once
         self.direct = type(kernel) is triton.JITFunction
-        # An option only NVIDIA's backend knows, passed only when set: maxnreg, a cap on registers per
-        # thread, so that as many programs share an SM as the settings were measured with.
+        # An option only NVIDIA's backend knows, passed only when set: maxnreg, a cap on
+        # registers per thread, so that as many programs share an SM as the settings
+        # were measured with.
         self.options = {"maxnreg": maxnreg} if maxnreg else {}
-        self._compiled = {}  # (device, specialisation of each tensor), or the device alone -> the kernel's launcher
+        # (device, specialisation of each tensor), or the device alone -> the kernel's
+        # launcher
+        self._compiled = {}
 
     def key(self, tensors, device: int):
-        """Which compiled kernel serves these tensors on ``device``: see the class docstring."""
-        return device if self.plan_keyed else (device, *map(specialization, tensors[self.keyed]))
+        """Which compiled kernel serves these tensors on ``device``: see the class
+        docstring."""
+        if self.plan_keyed:
+            return device
+        return (device, *map(specialization, tensors[self.keyed]))
 
     def __call__(self, *tensors) -> None:
         if not self.direct or _launch_hooked():
             self._full_launch(tensors)
             return
         device = _current_device()
-        entry = self._compiled.get(device if self.plan_keyed else self.key(tensors, device))
+        entry = self._compiled.get(
+            device if self.plan_keyed else self.key(tensors, device))
         if entry is None:
             self._compile_and_launch(tensors, device)
             return
         run, function, metadata, tail = entry
-        run(*self.grid, _current_stream(device), function, metadata, None, None, None, *tensors, *self.scalars, *tail)
+        run(*self.grid, _current_stream(device), function, metadata, None, None, None,
+            *tensors, *self.scalars, *tail)
 
     def _full_launch(self, tensors):
-        return self.kernel[self.grid](*tensors, *self.scalars, **self.constexprs, num_warps=self.num_warps,
-                                      num_stages=self.num_stages, **self.options)  # fmt: skip
+        return self.kernel[self.grid](*tensors, *self.scalars, **self.constexprs,
+                                      num_warps=self.num_warps,
+                                      num_stages=self.num_stages,
+                                      **self.options)  # fmt: skip
 
     def _compile_and_launch(self, tensors, device):
-        compiled = self._full_launch(tensors)  # compiles (or finds) the kernel, and launches it
-        compiled = compiled.result() if hasattr(compiled, "result") else compiled  # an asynchronous compile
+        # compiles (or finds) the kernel, and launches it
+        compiled = self._full_launch(tensors)
+        if hasattr(compiled, "result"):  # an asynchronous compile
+            compiled = compiled.result()
         n_args = len(tensors) + len(self.scalars)
-        tail = tuple(self.constexprs[name] for name in self.kernel.arg_names[n_args:])  # in declared order
+        # the constexprs in declared order
+        tail = tuple(self.constexprs[name] for name in self.kernel.arg_names[n_args:])
         if len(self._compiled) >= MAX_COMPILED:
             self._compiled.clear()
-        self._compiled[self.key(tensors, device)] = (compiled.run, compiled.function, compiled.packed_metadata, tail)
+        self._compiled[self.key(tensors, device)] = (
+            compiled.run, compiled.function, compiled.packed_metadata, tail)
 
 
 def _stream_handle(device: int) -> int:
-    """The raw handle of the current CUDA stream, as Triton's own launch path asks for it."""
+    """The raw handle of the current CUDA stream, as Triton's own launch path asks for
+    it."""
     return torch.cuda.current_stream(device).cuda_stream
 
 
-# The current device's index and the raw handle of its current stream, as Triton's own launch path asks for
-# them: torch's C functions themselves where this build has them (a CUDA build), with no Python frame around
-# them. A launch only runs on tensors already on the GPU, so CUDA is initialised and the lazy-init check of
+# The current device's index and the raw handle of its current stream, as Triton's own
+# launch path asks for them: torch's C functions themselves where this build has them
+# (a CUDA build), with no Python frame around them. A launch only runs on tensors
+# already on the GPU, so CUDA is initialised and the lazy-init check of
 # torch.cuda.current_device has nothing to do.
-_current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
+_current_device = (getattr(torch._C, "_cuda_getDevice", None)
+                   or torch.cuda.current_device)
 _current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or _stream_handle
 
 

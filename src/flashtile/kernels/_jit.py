@@ -95,41 +95,49 @@ def online_softmax_step(acc, l, m, u, v, qk_scale, DOT_PRECISION: tl.constexpr):
 
 
 # --8<-- [start:fused_step]
-SHIFT_LIMIT = tl.constexpr(2.0**24)  # |shift| below this: the rounding of a shift is at most 1/2 in the exponent
+# |shift| below this: the rounding of a shift is at most 1/2 in the exponent
+SHIFT_LIMIT = tl.constexpr(2.0**24)
 
 
 @triton.jit
 def multiply_subtract(x, scale, shift, INTERPRETED: tl.constexpr):
-    """x * scale - shift with the product unrounded: one fused multiply-add on the GPU, where Triton
-    lets the compiler contract a multiply and a subtract (in the loop this form ran faster than an
-    explicit tl.fma, sweeps/forward-fused-step-variants.json; tl.fma is kept for the per-row delta; the GPU
-    tests at scores of 4e5 and 4e6 fail if the contraction is ever lost). The interpreter rounds the
-    product first, so there it is taken in float64 (exact for two float32 factors) and the difference
-    rounded once."""
+    """x * scale - shift with the product unrounded: one fused multiply-add on the GPU,
+    where Triton lets the compiler contract a multiply and a subtract (in the loop this
+    form ran faster than an explicit tl.fma, sweeps/forward-fused-step-variants.json;
+    tl.fma is kept for the per-row delta; the GPU tests at scores of 4e5 and 4e6 fail if
+    the contraction is ever lost). The interpreter rounds the product first, so there it
+    is taken in float64 (exact for two float32 factors) and the difference rounded once.
+    """
     if INTERPRETED:
         return (x.to(tl.float64) * scale - shift).to(tl.float32)
     return x * scale - shift
 
 
 @triton.jit
-def fused_softmax_step(acc, l, m, shift, largest, u, v, qk_scale, DOT_PRECISION: tl.constexpr,
+def fused_softmax_step(acc, l, m, shift, largest, u, v, qk_scale,
+                       DOT_PRECISION: tl.constexpr,
                        INTERPRETED: tl.constexpr):  # fmt: skip
-    """``online_softmax_step`` with one multiply-add per score instead of a subtract and a multiply.
+    """``online_softmax_step`` with one multiply-add per score instead of a subtract and
+    a multiply.
 
-    p = exp2(u * qk_scale - shift) where shift = fl(m * qk_scale) is the row max in exponent units,
-    rounded once per row, and u * qk_scale - shift is one fused multiply-add, the product unrounded.
-    (acc, l) are then kept relative to 2^shift rather than 2^(m * qk_scale): the row's largest score
-    gives 2^delta with delta = m * qk_scale - shift, the rounding of the shift, exact, and at most half
-    a unit in its last place. Every tile rescales by the shifts as rounded and used, so delta cancels
-    in o = acc / l, and the caller takes it out of l for lse and the stats (``delta_of_shift``). That
-    holds while 2^delta is harmless: |shift| < SHIFT_LIMIT keeps |delta| <= 1/2, and ``largest``
-    collects each row's largest |shift| so that the caller can check that once, at the end.
+    p = exp2(u * qk_scale - shift) where shift = fl(m * qk_scale) is the row max in
+    exponent units, rounded once per row, and u * qk_scale - shift is one fused
+    multiply-add, the product unrounded. (acc, l) are then kept relative to 2^shift
+    rather than 2^(m * qk_scale): the row's largest score gives 2^delta with
+    delta = m * qk_scale - shift, the rounding of the shift, exact, and at most half a
+    unit in its last place. Every tile rescales by the shifts as rounded and used, so
+    delta cancels in o = acc / l, and the caller takes it out of l for lse and the stats
+    (``delta_of_shift``). That holds while 2^delta is harmless: |shift| < SHIFT_LIMIT
+    keeps |delta| <= 1/2, and ``largest`` collects each row's largest |shift| so that
+    the caller can check that once, at the end.
 
-    shift carries -inf for a row that has seen only -inf so far, so that alpha = 0 for it, as with m.
+    shift carries -inf for a row that has seen only -inf so far, so that alpha = 0 for
+    it, as with m.
     """
     # --8<-- [start:fused_update]
     m_new = tl.maximum(m, tl.max(u, 1))
-    shift_new = m_new * qk_scale  # rounded once: the kernel's only rounding of the row max
+    # rounded once: the kernel's only rounding of the row max
+    shift_new = m_new * qk_scale
     # the -inf guard of online_softmax_step
     shift_safe = tl.where(m_new == float("-inf"), 0.0, shift_new)
     # both shifts as rounded and used: their roundings cancel
@@ -146,8 +154,9 @@ def fused_softmax_step(acc, l, m, shift, largest, u, v, qk_scale, DOT_PRECISION:
 
 @triton.jit
 def exact_product_minus(x, scale, shift, INTERPRETED: tl.constexpr):
-    """x * scale - shift through an explicit fused multiply-add (float64 in the interpreter): exact
-    whenever the result is the rounding error of fl(x * scale) = shift, as delta is."""
+    """x * scale - shift through an explicit fused multiply-add (float64 in the
+    interpreter): exact whenever the result is the rounding error of
+    fl(x * scale) = shift, as delta is."""
     if INTERPRETED:
         return (x.to(tl.float64) * scale - shift).to(tl.float32)
     return tl.fma(x, scale, -shift)
@@ -155,9 +164,9 @@ def exact_product_minus(x, scale, shift, INTERPRETED: tl.constexpr):
 
 @triton.jit
 def delta_of_shift(m, shift, l, qk_scale, INTERPRETED: tl.constexpr):
-    """delta = m * qk_scale - shift, exact (0 for a row that saw no key). The fused path's p carry a
-    factor 2^delta, and so does its l: l * exp2(-delta) is l relative to 2^(m * qk_scale), the units
-    of lse, the stats and the backward."""
+    """delta = m * qk_scale - shift, exact (0 for a row that saw no key). The fused
+    path's p carry a factor 2^delta, and so does its l: l * exp2(-delta) is l relative
+    to 2^(m * qk_scale), the units of lse, the stats and the backward."""
     return tl.where(l == 0.0, 0.0, exact_product_minus(m, qk_scale, shift, INTERPRETED))
 # --8<-- [end:fused_step]
 
@@ -243,39 +252,48 @@ def first_query_row(k_start, offset):
 # --8<-- [start:band_tiles]
 @triton.jit
 def first_key_tile(q_start, Tk, BLOCK_K: tl.constexpr, lo):
-    """Index of the first key tile a query tile starting at q_start needs under the band lo <= j - i <= hi:
-    ``reference.masks.first_key_tile``, with the same arguments in the same order. Its first row sees keys
-    from q_start + lo on (key 0 when that is negative); past the last key, the number of key tiles, so
-    that the run first_key_tile .. last_key_tile is empty."""
-    first_visible_key = tl.maximum(q_start + lo, 0)  # clamped first: // on a negative int truncates
-    return tl.where(first_visible_key > Tk - 1, tl.cdiv(Tk, BLOCK_K), first_visible_key // BLOCK_K)
+    """Index of the first key tile a query tile starting at q_start needs under the band
+    lo <= j - i <= hi: ``reference.masks.first_key_tile``, with the same arguments in
+    the same order. Its first row sees keys from q_start + lo on (key 0 when that is
+    negative); past the last key, the number of key tiles, so that the run
+    first_key_tile .. last_key_tile is empty."""
+    # clamped first: // on a negative int truncates
+    first_visible_key = tl.maximum(q_start + lo, 0)
+    return tl.where(first_visible_key > Tk - 1, tl.cdiv(Tk, BLOCK_K),
+                    first_visible_key // BLOCK_K)
 
 
 @triton.jit
 def band_full_key_tiles(q_start, q_end, Tk, BLOCK_K: tl.constexpr, lo, hi, first, end):
-    """(full_first, full_end): the key tiles of the run first .. end - 1 that are FULL for every row of the
-    query tile [q_start, q_end), as ``reference.masks.classify_band_tile`` says, clamped into the run.
+    """(full_first, full_end): the key tiles of the run first .. end - 1 that are FULL
+    for every row of the query tile [q_start, q_end), as
+    ``reference.masks.classify_band_tile`` says, clamped into the run.
 
-    Key tile t is FULL when its lowest diagonal, t * BLOCK_K - (q_end - 1), is >= lo (t >= full_first), its
-    highest, (t + 1) * BLOCK_K - 1 - q_start, is <= hi, and it ends inside the keys (t < full_end). The
-    FULL tiles are one contiguous run inside the visited one; the tiles on either side of it are DIAGONAL.
+    Key tile t is FULL when its lowest diagonal, t * BLOCK_K - (q_end - 1), is >= lo
+    (t >= full_first), its highest, (t + 1) * BLOCK_K - 1 - q_start, is <= hi, and it
+    ends inside the keys (t < full_end). The FULL tiles are one contiguous run inside
+    the visited one; the tiles on either side of it are DIAGONAL.
     """
     full_first = tl.cdiv(tl.maximum(q_end - 1 + lo, 0), BLOCK_K)
     full_end = tl.minimum(tl.maximum(q_start + hi + 1, 0) // BLOCK_K, Tk // BLOCK_K)
     full_first = tl.minimum(tl.maximum(full_first, first), end)
-    full_end = tl.minimum(tl.maximum(full_end, full_first), end)  # no FULL tile: an empty run at full_first
+    # no FULL tile: an empty run at full_first
+    full_end = tl.minimum(tl.maximum(full_end, full_first), end)
     return full_first, full_end
 
 
 @triton.jit
-def band_query_tiles(k_start, Tq, Tk, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, lo, hi):
-    """(first, full_first, full_end, end) in query tiles, for the key tile starting at k_start: the query
-    tiles first .. end - 1 see some key of it (the others are SKIP), full_first .. full_end - 1 see all
-    of it (FULL), and the rest of the run is DIAGONAL. The transpose of ``first_key_tile`` and
-    ``band_full_key_tiles``, for the dK/dV kernel, which owns a key tile and walks query tiles.
+def band_query_tiles(k_start, Tq, Tk, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, lo,
+                     hi):  # fmt: skip
+    """(first, full_first, full_end, end) in query tiles, for the key tile starting at
+    k_start: the query tiles first .. end - 1 see some key of it (the others are SKIP),
+    full_first .. full_end - 1 see all of it (FULL), and the rest of the run is
+    DIAGONAL. The transpose of ``first_key_tile`` and ``band_full_key_tiles``, for the
+    dK/dV kernel, which owns a key tile and walks query tiles.
 
-    Row i sees a key of [k_start, k_last] when k_start - hi <= i <= k_last - lo; it sees every one when
-    k_last - hi <= i and i <= k_start - lo. A ragged last key tile (keys past Tk) is never FULL.
+    Row i sees a key of [k_start, k_last] when k_start - hi <= i <= k_last - lo; it sees
+    every one when k_last - hi <= i and i <= k_start - lo. A ragged last key tile (keys
+    past Tk) is never FULL.
     """
     n = tl.cdiv(Tq, BLOCK_Q)
     k_last = tl.minimum(k_start + BLOCK_K, Tk) - 1  # the tile's last real key
@@ -284,7 +302,8 @@ def band_query_tiles(k_start, Tq, Tk, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constex
     end = tl.maximum(end, first)
     full_first = tl.cdiv(tl.maximum(k_start + BLOCK_K - 1 - hi, 0), BLOCK_Q)
     full_end = tl.minimum(tl.maximum(k_start - lo + 1, 0) // BLOCK_Q, Tq // BLOCK_Q)
-    full_end = tl.where(k_start + BLOCK_K > Tk, 0, full_end)  # padding keys: masked on every query tile
+    # padding keys: masked on every query tile
+    full_end = tl.where(k_start + BLOCK_K > Tk, 0, full_end)
     full_first = tl.minimum(tl.maximum(full_first, first), end)
     full_end = tl.minimum(tl.maximum(full_end, full_first), end)
     return first, full_first, full_end, end
@@ -292,10 +311,11 @@ def band_query_tiles(k_start, Tq, Tk, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constex
 
 @triton.jit
 def in_band(rows, keys, lo, hi):
-    """Which (row, key) pairs the band keeps, lo <= j - i <= hi: ``reference.masks.band_keeps`` on index
-    tiles already shaped to broadcast (a column of rows against a row of keys, or the transpose). Written
-    as two bounds per row, i + lo <= j <= i + hi, so that only the compares are tiles: j - i would be a
-    whole tile of ints, registers the kernels do not have to spare."""
+    """Which (row, key) pairs the band keeps, lo <= j - i <= hi:
+    ``reference.masks.band_keeps`` on index tiles already shaped to broadcast (a column
+    of rows against a row of keys, or the transpose). Written as two bounds per row,
+    i + lo <= j <= i + hi, so that only the compares are tiles: j - i would be a whole
+    tile of ints, registers the kernels do not have to spare."""
     return (keys >= rows + lo) & (keys <= rows + hi)
 # --8<-- [end:band_tiles]
 
@@ -342,26 +362,31 @@ def soft_cap(u, unit, softcap):
 
 # --8<-- [start:varlen_program]
 @triton.jit
-def varlen_program(CU_Q, CU_K, ORDER, b, total_q, total_k, alignment, left, right, BLOCK: tl.constexpr,
-                   OWN_KEYS: tl.constexpr, HEAVY_TILE_LAST: tl.constexpr):  # fmt: skip
-    """(tile, q_doc, k_doc, Tq, Tk, offset, band_lo, band_hi) of a program of packed documents: document
-    ``doc`` owns queries CU_Q[doc] .. CU_Q[doc + 1] - 1 and keys CU_K[doc] .. CU_K[doc + 1] - 1, and is
-    attended as a sequence of its own, with its own Tq, Tk, diagonal offset and band.
+def varlen_program(CU_Q, CU_K, ORDER, b, total_q, total_k, alignment, left, right,
+                   BLOCK: tl.constexpr, OWN_KEYS: tl.constexpr,
+                   HEAVY_TILE_LAST: tl.constexpr):  # fmt: skip
+    """(tile, q_doc, k_doc, Tq, Tk, offset, band_lo, band_hi) of a program of packed
+    documents: document ``doc`` owns queries CU_Q[doc] .. CU_Q[doc + 1] - 1 and keys
+    CU_K[doc] .. CU_K[doc + 1] - 1, and is attended as a sequence of its own, with its
+    own Tq, Tk, diagonal offset and band.
 
-    The grid is (tiles of the longest document, heads, documents); the program's third index b picks its
-    document from ORDER (``_host.document_order``: the documents with the most pairs launch first, so the
-    longest ones do not start last and leave a tail). ``tile`` is this program's query tile
-    (its key tile with OWN_KEYS, for the dK/dV kernel), -1 for a program past its document's tiles.
-    HEAVY_TILE_LAST numbers the tiles from the document's own last one (the causal forward's and dQ's
-    heaviest), so each document's heaviest tile takes program 0 and the idle programs come last.
-    total_q and total_k are the packed tensors' token counts. ``alignment`` is 0 (upper_left) or 1
-    (lower_right): offset = alignment * (Tk - Tq). (left, right) is the window, -1 unbounded, the right
-    side already capped at 0 under causal by the launcher; the band lo <= j - i <= hi is
-    ``reference.masks.window_band``'s for this document's Tq and Tk.
+    The grid is (tiles of the longest document, heads, documents); the program's third
+    index b picks its document from ORDER (``_host.document_order``: the documents with
+    the most pairs launch first, so the longest ones do not start last and leave a
+    tail). ``tile`` is this program's query tile (its key tile with OWN_KEYS, for the
+    dK/dV kernel), -1 for a program past its document's tiles. HEAVY_TILE_LAST numbers
+    the tiles from the document's own last one (the causal forward's and dQ's heaviest),
+    so each document's heaviest tile takes program 0 and the idle programs come last.
+    total_q and total_k are the packed tensors' token counts. ``alignment`` is 0
+    (upper_left) or 1 (lower_right): offset = alignment * (Tk - Tq). (left, right) is
+    the window, -1 unbounded, the right side already capped at 0 under causal by the
+    launcher; the band lo <= j - i <= hi is ``reference.masks.window_band``'s for this
+    document's Tq and Tk.
     """
-    # The launcher checked cu_seqlens on the host; the clamps keep every read and write inside the packed
-    # tensors even for values it could not see (a write behind torch's back after the check): a document
-    # then runs on the tokens that exist, and nothing outside (total_q, total_k) is ever touched.
+    # The launcher checked cu_seqlens on the host; the clamps keep every read and write
+    # inside the packed tensors even for values it could not see (a write behind torch's
+    # back after the check): a document then runs on the tokens that exist, and nothing
+    # outside (total_q, total_k) is ever touched.
     doc = tl.load(ORDER + b)
     q_doc = tl.minimum(tl.maximum(tl.load(CU_Q + doc), 0), total_q)
     Tq = tl.minimum(tl.maximum(tl.load(CU_Q + doc + 1), q_doc), total_q) - q_doc
