@@ -195,79 +195,94 @@ attention_fwd.register_autograd(_backward, setup_context=_setup_context)
 class _EagerAttention(torch.autograd.Function):
     """The same forward and backward as the two custom ops, for eager calls.
 
-    Each call through a custom op pays for the dispatcher's generic checks, which on the H200's host
-    took longer than the whole kernel at small shapes. Outside ``torch.compile``
-    nothing needs the op's graph node, so eager calls run the implementations through this plain
-    autograd function; under ``torch.compile`` the op is traced as one node, as before. Both save the
-    same tensors and give the same numbers. With ``create_graph=True`` the backward goes through the
-    backward op, whose own backward refuses a second derivative with a clear error.
+    Each call through a custom op pays for the dispatcher's generic checks, which on the
+    H200's host took longer than the whole kernel at small shapes. Outside
+    ``torch.compile`` nothing needs the op's graph node, so eager calls run the
+    implementations through this plain autograd function; under ``torch.compile`` the op
+    is traced as one node, as before. Both save the same tensors and give the same
+    numbers. With ``create_graph=True`` the backward goes through the backward op, whose
+    own backward refuses a second derivative with a clear error.
 
-    ``spec`` and ``backend`` are what the ops' arguments after the tensors carry (``_spec.op_arguments``);
-    ``sinks``, the (H,) sinks or None, an input autograd tracks. The outputs are o, and lse only where the
-    caller returns it: every output costs autograd work, and (m, l) never leaves the function.
+    ``spec`` and ``backend`` are what the ops' arguments after the tensors carry
+    (``_spec.op_arguments``); ``sinks``, the (H,) sinks or None, an input autograd
+    tracks. The outputs are o, and lse only where the caller returns it: every output
+    costs autograd work, and (m, l) never leaves the function.
     """
 
     @staticmethod
     def forward(ctx, q, k, v, spec, backend, return_lse, call=None, sinks=None):
-        if call is not None:  # a flashtile.attention call with its kept kernel plan: no second plan lookup
+        saved_sinks = [] if sinks is None else [sinks]
+        # a flashtile.attention call with its kept kernel plan: no second plan lookup
+        if call is not None:
             o, row_stats = forward_from_kept_plan(q, k, v, call, sinks=sinks)
             # (lse, m, l) in one buffer: views only where needed
-            ctx.save_for_backward(q, k, v, o, row_stats, *([] if sinks is None else [sinks]))
+            ctx.save_for_backward(q, k, v, o, row_stats, *saved_sinks)
             lse = row_stats[0] if return_lse else None
         else:
             o, lse, stats = forward_impl(q, k, v, spec, backend, sinks)
-            ctx.save_for_backward(q, k, v, o, lse, stats, *([] if sinks is None else [sinks]))
+            ctx.save_for_backward(q, k, v, o, lse, stats, *saved_sinks)
         ctx.spec, ctx.backend, ctx.call = spec, backend, call
         if return_lse:
             ctx.mark_non_differentiable(lse)
-            # o is the only differentiable output, so the engine calls backward only when do exists; by
-            # default it would still fill a zero tensor for lse's gradient before every backward.
+            # o is the only differentiable output, so the engine calls backward only
+            # when do exists; by default it would still fill a zero tensor for lse's
+            # gradient before every backward.
             ctx.set_materialize_grads(False)
             return o, lse
         return o
 
     @staticmethod
     def backward(ctx, do, *_dlse):
-        # Grad mode is on inside a backward only under create_graph=True: then take the op, whose
-        # registered backward raises at the second derivative instead of returning a wrong one.
+        # Grad mode is on inside a backward only under create_graph=True: then take the
+        # op, whose registered backward raises at the second derivative instead of
+        # returning a wrong one.
         graph = torch.is_grad_enabled()
-        if do is None:  # o's gradient undefined (a Function upstream returned None, gradcheck's check): an
-            return (None,) * 8  # undefined gradient means zero: q's, k's, v's and the sinks' too
+        # o's gradient undefined (a Function upstream returned None, gradcheck's check):
+        # an undefined gradient means zero: q's, k's, v's and the sinks' too
+        if do is None:
+            return (None,) * 8
         if ctx.call is not None:
             q, k, v, o, row_stats, *saved_sinks = ctx.saved_tensors
             sinks = saved_sinks[0] if saved_sinks else None
             if not graph:  # the call's kept backward plan: straight to the kernels
-                dq, dk, dv, dsinks = backward_from_kept_plan(do, q, k, v, o, row_stats, ctx.call, sinks)
+                grads = backward_from_kept_plan(do, q, k, v, o, row_stats, ctx.call,
+                                                sinks)  # fmt: skip
+                dq, dk, dv, dsinks = grads
                 return dq, dk, dv, None, None, None, None, dsinks
             lse, stats = row_stats[0], row_stats[1:]
         else:
             q, k, v, o, lse, stats, *saved_sinks = ctx.saved_tensors
             sinks = saved_sinks[0] if saved_sinks else None
         if graph:
-            dq, dk, dv, dsinks = attention_bwd(do, q, k, v, o, lse, stats, *op_arguments(ctx.spec), ctx.backend,
+            dq, dk, dv, dsinks = attention_bwd(do, q, k, v, o, lse, stats,
+                                               *op_arguments(ctx.spec), ctx.backend,
                                                sinks)  # fmt: skip
             dsinks = None if sinks is None else dsinks
         else:
-            dq, dk, dv, dsinks = backward_impl(do, q, k, v, o, lse, stats, spec=ctx.spec, backend=ctx.backend,
+            dq, dk, dv, dsinks = backward_impl(do, q, k, v, o, lse, stats,
+                                               spec=ctx.spec, backend=ctx.backend,
                                                sinks=sinks)  # fmt: skip
         return dq, dk, dv, None, None, None, None, dsinks
 
 
-# Function.apply without its Python layer: that layer sends calls under torch.func transforms elsewhere and
-# unwraps inputs a finished transform left wrapped ("dead wrappers"). Every caller below has refused the
-# transforms already (``refuse_unsupported_autograd_modes``, ``refused_mode``), and ``attention`` unwraps
+# Function.apply without its Python layer: that layer sends calls under torch.func
+# transforms elsewhere and unwraps inputs a finished transform left wrapped ("dead
+# wrappers"). Every caller below has refused the transforms already
+# (``refuse_unsupported_autograd_modes``, ``refused_mode``), and ``attention`` unwraps
 # dead wrappers itself before its checks, so the C function is called directly.
 _eager_apply = super(torch.autograd.Function, _EagerAttention).apply
 
 
 def run_forward(q, k, v, spec: AttentionSpec, backend: str, sinks=None):
-    """(o, lse) through the custom op when compiling or for anything but plain CPU or CUDA tensors (meta
-    tensors, fake tensors, subclasses: the op's fake implementation serves them); through ``_EagerAttention``
-    otherwise, and straight to the implementation when no gradient can flow (to q, k, v or the sinks)."""
+    """(o, lse) through the custom op when compiling or for anything but plain CPU or
+    CUDA tensors (meta tensors, fake tensors, subclasses: the op's fake implementation
+    serves them); through ``_EagerAttention`` otherwise, and straight to the
+    implementation when no gradient can flow (to q, k, v or the sinks)."""
     if torch.compiler.is_compiling() or not plain_inputs(q, k, v) or (
             sinks is not None and type(sinks) not in PLAIN_TENSORS):  # fmt: skip
         return attention_fwd(q, k, v, *op_arguments(spec), backend, sinks)[:2]
-    if records_gradient(q, k, v) or (sinks is not None and sinks.requires_grad and torch.is_grad_enabled()):
+    if records_gradient(q, k, v) or (sinks is not None and sinks.requires_grad
+                                     and torch.is_grad_enabled()):  # fmt: skip
         return _eager_apply(q, k, v, spec, backend, True, None, sinks)
     return forward_impl(q, k, v, spec, backend, sinks)[:2]
 # --8<-- [end:eager]
@@ -342,34 +357,47 @@ def call_key(query, key, value, flags: tuple, sinks=None) -> tuple | None:
 
 
 # --8<-- [start:dispatch_call]
-def cast_and_dispatch(query, key, value, call: AttentionCall, compiling: bool, sinks=None):
-    """``dispatch``, on the inputs cast to the autocast dtype where torch.autocast is on for their device;
-    the kept plans only for the call's own inputs (eager, and not cast copies). The sinks are not cast: the
-    tiers read them in float64 (``reference.sinks``)."""
-    if compiling or any_autocast():  # eagerly, one C call where no autocast is on (torch.compile traces the rest)
-        device = "cuda" if query.is_cuda else query.device.type  # the flag first: no device object on the GPU
+def cast_and_dispatch(query, key, value, call: AttentionCall, compiling: bool,
+                      sinks=None):  # fmt: skip
+    """``dispatch``, on the inputs cast to the autocast dtype where torch.autocast is on
+    for their device; the kept plans only for the call's own inputs (eager, and not cast
+    copies). The sinks are not cast: the tiers read them in float64
+    (``reference.sinks``)."""
+    # eagerly, one C call where no autocast is on (torch.compile traces the rest)
+    if compiling or any_autocast():
+        # the flag first: no device object on the GPU
+        device = "cuda" if query.is_cuda else query.device.type
         if autocast_on(device):
             uncast = query
-            query, key, value = autocast_inputs(query, key, value, device)  # all three cast, or none
-            with torch.autocast(device, enabled=False):  # the tiers choose their own precision
-                return dispatch(query, key, value, call, own_inputs=not compiling and query is uncast, sinks=sinks)
+            # all three cast, or none
+            query, key, value = autocast_inputs(query, key, value, device)
+            # the tiers choose their own precision
+            with torch.autocast(device, enabled=False):
+                own = not compiling and query is uncast
+                return dispatch(query, key, value, call, own_inputs=own, sinks=sinks)
     return dispatch(query, key, value, call, own_inputs=not compiling, sinks=sinks)
 
 
 def dispatch(query, key, value, call: AttentionCall, own_inputs: bool, sinks=None):
-    """Run one checked call on its tier: on the decode kernels where ``decode_route`` says so; else from the
-    call's kept kernel plan where it fits (``own_inputs``: eager, and the inputs are the call's own, not
-    autocast copies), through ``run_forward`` otherwise. A call with sinks never takes the decode kernels."""
+    """Run one checked call on its tier: on the decode kernels where ``decode_route``
+    says so; else from the call's kept kernel plan where it fits (``own_inputs``: eager,
+    and the inputs are the call's own, not autocast copies), through ``run_forward``
+    otherwise. A call with sinks never takes the decode kernels."""
     backend = pick_backend(query)
     spec = call.spec
-    if call.short and sinks is None and decode_route(query, key, value, call, backend):  # Tq <= 16 rows only
+    # Tq <= 16 rows only
+    if call.short and sinks is None and decode_route(query, key, value, call, backend):
         o, lse = decode_forward(query, key, value, call, own_inputs)
         return (o, lse) if spec.return_lse else o
-    if own_inputs and call.plain and backend == "triton" and (sinks is None or type(sinks) in PLAIN_TENSORS):
-        if records_gradient(query, key, value) or (sinks is not None and sinks.requires_grad
-                                                   and torch.is_grad_enabled()):  # fmt: skip
-            return _eager_apply(query, key, value, spec, "triton", spec.return_lse, call, sinks)
-        o, row_stats = forward_from_kept_plan(query, key, value, call, stats=spec.return_lse, sinks=sinks)
+    if own_inputs and call.plain and backend == "triton" and (
+            sinks is None or type(sinks) in PLAIN_TENSORS):  # fmt: skip
+        if records_gradient(query, key, value) or (
+                sinks is not None and sinks.requires_grad
+                and torch.is_grad_enabled()):  # fmt: skip
+            return _eager_apply(query, key, value, spec, "triton", spec.return_lse,
+                                call, sinks)  # fmt: skip
+        o, row_stats = forward_from_kept_plan(query, key, value, call,
+                                              stats=spec.return_lse, sinks=sinks)
         return (o, row_stats[0]) if spec.return_lse else o
     o, lse = run_forward(query, key, value, spec, backend, sinks)
     return (o, lse) if spec.return_lse else o
