@@ -525,50 +525,58 @@ def sum_split_kernel(
     stride_dvb, stride_dvh, stride_dvt, stride_dvd,
     SPLIT: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
-    """With a GQA split, dk and dv from their float32 partials, cast to the inputs' dtype: one launch for both.
+    """With a GQA split, dk and dv from their float32 partials, cast to the inputs'
+    dtype: one launch for both.
 
-    PARTIALS is (2, B, H_kv * SPLIT, Tk, width) contiguous, width = max(d_qk, d_v), and plane = Tk * width;
-    DK is (B, H_kv, Tk, head_dim_k) and DV (B, H_kv, Tk, head_dim_v), with any strides (a partial's columns
-    past its own head dim are never written, read or stored). Program (tile, h_kv, which * B + b) adds the
-    SPLIT planes of its kv head in the order s = 0, 1, ..., so every run rounds the same way."""
+    PARTIALS is (2, B, H_kv * SPLIT, Tk, width) contiguous, width = max(d_qk, d_v), and
+    plane = Tk * width; DK is (B, H_kv, Tk, head_dim_k) and DV (B, H_kv, Tk,
+    head_dim_v), with any strides (a partial's columns past its own head dim are never
+    written, read or stored). Program (tile, h_kv, which * B + b) adds the SPLIT planes
+    of its kv head in the order s = 0, 1, ..., so every run rounds the same way."""
     inner = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     h_kv = tl.program_id(1).to(tl.int64)
     which_b = tl.program_id(2).to(tl.int64)  # which * B + b; which = 0 for dk, 1 for dv
-    ok = inner < plane
-    if which_b < B:  # a partial's columns past its own head dim hold nothing: not read
-        ok = ok & (inner % width < head_dim_k)
+    b = which_b % B
+    t = (inner // width).to(tl.int64)
+    d = inner % width
+    # a partial's columns past its own head dim hold nothing: neither read nor stored
+    if which_b < B:
+        ok = (inner < plane) & (d < head_dim_k)
     else:
-        ok = ok & (inner % width < head_dim_v)
+        ok = (inner < plane) & (d < head_dim_v)
     first = (which_b * H_kv + h_kv) * SPLIT  # the first partial plane of this kv head
     acc = tl.load(PARTIALS + first * plane + inner, mask=ok, other=0.0)
     for s in tl.static_range(1, SPLIT):
         acc += tl.load(PARTIALS + (first + s) * plane + inner, mask=ok, other=0.0)
-    b = which_b % B
-    t = (inner // width).to(tl.int64)
-    d = inner % width
     if which_b < B:
         out = DK + b * stride_dkb + h_kv * stride_dkh + t * stride_dkt + d * stride_dkd
-        tl.store(out, acc.to(DK.dtype.element_ty), mask=ok & (d < head_dim_k))
+        tl.store(out, acc.to(DK.dtype.element_ty), mask=ok)
     else:
         out = DV + b * stride_dvb + h_kv * stride_dvh + t * stride_dvt + d * stride_dvd
-        tl.store(out, acc.to(DV.dtype.element_ty), mask=ok & (d < head_dim_v))
+        tl.store(out, acc.to(DV.dtype.element_ty), mask=ok)
 
 
 SPLIT_SUM_BLOCK = 1024  # elements per program: a plain streaming sum, 4 warps
 
 
-def split_sum_launch(B: int, H_kv: int, Tk: int, head_dims: tuple[int, int], kv_split: int, dk_strides: tuple,
+def split_sum_launch(B: int, H_kv: int, Tk: int, head_dims: tuple[int, int],
+                     kv_split: int, dk_strides: tuple,
                      dv_strides: tuple) -> KernelLaunch | None:  # fmt: skip
-    """The launch that sums the split's partials into dk and dv (part of the backward's plan); None without a split.
-    ``head_dims``: (d_qk, d_v), dk's and dv's widths; the partials are max(d_qk, d_v) wide."""
+    """The launch that sums the split's partials into dk and dv (part of the backward's
+    plan); None without a split. ``head_dims``: (d_qk, d_v), dk's and dv's widths; the
+    partials are max(d_qk, d_v) wide."""
     if kv_split == 1:
         return None
     width = max(head_dims)
     plane = Tk * width
-    return KernelLaunch(sum_split_kernel, grid=head_batch_grid(-(-plane // SPLIT_SUM_BLOCK), H_kv, 2 * B),
-                        scalars=(plane, H_kv, B, width, *head_dims, *dk_strides, *dv_strides),
-                        constexprs=dict(SPLIT=kv_split, BLOCK=SPLIT_SUM_BLOCK), num_warps=4, num_stages=1,
-                        plan_keyed=True)  # its tensors are all allocated per call  # fmt: skip
+    grid = head_batch_grid(-(-plane // SPLIT_SUM_BLOCK), H_kv, 2 * B)
+    # plan_keyed: its tensors are all allocated per call
+    return KernelLaunch(sum_split_kernel, grid=grid,
+                        scalars=(plane, H_kv, B, width, *head_dims, *dk_strides,
+                                 *dv_strides),
+                        constexprs=dict(SPLIT=kv_split, BLOCK=SPLIT_SUM_BLOCK),
+                        num_warps=4, num_stages=1,
+                        plan_keyed=True)  # fmt: skip
 # --8<-- [end:split_sum]
 
 

@@ -98,52 +98,67 @@ LN2 = tl.constexpr(math.log(2.0))  # a constexpr global, so the jit function may
 def _attend_key_tiles(
     acc, l, m, shift, largest, q,
     K, V, b, h_kv, stride_kt, stride_kd, stride_vt, stride_vd,
-    i, d, dv, first_k_index, end_k_index, Tk, offset, qk_scale, band_lo, band_hi, unit, softcap,
-    BLOCK_K: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
-    HEAD_DIM_V: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
-    USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    FUSED: tl.constexpr, INTERPRETED: tl.constexpr, BAND: tl.constexpr = False, SOFTCAP: tl.constexpr = False,
+    i, d, dv, first_k_index, end_k_index, Tk, offset, qk_scale, band_lo, band_hi, unit,
+    softcap, BLOCK_K: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+    HEAD_DIM_V: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr, MASKED: tl.constexpr,
+    CAUSAL: tl.constexpr, USE_TMA: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    FUSED: tl.constexpr, INTERPRETED: tl.constexpr, BAND: tl.constexpr = False,
+    SOFTCAP: tl.constexpr = False,
 ):
-    """Fold key tiles first_k_index .. end_k_index - 1 into (acc, l, m); i holds the query rows, d the
-    columns of q and k (HEAD_DIM of them, d_qk), dv those of v and acc (HEAD_DIM_V, d_v).
+    """Fold key tiles first_k_index .. end_k_index - 1 into (acc, l, m); i holds the
+    query rows, d the columns of q and k (HEAD_DIM of them, d_qk), dv those of v and acc
+    (HEAD_DIM_V, d_v).
 
-    FUSED takes ``fused_softmax_step`` (one multiply-add per score; it also carries shift and largest),
-    otherwise ``online_softmax_step`` (exact at any magnitude; shift and largest pass through).
+    FUSED takes ``fused_softmax_step`` (one multiply-add per score; it also carries
+    shift and largest), otherwise ``online_softmax_step`` (exact at any magnitude; shift
+    and largest pass through).
 
-    MASKED is a compile-time switch: the FULL tiles run the branch-free body, and only the tiles
-    that straddle the diagonal or the end of the keys pay for the mask. With USE_TMA, K and V are
-    tensor descriptors and the copy engine fetches each tile (zeros past Tk and D, no address
-    arithmetic in the loop); otherwise they point at this (batch, KV head) and the tile's addresses
-    are one 64-bit add away from offsets computed once, before the loop.
+    MASKED is a compile-time switch: the FULL tiles run the branch-free body, and only
+    the tiles that straddle the diagonal or the end of the keys pay for the mask. With
+    USE_TMA, K and V are tensor descriptors and the copy engine fetches each tile (zeros
+    past Tk and D, no address arithmetic in the loop); otherwise they point at this
+    (batch, KV head) and the tile's addresses are one 64-bit add away from offsets
+    computed once, before the loop.
 
-    BAND is the window's own masked body: tiles an edge of the band band_lo <= j - i <= band_hi
-    (``reference.masks``) crosses are masked on both edges and at the end of the keys, two bounds per
-    row on the tile's own column, in place of MASKED's (which the window's calls leave off; the exact
-    rerun sets both). SOFTCAP replaces the raw dots by the capped scores in natural units (``soft_cap``),
-    before the mask, and the caller passes qk_scale = log2(e). Both are compiled out when off.
+    BAND is the window's own masked body: tiles an edge of the band
+    band_lo <= j - i <= band_hi (``reference.masks``) crosses are masked on both edges
+    and at the end of the keys, two bounds per row on the tile's own column, in place of
+    MASKED's (which the window's calls leave off; the exact rerun sets both). SOFTCAP
+    replaces the raw dots by the capped scores in natural units (``soft_cap``), before
+    the mask, and the caller passes qk_scale = log2(e). Both are compiled out when off.
     """
     j0 = tl.arange(0, BLOCK_K)
-    k_offsets = d[:, None].to(tl.int64) * stride_kd + j0[None, :].to(tl.int64) * stride_kt  # K^T tile
-    v_offsets = j0[:, None].to(tl.int64) * stride_vt + dv[None, :].to(tl.int64) * stride_vd
+    k_offsets = (d[:, None].to(tl.int64) * stride_kd  # the K^T tile
+                 + j0[None, :].to(tl.int64) * stride_kt)
+    v_offsets = (j0[:, None].to(tl.int64) * stride_vt
+                 + dv[None, :].to(tl.int64) * stride_vd)
     for k_index in range(first_k_index, end_k_index):
         k_start = k_index * BLOCK_K
         j = k_start + j0  # the key columns of this tile
         # --8<-- [start:tma_load]
-        if USE_TMA:  # (1, 1, BLOCK_K, pad) boxes of the (B, H_kv, Tk, D) tensors, zeros outside
+        # (1, 1, BLOCK_K, pad) boxes of the (B, H_kv, Tk, D) tensors, zeros outside
+        if USE_TMA:
             k = K.load([b, h_kv, k_start, 0]).reshape(BLOCK_K, HEAD_DIM_PAD)
             k = tl.trans(k)  # the K^T tile
             v = V.load([b, h_kv, k_start, 0]).reshape(BLOCK_K, HEAD_DIM_V_PAD)
         # --8<-- [end:tma_load]
         elif MASKED or BAND or HEAD_DIM != HEAD_DIM_PAD or HEAD_DIM_V != HEAD_DIM_V_PAD:
-            k_mask = (d[:, None] < HEAD_DIM) & (j[None, :] < Tk)  # zeros past the keys and the head dims
+            # zeros past the keys and the head dims
+            k_mask = (d[:, None] < HEAD_DIM) & (j[None, :] < Tk)
             v_mask = (j[:, None] < Tk) & (dv[None, :] < HEAD_DIM_V)
-            k = tl.load(K + k_start.to(tl.int64) * stride_kt + k_offsets, mask=k_mask, other=0.0)
-            v = tl.load(V + k_start.to(tl.int64) * stride_vt + v_offsets, mask=v_mask, other=0.0)
+            k_at = K + k_start.to(tl.int64) * stride_kt + k_offsets
+            v_at = V + k_start.to(tl.int64) * stride_vt + v_offsets
+            k = tl.load(k_at, mask=k_mask, other=0.0)
+            v = tl.load(v_at, mask=v_mask, other=0.0)
         else:
-            k = tl.load(K + k_start.to(tl.int64) * stride_kt + k_offsets)  # (HEAD_DIM_PAD, BLOCK_K)
-            v = tl.load(V + k_start.to(tl.int64) * stride_vt + v_offsets)  # (BLOCK_K, HEAD_DIM_V_PAD)
-        u = tl.dot(q, k, input_precision=DOT_PRECISION)  # (BLOCK_Q, BLOCK_K) fp32 raw dots; S = unit * u
-        if SOFTCAP:  # the cap acts on the scaled score, before the mask: u becomes s = c tanh(unit u / c)
+            # (HEAD_DIM_PAD, BLOCK_K) and (BLOCK_K, HEAD_DIM_V_PAD)
+            k = tl.load(K + k_start.to(tl.int64) * stride_kt + k_offsets)
+            v = tl.load(V + k_start.to(tl.int64) * stride_vt + v_offsets)
+        # (BLOCK_Q, BLOCK_K) fp32 raw dots; S = unit * u
+        u = tl.dot(q, k, input_precision=DOT_PRECISION)
+        # the cap acts on the scaled score, before the mask: u becomes
+        # s = c tanh(unit u / c)
+        if SOFTCAP:
             u, _t = soft_cap(u, unit, softcap)
         # --8<-- [start:row_bound]
         if MASKED:  # padded keys, and keys past the diagonal, must score -inf, not 0
@@ -152,18 +167,22 @@ def _attend_key_tiles(
             # costs one compare against a row value
             last = Tk - 1 - k_start  # the last column inside the keys
             if CAUSAL:
-                last = tl.minimum(i + (offset - k_start), last)  # and the last one row i sees
+                # and the last one row i sees
+                last = tl.minimum(i + (offset - k_start), last)
                 u = tl.where(j0[None, :] <= last[:, None], u, float("-inf"))
             else:
                 u = tl.where(j0[None, :] <= last, u, float("-inf"))
         # --8<-- [end:row_bound]
-        if BAND:  # a tile the window's band crosses: both its edges, and the end of the keys, as bounds per row
-            first = i + (band_lo - k_start)  # on the tile's own column, like the causal bound above
+        # a tile the window's band crosses: both its edges, and the end of the keys, as
+        # bounds per row on the tile's own column, like the causal bound above
+        if BAND:
+            first = i + (band_lo - k_start)
             last = tl.minimum(i + (band_hi - k_start), Tk - 1 - k_start)
-            u = tl.where((j0[None, :] >= first[:, None]) & (j0[None, :] <= last[:, None]), u, float("-inf"))
+            inside = (j0[None, :] >= first[:, None]) & (j0[None, :] <= last[:, None])
+            u = tl.where(inside, u, float("-inf"))
         if FUSED:
-            acc, l, m, shift, largest = fused_softmax_step(acc, l, m, shift, largest, u, v, qk_scale, DOT_PRECISION,
-                                                           INTERPRETED)
+            acc, l, m, shift, largest = fused_softmax_step(
+                acc, l, m, shift, largest, u, v, qk_scale, DOT_PRECISION, INTERPRETED)
         else:
             acc, l, m = online_softmax_step(acc, l, m, u, v, qk_scale, DOT_PRECISION)
     return acc, l, m, shift, largest
