@@ -40,27 +40,32 @@ _plans: dict = {}
 
 
 def layout_key(x: torch.Tensor | None) -> tuple | None:
-    """All that the checks and the compiled kernel read from a tensor: everything but its values (and its
-    type, so that a tensor subclass never shares a plan with a plain tensor; and its negative bit, which
-    the checks refuse below the public entry points)."""
+    """All that the checks and the compiled kernel read from a tensor: everything but
+    its values (and its type, so that a tensor subclass never shares a plan with a plain
+    tensor; and its negative bit, which the checks refuse below the public entry
+    points)."""
     if x is None:  # an optional tensor left out
         return None
-    return type(x), x.shape, x.stride(), x.dtype, x.device, x.data_ptr() % 16 == 0, x.is_neg()
+    return (type(x), x.shape, x.stride(), x.dtype, x.device, x.data_ptr() % 16 == 0,
+            x.is_neg())
 
 
 def cached_plan(make_plan, tensors, *values, names: tuple[str, ...] = ()):
-    """``make_plan(*tensors, *values)``, worked out once per layout of the tensors and option values.
+    """``make_plan(*tensors, *values)``, worked out once per layout of the tensors and
+    option values.
 
-    ``names``: the keyword-only parameters of ``make_plan`` that the last ``len(names)`` values fill, in that
-    order (a plan builder takes its options by name; the key is built from the values alone, as cheaply as
-    from positional flags, so every call of one ``make_plan`` passes the same names). A launcher's checks read
-    only the tensors' layouts and the values (with their types: ``True`` and ``1`` are different arguments),
-    so a call whose key was seen before has passed them already, and gets the same launch. Anything that
-    cannot form a key (a non-tensor, an unhashable value) goes straight to ``make_plan``, whose checks say
-    what is wrong.
+    ``names``: the keyword-only parameters of ``make_plan`` that the last ``len(names)``
+    values fill, in that order (a plan builder takes its options by name; the key is
+    built from the values alone, as cheaply as from positional flags, so every call of
+    one ``make_plan`` passes the same names). A launcher's checks read only the tensors'
+    layouts and the values (with their types: ``True`` and ``1`` are different
+    arguments), so a call whose key was seen before has passed them already, and gets
+    the same launch. Anything that cannot form a key (a non-tensor, an unhashable value)
+    goes straight to ``make_plan``, whose checks say what is wrong.
     """
     try:
-        key = (make_plan, *map(layout_key, tensors), *map(type, values), *values)  # flat: one tuple to hash
+        # flat: one tuple to hash
+        key = (make_plan, *map(layout_key, tensors), *map(type, values), *values)
         plan = _plans.get(key)
     except (AttributeError, TypeError, RuntimeError):
         return _make(make_plan, tensors, values, names)
@@ -70,7 +75,8 @@ def cached_plan(make_plan, tensors, *values, names: tuple[str, ...] = ()):
 
 
 def _make(make_plan, tensors, values, names):
-    """``make_plan`` called with the values that ``names`` names as keywords, the others after the tensors."""
+    """``make_plan`` called with the values that ``names`` names as keywords, the others
+    after the tensors."""
     if not names:
         return make_plan(*tensors, *values)
     leading = len(values) - len(names)
@@ -78,8 +84,9 @@ def _make(make_plan, tensors, values, names):
 
 
 def kept_plan(key):
-    """The plan kept under a key a caller built itself (``_dispatch.dense.call_key``), or None: for a key never kept,
-    for None (no key could be formed), and for a key that cannot be hashed (a list among the flags)."""
+    """The plan kept under a key a caller built itself (``_dispatch.dense.call_key``),
+    or None: for a key never kept, for None (no key could be formed), and for a key that
+    cannot be hashed (a list among the flags)."""
     try:
         return _plans.get(key)
     except TypeError:
@@ -87,7 +94,8 @@ def kept_plan(key):
 
 
 def keep_plan(key, plan):
-    """Keep ``plan`` under ``key`` and return it; nothing is kept under None or under a key that cannot be hashed."""
+    """Keep ``plan`` under ``key`` and return it; nothing is kept under None or under a
+    key that cannot be hashed."""
     try:
         hash(key)
     except TypeError:

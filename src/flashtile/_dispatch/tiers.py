@@ -51,15 +51,19 @@ def check_backend(name) -> str:
 
 # --8<-- [start:dispatch]
 def pick_backend(q: torch.Tensor) -> str:
-    """Which tier runs: see the module docstring. Read at trace time under torch.compile."""
-    if q.dtype == torch.float64:  # before the forced tier: the kernels stop at fp32, use_backend or not
+    """Which tier runs: see the module docstring. Read at trace time under
+    torch.compile."""
+    # before the forced tier: the kernels stop at fp32, use_backend or not
+    if q.dtype == torch.float64:
         return "reference"
     forced = forced_backend()
     if forced is not None:
         return forced
-    if q.is_cuda:  # a flag read, not a device object made and compared: every call passes here
+    # a flag read, not a device object made and compared: every call passes here
+    if q.is_cuda:
         return "triton"
-    if is_interpreting() and q.dtype != torch.bfloat16:  # the interpreter's bf16 is wrong: Triton issue 11584
+    # the interpreter's bf16 is wrong: Triton issue 11584
+    if is_interpreting() and q.dtype != torch.bfloat16:
         return "triton"
     return "reference"
 # --8<-- [end:dispatch]

@@ -581,40 +581,48 @@ def split_sum_launch(B: int, H_kv: int, Tk: int, head_dims: tuple[int, int],
 
 
 # --8<-- [start:config]
-TMA_MIN_WORK = 8e9  # B * H * Tq * Tk * D (halved under causal) below which the backward loads through pointers
-# the atomic mode's dK/dV settings with bulk dQ adds, by head-dim pad (at least 64), 16-bit: the fastest of
-# four per head dim in sweeps/atomic-dq-reduce.json (D = 256: 64 x 64 needs 271 KB of shared memory)
+# B * H * Tq * Tk * D (halved under causal) below which the backward loads through
+# pointers
+TMA_MIN_WORK = 8e9
+# the atomic mode's dK/dV settings with bulk dQ adds, by head-dim pad (at least 64),
+# 16-bit: the fastest of four per head dim in sweeps/atomic-dq-reduce.json (D = 256:
+# 64 x 64 needs 271 KB of shared memory)
 ATOMIC_BULK_DKDV = {64: (64, 64, 4, 2), 128: (64, 128, 8, 2), 256: (32, 64, 8, 2)}
 
 
-def backward_config(head_dim: int, dtype: torch.dtype, seq_len: int = 0, atomic_dq: bool = False,
+def backward_config(head_dim: int, dtype: torch.dtype, seq_len: int = 0,
+                    atomic_dq: bool = False,
                     work: float = float("inf")) -> dict:  # fmt: skip
-    """(block_q, block_k, num_warps, num_stages) for each kernel, and whether to load through TMA, by
-    head dim, dtype, the longer of Tq and Tk, and the dQ mode.
+    """(block_q, block_k, num_warps, num_stages) for each kernel, and whether to load
+    through TMA, by head dim, dtype, the longer of Tq and Tk, and the dQ mode.
 
-    The dK/dV kernel keeps k, v, dk and dv of BLOCK_K keys resident while query tiles of BLOCK_Q rows
-    stream past, the dQ kernel keeps q, do and dq of BLOCK_Q queries while key tiles stream past. The
-    16-bit settings are the fastest of sweeps on the H200 (bench/results/sweeps/backward-v2-configs.json,
-    then backward-tma-configs-2.json after the row terms moved to the preprocess kernel). Every dK/dV
-    setting sits at the 255-register limit and spills a little (ptxas, sm_90); the 8-warp tiles ran
-    slower. From 1k tokens on, loading the streamed tiles through TMA ("auto": where the device and
-    layout allow) was faster, and so were 64-row query tiles at D = 128; below 1k the causal backward
-    ran slower through TMA, so short sequences keep the pointer path (sweeps/backward-dq-long.json).
-    So do calls with little work (``work`` = B * H * Tq * Tk * D, halved under causal, below
-    ``TMA_MIN_WORK``): there the descriptors cost the host more than they save the GPU, timed through
-    autograd, where the backward runs on autograd's device thread and every host call is slower
-    (bench/results/backward-models.json, sweeps/backward-descriptor-host-cost.json).
-    The atomic-dQ kernel also holds a dQ tile: through pointers, with 64-row query tiles at D = 128 it
-    spills 764 bytes, so it keeps 32; where TMA loads the tiles it also adds each dQ share as one bulk
-    add (``DQ_REDUCE``), and larger tiles ran fastest (``ATOMIC_BULK_DKDV``, sweeps/atomic-dq-reduce.json).
-    At D = 256 a search (sweeps/backward-d256-configs.json) found 64 x 64 dK/dV tiles
-    on 8 warps and 128 x 64 dQ tiles in one stage 2.2-2.4x faster than the 16 x 32 tiles kept before.
-    fp32 inputs multiply on the CUDA cores, not the tensor cores, and need far smaller tiles.
-    The interpreter runs programs one after another: fewer, larger tiles are faster there.
-    A call whose value head dim d_v differs from d_qk asks with the larger of the two (the launchers pass
-    ``max(d_qk, d_v)``): each kernel then holds at most the tiles of the wider one's equal-dims call, whose
-    settings were measured (192/128 takes the D = 256 settings, 128/64 and 64/128 the D = 128 ones); not
-    yet measured on the GPU with unequal dims.
+    The dK/dV kernel keeps k, v, dk and dv of BLOCK_K keys resident while query tiles of
+    BLOCK_Q rows stream past, the dQ kernel keeps q, do and dq of BLOCK_Q queries while
+    key tiles stream past. The 16-bit settings are the fastest of sweeps on the H200
+    (bench/results/sweeps/backward-v2-configs.json, then backward-tma-configs-2.json
+    after the row terms moved to the preprocess kernel). Every dK/dV setting sits at the
+    255-register limit and spills a little (ptxas, sm_90); the 8-warp tiles ran slower.
+    From 1k tokens on, loading the streamed tiles through TMA ("auto": where the device
+    and layout allow) was faster, and so were 64-row query tiles at D = 128; below 1k
+    the causal backward ran slower through TMA, so short sequences keep the pointer path
+    (sweeps/backward-dq-long.json). So do calls with little work (``work`` = B * H * Tq
+    * Tk * D, halved under causal, below ``TMA_MIN_WORK``): there the descriptors cost
+    the host more than they save the GPU, timed through autograd, where the backward
+    runs on autograd's device thread and every host call is slower
+    (bench/results/backward-models.json, sweeps/backward-descriptor-host-cost.json). The
+    atomic-dQ kernel also holds a dQ tile: through pointers, with 64-row query tiles at
+    D = 128 it spills 764 bytes, so it keeps 32; where TMA loads the tiles it also adds
+    each dQ share as one bulk add (``DQ_REDUCE``), and larger tiles ran fastest
+    (``ATOMIC_BULK_DKDV``, sweeps/atomic-dq-reduce.json). At D = 256 a search
+    (sweeps/backward-d256-configs.json) found 64 x 64 dK/dV tiles on 8 warps and 128 x
+    64 dQ tiles in one stage 2.2-2.4x faster than the 16 x 32 tiles kept before. fp32
+    inputs multiply on the CUDA cores, not the tensor cores, and need far smaller tiles.
+    The interpreter runs programs one after another: fewer, larger tiles are faster
+    there. A call whose value head dim d_v differs from d_qk asks with the larger of the
+    two (the launchers pass ``max(d_qk, d_v)``): each kernel then holds at most the
+    tiles of the wider one's equal-dims call, whose settings were measured (192/128
+    takes the D = 256 settings, 128/64 and 64/128 the D = 128 ones); not yet measured on
+    the GPU with unequal dims.
     """
     # --8<-- [start:bwd_settings]
     pad = head_dim_pad(head_dim)
@@ -637,7 +645,8 @@ def backward_config(head_dim: int, dtype: torch.dtype, seq_len: int = 0, atomic_
     if pad == 128:
         dkdv = (64, 64, 4, 2) if long and not atomic_dq else (32, 64, 4, 3)
         return dict(dkdv=dkdv, dq=(128, 64, 8, 3), tma=tma)
-    # D = 256 through pointers: the per-element adds' dQ tile leaves room for small tiles
+    # D = 256 through pointers: the per-element adds' dQ tile leaves room for small
+    # tiles only
     if atomic_dq:
         return dict(dkdv=(16, 32, 4, 2), dq=(64, 32, 8, 2), tma=False)
     # D = 256 (sweeps/backward-d256-configs.json)
@@ -645,7 +654,8 @@ def backward_config(head_dim: int, dtype: torch.dtype, seq_len: int = 0, atomic_
     # --8<-- [end:bwd_settings]
 
 
-PROGRAMS_PER_SM = 4  # below this many dK/dV programs per SM, split GQA groups (see pick_kv_split)
+# below this many dK/dV programs per SM, split GQA groups (see pick_kv_split)
+PROGRAMS_PER_SM = 4
 
 
 # --8<-- [start:kv_split]
