@@ -365,11 +365,12 @@ def dq_key_tiles(
     CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr, BAND: tl.constexpr = False,
     SOFTCAP: tl.constexpr = False,
 ):  # fmt: skip
-    """Fold key tiles first .. end - 1 into dq. K and V arrive as kT, vT, (HEAD_DIM_PAD, BLOCK_K) loads
-    through transposed pointers, so S = Q K^T and dP = dO V^T are plain products; dQ = dS K reads kT as a
-    transposed view of the loaded tile. With USE_TMA, K and V are tensor descriptors and each tile is
-    fetched by its coordinates (b, h_kv, k_start, 0), with zeros past Tk and the head dim. cols are the
-    columns of k (d_qk), cols_v those of v (d_v)."""
+    """Fold key tiles first .. end - 1 into dq. K and V arrive as kT, vT,
+    (HEAD_DIM_PAD, BLOCK_K) loads through transposed pointers, so S = Q K^T and
+    dP = dO V^T are plain products; dQ = dS K reads kT as a transposed view of the
+    loaded tile. With USE_TMA, K and V are tensor descriptors and each tile is fetched
+    by its coordinates (b, h_kv, k_start, 0), with zeros past Tk and the head dim. cols
+    are the columns of k (d_qk), cols_v those of v (d_v)."""
     for k_index in range(first, end):
         k_start = k_index * BLOCK_K
         keys = k_start + keys0
@@ -414,14 +415,17 @@ def backward_dq_kernel(
     USE_TMA: tl.constexpr, HEAVIEST_FIRST: tl.constexpr, BAND: tl.constexpr, SOFTCAP: tl.constexpr,
     CU_Q=None, CU_K=None, ORDER=None, VARLEN: tl.constexpr = False,
 ):  # fmt: skip
-    """One program per (query tile, head, batch): dq for that tile, a sum over its key tiles.
+    """One program per (query tile, head, batch): dq for that tile, a sum over its key
+    tiles.
 
-    It runs before the dK/dV kernel and first works out its rows' terms (``row_terms``: delta from its
-    o and do tiles, m and log2 l from the forward's STATS), uses them, and stores them into ROWS for
-    the dK/dV kernel: the backward needs no separate preprocess launch.
+    It runs before the dK/dV kernel and first works out its rows' terms (``row_terms``:
+    delta from its o and do tiles, m and log2 l from the forward's STATS), uses them,
+    and stores them into ROWS for the dK/dV kernel: the backward needs no separate
+    preprocess launch.
 
-    With VARLEN (packed documents) the batch axis is the document, as in the forward (``_jit.varlen_program``);
-    STATS and ROWS planes are (H, total_q), n_rows = H * total_q."""
+    With VARLEN (packed documents) the batch axis is the document, as in the forward
+    (``_jit.varlen_program``); STATS and ROWS planes are (H, total_q),
+    n_rows = H * total_q."""
     # later query tiles see more keys: under causal they launch first, so the short ones fill the tail
     q_index, h, b = program_tile(chunk, HEAVY_TILE_LAST=CAUSAL, HEAVIEST_FIRST=HEAVIEST_FIRST)
     if VARLEN:  # packed documents: this program's query tile of document b, the tensors moved to its first token
@@ -907,7 +911,7 @@ def sink_gradient_from_rows(sinks: torch.Tensor, lse: torch.Tensor,
 
 # --8<-- [start:launcher]
 def flash_attention_backward(
-    q, k, v, o, lse, do, causal=False, scale=None, block_q=None, block_k=None, alignment="upper_left", *,
+    q, k, v, o, lse, do, *, causal=False, scale=None, block_q=None, block_k=None, alignment="upper_left",
     stats=None, config=None, deterministic=True, tma=None, window=None, softcap=None,
 ):
     """Gradients of attention from the forward's o and lse, with two Triton launches.
@@ -916,10 +920,8 @@ def flash_attention_backward(
         q: (B, H, Tq, D); k: (B, H_kv, Tk, D), v: (B, H_kv, Tk, d_v), H a multiple of H_kv; fp16, bf16 or
             fp32, any strides. o, do: (B, H, Tq, d_v) (do may be non-contiguous). lse: (B, H, Tq) float32 from
             the forward.
-        causal, scale, block_q, block_k, alignment: in the positional order of
-            ``reference.backward.flash_attention_backward``, the same name's PyTorch tier; causal, scale and
-            alignment as in the forward. block_q, block_k override both kernels' tile sizes (powers of
-            two >= 16); None picks per kernel.
+        causal, scale, alignment: as in the forward (keywords, as every option here). block_q, block_k
+            override both kernels' tile sizes (powers of two >= 16); None picks per kernel.
         stats: the forward's (2, B, H, Tq) final (m, l), from ``flash_attention(..., return_stats=True)``:
             the exact hand-off. Without it, (m, l) are derived from lse (``stats_from_lse``).
         config: replaces ``backward_config``'s choice, {"dkdv": (bq, bk, warps, stages), "dq": (...)};
@@ -1003,8 +1005,8 @@ def tile_descriptors(tma: tuple, x, y, pads: tuple[int, int]) -> tuple:
 
 
 def flash_attention_varlen_backward(
-    q, k, v, o, lse, do, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False, scale=None,
-    alignment="upper_left", block_q=None, block_k=None, *, stats=None, window=None, softcap=None, checked=False,
+    q, k, v, o, lse, do, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False, scale=None,
+    alignment="upper_left", block_q=None, block_k=None, stats=None, window=None, softcap=None, checked=False,
 ):  # fmt: skip
     """Gradients of ``kernels.forward.flash_attention_varlen``: the deterministic backward's two kernels with
     the document mapping of the forward (``_jit.varlen_program``), dQ first (it also stores the row terms),

@@ -581,7 +581,7 @@ def checked_forward_plan(q, k, v, *, causal, scale, alignment, window, softcap, 
 
 
 def flash_attention(
-    q, k, v, causal=False, scale=None, alignment="upper_left", block_q=None, block_k=None, *,
+    q, k, v, *, causal=False, scale=None, alignment="upper_left", block_q=None, block_k=None,
     num_warps=None, num_stages=None, return_stats=False, tma=None, window=None, softcap=None,
 ):
     """Attention forward on the GPU, without materialising the Tq x Tk score matrix.
@@ -589,7 +589,8 @@ def flash_attention(
     Args:
         q: (B, H, Tq, D); k: (B, H_kv, Tk, D), v: (B, H_kv, Tk, d_v) with H a multiple of H_kv. fp16,
             bf16 or fp32 (fp32 dots in full fp32, never tf32), any strides, 1 <= D, d_v <= 256.
-        causal, alignment: the causal mask of ``flashtile.reference.causal``.
+        causal, alignment: the causal mask of ``flashtile.reference.causal``. Every argument after v is a
+            keyword.
         scale: τ, multiplies Q K^T; defaults to 1/sqrt(D). Zero and negative values are allowed.
         block_q, block_k: tile sizes (powers of two >= 16); defaults from ``forward_config``.
         num_warps, num_stages: launch settings, for benchmarks; defaults from ``forward_config``.
@@ -663,8 +664,8 @@ def varlen_forward_config(head_dim: int, dtype: torch.dtype, interpreted: bool, 
 
 
 def flash_attention_varlen(
-    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False, scale=None,
-    alignment="upper_left", block_q=None, block_k=None, *, num_warps=None, num_stages=None, window=None,
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False, scale=None,
+    alignment="upper_left", block_q=None, block_k=None, num_warps=None, num_stages=None, window=None,
     softcap=None, checked=False,
 ):  # fmt: skip
     """Attention within each packed document on the GPU: one program per (query tile, head, document).
