@@ -358,12 +358,12 @@ def backward_dkdv_kernel(
 # --8<-- [start:dq]
 @triton.jit
 def dq_key_tiles(
-    dq, q, do, m, log2_l, delta, K, V, kT_offsets, vT_offsets, rows, keys0, cols, cols_v,
-    stride_kt, stride_vt, first, end, Tq, Tk, offset, qk_scale, b, h_kv, band_lo, band_hi, unit, softcap,
-    BLOCK_K: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V: tl.constexpr,
-    HEAD_DIM_V_PAD: tl.constexpr, MASKED: tl.constexpr,
-    CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr, BAND: tl.constexpr = False,
-    SOFTCAP: tl.constexpr = False,
+    dq, q, do, m, log2_l, delta, K, V, kT_offsets, vT_offsets, rows, keys0, cols,
+    cols_v, stride_kt, stride_vt, first, end, Tq, Tk, offset, qk_scale, b, h_kv,
+    band_lo, band_hi, unit, softcap, BLOCK_K: tl.constexpr, HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr,
+    MASKED: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    USE_TMA: tl.constexpr, BAND: tl.constexpr = False, SOFTCAP: tl.constexpr = False,
 ):  # fmt: skip
     """Fold key tiles first .. end - 1 into dq. K and V arrive as kT, vT,
     (HEAD_DIM_PAD, BLOCK_K) loads through transposed pointers, so S = Q K^T and
@@ -376,20 +376,26 @@ def dq_key_tiles(
         keys = k_start + keys0
         if USE_TMA:
             kT = tl.trans(K.load([b, h_kv, k_start, 0]).reshape(BLOCK_K, HEAD_DIM_PAD))
-            vT = tl.trans(V.load([b, h_kv, k_start, 0]).reshape(BLOCK_K, HEAD_DIM_V_PAD))
+            vT = V.load([b, h_kv, k_start, 0]).reshape(BLOCK_K, HEAD_DIM_V_PAD)
+            vT = tl.trans(vT)
         else:
-            kT = load_masked(K + k_start.to(tl.int64) * stride_kt + kT_offsets, keys[None, :] < Tk,
-                             cols[:, None] < HEAD_DIM, MASKED, HEAD_DIM != HEAD_DIM_PAD)  # fmt: skip
-            vT = load_masked(V + k_start.to(tl.int64) * stride_vt + vT_offsets, keys[None, :] < Tk,
-                             cols_v[:, None] < HEAD_DIM_V, MASKED, HEAD_DIM_V != HEAD_DIM_V_PAD)  # fmt: skip
+            kT = load_masked(K + k_start.to(tl.int64) * stride_kt + kT_offsets,
+                             keys[None, :] < Tk, cols[:, None] < HEAD_DIM, MASKED,
+                             HEAD_DIM != HEAD_DIM_PAD)  # fmt: skip
+            vT = load_masked(V + k_start.to(tl.int64) * stride_vt + vT_offsets,
+                             keys[None, :] < Tk, cols_v[:, None] < HEAD_DIM_V, MASKED,
+                             HEAD_DIM_V != HEAD_DIM_V_PAD)  # fmt: skip
         u = tl.dot(q, kT, input_precision=DOT_PRECISION)
         if SOFTCAP:
             u, t = soft_cap(u, unit, softcap)
         p = p_from_raw_dots(u, m[:, None], log2_l[:, None], qk_scale)
         if MASKED:
-            keep = visible(rows[:, None], keys[None, :], Tq, Tk, offset, band_lo, band_hi, CAUSAL, BAND)
+            keep = visible(rows[:, None], keys[None, :], Tq, Tk, offset, band_lo,
+                           band_hi, CAUSAL, BAND)  # fmt: skip
             p = tl.where(keep, p, 0.0)
-        if SOFTCAP:  # the cap's derivative 1 - tanh^2 folded into P first: t dies before the next matmul
+        # the cap's derivative 1 - tanh^2 folded into P first: t dies before the next
+        # matmul
+        if SOFTCAP:
             p = p * (1.0 - t * t)
         dp = tl.dot(do, vT, input_precision=DOT_PRECISION)
         ds = p * (dp - delta[:, None])
@@ -408,11 +414,12 @@ def backward_dq_kernel(
     stride_dob, stride_doh, stride_dot, stride_dod,
     stride_ob, stride_oh, stride_ot, stride_od,
     stride_dqb, stride_dqh, stride_dqt, stride_dqd,
-    H, H_kv, Tq, Tk, n_rows, scale, qk_scale, offset, chunk, band_lo, band_hi, unit, softcap,
-    CAUSAL: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, HEAD_DIM: tl.constexpr,
-    HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr, SIGN: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, WIDE: tl.constexpr,
-    USE_TMA: tl.constexpr, HEAVIEST_FIRST: tl.constexpr, BAND: tl.constexpr, SOFTCAP: tl.constexpr,
+    H, H_kv, Tq, Tk, n_rows, scale, qk_scale, offset, chunk, band_lo, band_hi, unit,
+    softcap, CAUSAL: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+    HEAD_DIM_V_PAD: tl.constexpr, SIGN: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    WIDE: tl.constexpr, USE_TMA: tl.constexpr, HEAVIEST_FIRST: tl.constexpr,
+    BAND: tl.constexpr, SOFTCAP: tl.constexpr,
     CU_Q=None, CU_K=None, ORDER=None, VARLEN: tl.constexpr = False,
 ):  # fmt: skip
     """One program per (query tile, head, batch): dq for that tile, a sum over its key
@@ -426,11 +433,17 @@ def backward_dq_kernel(
     With VARLEN (packed documents) the batch axis is the document, as in the forward
     (``_jit.varlen_program``); STATS and ROWS planes are (H, total_q),
     n_rows = H * total_q."""
-    # later query tiles see more keys: under causal they launch first, so the short ones fill the tail
-    q_index, h, b = program_tile(chunk, HEAVY_TILE_LAST=CAUSAL, HEAVIEST_FIRST=HEAVIEST_FIRST)
-    if VARLEN:  # packed documents: this program's query tile of document b, the tensors moved to its first token
+    # later query tiles see more keys: under causal they launch first, so the short ones
+    # fill the tail
+    q_index, h, b = program_tile(chunk, HEAVY_TILE_LAST=CAUSAL,
+                                 HEAVIEST_FIRST=HEAVIEST_FIRST)  # fmt: skip
+    # packed documents: this program's query tile of document b, the tensors moved to
+    # its first token
+    if VARLEN:
         q_index, q_doc, k_doc, Tq, Tk, offset, band_lo, band_hi = varlen_program(
-            CU_Q, CU_K, ORDER, b, Tq, Tk, offset, band_lo, band_hi, BLOCK_Q, OWN_KEYS=False, HEAVY_TILE_LAST=CAUSAL)
+            CU_Q, CU_K, ORDER, b, Tq, Tk, offset, band_lo, band_hi, BLOCK_Q,
+            OWN_KEYS=False, HEAVY_TILE_LAST=CAUSAL,
+        )
         if q_index < 0:
             return
         Q += q_doc.to(tl.int64) * stride_qt
@@ -442,36 +455,51 @@ def backward_dq_kernel(
     q_start = q_index * BLOCK_Q
     h = h.to(tl.int64)
     b = b.to(tl.int64)
-    h_kv = h // (H // H_kv)  # the kv head this query head reads: K and V are indexed, never repeated
+    # the kv head this query head reads: K and V are indexed, never repeated
+    h_kv = h // (H // H_kv)
     rows = q_start + tl.arange(0, BLOCK_Q)
     keys0 = tl.arange(0, BLOCK_K)
     cols = tl.arange(0, HEAD_DIM_PAD)  # of q, k, dq: d_qk
     cols_v = tl.arange(0, HEAD_DIM_V_PAD)  # of v, o, do: d_v
-    row_base = (b * H + h) * Tq  # each plane of STATS and ROWS is (B, H, Tq), contiguous
+    # each plane of STATS and ROWS is (B, H, Tq), contiguous
+    row_base = (b * H + h) * Tq
     if VARLEN:  # (H, total_q) planes: the document's rows from q_doc on
         row_base = h * (n_rows // H) + q_doc
-    row_ok, col_ok, col_v_ok = rows[:, None] < Tq, cols[None, :] < HEAD_DIM, cols_v[None, :] < HEAD_DIM_V
+    row_ok = rows[:, None] < Tq
+    col_ok, col_v_ok = cols[None, :] < HEAD_DIM, cols_v[None, :] < HEAD_DIM_V
     q_ptr = Q + b * stride_qb + h * stride_qh + q_start.to(tl.int64) * stride_qt
-    q_tile = load_masked(q_ptr + tile_offsets(rows[:, None] - q_start, cols[None, :], stride_qt, stride_qd, WIDE),
-                         row_ok, col_ok, True, HEAD_DIM != HEAD_DIM_PAD)  # fmt: skip
+    q_offsets = tile_offsets(rows[:, None] - q_start, cols[None, :], stride_qt,
+                             stride_qd, WIDE)  # fmt: skip
+    q_tile = load_masked(q_ptr + q_offsets, row_ok, col_ok, True,
+                         HEAD_DIM != HEAD_DIM_PAD)  # fmt: skip
     q_tile = apply_sign(q_tile, SIGN)  # sign(τ) · q, as in the forward
     do_ptr = DO + b * stride_dob + h * stride_doh + q_start.to(tl.int64) * stride_dot
-    do_offsets = tile_offsets(rows[:, None] - q_start, cols_v[None, :], stride_dot, stride_dod, WIDE)
-    do_tile = load_masked(do_ptr + do_offsets, row_ok, col_v_ok, True, HEAD_DIM_V != HEAD_DIM_V_PAD)
+    do_offsets = tile_offsets(rows[:, None] - q_start, cols_v[None, :], stride_dot,
+                              stride_dod, WIDE)  # fmt: skip
+    do_tile = load_masked(do_ptr + do_offsets, row_ok, col_v_ok, True,
+                          HEAD_DIM_V != HEAD_DIM_V_PAD)  # fmt: skip
     o_ptr = O + b * stride_ob + h * stride_oh + q_start.to(tl.int64) * stride_ot
-    o_tile = load_masked(o_ptr + tile_offsets(rows[:, None] - q_start, cols_v[None, :], stride_ot, stride_od, WIDE),
-                         row_ok, col_v_ok, True, HEAD_DIM_V != HEAD_DIM_V_PAD)  # fmt: skip
+    o_offsets = tile_offsets(rows[:, None] - q_start, cols_v[None, :], stride_ot,
+                             stride_od, WIDE)  # fmt: skip
+    o_tile = load_masked(o_ptr + o_offsets, row_ok, col_v_ok, True,
+                         HEAD_DIM_V != HEAD_DIM_V_PAD)  # fmt: skip
     m, l = load_stats(STATS, row_base, rows, Tq, n_rows)
     delta, m, log2_l = row_terms(o_tile, do_tile, m, l)
-    store_row_terms(ROWS, row_base, rows, Tq, n_rows, delta, m, log2_l)  # for the dK/dV kernel, which runs next
+    # for the dK/dV kernel, which runs next
+    store_row_terms(ROWS, row_base, rows, Tq, n_rows, delta, m, log2_l)
     dq = tl.zeros((BLOCK_Q, HEAD_DIM_PAD), dtype=tl.float32)
-    if BAND:  # a window: the run of key tiles its band reaches, the FULL ones in its middle without a mask
+    # a window: the run of key tiles its band reaches, the FULL ones in its middle
+    # without a mask
+    if BAND:
         q_end = tl.minimum(q_start + BLOCK_Q, Tq)
         first = first_key_tile(q_start, Tk, BLOCK_K, band_lo)
         n = tl.maximum(last_key_tile(q_end, Tk, BLOCK_K, band_hi), first)
-        full_first, full_end = band_full_key_tiles(q_start, q_end, Tk, BLOCK_K, band_lo, band_hi, first, n)
+        full_first, full_end = band_full_key_tiles(q_start, q_end, Tk, BLOCK_K, band_lo,
+                                                   band_hi, first, n)  # fmt: skip
     else:
-        if CAUSAL:  # key tiles [0, n_full) are visible from every row, [n_full, n) cross the diagonal (step 9)
+        # key tiles [0, n_full) are visible from every row, [n_full, n) cross the
+        # diagonal (step 9)
+        if CAUSAL:
             n_full = full_key_tiles(q_start, Tk, BLOCK_K, offset)
             n = last_key_tile(tl.minimum(q_start + BLOCK_Q, Tq), Tk, BLOCK_K, offset)
         else:  # every key tile but a ragged last one
@@ -482,42 +510,54 @@ def backward_dq_kernel(
     else:
         k_ptr = K + b * stride_kb + h_kv * stride_kh
         v_ptr = V + b * stride_vb + h_kv * stride_vh
-    kT_offsets = tile_offsets(keys0[None, :], cols[:, None], stride_kt, stride_kd, WIDE)  # (HEAD_DIM_PAD, BLOCK_K)
-    vT_offsets = tile_offsets(keys0[None, :], cols_v[:, None], stride_vt, stride_vd, WIDE)
+    # (HEAD_DIM_PAD, BLOCK_K)
+    kT_offsets = tile_offsets(keys0[None, :], cols[:, None], stride_kt, stride_kd, WIDE)
+    vT_offsets = tile_offsets(keys0[None, :], cols_v[:, None], stride_vt, stride_vd,
+                              WIDE)  # fmt: skip
     if BAND:
-        dq = dq_key_tiles(  # the band's left edge
-            dq, q_tile, do_tile, m, log2_l, delta, k_ptr, v_ptr, kT_offsets, vT_offsets, rows, keys0, cols, cols_v,
-            stride_kt, stride_vt, first, full_first, Tq, Tk, offset, qk_scale, b.to(tl.int32), h_kv.to(tl.int32),
-            band_lo, band_hi, unit, softcap, BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD,
-            True, False, DOT_PRECISION, USE_TMA, True, SOFTCAP,
+        # the band's left edge
+        dq = dq_key_tiles(
+            dq, q_tile, do_tile, m, log2_l, delta, k_ptr, v_ptr, kT_offsets, vT_offsets,
+            rows, keys0, cols, cols_v, stride_kt, stride_vt, first, full_first, Tq, Tk,
+            offset, qk_scale, b.to(tl.int32), h_kv.to(tl.int32), band_lo, band_hi, unit,
+            softcap, BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, True,
+            False, DOT_PRECISION, USE_TMA, True, SOFTCAP,
         )  # fmt: skip
-        dq = dq_key_tiles(  # FULL
-            dq, q_tile, do_tile, m, log2_l, delta, k_ptr, v_ptr, kT_offsets, vT_offsets, rows, keys0, cols, cols_v,
-            stride_kt, stride_vt, full_first, full_end, Tq, Tk, offset, qk_scale, b.to(tl.int32), h_kv.to(tl.int32),
-            band_lo, band_hi, unit, softcap, BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD,
+        # FULL
+        dq = dq_key_tiles(
+            dq, q_tile, do_tile, m, log2_l, delta, k_ptr, v_ptr, kT_offsets, vT_offsets,
+            rows, keys0, cols, cols_v, stride_kt, stride_vt, full_first, full_end, Tq,
+            Tk, offset, qk_scale, b.to(tl.int32), h_kv.to(tl.int32), band_lo, band_hi,
+            unit, softcap, BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD,
             False, False, DOT_PRECISION, USE_TMA, True, SOFTCAP,
         )  # fmt: skip
-        dq = dq_key_tiles(  # the right edge, and a ragged last key tile
-            dq, q_tile, do_tile, m, log2_l, delta, k_ptr, v_ptr, kT_offsets, vT_offsets, rows, keys0, cols, cols_v,
-            stride_kt, stride_vt, full_end, n, Tq, Tk, offset, qk_scale, b.to(tl.int32), h_kv.to(tl.int32),
-            band_lo, band_hi, unit, softcap, BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD,
-            True, False, DOT_PRECISION, USE_TMA, True, SOFTCAP,
+        # the right edge, and a ragged last key tile
+        dq = dq_key_tiles(
+            dq, q_tile, do_tile, m, log2_l, delta, k_ptr, v_ptr, kT_offsets, vT_offsets,
+            rows, keys0, cols, cols_v, stride_kt, stride_vt, full_end, n, Tq, Tk,
+            offset, qk_scale, b.to(tl.int32), h_kv.to(tl.int32), band_lo, band_hi, unit,
+            softcap, BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, True,
+            False, DOT_PRECISION, USE_TMA, True, SOFTCAP,
         )  # fmt: skip
     else:
-        dq = dq_key_tiles(  # the full tiles first, then the diagonal band and a ragged last tile, masked
-            dq, q_tile, do_tile, m, log2_l, delta, k_ptr, v_ptr, kT_offsets, vT_offsets, rows, keys0, cols, cols_v,
-            stride_kt, stride_vt, 0, n_full, Tq, Tk, offset, qk_scale, b.to(tl.int32), h_kv.to(tl.int32),
-            band_lo, band_hi, unit, softcap, BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD,
-            False, CAUSAL, DOT_PRECISION, USE_TMA, False, SOFTCAP,
+        # the full tiles first, then the diagonal band and a ragged last tile, masked
+        dq = dq_key_tiles(
+            dq, q_tile, do_tile, m, log2_l, delta, k_ptr, v_ptr, kT_offsets, vT_offsets,
+            rows, keys0, cols, cols_v, stride_kt, stride_vt, 0, n_full, Tq, Tk, offset,
+            qk_scale, b.to(tl.int32), h_kv.to(tl.int32), band_lo, band_hi, unit,
+            softcap, BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, False,
+            CAUSAL, DOT_PRECISION, USE_TMA, False, SOFTCAP,
         )  # fmt: skip
         dq = dq_key_tiles(
-            dq, q_tile, do_tile, m, log2_l, delta, k_ptr, v_ptr, kT_offsets, vT_offsets, rows, keys0, cols, cols_v,
-            stride_kt, stride_vt, n_full, n, Tq, Tk, offset, qk_scale, b.to(tl.int32), h_kv.to(tl.int32),
-            band_lo, band_hi, unit, softcap, BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD,
-            True, CAUSAL, DOT_PRECISION, USE_TMA, False, SOFTCAP,
+            dq, q_tile, do_tile, m, log2_l, delta, k_ptr, v_ptr, kT_offsets, vT_offsets,
+            rows, keys0, cols, cols_v, stride_kt, stride_vt, n_full, n, Tq, Tk, offset,
+            qk_scale, b.to(tl.int32), h_kv.to(tl.int32), band_lo, band_hi, unit,
+            softcap, BLOCK_K, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, True,
+            CAUSAL, DOT_PRECISION, USE_TMA, False, SOFTCAP,
         )  # fmt: skip
     dq = dq * scale  # dQ = τ dS K, with the signed τ
-    store_tile(DQ + b * stride_dqb + h * stride_dqh, stride_dqt, stride_dqd, rows, cols, Tq, HEAD_DIM, dq)
+    store_tile(DQ + b * stride_dqb + h * stride_dqh, stride_dqt, stride_dqd, rows, cols,
+               Tq, HEAD_DIM, dq)  # fmt: skip
 # --8<-- [end:dq]
 
 
