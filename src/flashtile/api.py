@@ -107,90 +107,119 @@ def attention(
     descale_v=None,
     out_dtype=None,
 ):
-    """Softmax attention with SDPA's argument names, differentiable, torch.compile-clean.
+    """Softmax attention with SDPA's argument names, differentiable, and clean under
+    torch.compile.
 
     Args:
-        query: (B, H, Tq, D). key: (B, H_kv, Tk, D), value: (B, H_kv, Tk, d_v), 1 <= D, d_v <= 256 (d_v
-            may differ from D: q . k contracts over D, o is d_v wide). fp16, bf16, fp32, float64; any
-            strides; CUDA, or CPU (see the module docstring for which tier runs).
-        attn_mask, dropout_p: accepted for signature compatibility only; must be None and 0.0.
+        query: (B, H, Tq, D). key: (B, H_kv, Tk, D), value: (B, H_kv, Tk, d_v),
+            1 <= D, d_v <= 256 (d_v may differ from D: q . k contracts over D, o is d_v
+            wide). fp16, bf16, fp32, float64; any strides; CUDA, or CPU (see the module
+            docstring for which tier runs).
+        attn_mask, dropout_p: accepted for signature compatibility only; must be None
+            and 0.0.
         is_causal: causal mask; with Tq != Tk its diagonal follows ``alignment``.
-        scale: τ, multiplies Q K^T; defaults to 1/sqrt(D) (query's head dim), as in SDPA. Zero and negative
-            allowed.
-        enable_gqa: allow H_kv < H (H a multiple of H_kv); without it H must equal H_kv, as in SDPA.
-        alignment: "upper_left" (SDPA's is_causal) or "lower_right" (the last query sees every key).
-        return_lse: also return lse (B, H, Tq), natural log, float32 (float64 for float64 inputs);
-            it carries no gradient. With sinks it is the log of the whole normaliser, e^sink included.
-        window: None or (left, right), ints: query i sees key j when i - left <= j <= i + right
-            (for Tq != Tk shifted by the alignment's offset, 0 or Tk - Tq: i + offset - left <= j <=
-            i + offset + right); -1 leaves that side unbounded; with is_causal the right side is
-            capped at 0. A sliding window W back is (W - 1, 0), or (W - 1, -1) with is_causal.
-        softcap: None or s > 0: each scaled score x becomes s * tanh(x / s) before the mask and the
-            softmax (Gemma-2's logit soft-capping), in the forward and the backward.
-        sinks: None or (H,), float32 or query's dtype, on query's device: one logit per query head, in
-            the units of the scaled (and capped; the sink itself is not capped) score, that joins every
-            row's softmax with a value of zero (gpt-oss): lse_i = log(e^sink + sum_j e^(S_ij)). Finite or
-            -inf (-inf is no sink, bit for bit); differentiable (its gradient is
-            -sum_{b,i} e^(sink - lse) D). With sinks, lse is the log of the whole normaliser, e^sink
-            included, and a row that sees no key gets o = 0 and lse = sink. Both tiers take them (the
-            kernels start each row from m = sink, l = 1; a call with sinks never takes the decode kernels).
-            Eager calls read their values (NaN and +inf are refused) once per write of the tensor
-            (``_checks.check_sink_values``); under torch.compile the values are not read. float8 inputs
-            refuse them.
-        descale_q, descale_k, descale_v, out_dtype: for float8_e4m3fn query, key and value (forward only),
-            their float32 factors as ``flashtile.fp8.quantize`` returns them, and o's dtype (bf16 by
-            default); see ``flashtile.fp8.attention.fp8_attention``.
+        scale: τ, multiplies Q K^T; defaults to 1/sqrt(D) (query's head dim), as in
+            SDPA. Zero and negative allowed.
+        enable_gqa: allow H_kv < H (H a multiple of H_kv); without it H must equal H_kv,
+            as in SDPA.
+        alignment: "upper_left" (SDPA's is_causal) or "lower_right" (the last query
+            sees every key).
+        return_lse: also return lse (B, H, Tq), natural log, float32 (float64 for
+            float64 inputs); it carries no gradient. With sinks it is the log of the
+            whole normaliser, e^sink included.
+        window: None or (left, right), ints: query i sees key j when
+            i - left <= j <= i + right (for Tq != Tk shifted by the alignment's offset,
+            0 or Tk - Tq: i + offset - left <= j <= i + offset + right); -1 leaves that
+            side unbounded; with is_causal the right side is capped at 0. A sliding
+            window W back is (W - 1, 0), or (W - 1, -1) with is_causal.
+        softcap: None or s > 0: each scaled score x becomes s * tanh(x / s) before the
+            mask and the softmax (Gemma-2's logit soft-capping), in the forward and the
+            backward.
+        sinks: None or (H,), float32 or query's dtype, on query's device: one logit per
+            query head, in the units of the scaled (and capped; the sink itself is not
+            capped) score, that joins every row's softmax with a value of zero
+            (gpt-oss): lse_i = log(e^sink + sum_j e^(S_ij)). Finite or -inf (-inf is no
+            sink, bit for bit); differentiable (its gradient is
+            -sum_{b,i} e^(sink - lse) D). With sinks, lse is the log of the whole
+            normaliser, e^sink included, and a row that sees no key gets o = 0 and
+            lse = sink. Both tiers take them (the kernels start each row from m = sink,
+            l = 1; a call with sinks never takes the decode kernels). Eager calls read
+            their values (NaN and +inf are refused) once per write of the tensor
+            (``_checks.check_sink_values``); under torch.compile the values are not
+            read. float8 inputs refuse them.
+        descale_q, descale_k, descale_v, out_dtype: for float8_e4m3fn query, key and
+            value (forward only), their float32 factors as ``flashtile.fp8.quantize``
+            returns them, and o's dtype (bf16 by default); see
+            ``flashtile.fp8.attention.fp8_attention``.
 
     Returns:
-        o (B, H, Tq, d_v) in query's dtype (the autocast dtype under autocast), laid out as query is where
-        query is dense (a model's (B, H, T, D) view of (B, T, H, D) gives o that view too), contiguous
-        otherwise; or (o, lse) if return_lse.
+        o (B, H, Tq, d_v) in query's dtype (the autocast dtype under autocast), laid out
+        as query is where query is dense (a model's (B, H, T, D) view of (B, T, H, D)
+        gives o that view too), contiguous otherwise; or (o, lse) if return_lse.
     """
     flags = (is_causal, scale, enable_gqa, alignment, return_lse, window, softcap)
     compiling = torch.compiler.is_compiling()
-    # The common eager call first: no mask, no dropout, no FP8 argument, and a layout and flags seen before.
-    # Its key finds the call the checks below kept for it, and only what may change between two calls of
-    # one key is read again (modes, autocast, the forced tier, whether autograd records); a call with
-    # anything else, and the first call of a key, goes through every check below.
-    if attn_mask is descale_q is descale_k is descale_v is out_dtype is None and dropout_p.__class__ is float \
-            and dropout_p == 0.0 and not compiling:  # fmt: skip
+    # The common eager call first: no mask, no dropout, no FP8 argument, and a layout
+    # and flags seen before. Its key finds the call the checks below kept for it, and
+    # only what may change between two calls of one key is read again (modes, autocast,
+    # the forced tier, whether autograd records); a call with anything else, and the
+    # first call of a key, goes through every check below.
+    if attn_mask is descale_q is descale_k is descale_v is out_dtype is None \
+            and dropout_p.__class__ is float and dropout_p == 0.0 \
+            and not compiling:  # fmt: skip
         call = kept_plan(call_key(query, key, value, flags, sinks))
         if call is not None and not refused_mode():
-            if sinks is not None:  # the key fixed their layout; their values change between calls
+            # the key fixed their layout; their values change between calls
+            if sinks is not None:
                 check_sink_values(sinks)
-            return cast_and_dispatch(query, key, value, call, compiling=False, sinks=sinks)
-    if descale_q is not None or descale_k is not None or descale_v is not None or out_dtype is not None or getattr(
-            query, "dtype", None) is torch.float8_e4m3fn:  # FP8 inputs: forward only, their own checks and tiers
+            return cast_and_dispatch(query, key, value, call, compiling=False,
+                                     sinks=sinks)  # fmt: skip
+    # FP8 inputs: forward only, their own checks and tiers
+    if descale_q is not None or descale_k is not None or descale_v is not None \
+            or out_dtype is not None \
+            or getattr(query, "dtype", None) is torch.float8_e4m3fn:  # fmt: skip
         from .fp8.attention import fp8_attention
 
-        if sinks is not None:  # never dropped: the FP8 forward starts every row from m = -inf
-            raise ValueError("sinks are not supported with float8_e4m3fn inputs (flashtile.fp8): pass sinks=None, "
-                             "or call flashtile.attention with 16-bit, float32 or float64 inputs")
-        return fp8_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, alignment=alignment,
-                             return_lse=return_lse, window=window, softcap=softcap, descale_q=descale_q,
-                             descale_k=descale_k, descale_v=descale_v, out_dtype=out_dtype,
-                             backend=forced_backend())  # fmt: skip
-    # A view's negative bit (z.conj().imag) is a flag the kernels cannot see: resolve it before the checks,
-    # so that every tier, and the kept plans, only ever meet tensors that hold their own values.
+        # never dropped: the FP8 forward starts every row from m = -inf
+        if sinks is not None:
+            raise ValueError("sinks are not supported with float8_e4m3fn inputs "
+                             "(flashtile.fp8): pass sinks=None, or call "
+                             "flashtile.attention with 16-bit, float32 or float64 "
+                             "inputs")  # fmt: skip
+        return fp8_attention(query, key, value, attn_mask, dropout_p, is_causal, scale,
+                             enable_gqa, alignment=alignment, return_lse=return_lse,
+                             window=window, softcap=softcap, descale_q=descale_q,
+                             descale_k=descale_k, descale_v=descale_v,
+                             out_dtype=out_dtype, backend=forced_backend())  # fmt: skip
+    # A view's negative bit (z.conj().imag) is a flag the kernels cannot see: resolve it
+    # before the checks, so that every tier, and the kept plans, only ever meet tensors
+    # that hold their own values.
     query, key, value, sinks = resolve_neg_bits(query, key, value, sinks)
     if attn_mask is not None:
-        raise ValueError("attn_mask is not supported by flashtile.attention; pass is_causal=True for a causal mask")
-    if dropout_p.__class__ is not float or dropout_p != 0.0:  # the default, 0.0, passes on this one comparison
+        raise ValueError("attn_mask is not supported by flashtile.attention; pass "
+                         "is_causal=True for a causal mask")  # fmt: skip
+    # the default, 0.0, passes on this one comparison
+    if dropout_p.__class__ is not float or dropout_p != 0.0:
         check_no_dropout(dropout_p)
-    if window is not None:  # the window's own error before any other: its checks read no tensor
+    # the window's own error before any other: its checks read no tensor
+    if window is not None:
         check_window(window)
     if compiling:  # traced once: no table of plans inside the graph
-        call = check_attention_call(query, key, value, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
-                                    alignment=alignment, return_lse=return_lse, window=window,
+        call = check_attention_call(query, key, value, is_causal=is_causal, scale=scale,
+                                    enable_gqa=enable_gqa, alignment=alignment,
+                                    return_lse=return_lse, window=window,
                                     softcap=softcap, sinks=sinks)  # fmt: skip
-    else:  # eager: the checks run once per layout and flags, then the call is kept under its key
-        query, key, value = unwrap_dead_wrappers((query, key, value))  # as Function.apply would (_eager_apply)
+    else:  # eager: the checks run once per layout and flags, then the call is kept
+        # as Function.apply would (_eager_apply)
+        query, key, value = unwrap_dead_wrappers((query, key, value))
         plan_key = call_key(query, key, value, flags, sinks)
         call = kept_plan(plan_key)
         if call is None:
-            call = check_attention_call(query, key, value, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
-                                        alignment=alignment, return_lse=return_lse, window=window,
-                                        softcap=softcap, sinks=sinks)  # fmt: skip
+            call = check_attention_call(query, key, value, is_causal=is_causal,
+                                        scale=scale, enable_gqa=enable_gqa,
+                                        alignment=alignment, return_lse=return_lse,
+                                        window=window, softcap=softcap,
+                                        sinks=sinks)  # fmt: skip
             keep_plan(plan_key, call)
         if sinks is not None:  # the layout is checked; the values, every call
             check_sink_values(sinks)
