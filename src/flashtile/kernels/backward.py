@@ -951,94 +951,122 @@ def sink_gradient_from_rows(sinks: torch.Tensor, lse: torch.Tensor,
 
 # --8<-- [start:launcher]
 def flash_attention_backward(
-    q, k, v, o, lse, do, *, causal=False, scale=None, block_q=None, block_k=None, alignment="upper_left",
-    stats=None, config=None, deterministic=True, tma=None, window=None, softcap=None,
+    q, k, v, o, lse, do, *, causal=False, scale=None, block_q=None, block_k=None,
+    alignment="upper_left", stats=None, config=None, deterministic=True, tma=None,
+    window=None, softcap=None,
 ):
     """Gradients of attention from the forward's o and lse, with two Triton launches.
 
     Args:
-        q: (B, H, Tq, D); k: (B, H_kv, Tk, D), v: (B, H_kv, Tk, d_v), H a multiple of H_kv; fp16, bf16 or
-            fp32, any strides. o, do: (B, H, Tq, d_v) (do may be non-contiguous). lse: (B, H, Tq) float32 from
-            the forward.
-        causal, scale, alignment: as in the forward (keywords, as every option here). block_q, block_k
-            override both kernels' tile sizes (powers of two >= 16); None picks per kernel.
-        stats: the forward's (2, B, H, Tq) final (m, l), from ``flash_attention(..., return_stats=True)``:
-            the exact hand-off. Without it, (m, l) are derived from lse (``stats_from_lse``).
-        config: replaces ``backward_config``'s choice, {"dkdv": (bq, bk, warps, stages), "dq": (...)};
-            for tuning sweeps.
-        deterministic: True (the default) computes dQ in its own kernel, bitwise the same on every run;
-            False adds it up with float32 atomics inside the dK/dV kernel (two launches, five matmuls
-            per tile instead of seven), whose summation order, and so whose last bits, vary between runs.
-        tma: True loads the streamed tiles (q and do in the dK/dV kernel, k and v in the dQ kernel)
-            through TMA descriptors, and raises where the device or a layout cannot have them (see
-            ``_host.use_tma``); False loads through pointers; None (the default) takes
-            ``backward_config``'s choice: TMA where possible from 1k tokens on, measured faster there
-            on the H200. Either way the results are bitwise the same.
-        window, softcap: as in the forward, and the same values: the dK/dV programs visit only the query
-            tiles whose band reaches their key tile, the dQ programs only the key tiles in range, and dS
-            is multiplied by the cap's derivative 1 - tanh^2.
+        q: (B, H, Tq, D); k: (B, H_kv, Tk, D), v: (B, H_kv, Tk, d_v), H a multiple of
+            H_kv; fp16, bf16 or fp32, any strides. o, do: (B, H, Tq, d_v) (do may be
+            non-contiguous). lse: (B, H, Tq) float32 from the forward.
+        causal, scale, alignment: as in the forward (keywords, as every option here).
+            block_q, block_k override both kernels' tile sizes (powers of two >= 16);
+            None picks per kernel.
+        stats: the forward's (2, B, H, Tq) final (m, l), from
+            ``flash_attention(..., return_stats=True)``: the exact hand-off. Without it,
+            (m, l) are derived from lse (``stats_from_lse``).
+        config: replaces ``backward_config``'s choice,
+            {"dkdv": (bq, bk, warps, stages), "dq": (...)}; for tuning sweeps.
+        deterministic: True (the default) computes dQ in its own kernel, bitwise the
+            same on every run; False adds it up with float32 atomics inside the dK/dV
+            kernel (two launches, five matmuls per tile instead of seven), whose
+            summation order, and so whose last bits, vary between runs.
+        tma: True loads the streamed tiles (q and do in the dK/dV kernel, k and v in the
+            dQ kernel) through TMA descriptors, and raises where the device or a layout
+            cannot have them (see ``_host.use_tma``); False loads through pointers; None
+            (the default) takes ``backward_config``'s choice: TMA where possible from 1k
+            tokens on, measured faster there on the H200. Either way the results are
+            bitwise the same.
+        window, softcap: as in the forward, and the same values: the dK/dV programs
+            visit only the query tiles whose band reaches their key tile, the dQ
+            programs only the key tiles in range, and dS is multiplied by the cap's
+            derivative 1 - tanh^2.
 
     Returns:
-        dq like q; dk like k, dv like v: each laid out like its input in memory where that input is dense
-        (``flashtile._layouts.strides_like``; a (B, H, T, D) view of (B, T, H, D) storage gets a gradient
-        of the same layout, which autograd then keeps without a copy), contiguous otherwise; accumulated
-        in float32 and cast to the input dtype.
+        dq like q; dk like k, dv like v: each laid out like its input in memory where
+        that input is dense (``flashtile._layouts.strides_like``; a (B, H, T, D) view of
+        (B, T, H, D) storage gets a gradient of the same layout, which autograd then
+        keeps without a copy), contiguous otherwise; accumulated in float32 and cast to
+        the input dtype.
     """
-    if window is not None:  # checked before it keys the plans: (True, 0) and (1, 0) hash alike
+    # checked before it keys the plans: (True, 0) and (1, 0) hash alike
+    if window is not None:
         window = check_window(window)
-    plan = cached_plan(checked_backward_plan, (q, k, v, o, lse, do, stats), causal, scale, alignment, window, softcap,
-                       deterministic, block_q, block_k, config, tma, names=LAUNCHER_OPTIONS)  # fmt: skip
+    plan = cached_plan(checked_backward_plan, (q, k, v, o, lse, do, stats), causal,
+                       scale, alignment, window, softcap, deterministic, block_q,
+                       block_k, config, tma, names=LAUNCHER_OPTIONS)  # fmt: skip
     if stats is None:
         stats = stats_from_lse(lse, plan.scale, plan.softcap)
-    elif not plan.stats_contiguous:  # the plan knows: contiguous() is a dispatched call even when it returns stats
+    # the plan knows: contiguous() is a dispatched call even when it returns stats
+    elif not plan.stats_contiguous:
         stats = stats.contiguous()
     return backward_with_plan(plan, q, k, v, o, do, stats)
 
 
 def backward_with_plan(plan: BackwardPlan, q, k, v, o, do, stats, rows=None) -> tuple:
-    """Run one backward call's kernels from its plan: (dq, dk, dv). ``stats`` is the forward's (m, l),
-    (2, B, H, Tq) float32, contiguous; ``rows``, where given, a new (3, B, H, Tq) float32 contiguous tensor
-    for the deterministic mode's row terms (a caller holding the forward's row statistics makes it with
-    ``torch.empty_like``, the cheapest allocation). Every tensor is allocated from what the plan kept
-    (shapes, strides, the device), not read again from the inputs."""
+    """Run one backward call's kernels from its plan: (dq, dk, dv). ``stats`` is the
+    forward's (m, l), (2, B, H, Tq) float32, contiguous; ``rows``, where given, a new
+    (3, B, H, Tq) float32 contiguous tensor for the deterministic mode's row terms (a
+    caller holding the forward's row statistics makes it with ``torch.empty_like``, the
+    cheapest allocation). Every tensor is allocated from what the plan kept (shapes,
+    strides, the device), not read again from the inputs."""
     like_q, like_k, like_v = plan.grads_like_inputs
-    if plan.deterministic:  # dQ first: its kernel also stores every row's (delta, m, log2 l) for the dK/dV kernel
+    # dQ first: its kernel also stores every row's (delta, m, log2 l) for the dK/dV
+    # kernel
+    if plan.deterministic:
         if rows is None:
             rows = torch.empty(plan.rows_shape, dtype=torch.float32, device=plan.device)
-        dq = torch.empty_like(q) if like_q else empty_like_layout(q, plan.grad_strides[0])
-        k_tiles, v_tiles = (k, v) if plan.tma_dq is None else tile_descriptors(plan.tma_dq, k, v,
-                                                                                (plan.pad, plan.pad_v))  # fmt: skip
+        dq = (torch.empty_like(q) if like_q
+              else empty_like_layout(q, plan.grad_strides[0]))
+        k_tiles, v_tiles = k, v
+        if plan.tma_dq is not None:
+            pads = (plan.pad, plan.pad_v)
+            k_tiles, v_tiles = tile_descriptors(plan.tma_dq, k, v, pads)
         plan.dq(q, k_tiles, v_tiles, do, o, stats, rows, dq)
         dq_acc = dq_acc_arg = dq  # the dK/dV kernel ignores this argument
-    else:  # the row terms from their own kernel, and a float32 dQ accumulator that every key tile adds into
+    # the row terms from their own kernel, and a float32 dQ accumulator that every key
+    # tile adds into
+    else:
         rows = backward_preprocess(o, do, stats, plan.preprocess)
-        dq_acc = dq_acc_arg = torch.zeros((*q.shape[:3], plan.pad), dtype=torch.float32, device=plan.device)
-        if plan.dq_reduce_rows:  # the kernel adds whole tiles into it through a descriptor
-            dq_acc_arg = tile_descriptor(dq_acc, list(dq_acc.stride()), plan.dq_reduce_rows, plan.pad)
-    # dk and dv: two tensors, never views of one buffer (a custom op's outputs may not share memory)
+        dq_acc = dq_acc_arg = torch.zeros((*q.shape[:3], plan.pad), dtype=torch.float32,
+                                          device=plan.device)  # fmt: skip
+        # the kernel adds whole tiles into it through a descriptor
+        if plan.dq_reduce_rows:
+            dq_acc_arg = tile_descriptor(dq_acc, list(dq_acc.stride()),
+                                         plan.dq_reduce_rows, plan.pad)  # fmt: skip
+    # dk and dv: two tensors, never views of one buffer (a custom op's outputs may not
+    # share memory)
     dk = torch.empty_like(k) if like_k else empty_like_layout(k, plan.grad_strides[1])
     dv = torch.empty_like(v) if like_v else empty_like_layout(v, plan.grad_strides[2])
     dk_out, dv_out = dk, dv  # where the dK/dV kernel writes
-    if plan.kv_split > 1:  # float32 partials of dk and dv in one buffer (as wide as the wider): one allocation
+    # float32 partials of dk and dv in one buffer (as wide as the wider): one allocation
+    if plan.kv_split > 1:
         B, H_kv, Tk, D = k.shape
-        width = max(D, v.shape[3])
-        partials = torch.empty((2, B, H_kv * plan.kv_split, Tk, width), dtype=torch.float32, device=plan.device)
+        shape = (2, B, H_kv * plan.kv_split, Tk, max(D, v.shape[3]))
+        partials = torch.empty(shape, dtype=torch.float32, device=plan.device)
         dk_out, dv_out = partials[0], partials[1]
-    q_tiles, do_tiles = (q, do) if plan.tma_dkdv is None else tile_descriptors(plan.tma_dkdv, q, do,
-                                                                                (plan.pad, plan.pad_v))  # fmt: skip
+    q_tiles, do_tiles = q, do
+    if plan.tma_dkdv is not None:
+        pads = (plan.pad, plan.pad_v)
+        q_tiles, do_tiles = tile_descriptors(plan.tma_dkdv, q, do, pads)
     plan.dkdv(q_tiles, k, v, do_tiles, rows, dk_out, dv_out, dq_acc_arg)
-    if plan.kv_split > 1:  # the partials of each kv head, summed in a fixed order and cast, in one launch
+    # the partials of each kv head, summed in a fixed order and cast, in one launch
+    if plan.kv_split > 1:
         plan.split_sum(partials, dk, dv)
-    if not plan.deterministic:
-        dq = empty_like_layout(q, plan.grad_strides[0]).copy_(dq_acc[..., : q.shape[3]])  # cast as it copies
+    if not plan.deterministic:  # cast as it copies
+        dq = empty_like_layout(q, plan.grad_strides[0]).copy_(dq_acc[..., : q.shape[3]])
     return dq, dk, dv
 
 
 def tile_descriptors(tma: tuple, x, y, pads: tuple[int, int]) -> tuple:
-    """Host-built TMA descriptors of x (d_qk wide: q or k) and y (d_v wide: do or v) for (1, 1, rows, pad)
-    tiles, from a plan's (strides, strides, rows) and the two pads."""
+    """Host-built TMA descriptors of x (d_qk wide: q or k) and y (d_v wide: do or v)
+    for (1, 1, rows, pad) tiles, from a plan's (strides, strides, rows) and the two
+    pads."""
     x_strides, y_strides, rows = tma
-    return tile_descriptor(x, x_strides, rows, pads[0]), tile_descriptor(y, y_strides, rows, pads[1])
+    return (tile_descriptor(x, x_strides, rows, pads[0]),
+            tile_descriptor(y, y_strides, rows, pads[1]))
 
 
 # --8<-- [end:launcher]
