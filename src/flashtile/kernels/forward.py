@@ -476,65 +476,90 @@ def forward_config(head_dim: int, dtype: torch.dtype, interpreted: bool = False,
 
 # --8<-- [start:launcher]
 class ForwardPlan(NamedTuple):
-    """Everything about a launch that follows from the inputs' layout and the flags, worked out once."""
+    """Everything about a launch that follows from the inputs' layout and the flags,
+    worked out once."""
 
     out_shape: tuple  # (B, H, Tq, d_v) of o
     out_strides: tuple  # o's (``_spec.output_strides``): q's layout where q is dense
     stats_shape: tuple  # (3, B, H, Tq) of the row statistics (lse, m, l)
-    device: torch.device  # q's, kept: reading q.device makes a new device object on every call
-    o_like_q: bool  # o has q's shape and strides (``_spec.output_strides``): torch.empty_like(q) gives it
-    launch: KernelLaunch  # grid, the arguments after the tensors (strides, sizes, offset, qk_scale, rows), settings
-    launch_without_stats: KernelLaunch  # the same kernel storing o only (STATS=False), for calls that keep no lse
-    tma: tuple | None  # (strides, tile rows, tile width) of each of q, k, v's descriptors, or None for pointers
+    # q's, kept: reading q.device makes a new device object on every call
+    device: torch.device
+    # o has q's shape and strides (``_spec.output_strides``): torch.empty_like(q) gives
+    # it
+    o_like_q: bool
+    # grid, the arguments after the tensors (strides, sizes, offset, qk_scale, rows),
+    # settings
+    launch: KernelLaunch
+    # the same kernel storing o only (STATS=False), for calls that keep no lse
+    launch_without_stats: KernelLaunch
+    # (strides, tile rows, tile width) of each of q, k, v's descriptors, or None for
+    # pointers
+    tma: tuple | None
     return_stats: bool
-    has_sinks: bool  # the spec's: the kernel starts every row from its head's sink (SINK)
+    has_sinks: bool  # the spec's: the kernel starts every row from its head's sink
 
-    def run(self, q, k, v, stats: bool = True, sinks=None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def run(self, q, k, v, stats: bool = True,
+            sinks=None) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
         """``forward_with_plan(self, q, k, v, stats, sinks)``."""
         return forward_with_plan(self, q, k, v, stats, sinks)
 
 
-def make_forward_plan(q, k, v, *, spec: AttentionSpec, return_stats: bool, block_q=None, block_k=None,
-                      num_warps=None, num_stages=None, tma=None) -> ForwardPlan:  # fmt: skip
-    """Derive one call's launch from its checked options (``_spec.check_spec``); raises on a layout, a device or
-    a launch setting the kernel cannot take."""
-    shape = check_attention_inputs(q, k, v, dtypes=KERNEL_DTYPES, unequal_head_dims=True)
+def make_forward_plan(q, k, v, *, spec: AttentionSpec, return_stats: bool, block_q=None,
+                      block_k=None, num_warps=None, num_stages=None,
+                      tma=None) -> ForwardPlan:  # fmt: skip
+    """Derive one call's launch from its checked options (``_spec.check_spec``); raises
+    on a layout, a device or a launch setting the kernel cannot take."""
+    shape = check_attention_inputs(q, k, v, dtypes=KERNEL_DTYPES,
+                                   unequal_head_dims=True)  # fmt: skip
     d_v = v.shape[3]  # v, acc and o: d_v wide; q and k: D = d_qk
     mask = kernel_mask(spec.mask, shape.Tq, shape.Tk)
     softcap = spec.softcap
     causal = mask.causal  # a window that is plain causal (or no mask) runs as such
     tma = None if tma is None else check_flag("tma", tma)
     check_kernel_device("q", q)
-    length_class = 512 if shape.Tq <= 512 else (1024 if shape.Tq <= 1024 else 4096)  # so the cache stays small
-    width = max(shape.D, d_v)  # unequal head dims take the settings of the wider one (``forward_config``)
-    config = forward_config(width, q.dtype, q.device.type == "cpu", causal, length_class)
+    # so the cache stays small
+    length_class = 512 if shape.Tq <= 512 else (1024 if shape.Tq <= 1024 else 4096)
+    # unequal head dims take the settings of the wider one (``forward_config``)
+    width = max(shape.D, d_v)
+    interpreted = q.device.type == "cpu"
+    config = forward_config(width, q.dtype, interpreted, causal, length_class)
     strides = use_tma(config["tma"] if tma is None else tma, q, k, v)
-    if strides is None and config["tma"] == "auto":  # settings measured with descriptors, which this call lacks
-        config = forward_config(width, q.dtype, q.device.type == "cpu", causal, length_class, tma=False)
-    block_q, block_k, num_warps, num_stages, own_settings = launch_settings(config, block_q, block_k, num_warps,
-                                                                            num_stages)  # fmt: skip
+    # settings measured with descriptors, which this call lacks
+    if strides is None and config["tma"] == "auto":
+        config = forward_config(width, q.dtype, interpreted, causal, length_class,
+                                tma=False)  # fmt: skip
+    block_q, block_k, num_warps, num_stages, own_settings = launch_settings(
+        config, block_q, block_k, num_warps, num_stages)
     B, H, H_kv, Tq, Tk, D = shape
     units = kernel_scale(spec.scale)
     offset = spec.mask.offset(Tq, Tk)
-    qk_scale = units.qk_scale if softcap is None else LOG2E  # capped scores are in natural units (soft_cap)
-    # the programs of one query head stream its kv head's K and V, which the group's heads share
+    # capped scores are in natural units (soft_cap)
+    qk_scale = units.qk_scale if softcap is None else LOG2E
     n_tiles = -(-Tq // block_q)  # cdiv in plain Python: triton.cdiv is a jit function
-    maxnreg = config.get("maxnreg") if own_settings else None  # a cap measured with these settings only
-    o_strides = output_strides(q, d_v)  # q's layout where q is dense (a model's (B, T, H, D) view), else contiguous
-    chunk = heaviest_first_chunk(causal, Tk * (D + d_v) * q.element_size() // shape.group, B * H,
-                                 B * H * n_tiles, resident_programs(num_warps, maxnreg), q.device,
-                                 shape.group)  # fmt: skip
+    # a cap measured with these settings only
+    maxnreg = config.get("maxnreg") if own_settings else None
+    # q's layout where q is dense (a model's (B, T, H, D) view), else contiguous
+    o_strides = output_strides(q, d_v)
+    # the programs of one query head stream its kv head's K and V, which the group's
+    # heads share
+    plane_bytes = Tk * (D + d_v) * q.element_size() // shape.group
+    resident = resident_programs(num_warps, maxnreg)
+    chunk = heaviest_first_chunk(causal, plane_bytes, B * H, B * H * n_tiles, resident,
+                                 q.device, shape.group)  # fmt: skip
+
     def launch(stats: bool) -> KernelLaunch:
         return KernelLaunch(
             _forward_kernel,
             grid=head_batch_grid(n_tiles, H, B),
-            scalars=(*q.stride(), *k.stride(), *v.stride(), *o_strides, H, shape.group, Tq,
-                     Tk, offset, qk_scale, B * H * Tq, max(chunk, 1), *mask.band, units.unit,
-                     1.0 if softcap is None else softcap),  # fmt: skip
-            constexprs=dict(HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D), HEAD_DIM_V=d_v, HEAD_DIM_V_PAD=head_dim_pad(d_v),
-                            BLOCK_Q=block_q, BLOCK_K=block_k,
-                            CAUSAL=causal, SIGN=units.sign, USE_TMA=strides is not None,
-                            DOT_PRECISION=dot_precision(q.dtype), INTERPRETED=q.device.type == "cpu",
+            scalars=(*q.stride(), *k.stride(), *v.stride(), *o_strides, H, shape.group,
+                     Tq, Tk, offset, qk_scale, B * H * Tq, max(chunk, 1), *mask.band,
+                     units.unit, 1.0 if softcap is None else softcap),  # fmt: skip
+            constexprs=dict(HEAD_DIM=D, HEAD_DIM_PAD=head_dim_pad(D), HEAD_DIM_V=d_v,
+                            HEAD_DIM_V_PAD=head_dim_pad(d_v), BLOCK_Q=block_q,
+                            BLOCK_K=block_k, CAUSAL=causal, SIGN=units.sign,
+                            USE_TMA=strides is not None,
+                            DOT_PRECISION=dot_precision(q.dtype),
+                            INTERPRETED=interpreted,
                             HEAVIEST_FIRST=chunk > 0,
                             MASKED_TILES=causal or Tk % block_k != 0, BAND=mask.banded,
                             SOFTCAP=softcap is not None,
@@ -543,13 +568,18 @@ def make_forward_plan(q, k, v, *, spec: AttentionSpec, return_stats: bool, block
             num_warps=num_warps,
             num_stages=num_stages,
             maxnreg=maxnreg,
-            # o, the row statistics and the sinks (o again for the statistics without them, the statistics or
-            # o for the sinks without sinks), allocated on every call: the sinks as a float32 copy
+            # o, the row statistics and the sinks (o again for the statistics without
+            # them, the statistics or o for the sinks without sinks), allocated on every
+            # call: the sinks as a float32 copy
             fresh_outputs=3,
-            plan_keyed=True,  # kept under q, k and v's layouts (flash_attention, and attention's kept call)
+            # kept under q, k and v's layouts (flash_attention, and attention's kept
+            # call)
+            plan_keyed=True,
         )
 
-    pads = (head_dim_pad(D), head_dim_pad(D), head_dim_pad(d_v))  # the descriptors' tile widths: q, k, v
+    # the descriptors' tile widths: q, k, v
+    pads = (head_dim_pad(D), head_dim_pad(D), head_dim_pad(d_v))
+    tiles = (block_q, block_k, block_k)
     return ForwardPlan(
         out_shape=(B, H, Tq, d_v),
         out_strides=o_strides,
@@ -558,98 +588,133 @@ def make_forward_plan(q, k, v, *, spec: AttentionSpec, return_stats: bool, block
         o_like_q=o_strides == tuple(q.stride()),
         launch=launch(True),
         launch_without_stats=launch(False),
-        tma=None if strides is None else tuple(zip(strides, (block_q, block_k, block_k), pads)),
+        tma=None if strides is None else tuple(zip(strides, tiles, pads)),
         return_stats=return_stats,
         has_sinks=spec.has_sinks,
     )
 
 
-LAUNCHER_OPTIONS = ("causal", "scale", "alignment", "window", "softcap", "return_stats", "block_q", "block_k",
-                    "num_warps", "num_stages", "tma")  # checked_forward_plan's, as flash_attention keys its plans
+# checked_forward_plan's, as flash_attention keys its plans
+LAUNCHER_OPTIONS = ("causal", "scale", "alignment", "window", "softcap", "return_stats",
+                    "block_q", "block_k", "num_warps", "num_stages", "tma")
 
 
-def checked_forward_plan(q, k, v, *, causal, scale, alignment, window, softcap, return_stats, block_q, block_k,
-                         num_warps, num_stages, tma) -> ForwardPlan:  # fmt: skip
-    """``flash_attention``'s plan: its arguments checked into one spec (``_spec.check_spec``), then
-    ``make_forward_plan``; raises on anything the kernel cannot take."""
-    shape = check_attention_inputs(q, k, v, dtypes=KERNEL_DTYPES, unequal_head_dims=True)
-    spec = check_spec(shape, q.dtype, causal=causal, scale=scale, alignment=alignment, window=window,
-                      softcap=softcap, causal_name="causal")  # fmt: skip
-    return make_forward_plan(q, k, v, spec=spec, return_stats=check_flag("return_stats", return_stats),
-                             block_q=block_q, block_k=block_k, num_warps=num_warps, num_stages=num_stages,
-                             tma=tma)  # fmt: skip
+def checked_forward_plan(q, k, v, *, causal, scale, alignment, window, softcap,
+                         return_stats, block_q, block_k, num_warps, num_stages,
+                         tma) -> ForwardPlan:  # fmt: skip
+    """``flash_attention``'s plan: its arguments checked into one spec
+    (``_spec.check_spec``), then ``make_forward_plan``; raises on anything the kernel
+    cannot take."""
+    shape = check_attention_inputs(q, k, v, dtypes=KERNEL_DTYPES,
+                                   unequal_head_dims=True)  # fmt: skip
+    spec = check_spec(shape, q.dtype, causal=causal, scale=scale, alignment=alignment,
+                      window=window, softcap=softcap, causal_name="causal")
+    return make_forward_plan(q, k, v, spec=spec,
+                             return_stats=check_flag("return_stats", return_stats),
+                             block_q=block_q, block_k=block_k, num_warps=num_warps,
+                             num_stages=num_stages, tma=tma)  # fmt: skip
 
 
 def flash_attention(
-    q, k, v, *, causal=False, scale=None, alignment="upper_left", block_q=None, block_k=None,
-    num_warps=None, num_stages=None, return_stats=False, tma=None, window=None, softcap=None,
+    q, k, v, *, causal=False, scale=None, alignment="upper_left", block_q=None,
+    block_k=None, num_warps=None, num_stages=None, return_stats=False, tma=None,
+    window=None, softcap=None,
 ):
     """Attention forward on the GPU, without materialising the Tq x Tk score matrix.
 
     Args:
-        q: (B, H, Tq, D); k: (B, H_kv, Tk, D), v: (B, H_kv, Tk, d_v) with H a multiple of H_kv. fp16,
-            bf16 or fp32 (fp32 dots in full fp32, never tf32), any strides, 1 <= D, d_v <= 256.
-        causal, alignment: the causal mask of ``flashtile.reference.causal``. Every argument after v is a
-            keyword.
-        scale: τ, multiplies Q K^T; defaults to 1/sqrt(D). Zero and negative values are allowed.
-        block_q, block_k: tile sizes (powers of two >= 16); defaults from ``forward_config``.
-        num_warps, num_stages: launch settings, for benchmarks; defaults from ``forward_config``.
+        q: (B, H, Tq, D); k: (B, H_kv, Tk, D), v: (B, H_kv, Tk, d_v) with H a multiple
+            of H_kv. fp16, bf16 or fp32 (fp32 dots in full fp32, never tf32), any
+            strides, 1 <= D, d_v <= 256.
+        causal, alignment: the causal mask of ``flashtile.reference.causal``. Every
+            argument after v is a keyword.
+        scale: τ, multiplies Q K^T; defaults to 1/sqrt(D). Zero and negative values are
+            allowed.
+        block_q, block_k: tile sizes (powers of two >= 16); defaults from
+            ``forward_config``.
+        num_warps, num_stages: launch settings, for benchmarks; defaults from
+            ``forward_config``.
         return_stats: also return the final (m, l) of every row, the exact hand-off to
             ``flash_attention_backward(..., stats=...)``.
-        tma: load tiles through TMA descriptors (True), through pointers (False), or let the launcher
-            choose (None: ``forward_config``'s choice, where the strides and the device allow it).
-        window: None or (left, right), the sliding window of ``flashtile.reference.masks``: query i sees
-            keys i + offset - left .. i + offset + right, -1 unbounded, the right side capped at 0 when
-            causal. Key tiles outside the band are never loaded, FULL ones run without a mask.
-        softcap: None or s > 0: each scaled score x becomes s * tanh(x / s) before the mask and the softmax.
+        tma: load tiles through TMA descriptors (True), through pointers (False), or let
+            the launcher choose (None: ``forward_config``'s choice, where the strides
+            and the device allow it).
+        window: None or (left, right), the sliding window of
+            ``flashtile.reference.masks``: query i sees keys
+            i + offset - left .. i + offset + right, -1 unbounded, the right side capped
+            at 0 when causal. Key tiles outside the band are never loaded, FULL ones run
+            without a mask.
+        softcap: None or s > 0: each scaled score x becomes s * tanh(x / s) before the
+            mask and the softmax.
 
     Returns:
-        o: (B, H, Tq, d_v) in q's dtype, laid out as q is where q is dense (for q a (B, H, T, D) view of a
-        (B, T, H, D) tensor, o is one too, so o.transpose(1, 2) needs no copy), contiguous otherwise.
-        lse: (B, H, Tq) fp32, natural log; a row that sees no key gets o = 0 and lse = -inf. With
-        return_stats, also stats: (2, B, H, Tq) fp32, stats[0] = m (the row max of the raw dots
-        sign(τ)·q·k; with a softcap, the capped score in natural units) and stats[1] = l.
+        o: (B, H, Tq, d_v) in q's dtype, laid out as q is where q is dense (for q a
+        (B, H, T, D) view of a (B, T, H, D) tensor, o is one too, so o.transpose(1, 2)
+        needs no copy), contiguous otherwise. lse: (B, H, Tq) fp32, natural log; a row
+        that sees no key gets o = 0 and lse = -inf. With return_stats, also stats:
+        (2, B, H, Tq) fp32, stats[0] = m (the row max of the raw dots sign(τ)·q·k; with
+        a softcap, the capped score in natural units) and stats[1] = l.
     """
-    if window is not None:  # checked before it keys the plans: (True, 0) and (1, 0) hash alike
+    # checked before it keys the plans: (True, 0) and (1, 0) hash alike
+    if window is not None:
         window = check_window(window)
-    plan = cached_plan(checked_forward_plan, (q, k, v), causal, scale, alignment, window, softcap, return_stats,
-                       block_q, block_k, num_warps, num_stages, tma, names=LAUNCHER_OPTIONS)  # fmt: skip
+    plan = cached_plan(checked_forward_plan, (q, k, v), causal, scale, alignment,
+                       window, softcap, return_stats, block_q, block_k, num_warps,
+                       num_stages, tma, names=LAUNCHER_OPTIONS)  # fmt: skip
     o, row_stats = forward_with_plan(plan, q, k, v)
-    return (o, row_stats[0], row_stats[1:]) if plan.return_stats else (o, row_stats[0])
+    if plan.return_stats:
+        return o, row_stats[0], row_stats[1:]
+    return o, row_stats[0]
 
 
-def forward_with_spec(q, k, v, spec: AttentionSpec, sinks=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(o, lse, stats) of a call whose options are checked already (``flashtile.attention``'s): the plan kept
-    per layout and spec; ``sinks`` the (H,) sinks where ``spec.has_sinks``."""
-    plan = cached_plan(make_forward_plan, (q, k, v), spec, True, names=("spec", "return_stats"))
+def forward_with_spec(
+    q, k, v, spec: AttentionSpec, sinks=None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(o, lse, stats) of a call whose options are checked already
+    (``flashtile.attention``'s): the plan kept per layout and spec; ``sinks`` the (H,)
+    sinks where ``spec.has_sinks``."""
+    plan = cached_plan(make_forward_plan, (q, k, v), spec, True,
+                       names=("spec", "return_stats"))  # fmt: skip
     o, row_stats = forward_with_plan(plan, q, k, v, sinks=sinks)
     return o, row_stats[0], row_stats[1:]
 
 
-def forward_with_plan(plan: ForwardPlan, q, k, v, stats: bool = True,
-                      sinks=None) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
-    """Run one call's kernel from its plan: o, and row_stats (3, B, H, Tq) float32 = (lse, m, l), or None
-    without ``stats`` (a call that records no gradient and returns no lse: one allocation, three stores
-    fewer a row). ``sinks``: the (H,) sinks of a plan with ``has_sinks`` (checked by the caller), passed
-    to the kernel as a fresh float32 copy, in the one dtype and alignment the plan's kernel was compiled for.
+def forward_with_plan(
+    plan: ForwardPlan, q, k, v, stats: bool = True, sinks=None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Run one call's kernel from its plan: o, and row_stats (3, B, H, Tq) float32 =
+    (lse, m, l), or None without ``stats`` (a call that records no gradient and returns
+    no lse: one allocation, three stores fewer a row). ``sinks``: the (H,) sinks of a
+    plan with ``has_sinks`` (checked by the caller), passed to the kernel as a fresh
+    float32 copy, in the one dtype and alignment the plan's kernel was compiled for.
 
-    One buffer for the three row statistics costs one allocation where three tensors would cost three;
-    lse = row_stats[0] and stats = row_stats[1:] are views of it, made only where a caller needs them.
+    One buffer for the three row statistics costs one allocation where three tensors
+    would cost three; lse = row_stats[0] and stats = row_stats[1:] are views of it, made
+    only where a caller needs them.
     """
-    loads = (q, k, v)  # what the kernel reads tiles through: the tensors, or TMA descriptors of them
+    # what the kernel reads tiles through: the tensors, or TMA descriptors of them
+    loads = (q, k, v)
     if plan.tma is not None:
-        loads = tuple(tile_descriptor(x, strides, rows, pad) for x, (strides, rows, pad) in zip(loads, plan.tma))
-    # torch.empty_like is the cheapest allocation a call can make (no size or dtype to parse), and where q
-    # is dense (and o as wide as q) it gives exactly q's strides, which the plan passed to the kernel
-    o = torch.empty_like(q) if plan.o_like_q else torch.empty_strided(plan.out_shape, plan.out_strides, dtype=q.dtype,
-                                                                       device=plan.device)  # fmt: skip
+        loads = tuple(tile_descriptor(x, strides, rows, pad)
+                      for x, (strides, rows, pad) in zip(loads, plan.tma))
+    # torch.empty_like is the cheapest allocation a call can make (no size or dtype to
+    # parse), and where q is dense (and o as wide as q) it gives exactly q's strides,
+    # which the plan passed to the kernel
+    if plan.o_like_q:
+        o = torch.empty_like(q)
+    else:
+        o = torch.empty_strided(plan.out_shape, plan.out_strides, dtype=q.dtype,
+                                device=plan.device)  # fmt: skip
     if plan.has_sinks:
         sinks = sinks.to(torch.float32, copy=True)
-    if not stats:  # o stands in for ROW_STATS, and for SINKS without sinks, which this kernel never touches
+    # o stands in for ROW_STATS, and for SINKS without sinks, which this kernel never
+    # touches
+    if not stats:
         plan.launch_without_stats(*loads, o, o, o if sinks is None else sinks)
         return o, None
     row_stats = torch.empty(plan.stats_shape, dtype=torch.float32, device=plan.device)
-    plan.launch(*loads, o, row_stats, row_stats if sinks is None else sinks)  # row_stats stands in for SINKS
+    # row_stats stands in for SINKS
+    plan.launch(*loads, o, row_stats, row_stats if sinks is None else sinks)
     return o, row_stats
 # --8<-- [end:launcher]
 
