@@ -406,24 +406,28 @@ def dispatch(query, key, value, call: AttentionCall, own_inputs: bool, sinks=Non
 
 # --8<-- [start:decode_route]
 def decode_route(q, k, v, call: AttentionCall, backend: str) -> bool:
-    """Whether a call runs on the split-K decode kernels (``kernels.decode``) instead of the forward kernel.
+    """Whether a call runs on the split-K decode kernels (``kernels.decode``) instead of
+    the forward kernel.
 
-    Every call with Tq <= 16 query rows on the Triton tier that autograd does not record: the forward
-    kernel gives such a call one program per (batch, head) and leaves most of the GPU idle, while the
-    decode kernels split the keys across it. They take every mask ``attention`` has, as a band around
-    the lower-right diagonal (``kernels.decode.plan_decode``: causal in either alignment, windows, no
-    mask), GQA, any scale and the soft-cap. A call that needs a gradient keeps the forward kernel, whose
-    (m, l) the backward reads, and so do a call with sinks (``dispatch`` asks this only without them) and
-    a call whose value head dim differs from the query's (``call.short`` is False for it); the reference
-    tier is unchanged.
-    Plain Python on the call's flags, so torch.compile traces it into the graph like the rest of the dispatch.
+    Every call with Tq <= 16 query rows on the Triton tier that autograd does not
+    record: the forward kernel gives such a call one program per (batch, head) and
+    leaves most of the GPU idle, while the decode kernels split the keys across it. They
+    take every mask ``attention`` has, as a band around the lower-right diagonal
+    (``kernels.decode.plan_decode``: causal in either alignment, windows, no mask), GQA,
+    any scale and the soft-cap. A call that needs a gradient keeps the forward kernel,
+    whose (m, l) the backward reads, and so do a call with sinks (``dispatch`` asks this
+    only without them) and a call whose value head dim differs from the query's
+    (``call.short`` is False for it); the reference tier is unchanged. Plain Python on
+    the call's flags, so torch.compile traces it into the graph like the rest of the
+    dispatch.
     """
     return call.short and backend == "triton" and not records_gradient(q, k, v)
 
 
 def decode_forward(q, k, v, call: AttentionCall, own_inputs: bool):
-    """(o, lse) of a routed call (lse None unless the call returns it): from the call's kept decode plan
-    eagerly, through the ``attention_decode`` op under torch.compile and for fake or meta tensors."""
+    """(o, lse) of a routed call (lse None unless the call returns it): from the call's
+    kept decode plan eagerly, through the ``attention_decode`` op under torch.compile
+    and for fake or meta tensors."""
     spec = call.spec
     if torch.compiler.is_compiling() or not plain_inputs(q, k, v):
         return attention_decode(q, k, v, *op_arguments(spec))
@@ -431,31 +435,40 @@ def decode_forward(q, k, v, call: AttentionCall, own_inputs: bool):
     if plan is None:
         from ..kernels.decode import make_attention_decode_plan
 
-        if not own_inputs:  # autocast copies: not the call's own inputs, so the plan is kept by layout instead
-            plan = cached_plan(make_attention_decode_plan, (q, k, v), spec, spec.return_lse,
+        # autocast copies: not the call's own inputs, so the plan is kept by layout
+        # instead
+        if not own_inputs:
+            plan = cached_plan(make_attention_decode_plan, (q, k, v), spec,
+                               spec.return_lse,
                                names=("spec", "store_lse"))  # fmt: skip
         else:
-            plan = call.plans.decode = make_attention_decode_plan(q, k, v, spec=spec, store_lse=spec.return_lse)
+            plan = make_attention_decode_plan(q, k, v, spec=spec,
+                                              store_lse=spec.return_lse)  # fmt: skip
+            call.plans.decode = plan
     return plan.run(q, k, v)
 
 
 @torch.library.custom_op("flashtile::attention_decode", mutates_args=())
 def attention_decode(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, alignment: str, window_left: int,
-    window_right: int, softcap: float | None,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, alignment: str,
+    window_left: int, window_right: int, softcap: float | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(o, lse) of ``attention`` on the decode kernels: o laid out like q where q is dense
-    (``_layouts.strides_like``), lse (B, H, Tq) float32. The arguments are ``attention_fwd``'s."""
+    """(o, lse) of ``attention`` on the decode kernels: o laid out like q where q is
+    dense (``_layouts.strides_like``), lse (B, H, Tq) float32. The arguments are
+    ``attention_fwd``'s."""
     from ..kernels.decode import make_attention_decode_plan
 
-    spec = spec_from_op(q, k, scale=scale, alignment=alignment, window_left=window_left, window_right=window_right,
-                        softcap=softcap)  # fmt: skip
-    return cached_plan(make_attention_decode_plan, (q, k, v), spec, True, names=("spec", "store_lse")).run(q, k, v)
+    spec = spec_from_op(q, k, scale=scale, alignment=alignment, window_left=window_left,
+                        window_right=window_right, softcap=softcap)
+    plan = cached_plan(make_attention_decode_plan, (q, k, v), spec, True,
+                       names=("spec", "store_lse"))  # fmt: skip
+    return plan.run(q, k, v)
 
 
 @attention_decode.register_fake
 def _(q, k, v, scale, alignment, window_left, window_right, softcap):
-    return empty_like_layout(q, strides_like(q)), q.new_empty(q.shape[:3], dtype=torch.float32)
+    o = empty_like_layout(q, strides_like(q))
+    return o, q.new_empty(q.shape[:3], dtype=torch.float32)
 # --8<-- [end:decode_route]
 
 
