@@ -124,8 +124,6 @@ def check_attention_inputs(q, k, v, *, dtypes=FLOAT_DTYPES, names=("q", "k", "v"
             raise ValueError(f"{name} is empty (shape {tuple(t.shape)}); every dimension must be at least 1")
     B, H, Tq, D = q.shape
     Bk, H_kv, Tk, Dk = k.shape
-    if not unequal_head_dims and tuple(v.shape) != tuple(k.shape):
-        raise ValueError(f"{nv} must have the same shape as {nk} {tuple(k.shape)}, got {tuple(v.shape)}")
     if Bk != B:
         raise ValueError(f"{nk} has batch size {Bk} but {nq} has {B}; the batch dimension (dim 0) must match")
     if Dk != D:
@@ -135,8 +133,10 @@ def check_attention_inputs(q, k, v, *, dtypes=FLOAT_DTYPES, names=("q", "k", "v"
             f"{nq} has head dim {D}; flashtile supports head dims 1 to {MAX_HEAD_DIM} on every tier (the kernels "
             f"keep a row of the head dim in registers); split the heads or use torch's scaled_dot_product_attention"
         )
-    if unequal_head_dims:
-        check_value(v, k, names=(nk, nv), dims=("batch size", "key/value heads", "length"))
+    # v after q and k, in one order whether or not its head dim may differ: the two give
+    # one message for an input both refuse
+    check_value(v, k, names=(nk, nv), dims=("batch size", "key/value heads", "length"),
+                same_head_dim=not unequal_head_dims)  # fmt: skip
     if H % H_kv != 0:
         raise ValueError(
             f"{nq} has {H} heads but {nk} and {nv} have {H_kv}; the number of query heads must be a multiple of "
@@ -145,14 +145,16 @@ def check_attention_inputs(q, k, v, *, dtypes=FLOAT_DTYPES, names=("q", "k", "v"
     return AttentionShape(B, H, H_kv, Tq, Tk, D)
 
 
-def check_value(v: torch.Tensor, k: torch.Tensor, *, names: tuple[str, str], dims: tuple[str, ...]) -> int:
+def check_value(v: torch.Tensor, k: torch.Tensor, *, names: tuple[str, str], dims: tuple[str, ...],
+                same_head_dim: bool = False) -> int:  # fmt: skip
     """v matches k in every dim but the last, its head dim d_v, which lies in 1 .. ``MAX_HEAD_DIM``; returns d_v.
+    With ``same_head_dim`` (a caller that takes one head dim for q, k and v), d_v must also be k's.
 
     ``dims`` names k's dims before the head dim, for the message (d_qk and d_v are free to differ: q . k
     contracts over d_qk, and o takes v's d_v)."""
     nk, nv = names
     d_v = v.shape[-1]
-    if not 1 <= d_v <= MAX_HEAD_DIM:
+    if not same_head_dim and not 1 <= d_v <= MAX_HEAD_DIM:
         raise ValueError(
             f"{nv} has head dim d_v = {d_v}; flashtile supports value head dims 1 to {MAX_HEAD_DIM} on every tier "
             "(the kernels keep a row of it in registers)"
@@ -164,6 +166,8 @@ def check_value(v: torch.Tensor, k: torch.Tensor, *, names: tuple[str, str], dim
                 f"may differ), got {tuple(v.shape)}: {nv} has {what} {v.shape[dim]} (dim {dim}), {nk} "
                 f"{k.shape[dim]}"
             )
+    if same_head_dim and d_v != k.shape[-1]:
+        raise ValueError(f"{nv} must have the same shape as {nk} {tuple(k.shape)}, got {tuple(v.shape)}")
     return d_v
 
 
