@@ -8,7 +8,7 @@ H = 64 on H_kv = 8, D = 64, bf16, ``bthd``), ``ITERATIONS`` forward calls under 
 ``ITERATIONS`` backward calls (``o.backward(do, retain_graph=True)``), with and without sinks, interleaved;
 per kernel name, the total GPU time per call. A sink's forward runs the same kernel with its start state
 (``SINK``) and one float32 copy of the (H,) sinks; its backward runs the same kernels and then the dsinks
-reduction over the rows (``sink_gradient_from_rows``), a handful of small PyTorch kernels. Writes
+reduction over the rows (``kernels.sinks.sink_gradient``, one launch). Writes
 ``$OUT/sink-cost-profile.json``: per case and pass, {kernel name: µs per call} for both, and the sums.
 """
 

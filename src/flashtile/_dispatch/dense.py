@@ -15,7 +15,7 @@ Attention sinks (``sinks``, a (H,) tensor) travel beside q, k and v as one more 
 (``Tensor? sinks``, last, None without them) and of ``_EagerAttention``, so autograd hands back their
 gradient; the spec says whether a call has them (``AttentionSpec.has_sinks``). Both tiers take them: the
 reference tier through ``reference.sinks``, the Triton tier from the forward kernel's start state
-(``kernels.forward.sink_start``) and the backward's row terms (``kernels.backward.sink_gradient_from_rows``).
+(``kernels.forward.sink_start``) and the backward's row terms (``kernels.sinks.sink_gradient``).
 A call with sinks never takes the decode kernels; eagerly on the Triton tier it runs from the call's kept
 kernel plans, as any other call does.
 """
@@ -511,6 +511,6 @@ def backward_from_kept_plan(do, q, k, v, o, row_stats, call: AttentionCall, sink
     dq, dk, dv = plan.run(q, k, v, o, do, stats, rows)
     if sinks is None:
         return dq, dk, dv, None
-    from ..kernels.backward import sink_gradient_from_rows
+    from ..kernels.sinks import sink_gradient
 
-    return dq, dk, dv, sink_gradient_from_rows(sinks, row_stats[0], rows[0])  # from the delta the dQ kernel stored
+    return dq, dk, dv, sink_gradient(sinks, row_stats[0], rows[0])  # from the delta the dQ kernel stored

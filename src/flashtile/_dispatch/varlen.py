@@ -6,7 +6,7 @@ host, dwarfs the dispatcher's).
 v, o, dO and dV may have a head dim d_v of their own. Attention sinks (a (H,) tensor, ``Tensor? sinks``,
 the ops' last argument) join every row's softmax on both tiers, as in ``_dispatch.dense``: the kernels
 start each row from the sink (``kernels.forward.sink_start``), and dsinks comes from the backward's row
-terms (``kernels.backward.sink_gradient_from_rows``; ``reference.varlen.varlen_sink_gradient``).
+terms (``kernels.sinks.sink_gradient``; ``reference.varlen.varlen_sink_gradient``).
 """
 
 from __future__ import annotations

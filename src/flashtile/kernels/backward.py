@@ -80,6 +80,7 @@ from ._jit import (
     varlen_program,
 )
 from .backward_preprocess import backward_preprocess, load_stats, preprocess_launch, row_terms, store_row_terms
+from .sinks import sink_gradient
 
 
 # --8<-- [start:row_stats]
@@ -923,30 +924,16 @@ def backward_with_spec(q, k, v, o, lse, do, stats, *, spec: AttentionSpec, sinks
     """(dq, dk, dv, dsinks) of a call whose options are checked already (``flashtile.attention``'s), from the
     forward's (m, l) ``stats``: the deterministic plan, kept per layout and spec. With ``sinks`` (H,), the
     forward's (m, l) and lse hold the sink already, so dq, dk, dv are computed as without one, and dsinks
-    from the row terms the dQ kernel stores (``sink_gradient_from_rows``); dsinks is None without sinks."""
+    from the row terms the dQ kernel stores (``kernels.sinks.sink_gradient``); dsinks is None without sinks."""
     plan = cached_plan(make_backward_plan, (q, k, v, o, lse, do, stats), spec, True, names=("spec", "deterministic"))
     stats = stats if plan.stats_contiguous else stats.contiguous()
     if sinks is None:
         return (*backward_with_plan(plan, q, k, v, o, do, stats), None)
     rows = torch.empty(plan.rows_shape, dtype=torch.float32, device=plan.device)  # the dQ kernel fills it
     dq, dk, dv = backward_with_plan(plan, q, k, v, o, do, stats, rows)
-    return dq, dk, dv, sink_gradient_from_rows(sinks, lse, rows[0])
+    return dq, dk, dv, sink_gradient(sinks, lse, rows[0])
 
 
-# --8<-- [start:sink_gradient]
-def sink_gradient_from_rows(sinks: torch.Tensor, lse: torch.Tensor,
-                            delta: torch.Tensor) -> torch.Tensor:  # fmt: skip
-    """dsinks_h = -(sum over b and i of exp(sink_h - lse_bhi) * D_bhi), in sinks' dtype.
-
-    The sink's column of dS, summed over every row of its head: its value is zero, so
-    dP = 0 there and dS = P_sink * (0 - D). D = delta is the row term the dQ kernel has
-    stored already (no second pass over O and dO); lse (B, H, Tq) holds the sink. A sink
-    of -inf gets 0, also on a row whose lse is -inf.
-    """
-    sink = sinks.float()[None, :, None]  # (1, H, 1)
-    p_sink = torch.where(torch.isneginf(sink), 0.0, torch.exp(sink - lse))  # (B, H, Tq)
-    return -(p_sink * delta).sum(dim=(0, 2)).to(sinks.dtype)
-# --8<-- [end:sink_gradient]
 
 
 # --8<-- [start:launcher]
@@ -1120,7 +1107,7 @@ def varlen_backward_with_spec(q, k, v, o, lse, do, cu_seqlens_q, cu_seqlens_k, *
                               sinks=None):  # fmt: skip
     """``flash_attention_varlen_backward`` on inputs and cu_seqlens checked already (``flashtile.attention_varlen``'s),
     with the call's checked options: (dq, dk, dv, dsinks), dsinks (H,) from the row terms with ``sinks`` (the
-    (H,) sinks of the forward whose lse this is: ``sink_gradient_from_rows``), None without."""
+    (H,) sinks of the forward whose lse this is: ``kernels.sinks.sink_gradient``), None without."""
     total_q, H, D = q.shape
     total_k, H_kv, _ = k.shape
     d_v = v.shape[2]
@@ -1177,4 +1164,4 @@ def varlen_backward_with_spec(q, k, v, o, lse, do, cu_seqlens_q, cu_seqlens_k, *
     if sinks is None:
         return dq, dk, dv, None
     # lse (H, total_q) holds the sinks, and rows[0] is every row's delta: as (1, H, total_q), one batch
-    return dq, dk, dv, sink_gradient_from_rows(sinks, lse[None], rows[0][None])
+    return dq, dk, dv, sink_gradient(sinks, lse[None], rows[0][None])
