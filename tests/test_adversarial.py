@@ -324,7 +324,7 @@ def launcher_calls():
     return [
         ("kernel forward, q", "q", lambda x: flash_attention(x, k, v, causal=True), q),
         ("reference forward, v", "v", lambda x: flash_attention_forward(q, k, x, True), v),
-        ("kernel backward, do", "do", lambda x: kernel_backward(q, k, v, o, lse, x, True), o),
+        ("kernel backward, do", "do", lambda x: kernel_backward(q, k, v, o, lse, x, causal=True), o),
         ("reference backward, do", "do", lambda x: reference_backward(q, k, v, o, lse, x, True), o),
         ("reference backward, lse", "lse", lambda x: reference_backward(q, k, v, o, x, o, True), lse),
         ("kernel decode, key_cache", "key_cache", lambda x: flash_decode(kq, x, kv, lengths), kk),

@@ -79,7 +79,7 @@ def backward_with(mistake: str) -> SimpleNamespace:
         q, k, v, o, lse, do, causal=False, scale=None, **kwargs
     ):
         dq, dk, dv = kernel_backward.flash_attention_backward(
-            q, k, v, o, lse, do, causal, scale, **kwargs
+            q, k, v, o, lse, do, causal=causal, scale=scale, **kwargs
         )
         tau = scale or q.shape[-1] ** -0.5
         return (dq / tau, dk, dv) if mistake == "tau" else (dq, dk, dv.flip(-2))
