@@ -18,9 +18,6 @@ import torch
 import triton
 import triton.language as tl
 
-from .._plans import cached_plan
-from ._host import KernelLaunch
-
 ROWS = 1024  # rows a program reads per step
 
 
@@ -50,23 +47,16 @@ def sink_gradient_kernel(
 # --8<-- [end:sink_gradient_kernel]
 
 
-def sink_gradient_launch(lse: torch.Tensor, delta: torch.Tensor) -> KernelLaunch:
-    """The launch of ``sink_gradient_kernel`` for rows laid out as ``lse`` and
-    ``delta`` are, each (B, H, Tq) float32 of any strides; its call takes
-    (sinks, lse, delta, dsinks)."""
-    B, H, T = lse.shape
-    return KernelLaunch(
-        sink_gradient_kernel, grid=(H,), scalars=(B, T, *lse.stride(), *delta.stride()),
-        constexprs=dict(BLOCK=ROWS), num_warps=4, num_stages=1, fresh_outputs=1,
-    )  # fmt: skip
-
-
 def sink_gradient(sinks, lse, delta) -> torch.Tensor:
     """(H,) dsinks in sinks' dtype from ``lse`` and ``delta`` ((B, H, Tq) float32)
-    and the (H,) ``sinks``: the launch kept per layout of lse and delta
-    (``_plans.cached_plan``)."""
+    and the (H,) ``sinks``, through Triton's own launch (the strides and B, Tq vary
+    from call to call)."""
+    B, H, T = lse.shape
     dsinks = torch.empty(sinks.shape, dtype=sinks.dtype, device=sinks.device)
     if sinks.stride(0) != 1:  # the kernel steps one element a head
         sinks = sinks.contiguous()
-    cached_plan(sink_gradient_launch, (lse, delta))(sinks, lse, delta, dsinks)
+    sink_gradient_kernel[(H,)](
+        sinks, lse, delta, dsinks, B, T, *lse.stride(), *delta.stride(),
+        BLOCK=ROWS, num_warps=4, num_stages=1,
+    )  # fmt: skip
     return dsinks
