@@ -373,6 +373,54 @@ def fp8_forward_table(result: dict) -> list[str]:
     return lines
 
 
+def _ms(row: dict | None) -> str:
+    return f"{row['ms']:.3f}" if _ok(row) else short_reason(row)
+
+
+def _speed(base: dict | None, row: dict | None) -> str:
+    """How much faster ``row`` runs than ``base``, same run: base time / row time, as ×1.23."""
+    return f"×{base['ms'] / row['ms']:.2f}" if _ok(row) and _ok(base) else "—"
+
+
+def sinks_table(result: dict) -> list[str]:
+    """A sink per head: flashtile with it against itself without, Flex plus the lse rescale, and eager."""
+    lines = [
+        _line(["case", "pass", "with sinks ms", "speed vs no sink", "vs Flex + rescale", "vs eager", "no sink ms",
+               "Flex + rescale ms", "eager ms", "no sink: flashtile vs Flex", "Flex ms"]),  # fmt: skip
+        _line(["---"] * 11),
+    ]
+    cases: dict = {}  # (case, pass) -> {(provider, sinks): row}
+    for r in result["rows"]:
+        cases.setdefault((r["case"], r["pass"]), {})[r["provider"], r["sinks"]] = r
+    for (case, pass_), by in cases.items():
+        ours, plain = by.get(("flashtile", True)), by.get(("flashtile", False))
+        flex, eager, flex_plain = by.get(("flex", True)), by.get(("naive", True)), by.get(("flex", False))
+        lines.append(_line([case, pass_, _ms(ours), _speed(plain, ours), _speed(flex, ours), _speed(eager, ours),
+                            _ms(plain), _ms(flex), _ms(eager), _speed(flex_plain, plain),
+                            _ms(flex_plain)]))  # fmt: skip
+    return lines + failures(result["rows"])
+
+
+HEAD_DIM_SDPA = {"sdpa_cudnn": "cuDNN", "sdpa_flash": "flash", "sdpa_efficient": "efficient"}
+
+
+def head_dims_table(result: dict) -> list[str]:
+    """d_v below d_qk: flashtile against v padded to d_qk and against the fastest SDPA backend that ran."""
+    lines = [
+        _line(["case", "pass", "flashtile ms", "vs padded", "vs fastest SDPA", "padded ms", "fastest SDPA ms",
+               *(f"{name} ms" for name in HEAD_DIM_SDPA.values())]),  # fmt: skip
+        _line(["---"] * (7 + len(HEAD_DIM_SDPA))),
+    ]
+    for (case, pass_), by in _group(result["rows"], lambda r: (r["case"], r["pass"])).items():
+        ours, pad = by.get("flashtile"), by.get("flashtile_padded")
+        ran = [by[p] for p in HEAD_DIM_SDPA if _ok(by.get(p))]
+        best = min(ran, key=lambda r: r["ms"]) if ran else None
+        best_cell = f"{best['ms']:.3f} ({HEAD_DIM_SDPA[best['provider']]})" if best else "none ran"
+        lines.append(_line([case, pass_, _ms(ours), _speed(pad, ours), _speed(best, ours), _ms(pad), best_cell,
+                            *(_ms(by.get(p)) for p in HEAD_DIM_SDPA)]))  # fmt: skip
+    return lines + failures(result["rows"])
+
+
 # name in the page marker -> (JSON file, renderer, the command that measures it)
 TABLES = {
     "forward": ("forward.json", forward_table, "python -m flashtile.bench forward --set main"),
@@ -392,6 +440,8 @@ TABLES = {
     "train-step": ("train_step.json", train_step_table, "python -m flashtile.bench.train_step"),
     "train-step-padded": ("train_step_padded.json", train_step_table, "python -m flashtile.bench.train_step --padded"),
     "masks": ("masks.json", masks_table, "python -m flashtile.bench masks"),
+    "sinks": ("sinks.json", sinks_table, "python -m flashtile.bench sinks"),
+    "head-dims": ("head-dims.json", head_dims_table, "python -m flashtile.bench head_dims"),
     "forward-fp8": ("forward-fp8.json", fp8_forward_table,
                     "python -m flashtile.bench forward --set main --providers flashtile,flashtile_fp8,sdpa_cudnn"),
 }

@@ -30,11 +30,15 @@ def test_page_tables_equal_their_json(page: Path):
         )
 
 
+H100_TABLES = ("sinks", "head-dims")  # measured on an H100, the one card lent for them
+
+
 @pytest.mark.parametrize("name", sorted(n for n in render_tables.TABLES if render_tables.measured(n)))
 def test_results_carry_provenance_and_every_provider(name):
     result = load_result(render_tables.TABLES[name][0])
     meta = result["provenance"]
-    assert "H200" in meta["gpu"] and meta["commit"] not in ("", "unknown")
+    card = ("H100", "H200") if name in H100_TABLES else ("H200",)  # the page names the card of each table
+    assert any(c in meta["gpu"] for c in card) and meta["commit"] not in ("", "unknown")
     for key in ("torch", "triton", "cuda", "date_utc", "method"):
         assert meta[key]
     providers = {row["provider"] for row in result["rows"]}
@@ -53,6 +57,12 @@ def test_results_carry_provenance_and_every_provider(name):
     elif name == "forward-fp8":  # FP8 beside flashtile's bf16 forward and cuDNN, no other provider
         assert providers == {"flashtile", "flashtile_fp8", "sdpa_cudnn"}
         assert {row["dtype"] for row in result["rows"] if row["provider"] == "flashtile_fp8"} == {"fp8_e4m3"}
+    elif name == "sinks":  # flashtile with and without sinks, Flex with and without the rescale, eager with sinks
+        assert {(r["provider"], r["sinks"]) for r in result["rows"]} == {
+            ("flashtile", True), ("flashtile", False), ("flex", True), ("flex", False), ("naive", True)}
+    elif name == "head-dims":  # flashtile, the padded call and SDPA's three backends, every row with its D_v
+        assert providers >= {"flashtile", "flashtile_padded", "sdpa_cudnn", "sdpa_flash", "sdpa_efficient"}
+        assert all(r["D_v"] < r["D"] for r in result["rows"])
     elif name in ("overhead", "overhead-decode", "train-step", "train-step-padded"):
         assert providers >= {"flashtile", "sdpa"}
     elif name.startswith("backward"):

@@ -5,7 +5,20 @@ from __future__ import annotations
 
 import sys
 
-from . import backward, decode, forward, head_dims, ladder, masks, overhead, ring, ring_parts, sinks, softmax, train_step
+from . import (
+    backward,
+    decode,
+    forward,
+    head_dims,
+    ladder,
+    masks,
+    overhead,
+    ring,
+    ring_parts,
+    sinks,
+    softmax,
+    train_step,
+)
 
 TABLES = {
     "forward": forward,

@@ -15,7 +15,8 @@ from __future__ import annotations
 import statistics
 import sys
 import warnings
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
@@ -81,7 +82,6 @@ def one_round(name: str, c: Contender, do, dtype: str, s: Outcome, first: bool) 
             o.backward(do, retain_graph=True)
             grads = {n: x.grad.float() for n, x in zip(c.names, leaves)}
         bwd = median_ms(lambda: o.backward(do, retain_graph=True), grad_to_none=leaves)
-        del o, leaves
     return Outcome(s.forward_ms + [fwd], s.backward_ms + [bwd], err, grads, None)
 
 
