@@ -46,7 +46,7 @@ import numbers
 import torch
 from torch._functorch.utils import unwrap_dead_wrappers
 
-from ._checks import check_sink_values, check_window, resolve_neg_bits
+from ._checks import check_sink_values, resolve_neg_bits
 from ._dispatch.dense import (
     AttentionCall,
     attention_bwd,
@@ -201,9 +201,6 @@ def attention(
     # the default, 0.0, passes on this one comparison
     if dropout_p.__class__ is not float or dropout_p != 0.0:
         check_no_dropout(dropout_p)
-    # the window's own error before any other: its checks read no tensor
-    if window is not None:
-        check_window(window)
     if compiling:  # traced once: no table of plans inside the graph
         call = check_attention_call(query, key, value, is_causal=is_causal, scale=scale,
                                     enable_gqa=enable_gqa, alignment=alignment,
