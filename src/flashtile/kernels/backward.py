@@ -167,75 +167,99 @@ def load_masked(ptrs, row_ok, col_ok, MASK_ROWS: tl.constexpr, MASK_COLS: tl.con
 # --8<-- [start:dkdv]
 @triton.jit
 def dkdv_query_tiles(
-    dk, dv, k, v, Q, DO, M, L, DELTA, DQ_ACC, q_offsets, do_offsets, acc_offsets, rows0, cols, cols_v, keys,
-    stride_qt, stride_dot, first, end, jump_at, jump_by, Tq, Tk, offset, scale, qk_scale, b, h,
+    dk, dv, k, v, Q, DO, M, L, DELTA, DQ_ACC,
+    q_offsets, do_offsets, acc_offsets, rows0, cols, cols_v, keys,
+    stride_qt, stride_dot, first, end, jump_at, jump_by,
+    Tq, Tk, offset, scale, qk_scale, b, h,
     band_lo, band_hi, unit, softcap,
-    BLOCK_Q: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V: tl.constexpr,
-    HEAD_DIM_V_PAD: tl.constexpr, MASKED: tl.constexpr,
-    CAUSAL: tl.constexpr, SIGN: tl.constexpr, DOT_PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr,
-    INTERPRETED: tl.constexpr, USE_TMA: tl.constexpr, BAND: tl.constexpr = False, SOFTCAP: tl.constexpr = False,
+    BLOCK_Q: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+    HEAD_DIM_V: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr, MASKED: tl.constexpr,
+    CAUSAL: tl.constexpr, SIGN: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    ATOMIC_DQ: tl.constexpr, INTERPRETED: tl.constexpr, USE_TMA: tl.constexpr,
+    BAND: tl.constexpr = False, SOFTCAP: tl.constexpr = False,
     DQ_REDUCE: tl.constexpr = False,
 ):  # fmt: skip
-    """Fold query tiles t = first .. end - 1 of one head into (dk, dv), on transposed tiles; a t from
-    jump_at on stands for tile t + jump_by, so one loop can walk two separate runs of tiles.
+    """Fold query tiles t = first .. end - 1 of one head into (dk, dv), on transposed
+    tiles; a t from jump_at on stands for tile t + jump_by, so one loop can walk two
+    separate runs of tiles.
 
-    Every (BLOCK_K, BLOCK_Q) tile here is the transpose of the forward's: uT = K Q^T, pT, dpT, dsT.
-    Then dV = P^T dO and dK = dS^T Q are plain products, and Q arrives as qT, a (HEAD_DIM_PAD,
-    BLOCK_Q) load through transposed pointers; no register tile is ever transposed. MASKED is a
-    compile-time switch: the tiles on the causal diagonal or past Tq or Tk pay for the mask, the
-    interior tiles load and compute without one.
+    Every (BLOCK_K, BLOCK_Q) tile here is the transpose of the forward's: uT = K Q^T,
+    pT, dpT, dsT. Then dV = P^T dO and dK = dS^T Q are plain products, and Q arrives
+    as qT, a (HEAD_DIM_PAD, BLOCK_Q) load through transposed pointers; no register
+    tile is ever transposed. MASKED is a compile-time switch: the tiles on the causal
+    diagonal or past Tq or Tk pay for the mask, the interior tiles load and compute
+    without one.
 
-    With USE_TMA, Q and DO are tensor descriptors of the whole (B, H, Tq, D) and (B, H, Tq, d_v) tensors
-    and the copy engine fetches each (BLOCK_Q, HEAD_DIM_PAD) or (BLOCK_Q, HEAD_DIM_V_PAD) tile by its
-    coordinates (b, h, q_start, 0), with zeros past Tq and the head dim: no tile of pointers is computed or
-    kept in registers, and no load needs a mask. cols are the columns of q and k (d_qk), cols_v those of
+    With USE_TMA, Q and DO are tensor descriptors of the whole (B, H, Tq, D) and
+    (B, H, Tq, d_v) tensors and the copy engine fetches each (BLOCK_Q, HEAD_DIM_PAD) or
+    (BLOCK_Q, HEAD_DIM_V_PAD) tile by its coordinates (b, h, q_start, 0), with zeros
+    past Tq and the head dim: no tile of pointers is computed or kept in registers,
+    and no load needs a mask. cols are the columns of q and k (d_qk), cols_v those of
     v and dO (d_v).
 
-    BAND masks with the window's band instead of the causal bound (``visible``); SOFTCAP rebuilds P from
-    the capped scores, as the forward did, and multiplies dS by the cap's derivative 1 - tanh^2.
+    BAND masks with the window's band instead of the causal bound (``visible``);
+    SOFTCAP rebuilds P from the capped scores, as the forward did, and multiplies dS by
+    the cap's derivative 1 - tanh^2.
     """
     for t in range(first, end):
         q_index = tl.where(t < jump_at, t, t + jump_by)
         q_start = q_index * BLOCK_Q
         rows = q_start + rows0
         if USE_TMA:
-            qT = tl.trans(Q.load([b, h, q_start, 0]).reshape(BLOCK_Q, HEAD_DIM_PAD))  # a view of the tile
+            # a view of the tile
+            qT = tl.trans(Q.load([b, h, q_start, 0]).reshape(BLOCK_Q, HEAD_DIM_PAD))
             do = DO.load([b, h, q_start, 0]).reshape(BLOCK_Q, HEAD_DIM_V_PAD)
         else:
-            qT = load_masked(Q + q_start.to(tl.int64) * stride_qt + q_offsets, rows[None, :] < Tq,
-                             cols[:, None] < HEAD_DIM, MASKED, HEAD_DIM != HEAD_DIM_PAD)  # fmt: skip
-            do = load_masked(DO + q_start.to(tl.int64) * stride_dot + do_offsets, rows[:, None] < Tq,
-                             cols_v[None, :] < HEAD_DIM_V, MASKED, HEAD_DIM_V != HEAD_DIM_V_PAD)  # fmt: skip
+            q_at = Q + q_start.to(tl.int64) * stride_qt + q_offsets
+            qT = load_masked(q_at, rows[None, :] < Tq, cols[:, None] < HEAD_DIM,
+                             MASKED, HEAD_DIM != HEAD_DIM_PAD)  # fmt: skip
+            do_at = DO + q_start.to(tl.int64) * stride_dot + do_offsets
+            do = load_masked(do_at, rows[:, None] < Tq, cols_v[None, :] < HEAD_DIM_V,
+                             MASKED, HEAD_DIM_V != HEAD_DIM_V_PAD)  # fmt: skip
         qT = apply_sign(qT, SIGN)  # sign(τ) · q, as in the forward
         m, log2_l, delta = load_row_terms(M, L, DELTA, rows, Tq, MASKED)
-        lhs, rhs = k, qT  # uT = K Q^T: the forward's raw dots, transposed; the same sums on the GPU
-        if INTERPRETED:  # numpy's matmul rounds k·q and q·k differently: multiply as the forward did
+        # uT = K Q^T: the forward's raw dots, transposed; the same sums on the GPU
+        lhs, rhs = k, qT
+        # numpy's matmul rounds k·q and q·k differently: multiply as the forward did
+        if INTERPRETED:
             lhs, rhs = tl.trans(qT), tl.trans(k)
         uT = tl.dot(lhs, rhs, input_precision=DOT_PRECISION)
         if INTERPRETED:
             uT = tl.trans(uT)
         if SOFTCAP:  # the forward's capped scores, natural units (qk_scale = log2 e)
             uT, tT = soft_cap(uT, unit, softcap)
-        pT = p_from_raw_dots(uT, m[None, :], log2_l[None, :], qk_scale)  # never stored
+        # never stored
+        pT = p_from_raw_dots(uT, m[None, :], log2_l[None, :], qk_scale)
         if MASKED:
-            keep = visible(rows[None, :], keys[:, None], Tq, Tk, offset, band_lo, band_hi, CAUSAL, BAND)
+            keep = visible(rows[None, :], keys[:, None], Tq, Tk, offset,
+                           band_lo, band_hi, CAUSAL, BAND)  # fmt: skip
             pT = tl.where(keep, pT, 0.0)
         dv += tl.dot(pT.to(do.dtype), do, input_precision=DOT_PRECISION)
-        if SOFTCAP:  # through the cap, d s / d x = 1 - tanh^2(x / softcap), folded into P now that dV has it:
-            pT = pT * (1.0 - tT * tT)  # tT dies here, one tile fewer held across the next matmul
-        dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)  # trans of a loaded tile: a view
+        # through the cap, d s / d x = 1 - tanh^2(x / softcap), folded into P now
+        # that dV has it: tT dies here, one tile fewer held across the next matmul
+        if SOFTCAP:
+            pT = pT * (1.0 - tT * tT)
+        # trans of a loaded tile: a view
+        dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
         dsT = pT * (dpT - delta[None, :])
         if MASKED:
             dsT = tl.where(keep, dsT, 0.0)  # a hidden pair: 0, even if its row is NaN
         dk += tl.dot(dsT.to(qT.dtype), tl.trans(qT), input_precision=DOT_PRECISION)
-        if ATOMIC_DQ:  # this key tile's share of dQ = τ dS K; other key tiles add theirs concurrently
-            dq_share = tl.dot(tl.trans(dsT.to(k.dtype)), k, input_precision=DOT_PRECISION) * scale
-            if DQ_REDUCE:  # DQ_ACC is a descriptor: the copy engine adds the whole tile (rows past Tq dropped)
-                DQ_ACC.atomic_add([b, h, q_start, 0], dq_share.reshape(1, 1, BLOCK_Q, HEAD_DIM_PAD))
+        # this key tile's share of dQ = τ dS K; other key tiles add theirs concurrently
+        if ATOMIC_DQ:
+            dq_share = tl.dot(tl.trans(dsT.to(k.dtype)), k,
+                              input_precision=DOT_PRECISION) * scale  # fmt: skip
+            # DQ_ACC is a descriptor: the copy engine adds the whole tile (rows past
+            # Tq dropped)
+            if DQ_REDUCE:
+                tile = dq_share.reshape(1, 1, BLOCK_Q, HEAD_DIM_PAD)
+                DQ_ACC.atomic_add([b, h, q_start, 0], tile)
             else:
                 dq_ptrs = DQ_ACC + q_start.to(tl.int64) * HEAD_DIM_PAD + acc_offsets
-                if MASKED:  # the buffer is HEAD_DIM_PAD wide: only rows past Tq are out of range
-                    tl.atomic_add(dq_ptrs, dq_share, mask=rows[:, None] < Tq, sem="relaxed")
+                # the buffer is HEAD_DIM_PAD wide: only rows past Tq are out of range
+                if MASKED:
+                    tl.atomic_add(dq_ptrs, dq_share, mask=rows[:, None] < Tq,
+                                  sem="relaxed")  # fmt: skip
                 else:
                     tl.atomic_add(dq_ptrs, dq_share, sem="relaxed")
     return dk, dv
@@ -250,37 +274,50 @@ def backward_dkdv_kernel(
     stride_dob, stride_doh, stride_dot, stride_dod,
     stride_dkb, stride_dkh, stride_dkt, stride_dkd,
     stride_dvb, stride_dvh, stride_dvt, stride_dvd,
-    H, H_kv, Tq, Tk, n_rows, unit, scale, qk_scale, offset, chunk, band_lo, band_hi, softcap,
-    CAUSAL: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, HEAD_DIM: tl.constexpr,
-    HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr, SIGN: tl.constexpr,
+    H, H_kv, Tq, Tk, n_rows, unit, scale, qk_scale, offset, chunk,
+    band_lo, band_hi, softcap,
+    CAUSAL: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+    HEAD_DIM_V_PAD: tl.constexpr, SIGN: tl.constexpr,
     DOT_PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr,
     WIDE: tl.constexpr, INTERPRETED: tl.constexpr, USE_TMA: tl.constexpr,
-    SPLIT: tl.constexpr, HEAVIEST_FIRST: tl.constexpr, BAND: tl.constexpr, SOFTCAP: tl.constexpr,
-    CU_Q=None, CU_K=None, ORDER=None, VARLEN: tl.constexpr = False, DQ_REDUCE: tl.constexpr = False,
+    SPLIT: tl.constexpr, HEAVIEST_FIRST: tl.constexpr, BAND: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+    CU_Q=None, CU_K=None, ORDER=None, VARLEN: tl.constexpr = False,
+    DQ_REDUCE: tl.constexpr = False,
 ):  # fmt: skip
-    """One program per (key tile, kv head, batch): dk, dv for that tile, summed over the group's heads.
-    ROWS is (3, B, H, Tq) float32, planes n_rows = B * H * Tq apart: delta, m, log2 l of every query row,
-    as the dQ kernel (or, with ATOMIC_DQ, the preprocess kernel) stored them before this kernel runs.
+    """One program per (key tile, kv head, batch): dk, dv for that tile, summed over
+    the group's heads. ROWS is (3, B, H, Tq) float32, planes n_rows = B * H * Tq apart:
+    delta, m, log2 l of every query row, as the dQ kernel (or, with ATOMIC_DQ, the
+    preprocess kernel) stored them before this kernel runs.
 
-    With SPLIT > 1 the group's query heads are shared out over SPLIT programs per (key tile, kv head):
-    program (.., kv_head * SPLIT + part, ..) sums heads part * group / SPLIT onwards, and writes its
-    partial dk, dv to plane kv_head * SPLIT + part of DK, DV, float32 buffers that the launcher then
-    sums over the parts in a fixed order. More programs for a grid too small to fill the GPU.
+    With SPLIT > 1 the group's query heads are shared out over SPLIT programs per (key
+    tile, kv head): program (.., kv_head * SPLIT + part, ..) sums heads
+    part * group / SPLIT onwards, and writes its partial dk, dv to plane
+    kv_head * SPLIT + part of DK, DV, float32 buffers that the launcher then sums over
+    the parts in a fixed order. More programs for a grid too small to fill the GPU.
 
-    With ATOMIC_DQ the same program also adds this key tile's share of dq, τ dS K, into DQ_ACC, a float32
-    (B, H, Tq, HEAD_DIM_PAD) buffer, with atomic adds: one kernel and five matmuls per tile instead of
-    seven over two kernels, at the price of a summation order that changes from run to run. With DQ_REDUCE
-    (USE_TMA on a GPU) DQ_ACC is a TMA descriptor of that buffer, and each share goes in as one bulk add
-    of the whole tile, done in L2 by the copy engine, instead of one atomic instruction per element.
+    With ATOMIC_DQ the same program also adds this key tile's share of dq, τ dS K, into
+    DQ_ACC, a float32 (B, H, Tq, HEAD_DIM_PAD) buffer, with atomic adds: one kernel and
+    five matmuls per tile instead of seven over two kernels, at the price of a
+    summation order that changes from run to run. With DQ_REDUCE (USE_TMA on a GPU)
+    DQ_ACC is a TMA descriptor of that buffer, and each share goes in as one bulk add
+    of the whole tile, done in L2 by the copy engine, instead of one atomic instruction
+    per element.
 
-    With VARLEN (packed documents) the batch axis is the document (``_jit.varlen_program``): Tq, Tk, the
-    offset and the band become the document's, the tensors start at its first token, and ROWS is
-    (3, H, total_q), n_rows = H * total_q. SPLIT is 1 and ATOMIC_DQ off there."""
+    With VARLEN (packed documents) the batch axis is the document
+    (``_jit.varlen_program``): Tq, Tk, the offset and the band become the document's,
+    the tensors start at its first token, and ROWS is (3, H, total_q),
+    n_rows = H * total_q. SPLIT is 1 and ATOMIC_DQ off there."""
     # under causal, key tile 0 has the most work: it launches first
-    k_index, plane, b = program_tile(chunk, HEAVY_TILE_LAST=False, HEAVIEST_FIRST=HEAVIEST_FIRST)
-    if VARLEN:  # packed documents: this program's key tile of document b, the tensors moved to its first token
+    k_index, plane, b = program_tile(chunk, HEAVY_TILE_LAST=False,
+                                     HEAVIEST_FIRST=HEAVIEST_FIRST)  # fmt: skip
+    # packed documents: this program's key tile of document b, the tensors moved
+    # to its first token
+    if VARLEN:
         k_index, q_doc, k_doc, Tq, Tk, offset, band_lo, band_hi = varlen_program(
-            CU_Q, CU_K, ORDER, b, Tq, Tk, offset, band_lo, band_hi, BLOCK_K, OWN_KEYS=True, HEAVY_TILE_LAST=False)
+            CU_Q, CU_K, ORDER, b, Tq, Tk, offset, band_lo, band_hi, BLOCK_K,
+            OWN_KEYS=True, HEAVY_TILE_LAST=False)  # fmt: skip
         if k_index < 0:
             return
         Q += q_doc.to(tl.int64) * stride_qt
@@ -291,68 +328,99 @@ def backward_dkdv_kernel(
         DV += k_doc.to(tl.int64) * stride_dvt
     k_start = k_index * BLOCK_K
     plane = plane.to(tl.int64)  # kv_head * SPLIT + part: where this program's dk, dv go
-    h_kv = plane // SPLIT  # the kv head; query heads h_kv * group + r, r < group, read it
+    h_kv = plane // SPLIT  # the kv head: query heads h_kv * group + r read it
     b = b.to(tl.int64)
     group = H // H_kv
-    first_head = (plane % SPLIT) * (group // SPLIT)  # this program's share of the group: all of it unless SPLIT
+    # this program's share of the group: all of it unless SPLIT
+    first_head = (plane % SPLIT) * (group // SPLIT)
     keys = k_start + tl.arange(0, BLOCK_K)
     rows0 = tl.arange(0, BLOCK_Q)
     cols = tl.arange(0, HEAD_DIM_PAD)  # of q, k, dq, dk: d_qk
     cols_v = tl.arange(0, HEAD_DIM_V_PAD)  # of v, do, dv: d_v
-    key_ok, col_ok, col_v_ok = keys[:, None] < Tk, cols[None, :] < HEAD_DIM, cols_v[None, :] < HEAD_DIM_V
-    k_offsets = tile_offsets(keys[:, None] - k_start, cols[None, :], stride_kt, stride_kd, WIDE)
-    v_offsets = tile_offsets(keys[:, None] - k_start, cols_v[None, :], stride_vt, stride_vd, WIDE)
-    k_tile = load_masked(K + b * stride_kb + h_kv * stride_kh + k_start.to(tl.int64) * stride_kt + k_offsets,
-                         key_ok, col_ok, True, HEAD_DIM != HEAD_DIM_PAD)  # fmt: skip
-    v_tile = load_masked(V + b * stride_vb + h_kv * stride_vh + k_start.to(tl.int64) * stride_vt + v_offsets,
-                         key_ok, col_v_ok, True, HEAD_DIM_V != HEAD_DIM_V_PAD)  # fmt: skip
-    q_offsets = tile_offsets(rows0[None, :], cols[:, None], stride_qt, stride_qd, WIDE)  # qT: (HEAD_DIM_PAD, BLOCK_Q)
-    do_offsets = tile_offsets(rows0[:, None], cols_v[None, :], stride_dot, stride_dod, WIDE)
-    acc_offsets = rows0[:, None] * HEAD_DIM_PAD + cols[None, :]  # DQ_ACC: contiguous along the head dim
-    dk = tl.zeros((BLOCK_K, HEAD_DIM_PAD), dtype=tl.float32)  # lives in registers for the whole program
+    key_ok = keys[:, None] < Tk
+    col_ok, col_v_ok = cols[None, :] < HEAD_DIM, cols_v[None, :] < HEAD_DIM_V
+    k_offsets = tile_offsets(keys[:, None] - k_start, cols[None, :],
+                             stride_kt, stride_kd, WIDE)  # fmt: skip
+    v_offsets = tile_offsets(keys[:, None] - k_start, cols_v[None, :],
+                             stride_vt, stride_vd, WIDE)  # fmt: skip
+    k_at = K + b * stride_kb + h_kv * stride_kh + k_start.to(tl.int64) * stride_kt
+    v_at = V + b * stride_vb + h_kv * stride_vh + k_start.to(tl.int64) * stride_vt
+    k_tile = load_masked(k_at + k_offsets, key_ok, col_ok, True,
+                         HEAD_DIM != HEAD_DIM_PAD)  # fmt: skip
+    v_tile = load_masked(v_at + v_offsets, key_ok, col_v_ok, True,
+                         HEAD_DIM_V != HEAD_DIM_V_PAD)  # fmt: skip
+    # qT: (HEAD_DIM_PAD, BLOCK_Q)
+    q_offsets = tile_offsets(rows0[None, :], cols[:, None], stride_qt, stride_qd, WIDE)
+    do_offsets = tile_offsets(rows0[:, None], cols_v[None, :], stride_dot, stride_dod,
+                              WIDE)  # fmt: skip
+    # DQ_ACC: contiguous along the head dim
+    acc_offsets = rows0[:, None] * HEAD_DIM_PAD + cols[None, :]
+    # lives in registers for the whole program
+    dk = tl.zeros((BLOCK_K, HEAD_DIM_PAD), dtype=tl.float32)
     dv = tl.zeros((BLOCK_K, HEAD_DIM_V_PAD), dtype=tl.float32)
-    # Query tiles [lo, mid) straddle the diagonal, [mid, hi) see every key of this tile, [hi, n) hold rows
-    # past Tq. The masked body is compiled once, for both masked runs: each copy of it costs registers.
+    # Query tiles [lo, mid) straddle the diagonal, [mid, hi) see every key of this
+    # tile, [hi, n) hold rows past Tq. The masked body is compiled once, for both
+    # masked runs: each copy of it costs registers.
     n = tl.cdiv(Tq, BLOCK_Q)
     lo = 0
     mid = 0
-    if BAND:  # a window: [lo, n) are the query tiles its band reaches, [mid, hi) the FULL ones among them
-        lo, mid, hi, n = band_query_tiles(k_start, Tq, Tk, BLOCK_Q, BLOCK_K, band_lo, band_hi)
+    # a window: [lo, n) are the query tiles its band reaches, [mid, hi) the FULL
+    # ones among them
+    if BAND:
+        lo, mid, hi, n = band_query_tiles(k_start, Tq, Tk, BLOCK_Q, BLOCK_K,
+                                          band_lo, band_hi)  # fmt: skip
     else:
-        if CAUSAL:  # from the tile of the first query that sees key k_start (step 8) to the first that sees them all
+        # from the tile of the first query that sees key k_start (step 8) to the
+        # first that sees them all
+        if CAUSAL:
             lo = tl.minimum(first_query_row(k_start, offset) // BLOCK_Q, n)
-            mid = tl.minimum(tl.cdiv(first_query_row(k_start + BLOCK_K - 1, offset), BLOCK_Q), n)
-        mid = tl.where(k_start + BLOCK_K > Tk, n, mid)  # a ragged key tile masks its padding keys everywhere
+            last = first_query_row(k_start + BLOCK_K - 1, offset)
+            mid = tl.minimum(tl.cdiv(last, BLOCK_Q), n)
+        # a ragged key tile masks its padding keys everywhere
+        mid = tl.where(k_start + BLOCK_K > Tk, n, mid)
         hi = tl.maximum(mid, Tq // BLOCK_Q)
-    for r in range(first_head, first_head + group // SPLIT):  # in a fixed order: no atomics
+    # in a fixed order: no atomics
+    for r in range(first_head, first_head + group // SPLIT):
         h = h_kv * group + r
-        if USE_TMA:  # descriptors: tiles are addressed by coordinates inside dkdv_query_tiles
+        # descriptors: tiles are addressed by coordinates inside dkdv_query_tiles
+        if USE_TMA:
             q_ptr, do_ptr = Q, DO
         else:
             q_ptr = Q + b * stride_qb + h * stride_qh
             do_ptr = DO + b * stride_dob + h * stride_doh
-        row_base = (b * H + h) * Tq  # each plane of ROWS is (B, H, Tq), contiguous; DQ_ACC is (B, H, Tq, pad)
+        # each plane of ROWS is (B, H, Tq), contiguous; DQ_ACC is (B, H, Tq, pad)
+        row_base = (b * H + h) * Tq
         if VARLEN:  # ROWS planes are (H, total_q): the document's rows from q_doc on
             row_base = h * (n_rows // H) + q_doc
-        delta_ptr, m_ptr, l_ptr = ROWS + row_base, ROWS + n_rows + row_base, ROWS + 2 * n_rows + row_base
-        acc_ptr = DQ_ACC if DQ_REDUCE else DQ_ACC + row_base * HEAD_DIM_PAD  # a descriptor: tiles by coordinates
+        delta_ptr = ROWS + row_base
+        m_ptr = ROWS + n_rows + row_base
+        l_ptr = ROWS + 2 * n_rows + row_base
+        # a descriptor: tiles by coordinates
+        acc_ptr = DQ_ACC if DQ_REDUCE else DQ_ACC + row_base * HEAD_DIM_PAD
         dk, dv = dkdv_query_tiles(  # the interior, unmasked
-            dk, dv, k_tile, v_tile, q_ptr, do_ptr, m_ptr, l_ptr, delta_ptr, acc_ptr, q_offsets, do_offsets,
-            acc_offsets, rows0, cols, cols_v, keys, stride_qt, stride_dot, mid, hi, hi, 0, Tq, Tk, offset,
-            scale, qk_scale, b.to(tl.int32), h.to(tl.int32), band_lo, band_hi, unit, softcap, BLOCK_Q, HEAD_DIM,
-            HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, False, CAUSAL, SIGN, DOT_PRECISION, ATOMIC_DQ, INTERPRETED,
-            USE_TMA, BAND, SOFTCAP, DQ_REDUCE,
+            dk, dv, k_tile, v_tile, q_ptr, do_ptr, m_ptr, l_ptr, delta_ptr, acc_ptr,
+            q_offsets, do_offsets, acc_offsets, rows0, cols, cols_v, keys,
+            stride_qt, stride_dot, mid, hi, hi, 0, Tq, Tk, offset,
+            scale, qk_scale, b.to(tl.int32), h.to(tl.int32),
+            band_lo, band_hi, unit, softcap, BLOCK_Q, HEAD_DIM,
+            HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, False, CAUSAL, SIGN,
+            DOT_PRECISION, ATOMIC_DQ, INTERPRETED, USE_TMA, BAND, SOFTCAP, DQ_REDUCE,
         )  # fmt: skip
-        dk, dv = dkdv_query_tiles(  # one masked loop: the band [lo, mid), then the tail [hi, n)
-            dk, dv, k_tile, v_tile, q_ptr, do_ptr, m_ptr, l_ptr, delta_ptr, acc_ptr, q_offsets, do_offsets,
-            acc_offsets, rows0, cols, cols_v, keys, stride_qt, stride_dot, lo, mid + n - hi, mid, hi - mid, Tq, Tk,
-            offset, scale, qk_scale, b.to(tl.int32), h.to(tl.int32), band_lo, band_hi, unit, softcap, BLOCK_Q, HEAD_DIM,
-            HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, True, CAUSAL, SIGN, DOT_PRECISION, ATOMIC_DQ, INTERPRETED,
-            USE_TMA, BAND, SOFTCAP, DQ_REDUCE,
+        # one masked loop: the band [lo, mid), then the tail [hi, n)
+        dk, dv = dkdv_query_tiles(
+            dk, dv, k_tile, v_tile, q_ptr, do_ptr, m_ptr, l_ptr, delta_ptr, acc_ptr,
+            q_offsets, do_offsets, acc_offsets, rows0, cols, cols_v, keys,
+            stride_qt, stride_dot, lo, mid + n - hi, mid, hi - mid, Tq, Tk, offset,
+            scale, qk_scale, b.to(tl.int32), h.to(tl.int32),
+            band_lo, band_hi, unit, softcap, BLOCK_Q, HEAD_DIM,
+            HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, True, CAUSAL, SIGN,
+            DOT_PRECISION, ATOMIC_DQ, INTERPRETED, USE_TMA, BAND, SOFTCAP, DQ_REDUCE,
         )  # fmt: skip
     dk = dk * unit  # S = τ Q K^T = unit (sign Q) K^T, so dK = unit * dS^T (sign Q)
-    store_tile(DK + b * stride_dkb + plane * stride_dkh, stride_dkt, stride_dkd, keys, cols, Tk, HEAD_DIM, dk)
-    store_tile(DV + b * stride_dvb + plane * stride_dvh, stride_dvt, stride_dvd, keys, cols_v, Tk, HEAD_DIM_V, dv)
+    dk_at = DK + b * stride_dkb + plane * stride_dkh
+    dv_at = DV + b * stride_dvb + plane * stride_dvh
+    store_tile(dk_at, stride_dkt, stride_dkd, keys, cols, Tk, HEAD_DIM, dk)
+    store_tile(dv_at, stride_dvt, stride_dvd, keys, cols_v, Tk, HEAD_DIM_V, dv)
 # --8<-- [end:dkdv]
 
 
