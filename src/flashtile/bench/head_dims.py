@@ -24,14 +24,13 @@ so that a row's TFLOP/s compares the same work.
 
 from __future__ import annotations
 
-import argparse
 import math
 
 import torch
 
-from .common import RESULTS, save_result
+from .common import RESULTS
 from .providers import _sdpa, make_inputs
-from .rounds import Contender, median_or_none, relative_grad_difference, run_rounds
+from .rounds import Contender, main_for, outcome_rows, run_rounds
 from .shapes import describe, shape
 
 HEADS = 16
@@ -43,7 +42,6 @@ CASES = {  # name -> (B, T, d_qk, d_v)
 }
 SDPA = {"sdpa_cudnn": "CUDNN_ATTENTION", "sdpa_flash": "FLASH_ATTENTION", "sdpa_efficient": "EFFICIENT_ATTENTION"}
 ROUNDS = 3
-GRAD_RTOL = 0.05  # ||g - g_flashtile|| / ||g_flashtile|| allowed between two bf16 implementations
 METHOD = (
     "triton.testing.do_bench median (warmup 50 ms, rep 200 ms) per round, median of the rounds, providers "
     "taking turns each round; forward under no_grad, backward alone (o.backward(do, retain_graph=True)); "
@@ -110,39 +108,15 @@ def measure_case(name: str, rounds: int = ROUNDS, device="cuda") -> list[dict]:
     q, k, _ = make_inputs(s, device)
     v = make_inputs(dict(s, D=d_v), device, seed=1)[2]
     do = torch.randn(B, T, HEADS, d_v, device=q.device, dtype=q.dtype).transpose(1, 2)
-    outcomes = run_rounds(contenders(q, k, v), do, "bf16", rounds=rounds, label=f"{name} {describe(s)}")
+    cs = contenders(q, k, v)
+    outcomes = run_rounds(cs, do, "bf16", rounds=rounds, label=f"{name} {describe(s)}")
     flops = 2 * B * HEADS * T * T * (d_qk + d_v) * 0.5
-    ours, rows = outcomes["flashtile"].grads, []
-    for key, out in outcomes.items():
-        for which, times, factor in (("forward", out.forward_ms, 1.0), ("backward", out.backward_ms, 2.5)):
-            row = {"pass": which, **s, "D_v": d_v, "provider": key, "mask": "causal", "case": name}
-            ms = median_or_none(times)
-            if ms is None:
-                rows.append(dict(row, ms=None, tflops=None, error=out.error))
-                continue
-            tflops = round(flops * factor / (ms * 1e-3) / 1e12, 1)
-            row.update(ms=round(ms, 4), tflops=tflops, rounds_ms=[round(t, 4) for t in times])
-            if which == "forward":
-                row["max_abs_err_vs_fp32"] = round(out.max_abs_err_vs_fp32, 5)
-            elif key != "flashtile":
-                diff = relative_grad_difference(out.grads, ours)
-                assert diff < GRAD_RTOL, f"{key}'s gradients differ from flashtile's by {diff:.3g} (relative) on {name}"
-                row["max_rel_grad_diff_vs_flashtile"] = round(diff, 5)
-            rows.append(row)
-    return rows
+    base = {**s, "D_v": d_v, "mask": "causal", "case": name}
+    return outcome_rows(outcomes, cs, base, flops, ours="flashtile", compared=set(cs) - {"flashtile"})
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m flashtile.bench head_dims", description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=str(RESULTS / "head-dims.json"))
-    parser.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
-    parser.add_argument("--rounds", type=int, default=ROUNDS)
-    args = parser.parse_args(argv)
-    rows = []
-    for name in args.cases:
-        rows += measure_case(name, args.rounds)
-        torch.cuda.empty_cache()
-    save_result(args.out, rows, METHOD, cases={n: CASES[n] for n in args.cases})
+    main_for("head_dims", __doc__, CASES, measure_case, RESULTS / "head-dims.json", ROUNDS, METHOD, argv)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ compile error) gets rows that say why; one of flashtile's that fails is a bug, a
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import sys
 import warnings
@@ -20,7 +21,7 @@ from typing import NamedTuple
 
 import torch
 
-from .common import median_ms
+from .common import median_ms, save_result
 from .forward import error_reason, free_memory
 from .providers import check_output
 
@@ -95,3 +96,47 @@ def relative_grad_difference(a: dict, b: dict) -> float:
 
 def median_or_none(times: list) -> float | None:
     return statistics.median(times) if times else None
+
+
+GRAD_RTOL = 0.05  # ||g - g_ours|| / ||g_ours|| allowed between two bf16 implementations
+
+
+def outcome_rows(outcomes: dict, contenders: dict, base: dict, flops: float, *, ours: str, compared) -> list[dict]:
+    """The schema rows of one case: forward and backward for every contender (``base``, the case's shape and
+    fields, then the contender's own), TFLOP/s from ``flops`` (x2.5 backward), the rounds' times, the forward's
+    error, and for the contenders in ``compared`` their gradients against contender ``ours``'s (asserted
+    within ``GRAD_RTOL``)."""
+    rows, reference = [], outcomes[ours].grads
+    for key, c in contenders.items():
+        out = outcomes[key]
+        for which, times, factor in (("forward", out.forward_ms, 1.0), ("backward", out.backward_ms, 2.5)):
+            row = {"pass": which, **base, **c.fields}
+            ms = median_or_none(times)
+            if ms is None:
+                rows.append(dict(row, ms=None, tflops=None, error=out.error))
+                continue
+            tflops = round(flops * factor / (ms * 1e-3) / 1e12, 1)
+            row.update(ms=round(ms, 4), tflops=tflops, rounds_ms=[round(t, 4) for t in times])
+            if which == "forward":
+                row["max_abs_err_vs_fp32"] = round(out.max_abs_err_vs_fp32, 5)
+            elif key in compared:
+                diff = relative_grad_difference(out.grads, reference)
+                assert diff < GRAD_RTOL, f"{key}'s gradients differ from {ours}'s by {diff:.3g} (relative)"
+                row["max_rel_grad_diff_vs_flashtile"] = round(diff, 5)
+            rows.append(row)
+    return rows
+
+
+def main_for(table: str, doc: str, cases: dict, measure_case, default_out, rounds: int, method: str, argv) -> None:
+    """``python -m flashtile.bench <table>``: every case of ``cases`` (or ``--cases``), ``--rounds`` rounds,
+    the rows saved to ``--out`` (``default_out``) with ``method`` in the provenance."""
+    parser = argparse.ArgumentParser(prog=f"python -m flashtile.bench {table}", description=doc.splitlines()[0])
+    parser.add_argument("--out", default=str(default_out))
+    parser.add_argument("--cases", nargs="+", choices=list(cases), default=list(cases))
+    parser.add_argument("--rounds", type=int, default=rounds)
+    args = parser.parse_args(argv)
+    rows = []
+    for name in args.cases:
+        rows += measure_case(name, args.rounds)
+        torch.cuda.empty_cache()
+    save_result(args.out, rows, method, cases={n: cases[n] for n in args.cases})

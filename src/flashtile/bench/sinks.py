@@ -28,15 +28,14 @@ the band keeps (``reference.masks.window_attention_flops``), x2.5 for a backward
 
 from __future__ import annotations
 
-import argparse
 import math
 
 import torch
 
 from ..reference.masks import window_attention_flops
-from .common import RESULTS, save_result
+from .common import RESULTS
 from .providers import make_inputs
-from .rounds import Contender, median_or_none, relative_grad_difference, run_rounds
+from .rounds import Contender, main_for, outcome_rows, run_rounds
 from .shapes import describe, shape
 
 HEADS, KV_HEADS, HEAD_DIM = 64, 8, 64  # gpt-oss's attention
@@ -47,7 +46,6 @@ CASES = {  # name -> (B, T, window): 16,384 tokens in each
     "4k-window": (4, 4096, (127, 0)),  # the sliding layers: 128 keys, the query's own included
 }
 ROUNDS = 3
-GRAD_RTOL = 0.05  # ||g - g_flashtile|| / ||g_flashtile|| allowed between two bf16 implementations
 METHOD = (
     "triton.testing.do_bench median (warmup 50 ms, rep 200 ms) per round, median of the rounds, providers "
     "taking turns each round; forward under no_grad, backward alone (o.backward(do, retain_graph=True)); "
@@ -160,41 +158,15 @@ def measure_case(name: str, rounds: int = ROUNDS, device="cuda") -> list[dict]:
     do = torch.randn_like(q)
     mask = "causal" if window is None else f"window:{window[0]},{window[1]}"
     flops = window_attention_flops(B, HEADS, T, T, HEAD_DIM, window or (-1, 0), True)
-    rows = []
     cs = contenders(q, k, v, sinks, window)
     outcomes = run_rounds(cs, do, "bf16", rounds=rounds, label=f"{name} {describe(s)}")
-    ours = outcomes["flashtile+sinks"].grads
-    for key, c in cs.items():
-        out = outcomes[key]
-        for which, times, factor in (("forward", out.forward_ms, 1.0), ("backward", out.backward_ms, 2.5)):
-            row = {"pass": which, **s, **c.fields, "mask": mask, "case": name}
-            ms = median_or_none(times)
-            if ms is None:
-                rows.append(dict(row, ms=None, tflops=None, error=out.error))
-                continue
-            tflops = round(flops * factor / (ms * 1e-3) / 1e12, 1)
-            row.update(ms=round(ms, 4), tflops=tflops, rounds_ms=[round(t, 4) for t in times])
-            if which == "forward":
-                row["max_abs_err_vs_fp32"] = round(out.max_abs_err_vs_fp32, 5)
-            elif c.fields["sinks"] and key != "flashtile+sinks":  # the same sinks, two implementations
-                diff = relative_grad_difference(out.grads, ours)
-                assert diff < GRAD_RTOL, f"{key}'s gradients differ from flashtile's by {diff:.3g} (relative) on {name}"
-                row["max_rel_grad_diff_vs_flashtile"] = round(diff, 5)
-            rows.append(row)
-    return rows
+    # the same sinks, two implementations: Flex's rescale and eager against flashtile's
+    return outcome_rows(outcomes, cs, {**s, "mask": mask, "case": name}, flops, ours="flashtile+sinks",
+                        compared=("flex+rescale", "naive"))  # fmt: skip
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m flashtile.bench sinks", description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=str(RESULTS / "sinks.json"))
-    parser.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
-    parser.add_argument("--rounds", type=int, default=ROUNDS)
-    args = parser.parse_args(argv)
-    rows = []
-    for name in args.cases:
-        rows += measure_case(name, args.rounds)
-        torch.cuda.empty_cache()
-    save_result(args.out, rows, METHOD, cases={n: CASES[n] for n in args.cases})
+    main_for("sinks", __doc__, CASES, measure_case, RESULTS / "sinks.json", ROUNDS, METHOD, argv)
 
 
 if __name__ == "__main__":
