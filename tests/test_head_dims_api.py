@@ -162,25 +162,31 @@ def test_bad_value_shapes_get_the_same_error_on_every_tier(backend, name, change
         attention(*change(q, k, v), enable_gqa=True)
 
 
-def test_a_kept_call_with_unequal_head_dims_runs_from_its_plans_and_never_the_decode_kernels(monkeypatch):
-    """A short call (Tq <= 16, no gradient) would take the decode kernels, which the route keeps off for
-    d_v != d_qk; the second call of one layout comes from the kept call, with the first one's answer."""
+def test_a_short_call_with_unequal_head_dims_runs_on_the_decode_kernels_from_its_kept_plan(monkeypatch):
+    """A short call (Tq <= 16, no gradient) takes the decode kernels with d_v != d_qk, sinks or not: its
+    decode plan is made once and kept with the call, whose second call (new sink values) reuses it; o is
+    d_v wide in q's layout, and the answers are the float64 formula's."""
     import flashtile.kernels.decode as decode
 
-    def refuse(*args, **kwargs):
-        raise AssertionError("took the decode kernels")
-
-    monkeypatch.setattr(decode, "make_attention_decode_plan", refuse)
+    made = []
+    real_plan = decode.make_attention_decode_plan
+    monkeypatch.setattr(decode, "make_attention_decode_plan", lambda *a, **kw: made.append(1) or real_plan(*a, **kw))
     checks = []
     real = dense.check_attention_call
     monkeypatch.setattr("flashtile.api.check_attention_call", lambda *a, **kw: checks.append(1) or real(*a, **kw))
-    q, k, v, _, do = make_inputs((1, 4, 1, 3, 21), 64, 32, torch.float32, seed=6)
-    with use_backend("triton"):
-        first = attention(q, k, v, is_causal=True, alignment="lower_right", enable_gqa=True)
-        second = attention(q, k, v, is_causal=True, alignment="lower_right", enable_gqa=True)
-    assert len(checks) == 1 and torch.equal(first, second)
-    o_ref = truth(q, k, v, None, do, causal=True, alignment="lower_right")[0]
-    torch.testing.assert_close(first.double(), o_ref, rtol=0, atol=2e-6)
+    q, k, v, sinks, do = make_inputs((1, 4, 1, 3, 21), 64, 32, torch.float32, seed=6)
+    q = q.transpose(1, 2).contiguous().transpose(1, 2)  # a model's (B, H, T, D) view of (B, T, H, D)
+    for s in (None, sinks):
+        for shift in (0.0, -1.0):  # the second call: the kept call and its decode plan
+            call_sinks = None if s is None else s + shift
+            with use_backend("triton"):
+                o, lse = attention(q, k, v, is_causal=True, alignment="lower_right", enable_gqa=True,
+                                   sinks=call_sinks, return_lse=True)  # fmt: skip
+            o_ref, lse_ref, _ = truth(q, k, v, call_sinks, do, causal=True, alignment="lower_right")
+            torch.testing.assert_close(o.double(), o_ref, rtol=0, atol=2e-6)
+            torch.testing.assert_close(lse.double(), lse_ref, rtol=0, atol=2e-6)
+            assert o.shape == (1, 4, 3, 32) and o.stride() == (4 * 3 * 32, 32, 4 * 32, 1)
+    assert len(checks) == 2 and len(made) == 2  # one checked call and one decode plan each, with sinks or not
 
 
 @pytest.mark.parametrize("backend", ["reference", "triton"])

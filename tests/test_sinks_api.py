@@ -160,8 +160,11 @@ def test_torch_compile_fullgraph_with_sinks_matches_eager_with_its_gradients(bac
         o_eager, lse_eager = call(*eager_leaves)
         grads_eager = torch.autograd.grad(o_eager, eager_leaves, do)
     (graph,) = graphs
-    nodes = [n for n in graph.graph.nodes if str(n.target) == "flashtile.attention_fwd.default"]
-    assert len(nodes) == 1 and len(nodes[0].args) == 10  # the sinks are the op's last argument
+    # without a gradient, nine query rows take the decode op on the Triton tier (``decode_route``), the
+    # forward op on the reference tier; either way the sinks are the op's last argument
+    op, n_args = ("attention_decode", 9) if backend == "triton" else ("attention_fwd", 10)
+    nodes = [n for n in graph.graph.nodes if str(n.target) == f"flashtile.{op}.default"]
+    assert len(nodes) == 1 and len(nodes[0].args) == n_args and nodes[0].args[-1] is not None
     assert torch.equal(o, o_eager) and torch.equal(lse, lse_eager)
     for g, g_eager in zip(grads, grads_eager):
         assert torch.equal(g, g_eager)
@@ -287,9 +290,11 @@ def test_sinks_hold_at_scores_past_the_fused_steps_range_where_the_kernel_reruns
     torch.testing.assert_close(lse.double(), lse_ref, rtol=1e-6, atol=0)
 
 
-def test_an_eager_triton_call_with_sinks_runs_from_its_kept_plans_and_never_the_decode_kernels(monkeypatch):
-    """The kept call's kernel plans serve a call with sinks (the launcher's own plan lookup is never entered),
-    with and without a gradient; a short call stays on the forward kernel, whose start state holds the sink."""
+def test_an_eager_triton_call_with_sinks_runs_from_its_kept_plans(monkeypatch):
+    """The kept call's kernel plans serve a call with sinks (the launcher's own plan lookups are never
+    entered): with a gradient, the forward kernel's plan (its start state holds the sink) and the backward's;
+    without one, a short call (Tq <= 16) the kept decode plan, whose merge counts the sink once, and a long
+    one the forward plan. The second call of each layout brings new sink values to the same plans."""
     import flashtile.kernels.decode as decode
     import flashtile.kernels.forward as forward
 
@@ -297,8 +302,10 @@ def test_an_eager_triton_call_with_sinks_runs_from_its_kept_plans_and_never_the_
         raise AssertionError("left the kept plans")
 
     monkeypatch.setattr(forward, "forward_with_spec", refuse)
-    monkeypatch.setattr(decode, "make_attention_decode_plan", refuse)
-    for Tq in (3, 18):  # 3: the decode route's length without sinks
+    runs, plans = _counting(decode.decode_with_plan), _counting(decode.make_attention_decode_plan)
+    monkeypatch.setattr(decode, "decode_with_plan", runs)
+    monkeypatch.setattr(decode, "make_attention_decode_plan", plans)
+    for Tq in (3, 18):  # 3: the decode route's length
         q, k, v, sinks, do = make_inputs(1, 4, 2, Tq, 11, 8, dtype=torch.float32, seed=21 + Tq)
         for seed_shift in (0.0, 1.5):  # the second call: the kept call and plans, new sink values
             o, lse, grads = ours(q, k, v, sinks + seed_shift, do, "triton", is_causal=True, alignment="lower_right")
@@ -307,10 +314,24 @@ def test_an_eager_triton_call_with_sinks_runs_from_its_kept_plans_and_never_the_
             torch.testing.assert_close(lse.double(), lse_ref, rtol=0, atol=2e-6)
             for g, g_ref in zip(grads, grads_ref):
                 torch.testing.assert_close(g.double(), g_ref, rtol=0, atol=2e-5)
-            with use_backend("triton"):  # no gradient recorded: the kept forward plan alone
-                o_no_grad = attention(q, k, v, sinks=sinks + seed_shift, is_causal=True, alignment="lower_right",
-                                      enable_gqa=True)  # fmt: skip
+            before = runs.calls
+            with use_backend("triton"):  # no gradient recorded: the kept forward or decode plan alone
+                o_no_grad, lse_no_grad = attention(q, k, v, sinks=sinks + seed_shift, is_causal=True,
+                                                   alignment="lower_right", enable_gqa=True,
+                                                   return_lse=True)  # fmt: skip
+            assert runs.calls - before == (Tq <= 16)  # the decode kernels ran it, or did not
             torch.testing.assert_close(o_no_grad.double(), o_ref, rtol=0, atol=2e-6)
+            torch.testing.assert_close(lse_no_grad.double(), lse_ref, rtol=0, atol=2e-6)
+    assert plans.calls == 1  # one decode plan, made by the first short call and kept with it
+
+
+def _counting(fn):
+    def counted(*args, **kwargs):
+        counted.calls += 1
+        return fn(*args, **kwargs)
+
+    counted.calls = 0
+    return counted
 
 
 def test_sinks_values_are_read_again_after_an_in_place_write():

@@ -11,7 +11,7 @@ What runs (the dispatch):
 * CUDA tensors run the Triton kernels (``flashtile.kernels.forward`` and ``.backward``).
   Calls of Tq <= 16 query rows that autograd does not record run the split-K decode kernels
   (``flashtile.kernels.decode``) instead of the forward kernel, with every mask, the same answer and
-  the same contract (``decode_route``), unless they have sinks or a value head dim of their own.
+  the same contract (``decode_route``): sinks and a value head dim of its own included.
 * CPU tensors run the same Triton kernels through Triton's interpreter when ``TRITON_INTERPRET`` is on
   (read exactly as Triton reads it; set it before flashtile's kernel modules are imported), and the
   PyTorch reference tier (``flashtile.reference.forward`` / ``.backward``, in float32) otherwise.
@@ -143,7 +143,7 @@ def attention(
             -sum_{b,i} e^(sink - lse) D). With sinks, lse is the log of the whole
             normaliser, e^sink included, and a row that sees no key gets o = 0 and
             lse = sink. Both tiers take them (the kernels start each row from m = sink,
-            l = 1; a call with sinks never takes the decode kernels). Eager calls read
+            l = 1; the decode kernels' merge counts it once). Eager calls read
             their values (NaN and +inf are refused) once per write of the tensor
             (``_checks.check_sink_values``); under torch.compile the values are not
             read. float8 inputs refuse them.

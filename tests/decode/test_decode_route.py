@@ -111,3 +111,104 @@ def test_short_calls_refuse_bad_input_by_name_on_every_tier(backend, kwargs, err
         flashtile.attention(q, k, v)  # a good call first: its plan is kept
         with pytest.raises(error, match=match):
             flashtile.attention(q, k, v, **kwargs)
+
+
+def sink_and_wide_inputs(seed, Tq=3, Tk=45, D=16, D_v=24):
+    """q, k, v with a value head dim of its own (d_v = 24 beside d_qk = 16), four query heads on two
+    key/value heads, and (4,) sinks of either sign."""
+    gen = torch.Generator().manual_seed(seed)
+    q, k = (torch.randn(2, h, t, D, generator=gen) for h, t in ((4, Tq), (2, Tk)))
+    v = torch.randn(2, 2, Tk, D_v, generator=gen)
+    sinks = torch.tensor([1.5, -0.5, 0.0, 3.0])
+    return q, k, v, sinks
+
+
+def sink_truth(q, k, v, sinks, keep, scale, softcap=None):
+    """The float64 softmax over each row's kept keys and one more column, the head's sink, whose value is 0:
+    (o, lse). Written out here from the definition: a row that sees no key gets o = 0 and lse = its sink
+    (-inf for a sink of -inf, which is no sink: o = 0 there too, as without sinks)."""
+    q, k, v, sinks = (t.double() for t in (q, k, v, sinks))
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    s = scale * q @ k.transpose(-1, -2)
+    if softcap is not None:
+        s = softcap * torch.tanh(s / softcap)
+    s = s.masked_fill(~keep, float("-inf"))
+    sink_column = sinks.view(1, -1, 1, 1).expand(*s.shape[:3], 1)
+    lse = torch.logsumexp(torch.cat([s, sink_column], dim=-1), dim=-1)
+    p = torch.exp(s - lse[..., None]).nan_to_num(nan=0.0)  # nan only where lse = -inf: no key, no sink
+    return p @ v, lse
+
+
+@pytest.mark.parametrize("window,softcap", [(None, None), ((9, 0), 2.0)])
+def test_the_route_takes_sinks_and_a_value_head_dim_as_decode_attention_does(window, softcap):
+    """With sinks and d_v != d_qk the route is still the decode kernels: decode_attention's answer bit for bit,
+    and the float64 formula's, o d_v wide."""
+    q, k, v, sinks = sink_and_wide_inputs(seed=5)
+    call = check_attention_call(q, k, v, is_causal=True, scale=None, enable_gqa=True, alignment="lower_right",
+                                return_lse=True, window=window, softcap=softcap, sinks=sinks)  # fmt: skip
+    assert decode_route(q, k, v, call, "triton", sinks)
+    o, lse = flashtile.attention(q, k, v, is_causal=True, alignment="lower_right", enable_gqa=True,
+                                 return_lse=True, window=window, softcap=softcap, sinks=sinks)  # fmt: skip
+    o_decode, lse_decode = flashtile.decode_attention(q, k, v, window=window, softcap=softcap, sinks=sinks,
+                                                      return_lse=True)  # fmt: skip
+    assert o.shape == (2, 4, 3, 24)
+    assert torch.equal(o, o_decode) and torch.equal(lse, lse_decode)
+    keep = definition_mask(3, 45, window, True, "lower_right")
+    o_true, lse_true = sink_truth(q, k, v, sinks, keep, 16**-0.5, softcap)
+    assert_close_to_truth(o, o_true, "o", rtol=2e-5, atol=2e-5)
+    assert_close_to_truth(lse, lse_true, "lse", rtol=2e-5, atol=2e-5)
+
+
+def test_rows_that_see_no_key_get_zero_and_their_sink_on_the_route():
+    """Upper-left causal with Tq > Tk: rows past the last key see none, and with a sink their o is 0 and their
+    lse is the sink (not NaN, not -inf); a sink of -inf there gives lse -inf, as no sink does."""
+    q, k, v, _ = sink_and_wide_inputs(seed=6, Tq=6, Tk=4)
+    sinks = torch.tensor([0.5, float("-inf"), -2.0, 1.0])
+    o, lse = flashtile.attention(q, k, v, is_causal=True, alignment="lower_right", enable_gqa=True,
+                                 return_lse=True, sinks=sinks)  # fmt: skip
+    blind = slice(0, 2)  # lower-right with Tq = 6 > Tk = 4: rows 0 and 1 see no key
+    assert torch.equal(o[:, :, blind], torch.zeros_like(o[:, :, blind]))
+    assert torch.equal(lse[:, :, blind], sinks.view(1, 4, 1).expand(2, 4, 2))
+    keep = definition_mask(6, 4, None, True, "lower_right")
+    o_true, lse_true = sink_truth(q, k, v, sinks, keep, 16**-0.5)
+    assert_close_to_truth(o, o_true, "o", rtol=2e-5, atol=2e-5)
+    assert_close_to_truth(lse, lse_true, "lse", rtol=2e-5, atol=2e-5)
+
+
+def test_sinks_that_need_a_gradient_keep_the_forward_kernel():
+    q, k, v, sinks = sink_and_wide_inputs(seed=7)
+    options = dict(is_causal=True, scale=None, enable_gqa=True, alignment="lower_right", return_lse=False,
+                   window=None, softcap=None)
+    leaf = sinks.clone().requires_grad_()
+    call = check_attention_call(q, k, v, sinks=leaf, **options)
+    assert not decode_route(q, k, v, call, "triton", leaf)  # autograd records the sinks
+    with torch.no_grad():
+        assert decode_route(q, k, v, call, "triton", leaf)
+    o = flashtile.attention(q, k, v, is_causal=True, alignment="lower_right", enable_gqa=True, sinks=leaf)
+    (dsinks,) = torch.autograd.grad(o.sum(), leaf)
+    with torch.no_grad():
+        o_routed = flashtile.attention(q, k, v, is_causal=True, alignment="lower_right", enable_gqa=True,
+                                       sinks=leaf)  # fmt: skip
+    torch.testing.assert_close(o.detach(), o_routed, rtol=2e-5, atol=2e-5)
+    sinks_64 = sinks.double().requires_grad_()
+    o_true, _ = sink_truth(q, k, v, sinks_64, definition_mask(3, 45, None, True, "lower_right"), 16**-0.5)
+    (dsinks_true,) = torch.autograd.grad(o_true.sum(), sinks_64)
+    assert_close_to_truth(dsinks, dsinks_true, "dsinks", rtol=2e-5, atol=2e-5)
+
+
+def test_the_decode_op_with_sinks_and_a_value_head_dim_passes_opcheck_and_compiles():
+    from flashtile.api import attention_decode
+
+    q, k, v, sinks = sink_and_wide_inputs(seed=8, Tq=2, Tk=30)
+    torch.library.opcheck(attention_decode, (q, k, v, 0.25, "lower_right", 4, 0, 2.0, sinks))
+
+    def fn(q, k, v, sinks):
+        return flashtile.attention(q, k, v, is_causal=True, alignment="lower_right", enable_gqa=True, scale=0.25,
+                                   window=(4, 0), softcap=2.0, sinks=sinks, return_lse=True)  # fmt: skip
+
+    torch._dynamo.reset()
+    o, lse = torch.compile(fn, fullgraph=True, backend="aot_eager")(q, k, v, sinks)
+    o_eager, lse_eager = fn(q, k, v, sinks)
+    assert o.shape == (2, 4, 2, 24)
+    assert torch.equal(o, o_eager) and torch.equal(lse, lse_eager)

@@ -16,8 +16,8 @@ Attention sinks (``sinks``, a (H,) tensor) travel beside q, k and v as one more 
 gradient; the spec says whether a call has them (``AttentionSpec.has_sinks``). Both tiers take them: the
 reference tier through ``reference.sinks``, the Triton tier from the forward kernel's start state
 (``kernels.forward.sink_start``) and the backward's row terms (``kernels.sinks.sink_gradient``).
-A call with sinks never takes the decode kernels; eagerly on the Triton tier it runs from the call's kept
-kernel plans, as any other call does.
+A short call with sinks takes the decode kernels like any other (the merge counts the sink once); eagerly on
+the Triton tier it runs from the call's kept kernel plans, as any other call does.
 """
 
 from __future__ import annotations
@@ -281,8 +281,7 @@ def run_forward(q, k, v, spec: AttentionSpec, backend: str, sinks=None):
     if torch.compiler.is_compiling() or not plain_inputs(q, k, v) or (
             sinks is not None and type(sinks) not in PLAIN_TENSORS):  # fmt: skip
         return attention_fwd(q, k, v, *op_arguments(spec), backend, sinks)[:2]
-    if records_gradient(q, k, v) or (sinks is not None and sinks.requires_grad
-                                     and torch.is_grad_enabled()):  # fmt: skip
+    if records_gradient(q, k, v, sinks):
         return _eager_apply(q, k, v, spec, backend, True, None, sinks)
     return forward_impl(q, k, v, spec, backend, sinks)[:2]
 # --8<-- [end:eager]
@@ -315,7 +314,7 @@ class AttentionCall(NamedTuple):
 
     spec: AttentionSpec  # τ resolved (float64 or not is all it reads of the dtype; autocast never changes that)
     plans: KernelPlans
-    short: bool  # Tq <= 16 and one head dim for q, k and v: the decode kernels may run it (``decode_route``)
+    short: bool  # Tq <= 16: the decode kernels may run it (``decode_route``)
     plain: bool  # plain_inputs(query, key, value): their types and device are part of the key
 
 
@@ -328,8 +327,8 @@ def check_attention_call(query, key, value, *, is_causal, scale, enable_gqa, ali
                       softcap=softcap, return_lse=return_lse, enable_gqa=enable_gqa, sinks=sinks,
                       device=query.device)  # fmt: skip
     # a short call (a decode step, a speculative or chunked one) may run on the decode kernels, which take
-    # one head dim for q, k and v: a value head dim of its own keeps the forward kernel
-    short = shape.Tq <= MAX_NEW_TOKENS and value.shape[-1] == shape.D
+    # sinks and a value head dim of its own as the forward kernel does
+    short = shape.Tq <= MAX_NEW_TOKENS
     return AttentionCall(spec=spec, plans=KernelPlans(), short=short, plain=plain_inputs(query, key, value))
 
 
@@ -382,18 +381,16 @@ def dispatch(query, key, value, call: AttentionCall, own_inputs: bool, sinks=Non
     """Run one checked call on its tier: on the decode kernels where ``decode_route``
     says so; else from the call's kept kernel plan where it fits (``own_inputs``: eager,
     and the inputs are the call's own, not autocast copies), through ``run_forward``
-    otherwise. A call with sinks never takes the decode kernels."""
+    otherwise."""
     backend = pick_backend(query)
     spec = call.spec
     # Tq <= 16 rows only
-    if call.short and sinks is None and decode_route(query, key, value, call, backend):
-        o, lse = decode_forward(query, key, value, call, own_inputs)
+    if call.short and decode_route(query, key, value, call, backend, sinks):
+        o, lse = decode_forward(query, key, value, call, own_inputs, sinks)
         return (o, lse) if spec.return_lse else o
     if own_inputs and call.plain and backend == "triton" and (
             sinks is None or type(sinks) in PLAIN_TENSORS):  # fmt: skip
-        if records_gradient(query, key, value) or (
-                sinks is not None and sinks.requires_grad
-                and torch.is_grad_enabled()):  # fmt: skip
+        if records_gradient(query, key, value, sinks):
             return _eager_apply(query, key, value, spec, "triton", spec.return_lse,
                                 call, sinks)  # fmt: skip
         o, row_stats = forward_from_kept_plan(query, key, value, call,
@@ -405,7 +402,7 @@ def dispatch(query, key, value, call: AttentionCall, own_inputs: bool, sinks=Non
 
 
 # --8<-- [start:decode_route]
-def decode_route(q, k, v, call: AttentionCall, backend: str) -> bool:
+def decode_route(q, k, v, call: AttentionCall, backend: str, sinks=None) -> bool:
     """Whether a call runs on the split-K decode kernels (``kernels.decode``) instead of
     the forward kernel.
 
@@ -414,60 +411,65 @@ def decode_route(q, k, v, call: AttentionCall, backend: str) -> bool:
     leaves most of the GPU idle, while the decode kernels split the keys across it. They
     take every mask ``attention`` has, as a band around the lower-right diagonal
     (``kernels.decode.plan_decode``: causal in either alignment, windows, no mask), GQA,
-    any scale and the soft-cap. A call that needs a gradient keeps the forward kernel,
-    whose (m, l) the backward reads, and so do a call with sinks (``dispatch`` asks this
-    only without them) and a call whose value head dim differs from the query's
-    (``call.short`` is False for it); the reference tier is unchanged. Plain Python on
-    the call's flags, so torch.compile traces it into the graph like the rest of the
-    dispatch.
+    any scale, the soft-cap, sinks (counted once, in the merge's start state) and a
+    value head dim of its own. A call that needs a gradient (of q, k, v or the sinks)
+    keeps the forward kernel, whose (m, l) the backward reads; the reference tier is
+    unchanged. Plain Python on the call's flags, so torch.compile traces it into the
+    graph like the rest of the dispatch.
     """
-    return call.short and backend == "triton" and not records_gradient(q, k, v)
+    return (call.short and backend == "triton"
+            and not records_gradient(q, k, v, sinks))  # fmt: skip
 
 
-def decode_forward(q, k, v, call: AttentionCall, own_inputs: bool):
+def decode_forward(q, k, v, call: AttentionCall, own_inputs: bool, sinks=None):
     """(o, lse) of a routed call (lse None unless the call returns it): from the call's
     kept decode plan eagerly, through the ``attention_decode`` op under torch.compile
-    and for fake or meta tensors."""
+    and for fake or meta tensors (or sinks of another tensor type)."""
     spec = call.spec
-    if torch.compiler.is_compiling() or not plain_inputs(q, k, v):
-        return attention_decode(q, k, v, *op_arguments(spec))
+    if torch.compiler.is_compiling() or not plain_inputs(q, k, v) or (
+            sinks is not None and type(sinks) not in PLAIN_TENSORS):  # fmt: skip
+        return attention_decode(q, k, v, *op_arguments(spec), sinks)
     plan = call.plans.decode if own_inputs else None
     if plan is None:
         from ..kernels.decode import make_attention_decode_plan
 
         # autocast copies: not the call's own inputs, so the plan is kept by layout
-        # instead
+        # instead (the sinks' too: the plan keeps their stride)
         if not own_inputs:
-            plan = cached_plan(make_attention_decode_plan, (q, k, v), spec,
+            tensors = (q, k, v) if sinks is None else (q, k, v, sinks)
+            plan = cached_plan(make_attention_decode_plan, tensors, spec,
                                spec.return_lse,
                                names=("spec", "store_lse"))  # fmt: skip
-        else:
-            plan = make_attention_decode_plan(q, k, v, spec=spec,
+        else:  # the call's key holds the sinks' layout
+            plan = make_attention_decode_plan(q, k, v, sinks, spec=spec,
                                               store_lse=spec.return_lse)  # fmt: skip
             call.plans.decode = plan
-    return plan.run(q, k, v)
+    return plan.run(q, k, v, None, None, sinks)
 
 
 @torch.library.custom_op("flashtile::attention_decode", mutates_args=())
 def attention_decode(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, alignment: str,
     window_left: int, window_right: int, softcap: float | None,
+    sinks: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(o, lse) of ``attention`` on the decode kernels: o laid out like q where q is
-    dense (``_layouts.strides_like``), lse (B, H, Tq) float32. The arguments are
-    ``attention_fwd``'s."""
+    """(o, lse) of ``attention`` on the decode kernels: o (B, H, Tq, d_v) laid out like
+    q where q is dense (``_spec.output_strides``), lse (B, H, Tq) float32, with sinks
+    the log of the whole normaliser. The arguments are ``attention_fwd``'s but the
+    tier."""
     from ..kernels.decode import make_attention_decode_plan
 
     spec = spec_from_op(q, k, scale=scale, alignment=alignment, window_left=window_left,
-                        window_right=window_right, softcap=softcap)
-    plan = cached_plan(make_attention_decode_plan, (q, k, v), spec, True,
+                        window_right=window_right, softcap=softcap, sinks=sinks)
+    tensors = (q, k, v) if sinks is None else (q, k, v, sinks)
+    plan = cached_plan(make_attention_decode_plan, tensors, spec, True,
                        names=("spec", "store_lse"))  # fmt: skip
-    return plan.run(q, k, v)
+    return plan.run(q, k, v, None, None, sinks)
 
 
 @attention_decode.register_fake
-def _(q, k, v, scale, alignment, window_left, window_right, softcap):
-    o = empty_like_layout(q, strides_like(q))
+def _(q, k, v, scale, alignment, window_left, window_right, softcap, sinks=None):
+    o = q.new_empty_strided((*q.shape[:3], v.shape[-1]), output_strides(q, v.shape[-1]))
     return o, q.new_empty(q.shape[:3], dtype=torch.float32)
 # --8<-- [end:decode_route]
 

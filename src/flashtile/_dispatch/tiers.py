@@ -83,9 +83,11 @@ def plain_inputs(q, k, v) -> bool:
     )  # fmt: skip
 
 
-def records_gradient(q, k, v) -> bool:
-    """Whether autograd records this call: grad mode on and an input that requires a gradient."""
-    return torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+def records_gradient(q, k, v, sinks=None) -> bool:
+    """Whether autograd records this call: grad mode on and an input that requires a gradient (q, k, v, or
+    the sinks where the call has them)."""
+    return torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad
+                                        or (sinks is not None and sinks.requires_grad))  # fmt: skip
 
 
 
