@@ -211,16 +211,16 @@ class _EagerAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, spec, backend, return_lse, call=None, sinks=None):
-        saved_sinks = [] if sinks is None else [sinks]
         # a flashtile.attention call with its kept kernel plan: no second plan lookup
         if call is not None:
-            o, row_stats = forward_from_kept_plan(q, k, v, call, sinks=sinks)
-            # (lse, m, l) in one buffer: views only where needed
-            ctx.save_for_backward(q, k, v, o, row_stats, *saved_sinks)
+            o, row_stats = forward_from_kept_plan(q, k, v, call, True, sinks)
+            # (lse, m, l) in one buffer: views only where needed; sinks saved as None
+            # without them
+            ctx.save_for_backward(q, k, v, o, row_stats, sinks)
             lse = row_stats[0] if return_lse else None
         else:
             o, lse, stats = forward_impl(q, k, v, spec, backend, sinks)
-            ctx.save_for_backward(q, k, v, o, lse, stats, *saved_sinks)
+            ctx.save_for_backward(q, k, v, o, lse, stats, sinks)
         ctx.spec, ctx.backend, ctx.call = spec, backend, call
         if return_lse:
             ctx.mark_non_differentiable(lse)
@@ -242,8 +242,7 @@ class _EagerAttention(torch.autograd.Function):
         if do is None:
             return (None,) * 8
         if ctx.call is not None:
-            q, k, v, o, row_stats, *saved_sinks = ctx.saved_tensors
-            sinks = saved_sinks[0] if saved_sinks else None
+            q, k, v, o, row_stats, sinks = ctx.saved_tensors
             if not graph:  # the call's kept backward plan: straight to the kernels
                 grads = backward_from_kept_plan(do, q, k, v, o, row_stats, ctx.call,
                                                 sinks)  # fmt: skip
@@ -251,8 +250,7 @@ class _EagerAttention(torch.autograd.Function):
                 return dq, dk, dv, None, None, None, None, dsinks
             lse, stats = row_stats[0], row_stats[1:]
         else:
-            q, k, v, o, lse, stats, *saved_sinks = ctx.saved_tensors
-            sinks = saved_sinks[0] if saved_sinks else None
+            q, k, v, o, lse, stats, sinks = ctx.saved_tensors
         if graph:
             dq, dk, dv, dsinks = attention_bwd(do, q, k, v, o, lse, stats,
                                                *op_arguments(ctx.spec), ctx.backend,

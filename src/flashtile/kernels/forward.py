@@ -707,14 +707,13 @@ def forward_with_plan(
                                 device=plan.device)  # fmt: skip
     if plan.has_sinks:
         sinks = sinks.to(torch.float32, copy=True)
-    # o stands in for ROW_STATS, and for SINKS without sinks, which this kernel never
-    # touches
-    if not stats:
-        plan.launch_without_stats(*loads, o, o, o if sinks is None else sinks)
+    else:  # o stands in for SINKS, which this kernel then never touches
+        sinks = o
+    if not stats:  # and for ROW_STATS
+        plan.launch_without_stats(*loads, o, o, sinks)
         return o, None
     row_stats = torch.empty(plan.stats_shape, dtype=torch.float32, device=plan.device)
-    # row_stats stands in for SINKS
-    plan.launch(*loads, o, row_stats, row_stats if sinks is None else sinks)
+    plan.launch(*loads, o, row_stats, sinks)
     return o, row_stats
 # --8<-- [end:launcher]
 
