@@ -186,8 +186,9 @@ def main(argv=None) -> None:
     for path, ratio in ratios.items():
         scaled = ratio["after_over_before_per_sdpa"]
         codes = "" if "bytecodes" not in before[path] else f"{before[path]['bytecodes']}->{after[path]['bytecodes']}"
+        scaled = "" if scaled is None else f"{scaled:6.3f}"
         print(f"{path:>36} {before[path]['us_median']:8.2f} {after[path]['us_median']:8.2f} "
-              f"{ratio['after_over_before']:6.3f} {'' if scaled is None else f'{scaled:6.3f}':>6} {codes:>11}")  # fmt: skip
+              f"{ratio['after_over_before']:6.3f} {scaled:>6} {codes:>11}")  # fmt: skip
 
 
 if __name__ == "__main__":
