@@ -7,6 +7,8 @@ the mask built from the definition, on the Triton tier (the route) and on the re
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -103,6 +105,12 @@ def test_the_route_lays_o_out_like_a_dense_query_and_keeps_nan_rows():
         (dict(softcap=-1.0), ValueError, "softcap must be a positive finite number"),
         (dict(scale=float("nan")), ValueError, "scale must be finite"),
         (dict(dropout_p=0.1), ValueError, "dropout_p must be 0.0"),
+        # the sinks: the short calls' route takes them, so their checks are the same as everywhere else
+        (dict(sinks=torch.tensor([0.0, math.inf])), ValueError, r"sinks must be finite or -inf"),
+        (dict(sinks=torch.tensor([math.nan, 0.0])), ValueError, r"sinks must be finite or -inf"),
+        (dict(sinks=torch.zeros(3)), ValueError, r"sinks must have shape \(H,\) = \(2,\)"),
+        (dict(sinks=torch.zeros(2, dtype=torch.float64)), TypeError, r"sinks must have dtype in \(float32\)"),
+        (dict(sinks=torch.zeros(2, 1)), ValueError, r"sinks must be a rank-1 tensor"),
     ],
 )
 def test_short_calls_refuse_bad_input_by_name_on_every_tier(backend, kwargs, error, match):
