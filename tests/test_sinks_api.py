@@ -217,6 +217,8 @@ BAD_SINKS = [  # (id, sinks for float32 inputs with H = 2, error, message)
     ("plus-inf", torch.tensor([0.0, math.inf]), ValueError, r"sinks must be finite or -inf"),
     ("meta", torch.zeros(2, device="meta"), ValueError, r"sinks is on meta but q is on cpu"),
     ("sparse", torch.zeros(2).to_sparse(), TypeError, r"sinks must be a dense \(strided\) tensor"),
+    # past what the kernels' float32 start state holds: sink / |scale| (scale 8^-0.5) within float32's range
+    ("past-float32", torch.tensor([0.0, 2e38]), ValueError, r"sinks must be at most 6\.015e\+37 in magnitude"),
 ]
 
 
@@ -226,6 +228,69 @@ def test_bad_sinks_get_the_same_error_on_every_tier(backend, name, sinks, error,
     q, k, v, _, _ = make_inputs(1, 2, 1, 4, 4, 8, dtype=torch.float32, seed=14)
     with use_backend(backend), pytest.raises(error, match=message):
         attention(q, k, v, sinks=sinks, enable_gqa=True)
+
+
+def test_large_finite_sinks_match_the_float64_formula_on_every_tier():
+    """A sink past 2^31 (where the kernels' fast start state rounds its shift by more than float32's range
+    and restarts on the exact path) and one near the limit: o, lse and every gradient as the float64
+    formula gives them, on the forward kernel (18 rows, with a gradient) and the decode kernels (3 rows,
+    none); a sink of -1e30 is as good as none."""
+    for Tq in (18, 3):
+        q, k, v, _, do = make_inputs(1, 4, 2, Tq, 9, 8, dtype=torch.float32, seed=30 + Tq)
+        sinks = torch.tensor([5e9, 1e20, 1e37, -1e30])
+        o_ref, lse_ref, grads_ref = truth(q, k, v, sinks, do, causal=True, alignment="lower_right")
+        assert torch.isfinite(lse_ref).all() and (lse_ref[:, :3] > 1e9).all()
+        for backend in SINK_TIERS:
+            if Tq == 3:  # no gradient: the decode kernels on the Triton tier
+                with use_backend(backend):
+                    o, lse = attention(q, k, v, sinks=sinks, is_causal=True, alignment="lower_right",
+                                       enable_gqa=True, return_lse=True)  # fmt: skip
+                grads = grads_ref
+            else:
+                o, lse, grads = ours(q, k, v, sinks, do, backend, is_causal=True, alignment="lower_right")
+            torch.testing.assert_close(o.double(), o_ref, rtol=0, atol=2e-6)
+            torch.testing.assert_close(lse.double(), lse_ref, rtol=1e-6, atol=2e-6)
+            for g, g_ref in zip(grads, grads_ref):
+                torch.testing.assert_close(g.double(), g_ref, rtol=0, atol=2e-5)
+
+
+@pytest.mark.parametrize("backend", SINK_TIERS)
+def test_the_sink_limit_follows_the_scale_and_the_softcap(backend):
+    """Without a softcap the kernels hold sink / |scale| in float32: a tiny scale lowers the limit, on both
+    tiers alike; a softcap lifts it (the capped loop runs in natural units); float64 inputs have none."""
+    q, k, v, _, _ = make_inputs(1, 2, 2, 4, 6, 8, dtype=torch.float32, seed=16)
+    sinks = torch.tensor([40.0, -100.0])
+    with use_backend(backend):
+        with pytest.raises(ValueError, match=r"sinks must be at most 1\.701e\+01 in magnitude for this call, got "
+                                             r"1\.000e\+02"):  # fmt: skip
+            attention(q, k, v, sinks=sinks, scale=1e-37)
+        o, lse = attention(q, k, v, sinks=sinks, scale=1e-37, softcap=5.0, return_lse=True)
+    o_ref, lse_ref = dense_attention(q.double(), k.double(), v.double(), sinks=sinks.double(), scale=1e-37,
+                                     softcap=5.0)  # fmt: skip
+    torch.testing.assert_close(lse.double(), lse_ref, rtol=1e-6, atol=0)
+    torch.testing.assert_close(o.double(), o_ref, rtol=0, atol=2e-6)
+    o64, _ = attention(q.double(), k.double(), v.double(), sinks=sinks.double(), scale=1e-37, return_lse=True)
+    torch.testing.assert_close(o64, dense_attention(q.double(), k.double(), v.double(), sinks=sinks.double(),
+                                                    scale=1e-37)[0], rtol=0, atol=1e-12)  # fmt: skip
+
+
+def test_a_sink_limit_is_checked_against_every_call_of_one_tensor():
+    """The largest |sink| is kept per tensor until it is written to; each call compares it with its own
+    limit, so a tensor that passed a call with scale 1 is refused by one with a tiny scale."""
+    q, k, v, _, _ = make_inputs(1, 2, 2, 4, 6, 8, dtype=torch.float32, seed=17)
+    sinks = torch.tensor([40.0, 1.0])
+    with use_backend("reference"):
+        attention(q, k, v, sinks=sinks)
+        with pytest.raises(ValueError, match=r"sinks must be at most"):
+            attention(q, k, v, sinks=sinks, scale=1e-37)
+        attention(q, k, v, sinks=sinks)  # and the first call's layout still passes
+
+
+def test_meta_sinks_with_meta_inputs_give_meta_outputs():
+    """Meta tensors hold no values: nothing is read, and the outputs are meta tensors of the right shapes."""
+    q, k, v = (torch.empty(1, 2, t, d, device="meta") for t, d in ((4, 8), (6, 8), (6, 5)))
+    o, lse = attention(q, k, v, sinks=torch.empty(2, device="meta"), return_lse=True)
+    assert o.is_meta and o.shape == (1, 2, 4, 5) and lse.shape == (1, 2, 4)
 
 
 def test_a_negative_view_of_sinks_is_read_as_its_values():

@@ -34,6 +34,7 @@ ALIGNMENTS = ("upper_left", "lower_right")
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 MAX_HEAD_DIM = 256  # the largest head dim the kernels keep in registers; the contract for every tier
 FLOAT32_MAX = torch.finfo(torch.float32).max
+FLOAT32_TINY = torch.finfo(torch.float32).tiny
 
 
 class AttentionShape(NamedTuple):
@@ -228,29 +229,64 @@ def check_sinks_layout(sinks, shape: AttentionShape, dtype: torch.dtype, device)
     return sinks
 
 
-def check_sink_values(sinks: torch.Tensor) -> None:
-    """No NaN and no +inf among the sinks (-inf is allowed: no sink for that head).
+def sink_limit(scale: float, softcap: float | None, dtype: torch.dtype) -> float:
+    """The largest |sink| a call takes: any finite one for float64 inputs (the reference tier, in float64);
+    else half of what keeps the kernels' float32 start state finite: sink * log2(e), the start's shift, and
+    without a soft-cap sink / |τ|, the start in the loop's units (raw dots q·k; the kernels take |τ| as 1
+    where it is too small for float32, as ``kernels._host.kernel_scale`` does)."""
+    if dtype == torch.float64:
+        return math.inf
+    limit = FLOAT32_MAX / math.log2(math.e)
+    unit = abs(scale)
+    if softcap is None and unit * math.log2(math.e) >= FLOAT32_TINY:
+        limit = min(limit, FLOAT32_MAX * unit)
+    return limit / 2
 
-    Reading the values waits for the device, so a pass is kept until the tensor is written to
-    (``remember_fact``: an optimizer's in-place step bumps its version count, and the next call reads the
-    values again); a model's fixed sinks are read once. Not run inside a ``torch.compile`` graph, which
-    cannot branch on values. A write that bypasses the version count is not seen: a NaN sink then gives
-    NaN rows, never a read outside a tensor."""
-    if recall_fact("finite sinks", sinks, False):
-        return
-    if bool(torch.isnan(sinks).any()) or bool(torch.isposinf(sinks).any()):
+
+def check_sink_values(sinks: torch.Tensor, limit: float = math.inf) -> None:
+    """No NaN and no +inf among the sinks (-inf is allowed: no sink for that head), and no finite one past
+    ``limit`` in magnitude (``sink_limit``).
+
+    One read of the device gives both facts: whether a NaN or +inf is there, and the largest finite |sink|.
+    Reading waits for the device, so the second is kept until the tensor is written to (``remember_fact``:
+    an optimizer's in-place step bumps its version count, and the next call reads the values again); a
+    model's fixed sinks are read once. Not run inside a ``torch.compile`` graph, which cannot branch on
+    values, nor for meta or fake tensors, which hold none. A write that bypasses the version count is not
+    seen: a NaN sink then gives NaN rows, never a read outside a tensor."""
+    largest = recall_fact("largest finite |sink|", sinks)
+    if largest is None:
+        if sinks.is_meta or _is_fake(sinks):
+            return
+        finite = torch.isfinite(sinks)
+        bad = (torch.isnan(sinks) | torch.isposinf(sinks)).any()
+        bad, largest = torch.stack([bad.double(), torch.where(finite, sinks.abs(), 0).max().double()]).tolist()
+        if bad:
+            raise ValueError(
+                f"sinks must be finite or -inf (-inf means no sink), got {sinks.tolist()}: a NaN or +inf sink "
+                "would make every row of its head NaN or zero"
+            )
+        remember_fact("largest finite |sink|", sinks, largest)
+    if largest > limit:
         raise ValueError(
-            f"sinks must be finite or -inf (-inf means no sink), got {sinks.tolist()}: a NaN or +inf sink "
-            "would make every row of its head NaN or zero"
+            f"sinks must be at most {limit:.3e} in magnitude for this call, got {largest:.3e}: the kernels' "
+            "float32 start state holds sink * log2(e) and, without a softcap, sink / |scale|; use float64 "
+            "inputs for larger sinks"
         )
-    remember_fact("finite sinks", sinks, True)
 
 
-def check_sinks(sinks, shape: AttentionShape, q: torch.Tensor) -> torch.Tensor | None:
-    """sinks is None or a (H,) tensor of float32 or q's dtype on q's device, no NaN or +inf (-inf allowed):
-    ``check_sinks_layout`` and ``check_sink_values``. Returns the sinks as they came (None stays None)."""
+def _is_fake(t: torch.Tensor) -> bool:
+    """A FakeTensor (torch.compile's shape propagation): it has a device but no values."""
+    from torch._subclasses.fake_tensor import is_fake
+
+    return is_fake(t)
+
+
+def check_sinks(sinks, shape: AttentionShape, q: torch.Tensor, limit: float = math.inf) -> torch.Tensor | None:
+    """sinks is None or a (H,) tensor of float32 or q's dtype on q's device, no NaN or +inf (-inf allowed),
+    none past ``limit`` in magnitude: ``check_sinks_layout`` and ``check_sink_values``. Returns the sinks as
+    they came (None stays None)."""
     if check_sinks_layout(sinks, shape, q.dtype, q.device) is not None:
-        check_sink_values(sinks)
+        check_sink_values(sinks, limit)
     return sinks
 
 

@@ -16,12 +16,14 @@ interface carries ``window_size``; ``MaskBand`` rebuilds it on the other side of
 A new option of the call is one more field here, checked in ``check_spec`` and read by name where it is
 used. Attention sinks are one: a (H,) tensor whose values change between calls (a trained logit per head),
 so the spec keeps what its layout fixes, ``has_sinks``, checked with the tensor's shape, dtype and device
-(``_checks.check_sinks_layout``); the tensor itself travels beside q, k and v, and its values are read on
-every eager call (``_checks.check_sink_values``).
+(``_checks.check_sinks_layout``), and the largest |sink| the call's scale, soft-cap and dtype allow,
+``sink_limit``; the tensor itself travels beside q, k and v, and its values are read on every eager call
+(``_checks.check_sink_values``).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -37,6 +39,7 @@ from ._checks import (
     check_softcap,
     check_window,
     resolve_scale,
+    sink_limit,
 )
 from ._layouts import contiguous_strides, strides_like
 
@@ -77,6 +80,7 @@ class AttentionSpec:
     group: int  # query heads per key/value head (1 without GQA)
     return_lse: bool
     has_sinks: bool = False  # a (H,) sinks tensor travels beside q, k, v: each row starts from (m, l) = (sink, 1)
+    sink_limit: float = math.inf  # the largest |sink| the call takes (``_checks.sink_limit``); inf without sinks
 
 
 def check_spec(shape: AttentionShape, dtype: torch.dtype, *, causal, scale, alignment, window, softcap,
@@ -98,8 +102,10 @@ def check_spec(shape: AttentionShape, dtype: torch.dtype, *, causal, scale, alig
             "grouped-query attention (as with scaled_dot_product_attention)"
         )
     has_sinks = check_sinks_layout(sinks, shape, dtype, device) is not None
-    return AttentionSpec(scale=resolve_scale(scale, shape.D, dtype), mask=mask, softcap=softcap, group=shape.group,
-                         return_lse=return_lse, has_sinks=has_sinks)  # fmt: skip
+    scale = resolve_scale(scale, shape.D, dtype)
+    limit = sink_limit(scale, softcap, dtype) if has_sinks else math.inf
+    return AttentionSpec(scale=scale, mask=mask, softcap=softcap, group=shape.group, return_lse=return_lse,
+                         has_sinks=has_sinks, sink_limit=limit)  # fmt: skip
 
 
 def spec_from_op(q: torch.Tensor, k: torch.Tensor, *, scale: float, alignment: str, window_left: int,

@@ -139,7 +139,9 @@ def attention(
             query head, in the units of the scaled (and capped; the sink itself is not
             capped) score, that joins every row's softmax with a value of zero
             (gpt-oss): lse_i = log(e^sink + sum_j e^(S_ij)). Finite or -inf (-inf is no
-            sink, bit for bit); differentiable (its gradient is
+            sink, bit for bit), and below float64 at most ``_checks.sink_limit`` in
+            magnitude (half of float32's largest over log2(e), and over 1/|scale|
+            without a softcap: 6.0e37 at d = 8); differentiable (its gradient is
             -sum_{b,i} e^(sink - lse) D). With sinks, lse is the log of the whole
             normaliser, e^sink included, and a row that sees no key gets o = 0 and
             lse = sink. Both tiers take them (the kernels start each row from m = sink,
@@ -171,7 +173,7 @@ def attention(
         if call is not None and not refused_mode():
             # the key fixed their layout; their values change between calls
             if sinks is not None:
-                check_sink_values(sinks)
+                check_sink_values(sinks, call.spec.sink_limit)
             return cast_and_dispatch(query, key, value, call, compiling=False,
                                      sinks=sinks)  # fmt: skip
     # FP8 inputs: forward only, their own checks and tiers
@@ -219,7 +221,7 @@ def attention(
                                         sinks=sinks)  # fmt: skip
             keep_plan(plan_key, call)
         if sinks is not None:  # the layout is checked; the values, every call
-            check_sink_values(sinks)
+            check_sink_values(sinks, call.spec.sink_limit)
         refuse_unsupported_autograd_modes()
     return cast_and_dispatch(query, key, value, call, compiling, sinks=sinks)
 # --8<-- [end:attention]

@@ -116,9 +116,10 @@ def decode_attention(
             is (W - 1, 0). The tiles before the window are never read.
         softcap: None or s > 0: each scaled score x becomes s * tanh(x / s) before the
             mask and the softmax.
-        sinks: None or (H,), float32 or query's dtype, finite or -inf (no sink): one
-            logit per query head that joins every row's softmax after the scale and the
-            cap, with a value of zero; counted once, however many slices.
+        sinks: None or (H,), float32 or query's dtype, finite or -inf (no sink), within
+            ``flashtile.attention``'s limit on their magnitude: one logit per query head
+            that joins every row's softmax after the scale and the cap, with a value of
+            zero; counted once, however many slices.
 
     The same as ``flashtile.attention(q_b, k_b, v_b, is_causal=True,
     alignment="lower_right", window=window, softcap=softcap)`` on each sequence b's

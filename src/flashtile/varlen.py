@@ -99,7 +99,7 @@ def attention_varlen(
                       causal=is_causal, scale=scale, alignment=alignment, window=window, softcap=softcap,
                       return_lse=return_lse, sinks=sinks, device=query.device)  # fmt: skip
     if sinks is not None and not torch.compiler.is_compiling():  # the layout is checked; now the values
-        check_sink_values(sinks)
+        check_sink_values(sinks, spec.sink_limit)
     # the band's sides clamped to the longest document: the same keys, and no int32 overflow in the kernels
     mask = clamp_band(spec.mask, max(longest_q, longest_k))
     refuse_unsupported_autograd_modes()

@@ -10,6 +10,7 @@ inference: the sinks get no gradient, like every other input.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -25,6 +26,7 @@ from .._checks import (
     check_sinks_layout,
     check_softcap,
     resolve_scale,
+    sink_limit,
     stats_dtype,
 )
 from .._plans import cached_plan
@@ -50,6 +52,7 @@ class DecodeCall(NamedTuple):
     mask: MaskBand  # (left, 0) around each sequence's lower-right diagonal: the new tokens are causal
     softcap: float | None
     has_sinks: bool  # a (H,) sink per query head joins every row's softmax, once
+    sink_limit: float  # the largest |sink| the call takes (``_checks.sink_limit``); inf without sinks
     plans: DecodePlans
 
 
@@ -64,8 +67,9 @@ def check_decode_call(query, key_cache, value_cache, cache_seqlens, block_table,
     return_lse = check_flag("return_lse", return_lse)
     softcap = check_softcap(softcap, query.dtype)
     mask = check_mask(True, window, "lower_right")  # right capped at 0
+    limit = sink_limit(scale, softcap, query.dtype) if has_sinks else math.inf
     return DecodeCall(shape=shape, scale=scale, num_splits=num_splits, return_lse=return_lse, mask=mask,
-                      softcap=softcap, has_sinks=has_sinks, plans=DecodePlans())  # fmt: skip
+                      softcap=softcap, has_sinks=has_sinks, sink_limit=limit, plans=DecodePlans())  # fmt: skip
 
 
 def _empty_outputs(query, D_v: int):
@@ -94,7 +98,7 @@ def run_decode(query, key_cache, value_cache, cache_seqlens, block_table, sinks,
     if cache_seqlens is not None or block_table is not None:  # their values: one copy to the host
         check_decode_values(call.shape, cache_seqlens, block_table)
     if sinks is not None:  # no NaN, no +inf: read once until the tensor is written to
-        check_sink_values(sinks)
+        check_sink_values(sinks, call.sink_limit)
     if pick_backend(query) == "triton":  # the dispatch of flashtile.attention, use_backend included
         # no autograd and no autocast to switch off: the kernels record nothing and choose their own precision
         plan = call.plans.kernels

@@ -371,9 +371,10 @@ def _forward_kernel(
         m = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)
         l = tl.zeros([BLOCK_Q], dtype=tl.float32)
         acc = tl.zeros([BLOCK_Q, HEAD_DIM_V_PAD], dtype=tl.float32)
-        if SINK:  # the exact step keeps l relative to 2^(m * qk_scale): the sink counts 1 (0 if -inf)
+        if SINK:  # the exact step keeps l relative to 2^(m * qk_scale): the sink counts 1 (0 if -inf;
+            # read from m, not l: the fast start's l underflows to 0 for a sink past about 2^31)
             m, l, shift, largest = sink_start(SINKS, h, unit, qk_scale, BLOCK_Q, SOFTCAP, INTERPRETED)
-            l = tl.where(l == 0.0, 0.0, 1.0)
+            l = tl.where(m == float("-inf"), 0.0, 1.0)
         acc, l, m, shift, largest = _attend_key_tiles(
             acc, l, m, shift, largest, q, k_base, v_base, b, h_kv, stride_kt, stride_kd, stride_vt, stride_vd,
             i, d, dv, first_k_index, n_key_tiles, Tk, offset, qk_scale, band_lo, band_hi, unit, softcap,

@@ -41,7 +41,12 @@ def sink_gradient_kernel(
             delta_at = DELTA + b * delta_b + h * delta_h + i * delta_t
             lse = tl.load(lse_at, mask=ok, other=float("inf"))  # p_sink = 0 past T
             delta = tl.load(delta_at, mask=ok, other=0.0)
-            p_sink = tl.where(sink == float("-inf"), 0.0, tl.exp(sink - lse))
+            # sink <= lse, so p_sink <= 1: past 2^24 the rounding of lse may put
+            # it below the sink (a row that saw no key, lse = sink), and
+            # e^(sink - lse) must not grow from that (a NaN stays NaN)
+            gap = sink - lse
+            gap = tl.where(gap > 0.0, 0.0, gap)
+            p_sink = tl.where(sink == float("-inf"), 0.0, tl.exp(gap))
             total += tl.where(ok, p_sink * delta, 0.0)
     tl.store(DSINKS + h, (-tl.sum(total, axis=0)).to(DSINKS.dtype.element_ty))
 # --8<-- [end:sink_gradient_kernel]

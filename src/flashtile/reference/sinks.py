@@ -60,6 +60,9 @@ def sink_gradient(sinks: torch.Tensor, lse: torch.Tensor, delta: torch.Tensor):
     Returns (H,) in sinks' dtype.
     """
     p_sink = safe_exp_diff(sinks.double()[None, :, None], lse.double())  # (B, H, Tq)
+    # a probability, at most 1 (sink <= lse), whatever the rounding of an lse handed in
+    # as float32 (NaN stays NaN)
+    p_sink = p_sink.clamp(max=1.0)
     return -(p_sink * delta.double()).sum(dim=(0, 2)).to(sinks.dtype)
 # --8<-- [end:gradient]
 
