@@ -160,3 +160,19 @@ def test_a_remembered_fact_lasts_until_its_tensor_is_written_to():
     key = id(z)
     del z  # the fact leaves with its tensor, so a new tensor given the same id cannot inherit it
     assert not any(k[1] == key for k in _facts)
+
+
+@pytest.mark.parametrize("scale", [1.0, -0.3, 1e-20, 1e-37, 9e-39, 7e-39, 1e-45, 0.0, 2.0e30])
+def test_the_sink_limit_divides_by_the_unit_the_kernels_divide_by(scale):
+    """``sink_limit`` bounds sink / |τ| with the |τ| the kernels use (``kernel_scale``: 1 where τ is too
+    small for float32), and sink * log2(e) always; a softcap lifts the first bound, float64 has none."""
+    import math
+
+    from flashtile._checks import FLOAT32_MAX, sink_limit
+    from flashtile.kernels._host import kernel_scale
+
+    unit = kernel_scale(scale).unit
+    expected = min(FLOAT32_MAX / math.log2(math.e), FLOAT32_MAX * unit) / 2
+    assert sink_limit(scale, None, torch.float32) == expected
+    assert sink_limit(scale, 5.0, torch.bfloat16) == FLOAT32_MAX / math.log2(math.e) / 2
+    assert sink_limit(scale, None, torch.float64) == math.inf

@@ -155,6 +155,8 @@ BAD_SINKS = [  # (id, sinks for float32 inputs with H = 2, error, message)
     ("nan", torch.tensor([math.nan, 0.0]), ValueError, r"sinks must be finite or -inf"),
     ("plus-inf", torch.tensor([0.0, math.inf]), ValueError, r"sinks must be finite or -inf"),
     ("meta", torch.zeros(2, device="meta"), ValueError, r"sinks is on meta but q is on cpu"),
+    # past the float32 start state: sink / |scale| (scale 8^-0.5) beyond float32's range
+    ("past-float32", torch.tensor([7e37, 0.0]), ValueError, r"sinks must be at most 6\.015e\+37 in magnitude"),
 ]
 
 

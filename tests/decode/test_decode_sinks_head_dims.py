@@ -134,6 +134,7 @@ def _bad_calls():
         (dict(sinks=torch.zeros(4, device="meta")), ValueError, "sinks is on meta"),
         (dict(sinks=torch.tensor([0.0, float("inf"), 0.0, 0.0])), ValueError, "sinks must be finite or -inf"),
         (dict(sinks=torch.tensor([0.0, 0.0, float("nan"), 0.0])), ValueError, "sinks must be finite or -inf"),
+        (dict(sinks=torch.tensor([0.0, 40.0, 0.0, 0.0]), scale=1e-37), ValueError, "sinks must be at most 1.701e"),
         (dict(value_cache=v[:, :, :7]), ValueError, r"value_cache must have the same shape as key_cache "
          r"\(1, 2, 8, 16\) in every dim but the last .* value_cache has slots 7 \(dim 2\), key_cache 8"),
         (dict(value_cache=v[:, :1]), ValueError, r"value_cache has key/value heads 1 \(dim 1\), key_cache 2"),
@@ -148,9 +149,9 @@ def test_bad_sinks_and_value_caches_are_refused_by_name_on_every_tier(backend):
     q, k, v, good, cases = _bad_calls()
     with use_backend(backend):
         for i, (change, error, match) in enumerate(cases):
-            args = dict(value_cache=v, sinks=good) | change
+            args = dict(value_cache=v, sinks=good, scale=None) | change
             with pytest.raises(error, match=match):
-                flashtile.decode_attention(q, k, args["value_cache"], sinks=args["sinks"])
+                flashtile.decode_attention(q, k, args["value_cache"], sinks=args["sinks"], scale=args["scale"])
             if i == 6:  # a bad value after a good call with the same layout: checked again
                 flashtile.decode_attention(q, k, v, sinks=good)
 
