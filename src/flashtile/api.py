@@ -3,7 +3,8 @@
 A call site written for ``torch.nn.functional.scaled_dot_product_attention(query, key, value,
 is_causal=..., scale=..., enable_gqa=...)`` can call ``flashtile.attention`` with the same arguments.
 What SDPA has and flashtile does not: ``attn_mask`` and ``dropout_p`` (both raise if used), and inputs of
-rank other than 4. Like SDPA, the value head dim d_v may differ from the query's (1 to 256, on every tier).
+rank other than 4. Like SDPA, the value head dim d_v may differ from the query's (1 to 256, on every tier;
+float8 inputs excepted).
 What flashtile has and SDPA does not: windows, soft-capping, ``return_lse`` and attention sinks (``sinks``).
 
 What runs (the dispatch):
@@ -113,8 +114,8 @@ def attention(
     Args:
         query: (B, H, Tq, D). key: (B, H_kv, Tk, D), value: (B, H_kv, Tk, d_v),
             1 <= D, d_v <= 256 (d_v may differ from D: q . k contracts over D, o is d_v
-            wide). fp16, bf16, fp32, float64; any strides; CUDA, or CPU (see the module
-            docstring for which tier runs).
+            wide; not for float8 inputs). fp16, bf16, fp32, float64; any strides; CUDA,
+            or CPU (see the module docstring for which tier runs).
         attn_mask, dropout_p: accepted for signature compatibility only; must be None
             and 0.0.
         is_causal: causal mask; with Tq != Tk its diagonal follows ``alignment``.

@@ -261,3 +261,22 @@ def test_kernel_path_of_the_steps_with_sinks_matches_float64_truth(monkeypatch):
         assert g.dtype == torch.float32, name
         torch.testing.assert_close(g.double().cpu(), want, rtol=1e-3, atol=1e-3,
                                    msg=lambda m, name=name: f"{name}: {m}")
+
+
+def test_the_simulated_ring_checks_its_shards_and_sinks_as_ring_attention_does():
+    q, k, v, _ = random_qkv(1, 2, 2, 8, 4, seed=29)
+    qs, ks, vs = (shards(x, 2, False) for x in (q, k, v))
+    with pytest.raises(ValueError, match="sinks must be finite or -inf"):
+        simulate_ring(qs, ks, vs, False, sinks=torch.tensor([0.0, float("nan")], dtype=torch.float64))
+    with pytest.raises(TypeError, match="sinks must be a torch.Tensor"):
+        simulate_ring(qs, ks, vs, False, sinks=[0.0, 0.0])
+    with pytest.raises(ValueError, match=r"sinks must have shape \(H,\) = \(2,\)"):
+        simulate_ring(qs, ks, vs, False, sinks=torch.zeros(1, dtype=torch.float64))
+    with pytest.raises(ValueError, match="one shape and dtype"):
+        simulate_ring([qs[0], qs[1][..., :2, :]], [ks[0], ks[1][..., :2, :]], [vs[0], vs[1][..., :2, :]], False)
+    with pytest.raises(ValueError, match="lists of one shard per rank, of one length"):
+        simulate_ring(qs, ks[:1], vs, False)
+    with pytest.raises(ValueError, match="self-attention"):
+        simulate_ring([qs[0]], [ks[0][..., :2, :]], [vs[0][..., :2, :]], False)
+    # the control: the same shards with good sinks run
+    assert len(simulate_ring(qs, ks, vs, False, sinks=torch.zeros(2, dtype=torch.float64))) == 2

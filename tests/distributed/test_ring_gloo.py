@@ -5,6 +5,7 @@ Each process group is started once per world size and runs every case, the strid
 cases, since starting processes costs more than the cases themselves.
 """
 
+import math
 import time
 
 import pytest
@@ -128,14 +129,19 @@ def test_mismatched_shards_raise_value_error_on_every_rank(ring_results):
 
 
 def disagreeing_ranks(rank, world_size):
-    """Worker: rank 1 differs from rank 0 in the dtype only, then in the scale only, then in having sinks.
-    Every rank must raise the same ValueError (before this check knew dtypes, the ranks aborted inside
-    gloo: the transfers' byte counts differ)."""
+    """Worker: rank 1 differs from rank 0 in the dtype only, then in the scale only, then in having sinks,
+    then in the sinks' values; last, rank 0's sinks hold a NaN. Every rank must raise (before this check
+    knew dtypes, the ranks aborted inside gloo: the transfers' byte counts differ; before it knew whether
+    each rank's arguments passed its own checks, the others waited for a rank that had stopped)."""
     errors = []
-    for case in ("dtype", "scale", "sinks"):
+    for case in ("dtype", "scale", "sinks", "sink values", "refused"):
         dtype = torch.float32 if case == "dtype" and rank == 1 else torch.float64
         scale = 0.25 if case == "scale" and rank == 1 else None  # the default is 1/sqrt(4) = 0.5
         sinks = torch.zeros(2, dtype=torch.float64) if case == "sinks" and rank == 1 else None
+        if case == "sink values":
+            sinks = torch.tensor([0.5, 1.0 if rank == 1 else -1.0], dtype=torch.float64)
+        if case == "refused":
+            sinks = torch.tensor([0.5, math.nan if rank == 0 else 1.0], dtype=torch.float64)
         q = torch.linspace(-1, 1, 32, dtype=dtype).view(1, 2, 4, 4)
         try:
             ring_attention(q, q, q, scale=scale, sinks=sinks)
@@ -148,8 +154,8 @@ def disagreeing_ranks(rank, world_size):
 
 def test_ranks_with_different_dtypes_or_scales_raise_the_same_value_error(ring_results):
     per_rank = [r["disagreeing"] for r in ring_results[3]]
-    assert all(errors == per_rank[0] for errors in per_rank)  # one message, word for word, on every rank
-    dtype_error, scale_error, sinks_error = per_rank[0]
+    assert all(errors[:4] == per_rank[0][:4] for errors in per_rank)  # one message, word for word, everywhere
+    dtype_error, scale_error, sinks_error, values_error, _ = per_rank[0]
     assert dtype_error is not None and "different dtype on different ranks" in dtype_error
     assert "rank 0: query (1, 2, 4, 4)" in dtype_error and "float64 on cpu" in dtype_error
     assert "rank 1: query (1, 2, 4, 4)" in dtype_error and "float32 on cpu" in dtype_error
@@ -158,6 +164,12 @@ def test_ranks_with_different_dtypes_or_scales_raise_the_same_value_error(ring_r
     assert sinks_error is not None and "different sinks on different ranks" in sinks_error
     assert "rank 1: query (1, 2, 4, 4)" in sinks_error and "float64 on cpu, with sinks" in sinks_error
     assert "rank 0: query (1, 2, 4, 4), key (1, 2, 4, 4), is_causal=False, scale=0.5, float64 on cpu;" in sinks_error
+    assert values_error is not None and "different sinks' values on different ranks" in values_error
+    # a rank whose own checks refused its sinks raises its error; every other rank hears of it and stops too
+    refused = [errors[4] for errors in per_rank]
+    assert refused[0] is not None and "sinks must be finite or -inf" in refused[0]
+    for error in refused[1:]:
+        assert error is not None and "the arguments of rank 0 failed their checks" in error
 
 
 def strided_shards(rank, world_size, q, k, v, do, is_causal):

@@ -22,8 +22,10 @@ Status and caveats:
 * Does not support: cross-attention (query and key shards must hold the same tokens), masks other
   than causal, dropout, uneven shards.
 * Every call checks that all ranks hold shards of one shape, dtype and device type, with one is_causal
-  and scale, and sinks on all of them or none: a small all_gather and, on CUDA, a host sync; every
-  rank raises the same ValueError naming what differs. ``check_shards=False`` skips it.
+  and scale, and the same sinks on all of them or none: a small all_gather and, on CUDA, a host sync;
+  every rank raises the same ValueError naming what differs. A rank whose arguments fail its own checks
+  raises its error, and the others a ValueError naming that rank, instead of waiting for it.
+  ``check_shards=False`` skips it.
 * Transport is torch.distributed's ``batch_isend_irecv`` (NCCL on GPUs, gloo on CPUs); the transfer
   of the next key/value shard is started before the local attention and waited for after it.
 * Measured status: bench/results/ring.json (1.74-2.09x on two H200s from 32k tokens, except the causal
@@ -33,6 +35,7 @@ Status and caveats:
 from __future__ import annotations
 
 import struct
+import zlib
 from typing import NamedTuple
 
 import torch
@@ -46,6 +49,7 @@ from .._checks import (
     resolve_neg_bits,
     resolve_scale,
 )
+from .._plans import recall_fact, remember_fact
 from ..reference.backward import backward_delta
 from ..reference.merge import merge_partials
 from ..reference.sinks import merge_sink, sink_gradient
@@ -197,6 +201,29 @@ def sink_share(sinks, o, lse, do):
 # --8<-- [end:sinks]
 
 
+def check_simulated_shards(q_shards, k_shards, v_shards, do_shards, sinks, *, is_causal, scale):
+    """``simulate_ring``'s arguments checked as ``ring_attention`` checks one rank's (``check_ring_call``),
+    for every rank, and the ranks' shards of one shape and dtype: (q_shards, k_shards, v_shards, sinks,
+    scale) with negative bits and τ resolved."""
+    lists = (q_shards, k_shards, v_shards) + (() if do_shards is None else (do_shards,))
+    if not all(isinstance(x, (list, tuple)) for x in lists) or not q_shards \
+            or len({len(x) for x in lists}) != 1:  # fmt: skip
+        raise ValueError(
+            "q_shards, k_shards, v_shards (and do_shards) must be non-empty lists of one shard per rank, of "
+            f"one length, got lengths {[len(x) if isinstance(x, (list, tuple)) else type(x).__name__ for x in lists]}"
+        )
+    checked = [check_ring_call(q, k, v, sinks, is_causal=is_causal, scale=scale, layout=None)
+               for q, k, v in zip(q_shards, k_shards, v_shards)]  # fmt: skip
+    kinds = {(c[0].shape, c[1].shape, c[0].dtype) for c in checked}
+    if len(kinds) != 1:
+        raise ValueError(f"every rank's shards must have one shape and dtype, got {sorted(map(str, kinds))}")
+    if do_shards is not None and any(not isinstance(do, torch.Tensor) or do.shape != c[0].shape
+                                     for do, c in zip(do_shards, checked)):  # fmt: skip
+        raise ValueError("do_shards must hold one tensor per rank shaped like that rank's query shard")
+    q_shards, k_shards, v_shards = ([c[i] for c in checked] for i in range(3))
+    return q_shards, k_shards, v_shards, checked[0][3], checked[0][4]
+
+
 # --8<-- [start:simulate]
 def simulate_ring(
     q_shards,
@@ -216,8 +243,10 @@ def simulate_ring(
     also the lists of dq, dk and dv shards, every one of them in rank order, and with
     ``sinks`` the list of each rank's share of dsinks (they sum to dsinks).
     """
+    q_shards, k_shards, v_shards, sinks, scale = check_simulated_shards(
+        q_shards, k_shards, v_shards, do_shards, sinks, is_causal=is_causal, scale=scale
+    )
     world, T_local = len(q_shards), q_shards[0].shape[2]
-    scale = resolve_scale(scale, q_shards[0].shape[-1])
     outs, lses = [], []
     for rank in range(world):
         o, lse = first_step(
@@ -393,36 +422,74 @@ def check_group(group):
 DEVICE_TYPES = ("cpu", "cuda")  # a signature's device code: the index here, or len(DEVICE_TYPES) for another
 
 
-def signature_of(q, k, is_causal: bool, scale: float, has_sinks: bool = False) -> list[int]:
+def sinks_digest(sinks) -> int:
+    """A CRC-32 of the sinks' bytes (0 without sinks), so that ranks can compare their values in a few ints:
+    read from the device once per write of the tensor (``remember_fact``)."""
+    if sinks is None:
+        return 0
+    digest = recall_fact("sinks digest", sinks)
+    if digest is None:
+        digest = zlib.crc32(sinks.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes()) + 1
+        remember_fact("sinks digest", sinks, digest)
+    return digest
+
+
+SIGNATURE_LENGTH = 15
+
+
+def signature_of(q, k, is_causal: bool, scale: float, sinks=None) -> list[int]:
     """What every rank must agree on, as ints: the two shapes, is_causal, the scale's bits, the dtype and the
-    device type (query's; check_attention_inputs made key and value match it), and whether sinks were given."""
+    device type (query's; check_attention_inputs made key and value match it), the sinks' digest (0 without
+    sinks), and a last 0: this rank's arguments passed its own checks (``refused_signature`` has a 1)."""
     scale_bits = struct.unpack("<q", struct.pack("<d", scale))[0]
     device_code = DEVICE_TYPES.index(q.device.type) if q.device.type in DEVICE_TYPES else len(DEVICE_TYPES)
-    return [*q.shape, *k.shape, int(is_causal), scale_bits, FLOAT_DTYPES.index(q.dtype), device_code, int(has_sinks)]
+    return [*q.shape, *k.shape, int(is_causal), scale_bits, FLOAT_DTYPES.index(q.dtype), device_code,
+            int(sinks is not None), sinks_digest(sinks), 0]  # fmt: skip
 
 
-SIGNATURE_FIELDS = ("query shape", "key shape", "is_causal", "scale", "dtype", "device type", "sinks")
+def refused_signature() -> list[int]:
+    """The signature of a rank whose arguments failed its own checks: zeros and a last 1."""
+    return [0] * (SIGNATURE_LENGTH - 1) + [1]
+
+
+SIGNATURE_FIELDS = ("query shape", "key shape", "is_causal", "scale", "dtype", "device type", "sinks",
+                    "sinks' values")  # fmt: skip
+SIGNATURE_SPANS = (slice(0, 4), slice(4, 8), slice(8, 9), slice(9, 10), slice(10, 11), slice(11, 12),
+                   slice(12, 13), slice(13, 14))  # fmt: skip
 
 
 def describe_signature(t: list[int]) -> str:
     dtype = str(FLOAT_DTYPES[t[10]]).replace("torch.", "")
     device = DEVICE_TYPES[t[11]] if t[11] < len(DEVICE_TYPES) else "another device type"
     scale = struct.unpack("<d", struct.pack("<q", t[9]))[0]
-    sinks = ", with sinks" if t[12] else ""
+    sinks = f", with sinks (digest {t[13] - 1:08x})" if t[12] else ""
     return (f"query {tuple(t[:4])}, key {tuple(t[4:8])}, is_causal={bool(t[8])}, scale={scale}, {dtype} on "
             f"{device}{sinks}")
 
 
-def check_shards_agree(q, k, is_causal: bool, scale: float, ring: Ring, has_sinks: bool = False) -> None:
+def signature_device(query, ring: Ring) -> torch.device:
+    """Where the signatures meet: query's GPU for CUDA shards, the current GPU where the group is NCCL's and
+    query is no CUDA tensor (a refused call), the CPU otherwise (gloo)."""
+    if isinstance(query, torch.Tensor) and query.is_cuda:
+        return query.device
+    if dist.get_backend(ring.group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def check_shards_agree(query, key, is_causal: bool, scale: float, ring: Ring, sinks=None,
+                       refused: Exception | None = None) -> None:  # fmt: skip
     """Every rank must hold shards of one shape, dtype and device type, and call with the same is_causal
-    and scale, with sinks on every rank or on none.
+    and scale, and the same sinks on every rank or none; and every rank's arguments must pass its own
+    checks (``refused``: the error they raised on this rank, or None).
 
     One all_gather of a few ints, so that every rank sees every other rank's signature and all of them
-    raise the same error, instead of some hanging in a transfer that never comes, or aborting inside the
-    transport when the byte counts of a transfer differ (shards of two dtypes).
+    raise, instead of some hanging in a transfer that never comes, or aborting inside the transport when
+    the byte counts of a transfer differ (shards of two dtypes): a rank whose arguments were refused
+    raises its own error, and the others a ValueError naming it.
     """
-    mine = signature_of(q, k, is_causal, scale, has_sinks)
-    device = q.device if q.is_cuda else torch.device("cpu")
+    mine = refused_signature() if refused is not None else signature_of(query, key, is_causal, scale, sinks)
+    device = signature_device(query, ring)
     # One collective into one buffer and one copy back: every extra launch or host read here is paid
     # on every call, before any attention work is queued.
     signature = torch.tensor(mine, dtype=torch.int64).to(device, non_blocking=True)
@@ -431,15 +498,58 @@ def check_shards_agree(q, k, is_causal: bool, scale: float, ring: Ring, has_sink
     gather_into = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     gather_into(everyone, signature, group=ring.group)
     signatures = everyone.view(ring.world, len(mine)).cpu().tolist()
+    if refused is not None:
+        raise refused
+    refusing = [r for r, t in enumerate(signatures) if t[-1]]
+    if refusing:
+        raise ValueError(
+            f"ring_attention: the arguments of rank{'s' if len(refusing) > 1 else ''} "
+            f"{', '.join(map(str, refusing))} failed their checks (the error is raised there); every rank "
+            "stops with it"
+        )
     if any(theirs != signatures[0] for theirs in signatures):
-        spans = (slice(0, 4), slice(4, 8), slice(8, 9), slice(9, 10), slice(10, 11), slice(11, 12), slice(12, 13))
-        differ = [f for f, at in zip(SIGNATURE_FIELDS, spans) if any(t[at] != signatures[0][at] for t in signatures)]
+        differ = [f for f, at in zip(SIGNATURE_FIELDS, SIGNATURE_SPANS)
+                  if any(t[at] != signatures[0][at] for t in signatures)]  # fmt: skip
+        if "sinks" in differ:  # with sinks on some ranks only, their values are not the news
+            differ.remove("sinks' values")
         described = "; ".join(f"rank {r}: {describe_signature(t)}" for r, t in enumerate(signatures))
         raise ValueError(
             f"ring_attention was called with a different {', '.join(differ)} on different ranks ({described}): "
             "every rank must hold an equal shard (see shard_sequence) of one dtype on one device type, and use "
-            "the same is_causal and scale, and sinks on every rank or on none"
+            "the same is_causal and scale, and the same sinks on every rank or none"
         )
+
+
+def check_ring_call(query, key, value, sinks, *, is_causal, scale, layout):
+    """One rank's own checks of a ``ring_attention`` call: (query, key, value, sinks, scale) with negative
+    bits resolved and τ resolved; raises on bad input, before any communication."""
+    # a negative view's memory holds the negated values, and the transfers and kernels
+    # read memory
+    query, key, value, sinks = resolve_neg_bits(query, key, value, sinks)
+    shape = check_attention_inputs(query, key, value, names=("query", "key", "value"))
+    check_causal(is_causal, "is_causal")
+    sinks = check_sinks(sinks, shape, query)
+    expected = layout_for(is_causal)
+    if layout is not None and layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS} or None, got {layout!r}")
+    if layout is not None and layout != expected:
+        raise ValueError(
+            f"layout={layout!r} does not match is_causal={is_causal}: ring_attention "
+            f"expects {expected!r} shards for is_causal={is_causal}; cut them with "
+            f"shard_sequence(x, world_size, rank, is_causal={is_causal})"
+        )
+    if shape.Tq != shape.Tk:
+        raise ValueError(
+            f"query holds {shape.Tq} tokens but key and value hold {shape.Tk}: ring "
+            "attention is self-attention, each rank's query, key and value shards "
+            "cover the same tokens"
+        )
+    if is_causal and shape.Tq % 2 != 0:
+        raise ValueError(
+            "a zig-zag shard holds 2 equal chunks, so its length must be even, got "
+            f"{shape.Tq}"
+        )
+    return query, key, value, sinks, resolve_scale(scale, shape.D)
 
 
 # --8<-- [start:ring_attention]
@@ -476,43 +586,34 @@ def ring_attention(
             must be the one ``shard_sequence`` uses for ``is_causal`` (zig-zag for
             causal, contiguous otherwise).
         check_shards: check that every rank holds shards of one shape, dtype and device
-            type and passes the same is_causal and scale, and sinks on every rank or on
-            none (a small all_gather per call).
+            type and passes the same is_causal and scale, and the same sinks on every
+            rank or none, and that every rank's arguments passed its own checks (a small
+            all_gather per call).
 
     Returns:
         This rank's shard of the output, like query, differentiable with respect to
             query, key, value.
     """
-    # a negative view's memory holds the negated values, and the transfers and kernels
-    # read memory
-    query, key, value, sinks = resolve_neg_bits(query, key, value, sinks)
-    shape = check_attention_inputs(query, key, value, names=("query", "key", "value"))
-    check_causal(is_causal, "is_causal")
-    sinks = check_sinks(sinks, shape, query)
-    expected = layout_for(is_causal)
-    if layout is not None and layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {LAYOUTS} or None, got {layout!r}")
-    if layout is not None and layout != expected:
-        raise ValueError(
-            f"layout={layout!r} does not match is_causal={is_causal}: ring_attention "
-            f"expects {expected!r} shards for is_causal={is_causal}; cut them with "
-            f"shard_sequence(x, world_size, rank, is_causal={is_causal})"
+    # This rank's own checks first; where a process group exists, every rank then
+    # learns whether the others' passed theirs, so that none waits for a transfer
+    # from a rank that stopped.
+    try:
+        query, key, value, sinks, scale = check_ring_call(
+            query, key, value, sinks, is_causal=is_causal, scale=scale, layout=layout
         )
-    if shape.Tq != shape.Tk:
-        raise ValueError(
-            f"query holds {shape.Tq} tokens but key and value hold {shape.Tk}: ring "
-            "attention is self-attention, each rank's query, key and value shards "
-            "cover the same tokens"
-        )
-    if is_causal and shape.Tq % 2 != 0:
-        raise ValueError(
-            "a zig-zag shard holds 2 equal chunks, so its length must be even, got "
-            f"{shape.Tq}"
-        )
-    scale = resolve_scale(scale, shape.D)
-    ring = ring_of(check_group(group))
+        refused = None
+    except (TypeError, ValueError) as error:
+        refused = error
+    try:
+        ring = ring_of(check_group(group))
+    except (TypeError, ValueError):
+        if refused is not None:  # nothing to share it with: this rank's own error first
+            raise refused from None
+        raise
     if check_shards:
-        check_shards_agree(query, key, is_causal, scale, ring, sinks is not None)
+        check_shards_agree(query, key, is_causal, scale, ring, sinks, refused)
+    elif refused is not None:
+        raise refused
     # The key and value shards travel (isend/irecv send dense memory): any layout is
     # taken, as a dense copy where it is not dense already, at every world size alike.
     # The gradients flow back through the copy.
