@@ -161,3 +161,11 @@ def test_attention_varlen_ops_pass_torch_library_opcheck():
     checks = ("test_schema", "test_autograd_registration", "test_faketensor")
     result = torch.library.opcheck(torch.ops.flashtile.attention_varlen_fwd.default, args, test_utils=checks)
     assert set(result.values()) == {"SUCCESS"}, result
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_meta_tokens_are_refused_by_name_because_their_lengths_are_read_on_the_host(backend):
+    q, k, v = (torch.empty(7, 2, 8, device="meta") for _ in range(3))
+    cu = torch.tensor([0, 3, 7], dtype=torch.int32, device="meta")
+    with use_backend(backend), pytest.raises(ValueError, match="cu_seqlens_q is a meta tensor, which holds no"):
+        flashtile.attention_varlen(q, k, v, cu, cu, 4, 4)

@@ -572,6 +572,9 @@ def check_cu_seqlens(name: str, cu_seqlens, total: int, device) -> list[int]:
     check_values_in_memory(name, cu_seqlens)
     if cu_seqlens.device != device:
         raise ValueError(f"{name} is on {cu_seqlens.device} but the tokens are on {device}; they must match")
+    if cu_seqlens.is_meta:
+        raise ValueError(f"{name} is a meta tensor, which holds no values: the packed documents' lengths are "
+                         "read on the host, so the tokens and their cu_seqlens must be CPU or CUDA tensors")
     values = check_cumulative_lengths(name, host_values(cu_seqlens))
     if values[-1] != total:
         raise ValueError(f"{name}[-1] = {values[-1]} must equal the number of packed tokens, {total}")
