@@ -9,6 +9,7 @@ import torch
 
 import flashtile._dispatch.dense as dense
 from flashtile.api import attention, attention_bwd, attention_fwd, use_backend
+from flashtile.varlen import attention_varlen as flashtile_varlen
 from tests._grids import covering
 from tests.reference._sink_truth import dense_attention
 
@@ -412,3 +413,24 @@ def test_sinks_values_are_read_again_after_an_in_place_write():
         sinks[1] = 0.5
         torch.testing.assert_close(attention(q, k, v, sinks=sinks), dense_attention(q, k, v, sinks=sinks)[0],
                                    rtol=0, atol=1e-12)  # fmt: skip
+
+
+def test_sinks_in_the_inputs_old_dtype_follow_them_under_autocast():
+    """float16 inputs and float16 sinks under a bfloat16 autocast: the inputs are cast, and the sinks, no
+    longer in the call's dtype, go in as float32 (exact), differentiable; the same answer as the call made
+    on the cast inputs with float32 sinks. The reference tier (the interpreter's bfloat16 is wrong)."""
+    q, k, v, sinks, _ = make_inputs(1, 2, 2, 5, 7, 8, dtype=torch.float16, seed=31)
+    leaf, leaf32 = sinks.clone().requires_grad_(), sinks.float().requires_grad_()
+    with use_backend("reference"):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            o = attention(q, k, v, sinks=leaf)
+        o_cast = attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), sinks=leaf32)
+    assert o.dtype == torch.bfloat16 and torch.equal(o, o_cast)
+    (dsinks,) = torch.autograd.grad(o.float().sum(), leaf)
+    (dsinks32,) = torch.autograd.grad(o_cast.float().sum(), leaf32)
+    assert dsinks.dtype == torch.float16 and torch.equal(dsinks, dsinks32.half())
+    cu = torch.tensor([0, 2, 5], dtype=torch.int32)
+    packed = q[0].transpose(0, 1).contiguous()  # (5, H, D): two documents
+    with use_backend("reference"), torch.autocast("cpu", dtype=torch.bfloat16):
+        o_varlen = flashtile_varlen(packed, packed, packed, cu, cu, 3, 3, sinks=sinks)
+    assert o_varlen.dtype == torch.bfloat16

@@ -33,6 +33,7 @@ from ._checks import AttentionShape, check_max_seqlen, check_sink_values, check_
 from ._dispatch.tiers import (
     autocast_inputs,
     autocast_on,
+    autocast_sinks,
     no_autocast,
     pick_backend,
     refuse_unsupported_autograd_modes,
@@ -106,6 +107,7 @@ def attention_varlen(
     device = query.device.type
     if autocast_on(device):
         query, key, value = autocast_inputs(query, key, value, device)  # the scale was resolved before the cast
+        sinks = autocast_sinks(sinks, query.dtype)
     backend = pick_backend(query)
     with no_autocast(device):  # the tiers choose their own precision
         o, lse, _stats = attention_varlen_fwd(query, key, value, cu_seqlens_q, cu_seqlens_k, longest_q, longest_k,

@@ -37,6 +37,7 @@ from .tiers import (
     any_autocast,
     autocast_inputs,
     autocast_on,
+    autocast_sinks,
     check_backend,
     pick_backend,
     plain_inputs,
@@ -358,8 +359,8 @@ def cast_and_dispatch(query, key, value, call: AttentionCall, compiling: bool,
                       sinks=None):  # fmt: skip
     """``dispatch``, on the inputs cast to the autocast dtype where torch.autocast is on
     for their device; the kept plans only for the call's own inputs (eager, and not cast
-    copies). The sinks are not cast: the tiers read them in float64
-    (``reference.sinks``)."""
+    copies). The sinks keep their dtype where the cast inputs take it, else become
+    float32 (``autocast_sinks``)."""
     # eagerly, one C call where no autocast is on (torch.compile traces the rest)
     if compiling or any_autocast():
         # the flag first: no device object on the GPU
@@ -368,6 +369,7 @@ def cast_and_dispatch(query, key, value, call: AttentionCall, compiling: bool,
             uncast = query
             # all three cast, or none
             query, key, value = autocast_inputs(query, key, value, device)
+            sinks = autocast_sinks(sinks, query.dtype)
             # the tiers choose their own precision
             with torch.autocast(device, enabled=False):
                 own = not compiling and query is uncast

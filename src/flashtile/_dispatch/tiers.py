@@ -124,6 +124,15 @@ def autocast_inputs(query, key, value, device: str):
     return query.to(dtype), key.to(dtype), value.to(dtype)
 
 
+def autocast_sinks(sinks, dtype: torch.dtype):
+    """The sinks beside inputs cast to ``dtype`` by autocast: as they are where float32 or ``dtype`` (the
+    two dtypes a call of ``dtype`` inputs takes), float32 otherwise (the inputs' old 16-bit dtype: exact,
+    and differentiable like any cast)."""
+    if sinks is None or sinks.dtype == torch.float32 or sinks.dtype == dtype:
+        return sinks
+    return sinks.float()
+
+
 def refuse_unsupported_autograd_modes() -> None:
     """Forward-mode AD and torch.func transforms would get a zero or missing tangent from the custom ops
     (they define a reverse-mode formula only): refuse them with a clear error instead."""
