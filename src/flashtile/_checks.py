@@ -162,10 +162,10 @@ def check_value(v: torch.Tensor, k: torch.Tensor, *, names: tuple[str, str], dim
         )
     for dim, what in enumerate(dims):
         if v.shape[dim] != k.shape[dim]:
-            last = "" if same_head_dim else " in every dim but the last (its head dim may differ)"
             raise ValueError(
-                f"{nv} must have the same shape as {nk} {tuple(k.shape)}{last}, got {tuple(v.shape)}: {nv} has "
-                f"{what} {v.shape[dim]} (dim {dim}), {nk} {k.shape[dim]}"
+                f"{nv} must have the same shape as {nk} {tuple(k.shape)} in every dim but the last (its head dim "
+                f"may differ), got {tuple(v.shape)}: {nv} has {what} {v.shape[dim]} (dim {dim}), {nk} "
+                f"{k.shape[dim]}"
             )
     if same_head_dim and d_v != k.shape[-1]:
         raise ValueError(f"{nv} must have the same shape as {nk} {tuple(k.shape)}, got {tuple(v.shape)}")
