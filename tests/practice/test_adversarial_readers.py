@@ -167,3 +167,29 @@ def test_a_full_softmax_backward_and_an_unguarded_merge_fail_through_the_checker
     code = main(["check", str(tmp_path), "--step", "online_softmax", "--step", "backward", "--fast"])
     out = capfd.readouterr().out
     assert code == 0 and "2 of 2 steps pass" in out, out
+
+
+def test_a_worker_started_after_a_lost_one_holds_no_truth_of_the_next_case(tmp_path):
+    """A reader's file that ends its worker in one case, then, in the worker that replaces it, looks up the
+    stack it inherited for the checker's answer: the replacement is started between cases, so there is
+    none to find, and no case passes."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "sink_gradient.py").write_text(
+        "import os, sys, torch\n"
+        "def sink_gradient(sinks, lse, delta):\n"
+        "    f = sys._getframe()\n"
+        "    while f is not None:\n"
+        "        for value in f.f_locals.values():\n"
+        "            if isinstance(value, torch.Tensor) and value.shape == sinks.shape and value is not sinks:\n"
+        "                return value.clone()\n"
+        "        f = f.f_back\n"
+        "    os._exit(0)\n"
+    )
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    run = subprocess.run([sys.executable, "-m", "flashtile.practice", "check", str(tmp_path), "--step",
+                          "sink_gradient"], capture_output=True, text=True, env=env, timeout=600)  # fmt: skip
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "0/3" in run.stdout, run.stdout

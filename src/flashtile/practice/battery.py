@@ -412,9 +412,14 @@ def compare(name: str, actual, expected, atol: float, hint: Hint | None = None) 
     if (err > bound).any() or err.isnan().any():
         worst = int(torch.where(err.isnan(), torch.inf, err - bound).argmax())
         where = finite.nonzero()[worst].tolist()
+        got, want = a[tuple(where)].item(), e[tuple(where)].item()
+        digits = ".6g" if f"{got:.6g}" != f"{want:.6g}" else ".12g"  # enough digits to show the difference
+        # a result in a narrower dtype than the float64 truth: its rounding alone can pass the tolerance
+        narrow = (f"; {name} is {str(actual.dtype).replace('torch.', '')}, the truth float64: compute in the "
+                  "inputs' dtype" if actual.dtype != expected.dtype and actual.is_floating_point() else "")
         raise PracticeFailure(f"{name}: max abs error {err.max().item():.3g} > tolerance {atol:g} "
-                              f"(worst at {where}: got {a[tuple(where)].item():.6g}, "
-                              f"expected {e[tuple(where)].item():.6g})", hint, differs())
+                              f"(worst at {where}: got {got:{digits}}, expected {want:{digits}}){narrow}", hint,
+                              differs())
 
 
 def check_dtype(name: str, t, dtype, hint: Hint | None = None) -> None:

@@ -368,8 +368,8 @@ class Sandbox:
         self.fork = can_fork()
         self.worker: Worker | None = None
         self.loaded: tuple[str, str, tuple[str, ...]] | None = None  # the file the cases call
-        self.start_case()
-        self._start()
+        self.unloaded = False  # a new worker that has not imported ``loaded`` yet
+        self.start_case()  # which starts the first worker
 
     def __enter__(self):
         return self
@@ -381,6 +381,12 @@ class Sandbox:
     def start_case(self) -> None:
         self.left = self.time_limit
         self.lost: ReaderError | None = None  # what ended this case's worker: later calls of the case fail so
+        # A worker lost in the last case is replaced here, between cases: a fork made inside a case would
+        # start with that case's inputs and float64 truth on its stack, where the reader's code could read
+        # them (``sys._getframe``). The file is imported again at the case's first call.
+        if self.worker is None:
+            self._start()
+            self.unloaded = self.loaded is not None
 
     def _start(self) -> None:
         self.worker = Worker(self.directory, self.env, self.fork)
@@ -404,11 +410,13 @@ class Sandbox:
         """The worker's answer to one request, its ``ok`` checked; ReaderError for everything else."""
         if self.lost is not None:
             raise self.lost
-        if self.worker is None:  # the last case lost its worker: a new one, with the file imported again
+        if self.worker is None:  # lost within this case (``lost`` is set then): only a guard
             self._start()
-            if self.loaded is not None and request["op"] == "call":
-                file, module, functions = self.loaded
-                self.ask({"op": "load", "file": file, "module": module, "functions": list(functions)})
+            self.unloaded = self.loaded is not None
+        if self.unloaded and request["op"] == "call":  # a new worker: the file imported again first
+            self.unloaded = False
+            file, module, functions = self.loaded
+            self.ask({"op": "load", "file": file, "module": module, "functions": list(functions)})
         sent = self.worker.send(request)
         began = time.monotonic()
         try:
@@ -441,6 +449,7 @@ class Sandbox:
             raise self._lose("the answer of the process running your code could not be read: something wrote "
                              "into the checker's pipe", HINT_CHANNEL)
         self.loaded = (step.file, step.package_module, tuple(f for f in functions if f in step.functions))
+        self.unloaded = False  # this worker has just imported it
         return ReaderModule(self, step.file, self.loaded[2])
 
     def call(self, file: str, function: str, args: tuple, kwargs: dict, footprint=None, grad=None):

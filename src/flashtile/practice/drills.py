@@ -429,6 +429,11 @@ HINT_SINK_PER_TILE = Hint(
     "sink_per_tile", "your output is attention with the sink counted once per key tile (as if its logit were "
     "sink + log(number of tiles)): the sink joins a row once; look at where it enters l",
     "the sink is the state before the first tile, never a column of each tile's scores: " + SINK_START)
+HINT_SINK_PER_TILE_OR_EMPTY = replace(
+    HINT_SINK_PER_TILE, nudge="right on every row that sees a key, and o = 0, lse = -inf on the rows that see none: "
+    "they lost their sink, as they would if it joined once per key tile they visit (they visit none), or if the "
+    "epilogue or a skipped query tile wrote them as rows without one; look at where the sink enters l and at what "
+    "a row with no key ends as")
 HINT_SINK_SCALE = Hint(
     "sink_scale", "your output is attention with the sink multiplied (or divided) by τ: the sink is a logit in the "
     "units of the scaled scores; look where the sink meets the scale",
@@ -439,10 +444,15 @@ HINT_SINK_HEAD = Hint(
     "the rows of query head h start from m = sinks[h]; only their keys and values come from key/value head "
     "h // (H // H_kv)")
 HINT_SINK_EMPTY = Hint(
-    "sink_empty_row", "right on every row that sees a key, wrong on the rows that see none: such a row still has "
-    "its sink; look at what the epilogue writes for a row with no key",
+    "sink_empty_row", "right on every row that sees a key, and o = 0, lse = -inf on rows that see none: such a "
+    "row still has its sink; look at what the epilogue writes for a row with no key, and at any query tile your "
+    "loop skips because none of its rows sees a key (its rows must still be written from the sink)",
     "a row that sees no key ends as it started: o = acc / l = 0 / 1 = 0 and lse = m + log l = sink (-inf, o = 0, "
     "without a sink)")
+HINT_SINK_LSE = Hint(
+    "sink_lse", "o is right, but lse is the log of the keys' normaliser alone: lse is the log of the whole "
+    "normaliser, e^sink included (the backward divides by it); look at what the epilogue adds to m",
+    "lse = m + log l, with l counting the sink from the start state: log(e^sink + sum_j e^(S_ij))")
 HINT_SINK_NEG_INF = replace(
     HINT_NEG_INF, nudge="NaN only on rows that see no key or whose head has no sink (sink = -inf, so m starts at "
     "-inf): exp(-inf - (-inf)) is NaN; look at every exp(a - m) where m can still be -inf",
@@ -490,7 +500,10 @@ def sink_symptom(q, k, v, sinks, causal, scale, alignment, block_q, block_k, o, 
               (HINT_SINK_SCALE, tau * sinks), (HINT_SINK_SCALE, sinks / tau)]
     for skip in (True, False):
         n = tiles_visited(Tq, k.shape[2], causal, alignment, block_q, block_k, skip)
-        others += [(HINT_SINK_PER_TILE, per_row + torch.log(n)), (HINT_SINK_PER_TILE, per_row + torch.log(n + 1))]
+        # with at most one key tile a row, "once per tile" differs from the truth only on the rows that
+        # visit none, as a row written without its sink does: the hint names both
+        once_per_tile = HINT_SINK_PER_TILE if n.max() > 1 else HINT_SINK_PER_TILE_OR_EMPTY
+        others += [(once_per_tile, per_row + torch.log(n)), (HINT_SINK_PER_TILE, per_row + torch.log(n + 1))]
     if group > 1:
         heads = torch.arange(H)
         others += [(HINT_SINK_HEAD, sinks[heads // group]), (HINT_SINK_HEAD, sinks[heads % k.shape[1]])]
@@ -499,6 +512,8 @@ def sink_symptom(q, k, v, sinks, causal, scale, alignment, block_q, block_k, o, 
             return hint
     if group > 1 and same(truth(keys=k.repeat(1, group, 1, 1), values=v.repeat(1, group, 1, 1))):
         return HINT_GQA_MAP
+    if same((o_ref, truth(torch.full_like(sinks, float("-inf")))[1])):  # o right, lse without the sink
+        return HINT_SINK_LSE
     if matches(lse64, lse_ref, 1e-10):  # o = o_ref + w c: the sink's weight w times one vector c per head
         w = torch.where(torch.isneginf(lse_ref), 0.0, torch.exp(per_row - lse_ref))
         top = w.argmax(-1, keepdim=True)  # (B, H, 1): the row where the sink weighs most
@@ -506,9 +521,10 @@ def sink_symptom(q, k, v, sinks, causal, scale, alignment, block_q, block_k, o, 
         c = c / torch.where(w.gather(2, top) == 0, 1.0, w.gather(2, top))[..., None]
         if matches(o64, o_ref + w[..., None] * c, 1e-10):
             return HINT_SINK_VALUE
-    if no_key.any():
-        empty = no_key[None, None, :, None]
-        if same((torch.where(empty, 0.0, o_ref), torch.where(empty[..., 0], float("-inf"), lse_ref))):
+    if no_key.any():  # some or all of the rows that see no key written as if they had no sink
+        lost = no_key[None, None, :] & torch.isneginf(lse64) & ~torch.isneginf(lse_ref)
+        if lost.any() and same((torch.where(lost[..., None], 0.0, o_ref), torch.where(lost, float("-inf"),
+                                                                                       lse_ref))):  # fmt: skip
             return HINT_SINK_EMPTY
     return None
 
@@ -517,9 +533,10 @@ def _sink_case(B, H, H_kv, Tq, Tk, sinks, causal=False, alignment="upper_left", 
     def run(impl):
         q = randn(B, H, Tq, 8, seed=seed)
         k, v = randn(B, H_kv, Tk, 8, seed=seed + 1), randn(B, H_kv, Tk, 8, seed=seed + 2)
-        sink = torch.tensor(sinks, dtype=torch.float64)
+        # None: no sink at all, which must be step 3's forward (the truth: a sink of -inf on every head)
+        sink = torch.tensor(float("-inf") if sinks is None else sinks, dtype=torch.float64).expand(H)
         out = impl.flash_attention_forward(q, k, v, causal=causal, scale=scale, block_q=16, block_k=block_k,
-                                           alignment=alignment, sinks=sink.clone())
+                                           alignment=alignment, sinks=None if sinks is None else sink.clone())
         if not (isinstance(out, tuple | list) and len(out) == 2):
             raise PracticeFailure(f"expected (o, lse), got {type(out).__name__}")
         o, lse = out
@@ -540,6 +557,8 @@ def sink_cases() -> list[Case]:
              "head)", _sink_case(1, 4, 2, 16, 40, (-0.5, 2.0, 0.25, 1.0), True, "lower_right", seed=2)),
         Case("B=1 H=2 Tq=Tk=33 D=8, sinks (3, -2), causal, key tiles of 8 (a sink above most scores)",
              _sink_case(1, 2, 2, 33, 33, (3.0, -2.0), True, block_k=8, seed=3)),
+        Case("B=1 H=2 Tq=9 Tk=21 D=8, sinks=None (no sink: the forward of step 3)",
+             _sink_case(1, 2, 2, 9, 21, None, seed=5)),
     ]
 
 
@@ -566,8 +585,9 @@ def dsink_symptom(sinks, lse, delta, got) -> Hint | None:
     if not isinstance(got, torch.Tensor) or tuple(got.shape) != tuple(sinks.shape):
         return None
     got = got.detach().double().cpu()
-    if torch.isnan(got).any():
-        return HINT_DSINK_NEG_INF if torch.isneginf(lse).any() else None
+    if torch.isnan(got).any():  # explained only where the NaN heads are those with rows of lse = -inf
+        explained = torch.isneginf(lse).any(dim=(0, 2))
+        return HINT_DSINK_NEG_INF if not (torch.isnan(got) & ~explained).any() else None
     seen = ~torch.isneginf(lse)
     diff = torch.where(seen, sinks[None, :, None] - torch.where(seen, lse, 0.0), float("-inf"))
     terms = torch.exp(diff) * delta

@@ -155,7 +155,7 @@ STEPS: tuple[Step, ...] = (
         "flashtile.reference.forward",
         ("flash_attention_forward",),
         "part-a/sinks-and-head-dims/#the-derivation",
-        "drill: a sink as the start state (m = sink, l = 1, acc = 0)",
+        "drill: an attention sink in the tiled forward",
         sink_cases,
     ),
     Step(
@@ -164,7 +164,7 @@ STEPS: tuple[Step, ...] = (
         "flashtile.reference.sinks",
         ("sink_gradient",),
         "part-a/sinks-and-head-dims/#the-derivation",
-        "drill: dsink = -Σ e^(sink - lse) D",
+        "drill: the sinks' gradient from lse and D",
         sink_gradient_cases,
     ),
 )

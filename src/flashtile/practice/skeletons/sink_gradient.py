@@ -1,11 +1,9 @@
 """Drill: the gradient of an attention sink. Read part-a/sinks-and-head-dims.
 
-The sink is one more column of row i's scores whose value is zero. Its dP = dO . 0 = 0, so its
-dS = P_sink * (0 - D_i), with P_sink = e^(sink_h - lse_i) the sink's share of row i and
-D = rowsum(dO * O) the backward's D (``delta`` in code). Every row of every batch element shares
-the head's sink:
-    dsink_h = -(sum over b and i of e^(sink_h - lse[b, h, i]) * D[b, h, i]).
-Check with:
+The sink is one more column of row i's scores, whose value is zero, and lse includes it. Find
+the loss's gradient with respect to each head's sink from what the backward already has: the
+forward's lse and D = rowsum(dO * O) (``delta`` in code), one number per row. Every row of
+every batch element shares its head's sink. Check with:
     python -m flashtile.practice check DIR --step sink_gradient
 """
 
@@ -25,6 +23,6 @@ def sink_gradient(
         delta: (B, H, Tq), D = rowsum(dO * O).
 
     Returns:
-        (H,): dsink_h = -(sum over b and i of e^(sink_h - lse[b, h, i]) * delta[b, h, i]).
+        (H,): d loss / d sinks.
     """
-    raise NotImplementedError("TODO: each row's D, weighted by the sink's probability")
+    raise NotImplementedError("TODO: the sinks' gradient from lse and delta")

@@ -6,10 +6,9 @@ row i of head h normalises over its visible keys and the sink,
     lse_i = log(e^sink_h + sum_j e^(S_ij)),   o_i = sum_j e^(S_ij - lse_i) v_j,
 
 with S = τ q kᵀ (the sink is in the units of the scaled scores: it is never multiplied by τ).
-In the tiled forward it is the state a row starts from, as if it had seen one key whose value
-is zero: m = sink, l = 1, acc = 0 instead of (-inf, 0, 0). A row that sees no key ends as it
-started: o = 0 and lse = sink. A sink of -inf is no sink (start from m = -inf, l = 0).
-Start from your forward of step 3 (and the GQA drill). Check with:
+Work it into the tiled forward without a pass of its own and without a column of scores per
+tile; a sink of -inf must give exactly the forward without one. Start from your forward of
+step 3 (and the GQA drill). Check with:
     python -m flashtile.practice check DIR --step sink
 """
 
@@ -42,4 +41,4 @@ def flash_attention_forward(
         o: (B, H, Tq, D); lse: (B, H, Tq), the log of the whole normaliser, e^sink
         included. A row that sees no key gets o = 0 and lse = its sink.
     """
-    raise NotImplementedError("TODO: start each row from m = sink, l = 1, acc = 0")
+    raise NotImplementedError("TODO: the tiled forward with the sink in every row's softmax")
