@@ -230,3 +230,30 @@ def test_bf16_on_the_gpu_is_as_accurate_as_eager_and_generates_its_tokens(name):
             layer.self_attn.sinks.fill_(float("-inf"))
         control = (truth(ids).logits - expected).abs().max().item()
     assert control > 4 * max(errors.values()), (control, errors)
+
+
+def test_packed_documents_with_cu_seq_lens_stay_apart_under_torch_compile(name):
+    """Three documents packed in one row, their boundaries given as cu_seq_lens (as transformers' collator
+    with return_flash_attn_kwargs=True gives them): eagerly and compiled, each document's logits are those
+    it gets alone. The control: the same row read as one document differs from them."""
+    _, ours = gpt_oss_twins(name, config=gpt_oss_config(sliding_window=3))
+    ids = token_ids(1, 14, seed=4)
+    positions = torch.tensor([[0, 1, 2, 3, 4, 0, 0, 1, 2, 3, 4, 5, 6, 7]])
+    cu = torch.tensor([0, 5, 6, 14], dtype=torch.int32)
+    packed = dict(position_ids=positions, cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=8, max_length_k=8,
+                  use_cache=False)  # fmt: skip
+    torch._dynamo.reset()
+    with torch.no_grad():
+        alone = torch.cat([ours(ids[:, a:b], use_cache=False).logits for a, b in ((0, 5), (5, 6), (6, 14))], 1)
+        eager = ours(ids, **packed).logits
+        compiled = torch.compile(ours, backend="aot_eager")(ids, **packed).logits
+        one_document = ours(ids, use_cache=False).logits
+    torch.testing.assert_close(eager, alone, rtol=0, atol=LOGITS_ATOL)
+    torch.testing.assert_close(compiled, alone, rtol=0, atol=LOGITS_ATOL)
+    assert (one_document - alone).abs().max() > FAR
+
+
+def test_output_attentions_is_refused_rather_than_answered_with_nothing(name):
+    _, ours = gpt_oss_twins(name)
+    with torch.no_grad(), pytest.raises(ValueError, match="output_attentions=True cannot be answered"):
+        ours(token_ids(2, 8), output_attentions=True)

@@ -45,8 +45,16 @@ Measured status: the CPU tests in tests/integrations compare logits, every param
 generation with transformers' eager attention on tiny Llama, Qwen2 (with and without windows), Mistral,
 Gemma-2, gpt-oss (sinks, alternating windows) and DeepSeek-V3 (q·k 24 dims, v 16) models, padded and
 packed. A masked or packed batch reads its layout on the host once per
-forward (the first layer; the others reuse it), so it is not ``torch.compile`` fullgraph-clean; an
-unpadded, unpacked batch is a single call without host reads.
+forward (the first layer; the others reuse it), so it is not ``torch.compile`` fullgraph-clean (a graph
+break; the numbers stay right); an unpadded, unpacked batch whose layers get no mask is a single call
+without host reads. transformers gives a sliding-window layer a mask once the keys reach its window
+(gpt-oss, Mistral, Qwen2 with windows), and a static cache's decode step always one: those read it too.
+Under torch.compile, packed rows need ``cu_seq_lens_q`` (``document_starts``).
+
+Rows of padding tokens come out as 0 (a row that sees no key), where eager attention gives them some
+average of the keys: the real tokens' outputs are eager's, but a loss that reads a padding row's output
+(a label on a padding position, or, with left padding, the first real token predicted from the last
+padding row) differs from eager's. Mask such labels with -100, as transformers' collators do for padding.
 """
 
 from __future__ import annotations
@@ -208,6 +216,11 @@ def refuse_unsupported(dropout: float, kwargs: dict) -> None:
         )
     if kwargs.get("position_bias") is not None:
         raise ValueError("flashtile does not support 'position_bias' in attention; use attn_implementation='sdpa'")
+    if kwargs.get("output_attentions"):
+        raise ValueError(
+            "flashtile computes no attention weights (it never forms the probabilities P), so "
+            "output_attentions=True cannot be answered: use attn_implementation='eager' for them"
+        )
 
 
 # --8<-- [start:layer_sinks]
@@ -289,17 +302,24 @@ def document_starts(query: torch.Tensor, key: torch.Tensor, kwargs: dict) -> tor
     where a position is not the previous one plus 1, as in transformers' own ``find_packed_sequence_indices``.
     transformers' eager and SDPA masks honour restarting positions only without a cache (``use_cache=False``);
     flashtile honours them always, as transformers' FlashAttention path does. Read once per forward (the
-    model hands every layer the same tensor): one host read, skipped under ``torch.compile``, for one token,
-    and after a cache (Tk != Tq).
+    model hands every layer the same tensor): one host read, skipped for one token and after a cache
+    (Tk != Tq). Under ``torch.compile`` ``cu_seq_lens_q`` is read too (a graph break: packing must not be
+    dropped), but restarting ``position_ids`` alone are not: every batch carries position_ids, and reading
+    them would break every compiled forward's graph; pass ``cu_seq_lens_q`` with packed rows there.
     """
     B, _, Tq, _ = query.shape
-    if Tq == 1 or key.shape[2] != Tq or torch.compiler.is_compiling():
+    if Tq == 1 or key.shape[2] != Tq:
         return None
+    compiling = torch.compiler.is_compiling()
     cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
     if cu_q is not None:
         if not isinstance(cu_q, torch.Tensor):
             raise TypeError(f"cu_seq_lens_q must be a 1-D integer tensor, got {type(cu_q).__name__}")
+        if compiling:  # no attribute kept on a traced tensor
+            return starts_from_cu_seqlens(cu_q, cu_k, B, Tq)
         return remembered(cu_q, "_flashtile_starts", lambda: starts_from_cu_seqlens(cu_q, cu_k, B, Tq))
+    if compiling:
+        return None
     positions = kwargs.get("position_ids")
     if not isinstance(positions, torch.Tensor) or positions.dim() != 2 or positions.shape[-1] != Tq:
         return None
