@@ -4,10 +4,11 @@ A provider is a ``Contender``: a differentiable function, the tensors it takes (
 extra arguments such as sinks) and the extra fields of its rows. ``run_rounds`` checks each forward
 output against the case's float32 truth before anything is timed (a wrong answer is never timed), keeps
 its first gradients for a comparison across providers, and times the forward (under ``no_grad``) and the
-backward alone (``o.backward(do, retain_graph=True)``) once per round, the providers taking turns, so that
-a clock or thermal drift during the run falls on all of them alike; a row's time is the median of its
-rounds. A provider other than flashtile's that fails (out of memory, an SDPA backend refusing the shape, a
-compile error) gets rows that say why; one of flashtile's that fails is a bug, and raises.
+backward alone (``o.backward(do, retain_graph=True)``) once per round, the providers taking turns and the
+turn order rotated by one each round, so that a clock or thermal drift during the run, or a provider's
+effect on the next one, falls on all of them alike; a row's time is the median of its rounds. A provider
+other than flashtile's that fails in any round (out of memory, an SDPA backend refusing the shape, a
+compile error) gets rows that say why and no time; one of flashtile's that fails is a bug, and raises.
 """
 
 from __future__ import annotations
@@ -47,8 +48,11 @@ def run_rounds(contenders: dict, do: torch.Tensor, dtype: str, *, rounds: int, l
     same for every contender (their outputs have one shape); ``dtype`` the bench name of the inputs' dtype,
     which sets the tolerance of the check against each contender's truth."""
     state = {name: Outcome([], [], None, {}, None) for name in contenders}
+    names = list(contenders)
     for r in range(rounds):
-        for name, c in contenders.items():
+        turn = r % len(names)
+        for name in names[turn:] + names[:turn]:
+            c = contenders[name]
             if state[name].error is not None:
                 continue
             try:
@@ -101,18 +105,19 @@ def median_or_none(times: list) -> float | None:
 GRAD_RTOL = 0.05  # ||g - g_ours|| / ||g_ours|| allowed between two bf16 implementations
 
 
-def outcome_rows(outcomes: dict, contenders: dict, base: dict, flops: float, *, ours: str, compared) -> list[dict]:
+def outcome_rows(outcomes: dict, contenders: dict, base: dict, flops: float, *, compared: dict) -> list[dict]:
     """The schema rows of one case: forward and backward for every contender (``base``, the case's shape and
     fields, then the contender's own), TFLOP/s from ``flops`` (x2.5 backward), the rounds' times, the forward's
-    error, and for the contenders in ``compared`` their gradients against contender ``ours``'s (asserted
-    within ``GRAD_RTOL``)."""
-    rows, reference = [], outcomes[ours].grads
+    error, and for each contender ``compared`` maps to a reference contender (one of flashtile's computing the
+    same function), its gradients against the reference's (asserted within ``GRAD_RTOL``). A contender that
+    failed in any round gets no time, only the reason."""
+    rows = []
     for key, c in contenders.items():
         out = outcomes[key]
         for which, times, factor in (("forward", out.forward_ms, 1.0), ("backward", out.backward_ms, 2.5)):
             row = {"pass": which, **base, **c.fields}
             ms = median_or_none(times)
-            if ms is None:
+            if ms is None or out.error is not None:
                 rows.append(dict(row, ms=None, tflops=None, error=out.error))
                 continue
             tflops = round(flops * factor / (ms * 1e-3) / 1e12, 1)
@@ -120,8 +125,8 @@ def outcome_rows(outcomes: dict, contenders: dict, base: dict, flops: float, *, 
             if which == "forward":
                 row["max_abs_err_vs_fp32"] = round(out.max_abs_err_vs_fp32, 5)
             elif key in compared:
-                diff = relative_grad_difference(out.grads, reference)
-                assert diff < GRAD_RTOL, f"{key}'s gradients differ from {ours}'s by {diff:.3g} (relative)"
+                diff = relative_grad_difference(out.grads, outcomes[compared[key]].grads)
+                assert diff < GRAD_RTOL, f"{key}'s gradients differ from {compared[key]}'s by {diff:.3g} (relative)"
                 row["max_rel_grad_diff_vs_flashtile"] = round(diff, 5)
             rows.append(row)
     return rows
