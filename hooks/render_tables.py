@@ -76,9 +76,14 @@ def failures(rows: list[dict]) -> list[str]:
             seen.setdefault((row["provider"], row.get("error", "")), []).append(row)
     lines = []
     for (provider, error), where in seen.items():
-        shapes = "; ".join(f"B={r['B']} H={_heads(r).replace(' ', '')} T={r['Tq']} D={r['D']} {r['layout']} "
-                           f"{r['dtype']}" for r in where)  # fmt: skip
-        lines.append(f"- {FORWARD_PROVIDERS.get(provider, provider)} fails at {shapes}: {markdown_text(error)}")
+        # one entry per shape, whichever passes failed at it (forward and backward name the same shape)
+        described = dict.fromkeys(
+            f"B={r['B']} H={_heads(r).replace(' ', '')} T={r['Tq']} D={r['D']}"
+            + (f" D_v={r['D_v']}" if r.get("D_v", r["D"]) != r["D"] else "") + f" {r['layout']} {r['dtype']}"
+            for r in where
+        )
+        lines.append(f"- {FORWARD_PROVIDERS.get(provider, provider)} fails at {'; '.join(described)}: "
+                     f"{markdown_text(error)}")  # fmt: skip
     return ["", "Not run:", "", *lines] if lines else []
 
 
