@@ -127,3 +127,29 @@ def max_rel_grad_error(truth, ours) -> tuple[float, str]:
         err = ((q.grad.double() - p.grad.double()).abs().max() / p.grad.abs().max().clamp_min(1e-30)).item()
         worst = max(worst, (err, param_name))
     return worst
+
+
+def bf16_logit_errors(truth, config, implementations, ids, mask, generate_tokens: int = 0) -> tuple[dict, dict]:
+    """Each implementation's model in bf16 (``truth``'s weights, on its device) against ``truth``'s logits:
+    ({(implementation, padded): largest |error| over the real tokens}, {implementation: greedy tokens}),
+    padded meaning with ``mask`` as the attention mask. With ``generate_tokens``, each also generates that
+    many tokens greedily from the first 40 of ``ids``, row 0 left-padded by 10."""
+    device = next(truth.parameters()).device
+    errors, tokens = {}, {}
+    for implementation in implementations:
+        model = build(copy.deepcopy(config), implementation, dtype=torch.bfloat16).to(device)
+        model.load_state_dict(truth.state_dict())
+        for padded in (False, True):
+            inputs = dict(attention_mask=mask) if padded else {}
+            with torch.no_grad():
+                got = model(ids, **inputs).logits.float()
+                expected = truth(ids, **inputs).logits
+            real = mask.bool() if padded else torch.ones_like(mask, dtype=torch.bool)
+            errors[implementation, padded] = (got - expected)[real].abs().max().item()
+        if generate_tokens:
+            prompt_mask = torch.ones_like(ids[:, :40])
+            prompt_mask[0, :10] = 0  # left padding: generation from a padded batch
+            tokens[implementation] = model.generate(ids[:, :40], attention_mask=prompt_mask,
+                                                    max_new_tokens=generate_tokens, do_sample=False,
+                                                    pad_token_id=0)  # fmt: skip
+    return errors, tokens

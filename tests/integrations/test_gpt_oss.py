@@ -9,8 +9,6 @@ is far from the truth), so a flashtile that dropped the sinks, or scaled them as
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 
@@ -20,6 +18,7 @@ import flashtile.integrations.transformers as integration  # noqa: E402
 from flashtile.api import use_backend  # noqa: E402
 from flashtile.integrations.transformers import register  # noqa: E402
 from tests.integrations._hf_models import (  # noqa: E402
+    bf16_logit_errors,
     build,
     gpt_oss_config,
     max_rel_grad_error,
@@ -206,21 +205,7 @@ def test_bf16_on_the_gpu_is_as_accurate_as_eager_and_generates_its_tokens(name):
     ids = torch.randint(1, 512, (2, 384), generator=torch.Generator().manual_seed(1)).cuda()
     mask = torch.ones_like(ids)
     mask[0, :100] = 0
-    errors, tokens = {}, {}
-    for implementation in (name, "eager"):
-        model = build(copy.deepcopy(config), implementation, dtype=torch.bfloat16).cuda()
-        model.load_state_dict(truth.state_dict())
-        for padded in (False, True):
-            inputs = dict(attention_mask=mask) if padded else {}
-            with torch.no_grad():
-                got = model(ids, **inputs).logits.float()
-                expected = truth(ids, **inputs).logits
-            real = mask.bool() if padded else torch.ones_like(mask, dtype=torch.bool)
-            errors[implementation, padded] = (got - expected)[real].abs().max().item()
-        prompt_mask = torch.ones_like(ids[:, :40])
-        prompt_mask[0, :10] = 0  # left padding: generation from a padded batch
-        tokens[implementation] = model.generate(ids[:, :40], attention_mask=prompt_mask, max_new_tokens=8,
-                                                **GREEDY)  # fmt: skip
+    errors, tokens = bf16_logit_errors(truth, config, (name, "eager"), ids, mask, generate_tokens=8)
     for padded in (False, True):
         assert errors[name, padded] <= 1.25 * errors["eager", padded] + 2e-3, errors
     assert torch.equal(tokens[name], tokens["eager"])

@@ -11,8 +11,6 @@ models); one test runs the kernels through the interpreter, and the GPU test run
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 
@@ -22,6 +20,7 @@ import flashtile.integrations.transformers as integration  # noqa: E402
 from flashtile.api import use_backend  # noqa: E402
 from flashtile.integrations.transformers import register  # noqa: E402
 from tests.integrations._hf_models import (  # noqa: E402
+    bf16_logit_errors,
     build,
     cache_argument,
     gemma2_config,
@@ -242,17 +241,7 @@ def test_windows_in_bf16_on_the_gpu_are_as_accurate_as_transformers_own(name, fa
         unwindowed = build(configs[family](sliding_window=None if family == "mistral" else 512, **sizes), "eager")
         control = (unwindowed.cuda()(ids).logits - truth(ids).logits).abs().max().item()
     baseline = "sdpa" if family == "mistral" else "eager"
-    errors = {}
-    for implementation in (name, baseline):
-        model = build(copy.deepcopy(config), implementation, dtype=torch.bfloat16).cuda()
-        model.load_state_dict(truth.state_dict())
-        for padded in (False, True):
-            inputs = dict(attention_mask=mask) if padded else {}
-            with torch.no_grad():
-                got = model(ids, **inputs).logits.float()
-                expected = truth(ids, **inputs).logits
-            real = mask.bool() if padded else torch.ones_like(mask, dtype=torch.bool)
-            errors[implementation, padded] = (got - expected)[real].abs().max().item()
+    errors, _ = bf16_logit_errors(truth, config, (name, baseline), ids, mask)
     for padded in (False, True):
         assert errors[name, padded] <= 1.25 * errors[baseline, padded] + 1e-2, errors
     assert control > 4 * max(errors.values()), (control, errors)
