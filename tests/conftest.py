@@ -4,6 +4,9 @@
   ``tests/_xdist_plan.py``; its hook is re-exported here, where pytest finds it.
 - No test may leave a folder of the repository's ``tests/`` or ``hooks/`` on ``sys.path``: a test that does
   fails, named, with the entries it left (``tests/test_imports.py`` says why).
+- After a GPU test, the memory PyTorch's allocator keeps cached is handed back to the device: ``make gpu-test``
+  runs four workers on one GPU, and a worker that holds the cache of its largest test (tens of GiB) left the
+  others out of memory on an 80 GB H100.
 """
 
 from __future__ import annotations
@@ -21,6 +24,16 @@ def pytest_runtest_call(item: pytest.Item):
     if left:
         raise AssertionError(f"{item.nodeid} left these folders of the repository on sys.path: {left}")
     return result
+
+
+@pytest.fixture(autouse=True)
+def _hand_back_cached_gpu_memory(request):
+    yield
+    if request.node.get_closest_marker("gpu") is not None:
+        import torch
+
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.empty_cache()
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:

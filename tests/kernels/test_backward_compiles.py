@@ -88,8 +88,8 @@ for D in (64, 128, 256):  # the atomic mode through TMA: each dQ share one bulk 
     out["ptx"][f"bulk_{D}"] = kernel.asm["ptx"]
     out["stats"].append(["dkdv_bulk", D, (bq, bk, warps, stages), *spills(kernel), kernel.metadata.shared])
 POINTERS.update(Q="*bf16", DO="*bf16", DQ_ACC="*fp32")
-for d_qk, d_v in ((192, 128), (128, 64)):  # unequal head dims, at the settings of the wider one (backward_config)
-    config = backward.backward_config(max(d_qk, d_v), torch.bfloat16, 8192, work=0)  # pointers
+for d_qk, d_v in ((192, 128), (128, 64)):  # unequal head dims, at their own settings (backward_config)
+    config = backward.backward_config(d_qk, torch.bfloat16, 8192, work=0, head_dim_v=d_v)  # pointers
     pads = dict(HEAD_DIM=d_qk, HEAD_DIM_PAD=1 << (d_qk - 1).bit_length(), HEAD_DIM_V=d_v, HEAD_DIM_V_PAD=d_v)
     bq, bk, warps, stages = config["dkdv"]
     kernel = like_a_launch(backward.backward_dkdv_kernel, dict(common, **pads, BLOCK_Q=bq, BLOCK_K=bk, ATOMIC_DQ=False,
@@ -158,10 +158,10 @@ def test_tma_loads_free_the_registers_that_tiles_of_pointers_hold(sm90):
 
 
 @pytest.mark.parametrize("d_qk, d_v", [(192, 128), (128, 64)])
-def test_unequal_head_dims_compile_both_kernels_to_wgmma_at_the_wider_dims_settings(sm90, d_qk, d_v):
+def test_unequal_head_dims_compile_both_kernels_to_wgmma_at_their_settings(sm90, d_qk, d_v):
     """The dK/dV and dQ kernels with q, k d_qk wide and v, do d_v wide, at ``backward_config``'s settings for
-    max(d_qk, d_v): their matmuls still lower to wgmma; their spills and shared memory are held to the limits
-    of the test above, which takes their stats too."""
+    the pair: their matmuls still lower to wgmma; their spills and shared memory are held to the limits of
+    the test above, which takes their stats too."""
     for kernel in ("dkdv", "dq"):
         assert "wgmma.mma_async" in sm90["ptx"][f"{kernel}_{d_qk}_{d_v}"], (kernel, d_qk, d_v)
     assert {f"dkdv {d_qk}/{d_v}", f"dq {d_qk}/{d_v}"} <= {row[0] for row in sm90["stats"]}

@@ -227,7 +227,7 @@ def test_settings_measured_with_descriptors_give_way_to_the_pointer_settings_whe
     tma=False. The table is replaced by a marked one, so the choice is visible on any machine."""
     from flashtile.kernels import forward
 
-    def table(head_dim, dtype, interpreted=False, causal=False, Tq=4096, tma=True):
+    def table(head_dim, dtype, interpreted=False, causal=False, Tq=4096, tma=True, head_dim_v=None):
         if tma:
             return dict(block_q=32, block_k=32, num_warps=4, num_stages=1, tma="auto")
         return dict(block_q=16, block_k=16, num_warps=4, num_stages=1, tma=False)

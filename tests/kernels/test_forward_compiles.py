@@ -53,9 +53,9 @@ for use_tma in (False, True):
         sink = sm90(forward._forward_kernel, dict(types, SINKS="*fp32"), dict(constexprs, SINK=True), num_warps=8,
                     num_stages=3)  # fmt: skip
         out["sink"], out["sink_spills"] = sink.asm["ptx"], spills(sink)
-# unequal head dims at the settings of the wider one (forward_config), and that one's equal-dims call beside them
+# unequal head dims at their own settings (forward_config), and the wider one's equal-dims call beside them
 for d_qk, d_v in ((192, 128), (256, 256), (128, 64), (128, 128)):
-    config = forward.forward_config(max(d_qk, d_v), torch.bfloat16, causal=True, tma=False)
+    config = forward.forward_config(d_qk, torch.bfloat16, causal=True, tma=False, head_dim_v=d_v)
     pad = 1 << (d_qk - 1).bit_length()
     constexprs = dict(HEAD_DIM=d_qk, HEAD_DIM_PAD=pad, HEAD_DIM_V=d_v, HEAD_DIM_V_PAD=d_v, BLOCK_Q=config["block_q"],
                       BLOCK_K=config["block_k"], CAUSAL=True, SIGN=1, USE_TMA=False, DOT_PRECISION="tf32",
@@ -100,10 +100,11 @@ def test_the_sink_start_state_compiles_to_wgmma_and_spills_no_more_than_without_
 @pytest.mark.parametrize("d_qk, d_v, wider", [(192, 128, 256), (128, 64, 128)])
 def test_unequal_head_dims_compile_to_wgmma_within_the_wider_dims_registers_and_shared_memory(sm90_ptx, d_qk, d_v,
                                                                                               wider):  # fmt: skip
-    """q, k d_qk wide and v, acc, o d_v wide, at ``forward_config``'s settings for the wider dim (causal,
-    pointers): both dots still lower to wgmma, and the kernel spills no more and takes no more shared memory
-    than the equal-dims kernel of the wider dim at the same settings, whose speed was measured."""
+    """q, k d_qk wide and v, acc, o d_v wide, at ``forward_config``'s settings for the pair (causal,
+    pointers: one more stage than the wider dim's equal-dims call, whose v tiles are wider): both dots still
+    lower to wgmma, the kernel spills no more than that equal-dims kernel at its own settings, and its shared
+    memory fits one block of the H100 and H200."""
     key, equal = f"{d_qk}/{d_v}", f"{wider}/{wider}"
     assert "wgmma.mma_async" in sm90_ptx[key]
-    assert sm90_ptx[f"{key} shared"] <= sm90_ptx[f"{equal} shared"], (sm90_ptx[f"{key} shared"], equal)
+    assert sm90_ptx[f"{key} shared"] <= 227 * 1024, sm90_ptx[f"{key} shared"]
     assert sm90_ptx[f"{key} spills"] <= sm90_ptx[f"{equal} spills"], (sm90_ptx[f"{key} spills"], equal)

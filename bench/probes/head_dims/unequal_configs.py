@@ -98,7 +98,7 @@ def main(out: Path) -> None:
         q, k, v, do = inputs(B, T, d_qk, d_v)
         leaves = [t.detach().requires_grad_() for t in (q, k, v)]
         for provider in ("flashtile", "sdpa_cudnn"):
-            def timed(provider=provider):
+            def timed(provider=provider, q=q, k=k, v=v, do=do, leaves=leaves):
                 if provider == "flashtile":
                     call = lambda *a: flashtile.attention(*a, is_causal=True)
                 else:
@@ -123,9 +123,9 @@ def main(out: Path) -> None:
             for config in configs:
                 if over_budget(f"{part} {name} {config}"):
                     continue
-                bq, bk, warps, stages, tma = config
 
-                def timed():
+                def timed(config=config, q=q, k=k, v=v, truth=truth):
+                    bq, bk, warps, stages, tma = config
                     fn = lambda: flash_attention(q, k, v, causal=True, block_q=bq, block_k=bk, num_warps=warps,
                                                  num_stages=stages, tma=tma)[0]  # fmt: skip
                     with torch.no_grad():

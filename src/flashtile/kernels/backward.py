@@ -704,8 +704,8 @@ ATOMIC_BULK_DKDV = {64: (64, 64, 4, 2), 128: (64, 128, 8, 2), 256: (32, 64, 8, 2
 
 
 def backward_config(head_dim: int, dtype: torch.dtype, seq_len: int = 0,
-                    atomic_dq: bool = False,
-                    work: float = float("inf")) -> dict:  # fmt: skip
+                    atomic_dq: bool = False, work: float = float("inf"),
+                    head_dim_v: int | None = None) -> dict:  # fmt: skip
     """(block_q, block_k, num_warps, num_stages) for each kernel, and whether to load
     through TMA, by head dim, dtype, the longer of Tq and Tk, and the dQ mode.
 
@@ -731,14 +731,16 @@ def backward_config(head_dim: int, dtype: torch.dtype, seq_len: int = 0,
     64 dQ tiles in one stage 2.2-2.4x faster than the 16 x 32 tiles kept before. fp32
     inputs multiply on the CUDA cores, not the tensor cores, and need far smaller tiles.
     The interpreter runs programs one after another: fewer, larger tiles are faster
-    there. A call whose value head dim d_v differs from d_qk asks with the larger of the
-    two (the launchers pass ``max(d_qk, d_v)``): each kernel then holds at most the
-    tiles of the wider one's equal-dims call, whose settings were measured (192/128
-    takes the D = 256 settings, 128/64 and 64/128 the D = 128 ones); not yet measured on
-    the GPU with unequal dims.
+    there. ``head_dim`` is d_qk, ``head_dim_v`` the value head dim d_v where the call has
+    one (None: d_qk). At 192/128 (DeepSeek-V3's prefill) a search at 8k tokens found
+    32 x 128 dK/dV tiles and 128 x 64 dQ tiles in 2 stages, through pointers, x1.39 faster
+    than the D = 256 settings (x1.36 at 2k; an H100, sweeps/unequal-configs.json). Any
+    other pair takes the settings of the wider of the two, whose equal-dims call holds at
+    least its tiles (128/64 and 64/128 those of D = 128).
     """
     # --8<-- [start:bwd_settings]
-    pad = head_dim_pad(head_dim)
+    pad_v = head_dim_pad(head_dim if head_dim_v is None else head_dim_v)
+    pad = max(head_dim_pad(head_dim), pad_v)
     if is_interpreting():
         return dict(dkdv=(32, 32, 4, 1), dq=(32, 32, 4, 1), tma=False)
     if dtype == torch.float32:
@@ -762,6 +764,9 @@ def backward_config(head_dim: int, dtype: torch.dtype, seq_len: int = 0,
     # tiles only
     if atomic_dq:
         return dict(dkdv=(16, 32, 4, 2), dq=(64, 32, 8, 2), tma=False)
+    # q and k 256 wide, v 128 (192/128; sweeps/unequal-configs.json)
+    if pad_v < pad:
+        return dict(dkdv=(32, 128, 8, 2), dq=(128, 64, 8, 2), tma=False)
     # D = 256 (sweeps/backward-d256-configs.json)
     return dict(dkdv=(64, 64, 8, 2), dq=(128, 64, 8, 1), tma=tma)
     # --8<-- [end:bwd_settings]
@@ -874,14 +879,15 @@ def make_backward_plan(q, k, v, o, lse, do, stats, *, spec: AttentionSpec, deter
     check_kernel_device("q", q)
     block_q = None if block_q is None else check_tile_size("block_q", block_q)
     block_k = None if block_k is None else check_tile_size("block_k", block_k)
-    width = max(shape.D, d_v)  # unequal head dims take the settings of the wider one (``backward_config``)
+    width = max(shape.D, d_v)
     if config is None:
         mean_dim = (shape.D + d_v) / 2  # the work per pair is (3 d_qk + 2 d_v) * 2 FLOPs: D for equal dims
         work = shape.B * shape.H * shape.Tq * shape.Tk * mean_dim * (0.5 if causal else 1.0)
         if mask.banded:  # the pairs the window keeps
             work = shape.B * shape.H * mean_dim * window_visible_pairs(shape.Tq, shape.Tk, spec.mask.window, False,
                                                                        spec.mask.alignment)  # fmt: skip
-        config = backward_config(width, q.dtype, max(shape.Tq, shape.Tk), atomic_dq=not deterministic, work=work)
+        config = backward_config(shape.D, q.dtype, max(shape.Tq, shape.Tk), atomic_dq=not deterministic, work=work,
+                                 head_dim_v=d_v)  # fmt: skip
     else:  # a caller's config loads through pointers unless tma says otherwise
         config = dict(check_config(config), tma=False)
     tma = config["tma"] if tma is None else check_flag("tma", tma)

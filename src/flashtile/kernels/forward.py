@@ -427,7 +427,7 @@ LAUNCH_SETTINGS = ("block_q", "block_k", "num_warps", "num_stages")  # what a ca
 
 @functools.cache  # a pure function of its arguments, asked on every call: look it up once
 def forward_config(head_dim: int, dtype: torch.dtype, interpreted: bool = False, causal: bool = False,
-                   Tq: int = 4096, tma: bool = True) -> dict:  # fmt: skip
+                   Tq: int = 4096, tma: bool = True, head_dim_v: int | None = None) -> dict:  # fmt: skip
     """Tile sizes, launch settings and the load path, measured on the H200 (sweeps/forward-tma.json,
     forward-wide-d64.json, forward-register-cap-probe.json).
 
@@ -443,20 +443,28 @@ def forward_config(head_dim: int, dtype: torch.dtype, interpreted: bool = False,
     runs programs one after another, where fewer, larger tiles are faster; it takes TMA where it can,
     so CPU tests cover that path.
 
-    A call whose value head dim d_v differs from d_qk asks with the larger of the two (the launchers pass
-    ``max(d_qk, d_v)``): the q tile is d_qk wide and acc d_v wide, so its registers and shared memory are
-    at most those of the wider one's equal-dims call, whose settings were measured. 192/128 takes the
-    D = 256 settings (d_qk = 192 pads to 256 anyway), 128/64 and 64/128 the D = 128 ones; not yet
-    measured on the GPU with unequal dims.
+    ``head_dim`` is d_qk, ``head_dim_v`` the value head dim d_v where the call has one (None: d_qk).
+    The q and k tiles are d_qk wide, acc and v d_v wide. Where d_v pads to less than d_qk, the tiles
+    hold less than the equal-dims call's and fit one more pipeline stage: at 192/128 (DeepSeek-V3's
+    prefill, q.k 256 wide) 128 x 64 tiles in 3 stages ran x1.43 (8k) and x1.52 (2k) faster than the
+    D = 256 settings, through TMA; at 128/64 128 x 64 tiles on 4 warps ran x1.05 to x1.08 faster than
+    D = 128's, from 2k tokens (an H100, sweeps/unequal-configs.json). Any other pair takes the settings
+    of the wider of the two (64/128 those of D = 128), whose equal-dims call holds at least its tiles.
     """
     # --8<-- [start:settings]
-    pad = head_dim_pad(head_dim)
+    pad_v = head_dim_pad(head_dim if head_dim_v is None else head_dim_v)
+    pad = max(head_dim_pad(head_dim), pad_v)
     if interpreted:
         return dict(block_q=32, block_k=32, num_warps=4, num_stages=1, tma="auto")
     if dtype == torch.float32:
         if pad <= 64:
             return dict(block_q=128, block_k=64, num_warps=8, num_stages=3, tma=False)
         return dict(block_q=64, block_k=32, num_warps=4, num_stages=2, tma=False)
+    # a narrower v: one more stage of k and v tiles fits (sweeps/unequal-configs.json)
+    if pad_v < pad and pad == 256:
+        return dict(block_q=128, block_k=64, num_warps=8, num_stages=3, tma="auto")
+    if pad_v < pad and pad == 128 and Tq > 1024:
+        return dict(block_q=128, block_k=64, num_warps=4, num_stages=3, tma="auto")
     # fewer, longer key steps; the cap keeps two programs an SM
     if pad == 64 and not causal and tma:
         return dict(block_q=128, block_k=128, num_warps=8, num_stages=3, tma="auto",
@@ -520,15 +528,13 @@ def make_forward_plan(q, k, v, *, spec: AttentionSpec, return_stats: bool, block
     check_kernel_device("q", q)
     # so the cache stays small
     length_class = 512 if shape.Tq <= 512 else (1024 if shape.Tq <= 1024 else 4096)
-    # unequal head dims take the settings of the wider one (``forward_config``)
-    width = max(shape.D, d_v)
     interpreted = q.device.type == "cpu"
-    config = forward_config(width, q.dtype, interpreted, causal, length_class)
+    config = forward_config(shape.D, q.dtype, interpreted, causal, length_class, head_dim_v=d_v)
     strides = use_tma(config["tma"] if tma is None else tma, q, k, v)
     # settings measured with descriptors, which this call lacks
     if strides is None and config["tma"] == "auto":
-        config = forward_config(width, q.dtype, interpreted, causal, length_class,
-                                tma=False)  # fmt: skip
+        config = forward_config(shape.D, q.dtype, interpreted, causal, length_class,
+                                tma=False, head_dim_v=d_v)  # fmt: skip
     block_q, block_k, num_warps, num_stages, own_settings = launch_settings(
         config, block_q, block_k, num_warps, num_stages)
     B, H, H_kv, Tq, Tk, D = shape
