@@ -733,7 +733,7 @@ def backward_config(head_dim: int, dtype: torch.dtype, seq_len: int = 0,
     The interpreter runs programs one after another: fewer, larger tiles are faster
     there. ``head_dim`` is d_qk, ``head_dim_v`` the value head dim d_v where the call has
     one (None: d_qk). At 192/128 (DeepSeek-V3's prefill) a search at 8k tokens found
-    32 x 128 dK/dV tiles and 128 x 64 dQ tiles in 2 stages, through pointers, x1.39 faster
+    32 x 128 dK/dV tiles and 128 x 64 dQ tiles in 2 stages, through pointers, x1.40 faster
     than the D = 256 settings (x1.36 at 2k; an H100, sweeps/unequal-configs.json). Any
     other pair takes the settings of the wider of the two, whose equal-dims call holds at
     least its tiles (128/64 and 64/128 those of D = 128).
