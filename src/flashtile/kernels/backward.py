@@ -731,12 +731,12 @@ def backward_config(head_dim: int, dtype: torch.dtype, seq_len: int = 0,
     64 dQ tiles in one stage 2.2-2.4x faster than the 16 x 32 tiles kept before. fp32
     inputs multiply on the CUDA cores, not the tensor cores, and need far smaller tiles.
     The interpreter runs programs one after another: fewer, larger tiles are faster
-    there. ``head_dim`` is d_qk, ``head_dim_v`` the value head dim d_v where the call has
-    one (None: d_qk). At 192/128 (DeepSeek-V3's prefill) a search at 8k tokens found
-    32 x 128 dK/dV tiles and 128 x 64 dQ tiles in 2 stages, through pointers, x1.40 faster
-    than the D = 256 settings (x1.36 at 2k; an H100, sweeps/unequal-configs.json). Any
-    other pair takes the settings of the wider of the two, whose equal-dims call holds at
-    least its tiles (128/64 and 64/128 those of D = 128).
+    there. ``head_dim`` is d_qk, ``head_dim_v`` the value head dim d_v where the call
+    has one (None: d_qk). At 192/128 (DeepSeek-V3's prefill) a search at 8k tokens
+    found 32 x 128 dK/dV tiles and 128 x 64 dQ tiles in 2 stages, through pointers,
+    x1.40 faster than the D = 256 settings (x1.36 at 2k; an H100,
+    sweeps/unequal-configs.json). Any other pair takes the settings of the wider of the
+    two, whose equal-dims call holds at least its tiles (128/64 and 64/128: D = 128's).
     """
     # --8<-- [start:bwd_settings]
     pad_v = head_dim_pad(head_dim if head_dim_v is None else head_dim_v)

@@ -529,7 +529,8 @@ def make_forward_plan(q, k, v, *, spec: AttentionSpec, return_stats: bool, block
     # so the cache stays small
     length_class = 512 if shape.Tq <= 512 else (1024 if shape.Tq <= 1024 else 4096)
     interpreted = q.device.type == "cpu"
-    config = forward_config(shape.D, q.dtype, interpreted, causal, length_class, head_dim_v=d_v)
+    config = forward_config(shape.D, q.dtype, interpreted, causal, length_class,
+                            head_dim_v=d_v)  # fmt: skip
     strides = use_tma(config["tma"] if tma is None else tma, q, k, v)
     # settings measured with descriptors, which this call lacks
     if strides is None and config["tma"] == "auto":
