@@ -98,8 +98,8 @@ def test_the_sink_start_state_compiles_to_wgmma_and_spills_no_more_than_without_
 
 
 @pytest.mark.parametrize("d_qk, d_v, wider", [(192, 128, 256), (128, 64, 128)])
-def test_unequal_head_dims_compile_to_wgmma_within_the_wider_dims_registers_and_shared_memory(sm90_ptx, d_qk, d_v,
-                                                                                              wider):  # fmt: skip
+def test_unequal_head_dims_compile_to_wgmma_spill_no_more_than_the_wider_dims_and_fit(sm90_ptx, d_qk, d_v,
+                                                                                      wider):  # fmt: skip
     """q, k d_qk wide and v, acc, o d_v wide, at ``forward_config``'s settings for the pair (causal,
     pointers: one more stage than the wider dim's equal-dims call, whose v tiles are wider): both dots still
     lower to wgmma, the kernel spills no more than that equal-dims kernel at its own settings, and its shared
