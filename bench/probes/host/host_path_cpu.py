@@ -100,8 +100,8 @@ def stub_launches() -> None:
     parts.KernelLaunch.__call__ = lambda self, *tensors: None  # no kernel runs: the host path alone
     real_config = kforward.forward_config
 
-    def gpu_config(head_dim, dtype, interpreted, causal, length_class, tma=True):
-        return real_config(head_dim, dtype, False, causal, length_class, tma)
+    def gpu_config(head_dim, dtype, interpreted, causal, length_class, tma=True, **options):
+        return real_config(head_dim, dtype, False, causal, length_class, tma, **options)
 
     kforward.forward_config = gpu_config
 

@@ -15,7 +15,9 @@ three times:
 - ``gc-timed``: with a ``gc.callbacks`` hook adding up the time Python's garbage collector ran and how
   many collections of each generation it made while the loops ran;
 - ``gc-frozen``: after ``gc.collect(); gc.freeze()``, so that a collection no longer walks the objects
-  the process made before the loops (imported modules, compiled kernels, caches).
+  the process made before the loops (imported modules, compiled kernels, caches);
+
+and then the decode table's ``measure_decode()`` once (``decode``, the collector still frozen).
 
 The file keeps every process's µs per call, and per variant and row: the median over processes of each
 checkout, after / before with a bootstrap 95 % interval (processes resampled), and the same ratio with
@@ -35,9 +37,11 @@ import sys
 import time
 from pathlib import Path
 
-VARIANTS = ("tool", "gc-timed", "gc-frozen")
+VARIANTS = ("tool", "gc-timed", "gc-frozen", "decode")
 # each flashtile row and the SDPA row of the same mode (same autograd work) that scales it
-SCALED_BY = {"flashtile fwd": "sdpa fwd", "flashtile fwd+bwd": "sdpa fwd+bwd", "flashtile_launcher fwd": "sdpa fwd"}
+SCALED_BY = {"flashtile fwd": "sdpa fwd", "flashtile fwd+bwd": "sdpa fwd+bwd", "flashtile_launcher fwd": "sdpa fwd",
+             "flashtile_decode decode": "sdpa decode", "flashtile_decode_launcher decode": "sdpa decode",
+             "flashtile decode": "sdpa decode"}
 
 # Run in each child process, from one checkout: argv[1] is that checkout's src folder.
 CHILD = r"""
@@ -56,7 +60,7 @@ def timed(phase, info):
         gc_run["collections"][info["generation"]] += 1
 
 result = {}
-for variant in ("tool", "gc-timed", "gc-frozen"):
+for variant in ("tool", "gc-timed", "gc-frozen", "decode"):
     if variant == "gc-frozen":
         gc.collect()
         gc.freeze()
@@ -64,7 +68,7 @@ for variant in ("tool", "gc-timed", "gc-frozen"):
     tracked = len(gc.get_objects())
     if variant == "gc-timed":
         gc.callbacks.append(timed)
-    rows = overhead.measure()
+    rows = overhead.measure_decode() if variant == "decode" else overhead.measure()
     if variant == "gc-timed":
         gc.callbacks.remove(timed)
     result[variant] = dict(us={f"{r['provider']} {r['mode']}": r["ms"] * 1e3 for r in rows},
@@ -157,7 +161,8 @@ def main(argv=None) -> None:
             rounds=len(runs["after"]),
             method=("flashtile.bench.overhead.measure() from each checkout (B=1, H=1, T=128, D=64, bf16, causal; "
                     "median of 9 loops, the entry points taking turns), three times per process: as the command "
-                    "runs it, with gc.callbacks timing the collector, after gc.freeze(); one process per checkout "
+                    "runs it, with gc.callbacks timing the collector, after gc.freeze(); then measure_decode(); "
+                    "one process per checkout "
                     "per round, AB then BA, after one discarded process per checkout; medians over processes, "
                     "bootstrap 95 % intervals of after / before (4000 draws)"),
         ),

@@ -694,10 +694,10 @@ def decode_with_plan(
         if plan.store_lse
         else None
     )
-    # a dummy pointer, never read
+    # a dummy pointer, never read (sinks stay None without them: the kernels are
+    # compiled with SINKS a constant they never read)
     seqlens = o if cache_seqlens is None else cache_seqlens
     table = o if block_table is None else block_table  # likewise
-    sinks = o if sinks is None else sinks  # likewise
     if plan.merge is None:
         # o: a dummy for lse
         plan.split(

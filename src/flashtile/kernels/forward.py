@@ -577,8 +577,8 @@ def make_forward_plan(q, k, v, *, spec: AttentionSpec, return_stats: bool, block
             num_stages=num_stages,
             maxnreg=maxnreg,
             # o, the row statistics and the sinks (o again for the statistics without
-            # them, the statistics or o for the sinks without sinks), allocated on every
-            # call: the sinks as a float32 copy
+            # them; None for the sinks without sinks), allocated on every call: the sinks
+            # as a float32 copy
             fresh_outputs=3,
             # kept under q, k and v's layouts (flash_attention, and attention's kept
             # call)
@@ -713,10 +713,9 @@ def forward_with_plan(
     else:
         o = torch.empty_strided(plan.out_shape, plan.out_strides, dtype=q.dtype,
                                 device=plan.device)  # fmt: skip
-    if plan.has_sinks:
-        sinks = sinks.to(torch.float32, copy=True)
-    else:  # o stands in for SINKS, which this kernel then never touches
-        sinks = o
+    # without sinks, None: the kernel is compiled with SINKS a constant it never reads,
+    # and the launch passes one pointer fewer (each costs a driver call on the host)
+    sinks = sinks.to(torch.float32, copy=True) if plan.has_sinks else None
     if not stats:  # and for ROW_STATS
         plan.launch_without_stats(*loads, o, o, sinks)
         return o, None
@@ -796,8 +795,8 @@ def varlen_forward_with_spec(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_
     o = torch.empty((total_q, H, d_v), dtype=q.dtype, device=q.device)
     row_stats = torch.empty((3, H, total_q), dtype=torch.float32, device=q.device)  # lse, m, l
     n_docs = cu_seqlens_q.shape[0] - 1
-    # the sinks as a contiguous float32 copy, the one form the kernel reads; row_stats stands in without them
-    sinks = row_stats if sinks is None else sinks.to(torch.float32, copy=True)
+    # the sinks as a contiguous float32 copy, the one form the kernel reads; None without them
+    sinks = None if sinks is None else sinks.to(torch.float32, copy=True)
 
     def strides(x):  # (total, heads, D) seen as (1, heads, total, D): the batch stride is never stepped
         return 0, x.stride(1), x.stride(0), x.stride(2)
