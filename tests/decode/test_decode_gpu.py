@@ -186,3 +186,57 @@ def test_decode_with_sinks_and_unequal_head_dims_matches_the_float64_formula(var
     o_ref, lse_ref = sink_decode_truth(q, k, v, lengths, window=window, softcap=softcap, sinks=sinks.cpu())
     torch.testing.assert_close(o.double().cpu(), o_ref, atol=2e-2, rtol=2e-2)
     torch.testing.assert_close(lse.double().cpu(), lse_ref, atol=1e-3, rtol=1e-4)
+
+
+@pytest.mark.parametrize("num_splits", [1, 4])
+@pytest.mark.parametrize("with_sinks", [False, True], ids=["no-sinks", "sinks"])
+def test_kept_decode_launches_find_their_kernel_by_device_and_views_off_16_bytes_get_their_own(num_splits,
+                                                                                               with_sinks):
+    """A decode plan is kept under the layouts of every tensor it is given (16-byte alignment included), so
+    its launches find the compiled kernel by the device alone: after the first call, every kept launch of
+    ``decode_attention``, ``flash_decode`` and ``attention``'s decode route holds one kernel, under the
+    device. Repeated calls give the first answer bit for bit; q, k and v 2 bytes off a 16-byte boundary get
+    plans and kernels of their own and the float64 formula's answer (a kernel compiled for aligned
+    addresses would read them wrong or fault)."""
+    from flashtile import _plans, attention
+    from flashtile.kernels.decode import DecodePlan
+    from tests.decode._decode_cases import sink_decode_truth
+
+    B, H, H_kv, T, D = 1, 8, 2, 512, 64
+    gen = torch.Generator(device="cuda").manual_seed(11 + num_splits + 2 * with_sinks)
+    q = torch.randn(B, H, 1, D, generator=gen, device="cuda").to(torch.bfloat16)
+    k, v = (torch.randn(B, H_kv, T, D, generator=gen, device="cuda").to(torch.bfloat16) for _ in range(2))
+    sinks = torch.randn(H, generator=gen, device="cuda") if with_sinks else None
+    seqlens = torch.tensor([T - 7], dtype=torch.int32, device="cuda")
+    calls = {
+        "decode_attention": lambda q, k, v: decode_attention(q, k, v, seqlens, num_splits=num_splits, sinks=sinks),
+        "flash_decode": lambda q, k, v: flash_decode(q, k, v, seqlens, num_splits=num_splits, sinks=sinks)[0],
+        "attention": lambda q, k, v: attention(q, k, v, enable_gqa=True, sinks=sinks),
+    }
+    truth = {name: sink_decode_truth(q, k, v, [T if name == "attention" else T - 7], sinks=sinks)[0]
+             for name in calls}  # fmt: skip
+    _plans._plans.clear()
+    for name, call in calls.items():
+        first = call(q, k, v)
+        torch.testing.assert_close(first.double().cpu(), truth[name], atol=2e-2, rtol=2e-2)
+        for _ in range(3):
+            assert torch.equal(call(q, k, v), first), name
+    plans = [p for p in _plans._plans.values() if isinstance(p, DecodePlan)]
+    plans += [p.plans.kernels for p in _plans._plans.values() if hasattr(p, "plans")
+              and getattr(p.plans, "kernels", None) is not None]  # fmt: skip
+    plans += [p.plans.decode for p in _plans._plans.values() if hasattr(p, "plans")
+              and getattr(p.plans, "decode", None) is not None]  # fmt: skip
+    assert len(plans) == 3
+    launches = [launch for plan in plans for launch in (plan.split, plan.merge) if launch is not None]
+    # a split kernel per plan, and a merge where the plan splits the keys (attention's route picks its own count)
+    assert len(launches) >= (3 if num_splits == 1 else 5)
+    assert all(list(launch._compiled) == [torch.cuda.current_device()] for launch in launches)
+    storage = torch.randn(3 * k.numel() + 8, generator=gen, device="cuda").to(torch.bfloat16)
+    k_off, v_off = (storage[1 + i * k.numel() : 1 + (i + 1) * k.numel()].view(k.shape) for i in range(2))
+    q_off = storage[1 + 2 * k.numel() : 1 + 2 * k.numel() + q.numel()].view(q.shape)
+    assert all(x.data_ptr() % 16 for x in (q_off, k_off, v_off))
+    for name, call in calls.items():
+        length = T if name == "attention" else T - 7
+        o_true = sink_decode_truth(q_off, k_off, v_off, [length], sinks=sinks)[0]
+        for _ in range(2):
+            torch.testing.assert_close(call(q_off, k_off, v_off).double().cpu(), o_true, atol=2e-2, rtol=2e-2)

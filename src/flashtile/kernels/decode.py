@@ -624,6 +624,10 @@ def plan_decode(
         num_stages=num_stages,
         # the partials (or o and lse), allocated on every call by decode_with_plan
         fresh_outputs=2,
+        # every plan is kept under the layouts of the tensors it is given (flash_decode,
+        # decode_attention and attention's decode route), and o stands in for absent
+        # cache_seqlens and block_table: the kept kernel is found by the device alone
+        plan_keyed=True,
     )
     merge = None
     if num_splits > 1:
@@ -651,6 +655,7 @@ def plan_decode(
             num_stages=3,
             # the workspace (twice), o and lse: all allocated on every call
             fresh_outputs=4,
+            plan_keyed=True,  # as the split kernel's launch
         )
     return DecodePlan(
         shape,
