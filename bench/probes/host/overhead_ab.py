@@ -3,7 +3,10 @@ overhead``'s own measurement run from two checkouts in alternating processes.
 
 Usage: ``OUT=/some/folder python bench/probes/host/overhead_ab.py BEFORE AFTER [--rounds N] [--budget-s S]
 [--before-label L] [--after-label L]``, BEFORE and AFTER two checkouts (``git archive <commit> src | tar -x
--C <folder>`` is enough), each imported from its own ``src`` on ``PYTHONPATH`` with its own bytecode.
+-C <folder>`` is enough), each imported from its own ``src`` on ``PYTHONPATH`` with its own bytecode; or
+``OUT=... python bench/probes/host/overhead_ab.py --pool FILE FILE ... [--variants V ...]``, which takes
+the processes of several runs together (``overhead-ab-pooled.json``), for the variants whose code is the
+same in every run.
 
 Why processes in turn: one checkout's table, run after run, moved by 20 % between processes, and SDPA,
 the same code in both, moved with it. So each round starts one process per checkout (AB, then BA, ...),
@@ -117,24 +120,77 @@ def summarize(runs: dict, variant: str) -> dict:
                 scaled["before"])
             entry["per_sdpa_interval_95"] = bootstrap_ratio(scaled["before"], scaled["after"])
         out[row] = entry
-    if variant == "gc-timed":
-        for side in runs:
+    for side in runs:  # where the processes' own files are at hand (not for pooled files)
+        if "gc_seconds" in runs[side][0][variant]:
             out[f"gc ms per process ({side})"] = [round(r[variant]["gc_seconds"] * 1e3, 2) for r in runs[side]]
             out[f"gc collections per process ({side})"] = [r[variant]["gc_collections"] for r in runs[side]]
-    for side in runs:
-        out[f"tracked objects ({side})"] = statistics.median(r[variant]["tracked_objects"] for r in runs[side])
+        if "tracked_objects" in runs[side][0][variant]:
+            out[f"tracked objects ({side})"] = statistics.median(r[variant]["tracked_objects"] for r in runs[side])
     return out
+
+
+def runs_of(result: dict) -> dict:
+    """The per-process µs that a result file of this probe keeps, back in ``summarize``'s form."""
+    runs = {}
+    for side in ("before", "after"):
+        variants = {variant: {row: entry[f"{side}_us"] for row, entry in rows.items() if isinstance(entry, dict)}
+                    for variant, rows in result["variants"].items()}  # fmt: skip
+        n = len(variants["tool"]["flashtile fwd"])
+        runs[side] = [{variant: {"us": {row: values[i] for row, values in rows.items()}}
+                       for variant, rows in variants.items()} for i in range(n)]  # fmt: skip
+    return runs
+
+
+def pool(files: list[Path], variants=VARIANTS) -> dict:
+    """Several runs as one, for the ``variants`` whose code is the same in every run (the same two checkouts,
+    or heads that differ elsewhere): their processes together, summarized as one run's."""
+    results = [json.loads(f.read_text()) for f in files]
+    runs = {"before": [], "after": []}
+    for result in results:
+        for side, processes in runs_of(result).items():
+            runs[side] += processes
+    common = [v for v in variants if all(v in r["variants"] for r in results)]
+    runs = {side: [{v: p[v] for v in common} for p in processes] for side, processes in runs.items()}
+    return dict(provenance=dict(pooled=[dict(file=f.name, **r["provenance"]) for f, r in zip(files, results)],
+                                method="the processes of the files above taken together; medians over them, "
+                                       "bootstrap 95 % intervals of after / before (4000 draws)"),
+                variants={variant: summarize(runs, variant) for variant in common})  # fmt: skip
+
+
+def print_summary(result: dict) -> None:
+    for variant, rows in result["variants"].items():
+        print(f"{variant}: {'row':>24} {'before':>8} {'after':>8} {'ratio':>6} {'95 %':>13} {'/sdpa':>6}")
+        for row, entry in rows.items():
+            if not isinstance(entry, dict):
+                continue
+            lo, hi = entry["interval_95"]
+            scaled = f"{entry['per_sdpa_after_over_before']:6.3f}" if row in SCALED_BY else ""
+            print(f"{'':>{len(variant) + 1}} {row:>24} {entry['before_median']:8.2f} {entry['after_median']:8.2f} "
+                  f"{entry['after_over_before']:6.3f} [{lo:.3f},{hi:.3f}] {scaled:>6}")  # fmt: skip
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("before", type=Path)
-    parser.add_argument("after", type=Path)
+    parser.add_argument("before", type=Path, nargs="?")
+    parser.add_argument("after", type=Path, nargs="?")
+    parser.add_argument("--pool", type=Path, nargs="+", help="instead of running: pool these result files' "
+                        "processes into overhead-ab-pooled.json")
+    parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=VARIANTS,
+                        help="with --pool: the variants to pool (those whose code is the same in every file)")
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--budget-s", type=float, default=480.0, help="start no round after this many seconds")
     parser.add_argument("--before-label", default="before")
     parser.add_argument("--after-label", default="after")
     args = parser.parse_args(argv)
+    folder = Path(os.environ.get("OUT", "."))
+    folder.mkdir(parents=True, exist_ok=True)
+    if args.pool:
+        result = pool(args.pool, args.variants)
+        (folder / "overhead-ab-pooled.json").write_text(json.dumps(result, indent=1) + "\n")
+        print_summary(result)
+        return
+    if args.before is None or args.after is None:
+        parser.error("BEFORE and AFTER are needed, unless --pool is given")
     trees = {"before": args.before.resolve(), "after": args.after.resolve()}
     start = time.perf_counter()
     for side in trees:  # fills Triton's cache with this tree's kernels; discarded
@@ -168,18 +224,8 @@ def main(argv=None) -> None:
         ),
         variants={variant: summarize(runs, variant) for variant in VARIANTS},
     )
-    folder = Path(os.environ.get("OUT", "."))
-    folder.mkdir(parents=True, exist_ok=True)
     (folder / "overhead-ab.json").write_text(json.dumps(result, indent=1) + "\n")
-    for variant, rows in result["variants"].items():
-        print(f"{variant}: {'row':>24} {'before':>8} {'after':>8} {'ratio':>6} {'95 %':>13} {'/sdpa':>6}")
-        for row, entry in rows.items():
-            if not isinstance(entry, dict):
-                continue
-            lo, hi = entry["interval_95"]
-            scaled = f"{entry['per_sdpa_after_over_before']:6.3f}" if row in SCALED_BY else ""
-            print(f"{'':>{len(variant) + 1}} {row:>24} {entry['before_median']:8.2f} {entry['after_median']:8.2f} "
-                  f"{entry['after_over_before']:6.3f} [{lo:.3f},{hi:.3f}] {scaled:>6}")  # fmt: skip
+    print_summary(result)
 
 
 if __name__ == "__main__":
