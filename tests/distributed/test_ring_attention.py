@@ -211,11 +211,12 @@ def test_backward_with_each_steps_own_lse_is_wrong_which_is_why_the_forward_save
     halves = (slice(0, 4), slice(4, 8))
     truth_dq = attention_truth(q, k, v, do, False)[1]
     o, lse = local_forward(q, k, v, False, 0.5)
-    right = sum(local_backward(q, k[..., s, :], v[..., s, :], o, lse, do, False, 0.5)[0] for s in halves)
+    right = sum(local_backward(q, k[..., s, :], v[..., s, :], o, lse, do, causal=False, scale=0.5)[0] for s in halves)
     wrong = 0
     for s in halves:
         o_part, lse_part = local_forward(q, k[..., s, :], v[..., s, :], False, 0.5)
-        wrong = wrong + local_backward(q, k[..., s, :], v[..., s, :], o_part, lse_part, do, False, 0.5)[0]
+        wrong = wrong + local_backward(q, k[..., s, :], v[..., s, :], o_part, lse_part, do, causal=False,
+                                     scale=0.5)[0]
     torch.testing.assert_close(right, truth_dq, rtol=0, atol=1e-12)
     assert not torch.allclose(wrong, truth_dq, atol=1e-3)
 

@@ -87,7 +87,7 @@ def part_times(q, k, v, full, causal: bool, scale: float, reps: int, device) -> 
         "merge": lambda: merge_into(o[..., visit.q_rows, :], lse[..., visit.q_rows], o_part, lse_part),
         "exchange_kv": exchange_kv,
         "step0_with_exchange": step0_with_exchange,
-        "check_shards": lambda: check_shards_agree(q, k, causal, scale, ring),
+        "check_shards": lambda: check_shards_agree(q, k, is_causal=causal, scale=scale, ring=ring),
     }
     with torch.no_grad():
         times = {name: timed(fn, reps, device) for name, fn in parts.items()}

@@ -110,7 +110,7 @@ def local_forward(q, k, v, causal: bool, scale: float):
     return flash_attention_forward(q.to(c), k.to(c), v.to(c), causal, scale, REFERENCE_BLOCK, REFERENCE_BLOCK)
 
 
-def local_backward(q, k, v, o, lse, do, causal: bool, scale: float):
+def local_backward(q, k, v, o, lse, do, *, causal: bool, scale: float):
     """(dq, dk, dv) of one (query rows, key rows) pair, given the *final* o and lse of those query rows."""
     lse = lse.contiguous()
     if uses_kernels(q):
@@ -150,7 +150,7 @@ def first_step(q, k, v, plan: StepPlan, scale: float, dtype: torch.dtype):
     return o.to(dtype), lse.to(stats_dtype(q))
 
 
-def forward_step(q, k, v, o, lse, plan: StepPlan, scale: float) -> None:
+def forward_step(q, k, v, o, lse, *, plan: StepPlan, scale: float) -> None:
     """Attend q[plan.q_rows] to the visiting k, v[plan.k_rows] and merge the result into
     (o, lse) in place."""
     rows, keys = plan.q_rows, plan.k_rows
@@ -161,7 +161,7 @@ def forward_step(q, k, v, o, lse, plan: StepPlan, scale: float) -> None:
 
 
 def backward_step(
-    q, k, v, o, lse, do, plan: StepPlan, scale: float, dq, dk, dv
+    q, k, v, o, lse, do, *, plan: StepPlan, scale: float, dq, dk, dv
 ) -> None:
     """Add this step's share of the gradients to dq (local queries) and dk, dv (visiting
     keys) in place.
@@ -173,8 +173,7 @@ def backward_step(
     rows, keys = plan.q_rows, plan.k_rows
     dq_part, dk_part, dv_part = local_backward(
         q[..., rows, :], k[..., keys, :], v[..., keys, :], o[..., rows, :],
-        lse[..., rows], do[..., rows, :],
-        plan.causal, scale,
+        lse[..., rows], do[..., rows, :], causal=plan.causal, scale=scale,
     )  # fmt: skip
     dq[..., rows, :] += dq_part
     dk[..., keys, :] += dk_part
@@ -258,8 +257,9 @@ def simulate_ring(
             source = (rank - step) % world  # step s: the keys that started s ranks back
             plan = step_plan(rank, source, T_local, is_causal)
             forward_step(
-                q_shards[rank], k_shards[source], v_shards[source], o, lse, plan, scale
-            )
+                q_shards[rank], k_shards[source], v_shards[source], o, lse,
+                plan=plan, scale=scale,
+            )  # fmt: skip
         o, lse = fold_sinks(o, lse, sinks)
         outs.append(o)
         lses.append(lse)
@@ -278,7 +278,8 @@ def simulate_ring(
             plan = step_plan(rank, source, T_local, is_causal)
             backward_step(
                 q_shards[rank], k_shards[source], v_shards[source], o, lses[rank],
-                do_shards[rank], plan, scale, dqs[rank], dks[source], dvs[source],
+                do_shards[rank], plan=plan, scale=scale, dq=dqs[rank],
+                dk=dks[source], dv=dvs[source],
             )  # fmt: skip
     if sinks is None:
         return outs, dqs, dks, dvs
@@ -319,7 +320,7 @@ def wait(requests: list) -> None:
 
 
 # --8<-- [start:ring_forward]
-def ring_forward(q, k, v, is_causal: bool, scale: float, ring: Ring, sinks=None):
+def ring_forward(q, k, v, *, is_causal: bool, scale: float, ring: Ring, sinks=None):
     """This rank's (o, lse): o in q's dtype, lse in the merge dtype, sinks included.
 
     With two ranks and no sinks each row is merged once, so o stays in q's dtype and is
@@ -337,7 +338,7 @@ def ring_forward(q, k, v, is_causal: bool, scale: float, ring: Ring, sinks=None)
         if step == 0:  # the rank's own keys: the running result starts as their partial
             o, lse = first_step(q, k, v, plan, scale, running)
         else:
-            forward_step(q, k, v, o, lse, plan, scale)
+            forward_step(q, k, v, o, lse, plan=plan, scale=scale)
         if not last:
             wait(requests)
             k, v = k_next, v_next
@@ -347,7 +348,7 @@ def ring_forward(q, k, v, is_causal: bool, scale: float, ring: Ring, sinks=None)
 
 
 # --8<-- [start:ring_backward]
-def ring_backward(q, k, v, o, lse, do, is_causal: bool, scale: float, ring: Ring):
+def ring_backward(q, k, v, o, lse, do, *, is_causal: bool, scale: float, ring: Ring):
     """(dq, dk, dv) of this rank's shards, in the merge dtype."""
     dq = torch.zeros(q.shape, dtype=lse.dtype, device=q.device)
     kv = torch.stack((k, v))
@@ -370,8 +371,9 @@ def ring_backward(q, k, v, o, lse, do, is_causal: bool, scale: float, ring: Ring
         dkv_mine = torch.zeros((2, *k.shape), dtype=lse.dtype, device=k.device)
         plan = step_plan(ring.rank, source, q.shape[2], is_causal)
         backward_step(
-            q, kv[0], kv[1], o, lse, do, plan, scale, dq, dkv_mine[0], dkv_mine[1]
-        )
+            q, kv[0], kv[1], o, lse, do, plan=plan, scale=scale, dq=dq,
+            dk=dkv_mine[0], dv=dkv_mine[1],
+        )  # fmt: skip
         wait(requests)
         dkv = dkv_mine if step == 0 else dkv_in.add_(dkv_mine)
         if step < ring.world - 1:
@@ -391,9 +393,9 @@ class RingAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, sinks, is_causal, scale, ring):
-        o, lse = ring_forward(q, k, v, is_causal, scale, ring, sinks)
+        o, lse = ring_forward(q, k, v, is_causal=is_causal, scale=scale, ring=ring, sinks=sinks)
         ctx.save_for_backward(q, k, v, o, lse, *([] if sinks is None else [sinks]))
-        ctx.config = (is_causal, scale, ring)
+        ctx.config = dict(is_causal=is_causal, scale=scale, ring=ring)
         return o
 
     @staticmethod
@@ -402,7 +404,7 @@ class RingAttention(torch.autograd.Function):
         (do,) = resolve_neg_bits(do)  # a negative view's memory holds -do; the kernels and the transfers read memory
         do = do.contiguous()
         # the lse that holds the sinks: exp(S - lse) is each key's share, so the steps are as without them
-        dq, dk, dv = ring_backward(q, k, v, o, lse, do, *ctx.config)
+        dq, dk, dv = ring_backward(q, k, v, o, lse, do, **ctx.config)
         dsinks = sink_share(sinks[0], o, lse, do) if sinks and ctx.needs_input_grad[3] else None
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dsinks, None, None, None
 
@@ -477,7 +479,7 @@ def signature_device(query, ring: Ring) -> torch.device:
     return torch.device("cpu")
 
 
-def check_shards_agree(query, key, is_causal: bool, scale: float, ring: Ring, sinks=None,
+def check_shards_agree(query, key, *, is_causal: bool, scale: float, ring: Ring, sinks=None,
                        refused: Exception | None = None) -> None:  # fmt: skip
     """Every rank must hold shards of one shape, dtype and device type, and call with the same is_causal
     and scale, and the same sinks on every rank or none; and every rank's arguments must pass its own
@@ -611,7 +613,8 @@ def ring_attention(
             raise refused from None
         raise
     if check_shards:
-        check_shards_agree(query, key, is_causal, scale, ring, sinks, refused)
+        check_shards_agree(query, key, is_causal=is_causal, scale=scale, ring=ring, sinks=sinks,
+                           refused=refused)  # fmt: skip
     elif refused is not None:
         raise refused
     # The key and value shards travel (isend/irecv send dense memory): any layout is

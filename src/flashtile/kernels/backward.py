@@ -672,7 +672,7 @@ def sum_split_kernel(
 SPLIT_SUM_BLOCK = 1024  # elements per program: a plain streaming sum, 4 warps
 
 
-def split_sum_launch(B: int, H_kv: int, Tk: int, head_dims: tuple[int, int],
+def split_sum_launch(B: int, H_kv: int, Tk: int, *, head_dims: tuple[int, int],
                      kv_split: int, dk_strides: tuple,
                      dv_strides: tuple) -> KernelLaunch | None:  # fmt: skip
     """The launch that sums the split's partials into dk and dv (part of the backward's
@@ -967,7 +967,8 @@ def make_backward_plan(q, k, v, o, lse, do, stats, *, spec: AttentionSpec, deter
         tma_dq=tma_dq,
         dq_reduce_rows=dkdv_q if dq_reduce else 0,
         kv_split=kv_split,
-        split_sum=split_sum_launch(shape.B, shape.H_kv, shape.Tk, (shape.D, d_v), kv_split, *grad_strides[1:]),
+        split_sum=split_sum_launch(shape.B, shape.H_kv, shape.Tk, head_dims=(shape.D, d_v), kv_split=kv_split,
+                                   dk_strides=grad_strides[1], dv_strides=grad_strides[2]),  # fmt: skip
         grad_strides=grad_strides,
         # torch.empty_like(x) is the cheapest allocation (no shape, strides, dtype or device to pass), and for
         # a dense plain tensor it gives exactly x's strides, which are then what strides_like chose

@@ -577,8 +577,8 @@ def make_forward_plan(q, k, v, *, spec: AttentionSpec, return_stats: bool, block
             num_stages=num_stages,
             maxnreg=maxnreg,
             # o, the row statistics and the sinks (o again for the statistics without
-            # them; None for the sinks without sinks), allocated on every call: the sinks
-            # as a float32 copy
+            # them; None for absent sinks), allocated on every call: the sinks as a
+            # float32 copy
             fresh_outputs=3,
             # kept under q, k and v's layouts (flash_attention, and attention's kept
             # call)
