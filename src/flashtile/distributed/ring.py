@@ -613,8 +613,8 @@ def ring_attention(
             raise refused from None
         raise
     if check_shards:
-        check_shards_agree(query, key, is_causal=is_causal, scale=scale, ring=ring, sinks=sinks,
-                           refused=refused)  # fmt: skip
+        check_shards_agree(query, key, is_causal=is_causal, scale=scale, ring=ring,
+                           sinks=sinks, refused=refused)  # fmt: skip
     elif refused is not None:
         raise refused
     # The key and value shards travel (isend/irecv send dense memory): any layout is
