@@ -191,10 +191,11 @@ def _attend_key_tiles(
 
 # --8<-- [start:sink_start]
 @triton.jit
-def sink_start(SINKS, h, unit, qk_scale, BLOCK_Q: tl.constexpr, SOFTCAP: tl.constexpr,
+def sink_start(sink, unit, qk_scale, BLOCK_Q: tl.constexpr, SOFTCAP: tl.constexpr,
                INTERPRETED: tl.constexpr):  # fmt: skip
-    """(m, l, shift, largest) of rows that have seen head h's sink and no key: the state
-    after one column whose score is the sink and whose value is zero (acc stays 0).
+    """(m, l, shift, largest) of rows that have seen their head's ``sink`` (float32,
+    loaded at the program's start) and no key: the state after one column whose score is
+    the sink and whose value is zero (acc stays 0).
 
     m is in the loop's units: raw dots u with S = unit * u, so m = sink / unit; with a
     softcap the loop runs on capped scores in natural units, and the sink (never capped)
@@ -202,7 +203,6 @@ def sink_start(SINKS, h, unit, qk_scale, BLOCK_Q: tl.constexpr, SOFTCAP: tl.cons
     2^shift: exp2(m * qk_scale - shift) = 2^delta, 1 in the units of lse. A sink of -inf
     gives (-inf, 0, -inf, 0): the empty state, bit for bit.
     """
-    sink = tl.load(SINKS + h).to(tl.float32)
     if not SOFTCAP:
         sink = sink / unit  # natural units to raw dots: S = unit * u
     m = tl.full([BLOCK_Q], 0.0, dtype=tl.float32) + sink
@@ -259,6 +259,8 @@ def _forward_kernel(
         K += k_doc.to(tl.int64) * stride_kt
         V += k_doc.to(tl.int64) * stride_vt
     # --8<-- [end:varlen]
+    if SINK:  # the head's sink, loaded before q's tile so that its latency hides behind it
+        sink = tl.load(SINKS + h).to(tl.float32)
 
     # --8<-- [start:pointers]
     q_mask = (i[:, None] < Tq) & (d[None, :] < HEAD_DIM)
@@ -288,7 +290,7 @@ def _forward_kernel(
     # max |shift| a row has used, for the check below
     largest = tl.zeros([BLOCK_Q], dtype=tl.float32)
     if SINK:  # the rows have seen one key already, the sink, whose value is zero
-        m, l, shift, largest = sink_start(SINKS, h, unit, qk_scale, BLOCK_Q, SOFTCAP,
+        m, l, shift, largest = sink_start(sink, unit, qk_scale, BLOCK_Q, SOFTCAP,
                                           INTERPRETED)
     # --8<-- [end:state]
 
@@ -373,7 +375,7 @@ def _forward_kernel(
         acc = tl.zeros([BLOCK_Q, HEAD_DIM_V_PAD], dtype=tl.float32)
         if SINK:  # the exact step keeps l relative to 2^(m * qk_scale): the sink counts 1 (0 if -inf;
             # read from m, not l: the fast start's l underflows to 0 for a sink past about 2^31)
-            m, l, shift, largest = sink_start(SINKS, h, unit, qk_scale, BLOCK_Q, SOFTCAP, INTERPRETED)
+            m, l, shift, largest = sink_start(sink, unit, qk_scale, BLOCK_Q, SOFTCAP, INTERPRETED)
             l = tl.where(m == float("-inf"), 0.0, 1.0)
         acc, l, m, shift, largest = _attend_key_tiles(
             acc, l, m, shift, largest, q, k_base, v_base, b, h_kv, stride_kt, stride_kd, stride_vt, stride_vd,
