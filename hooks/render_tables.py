@@ -457,8 +457,9 @@ def measured(name: str) -> bool:
 
 
 def markdown_text(text: str) -> str:
-    """Plain text for Markdown: a formula like 4*B*H*T*T*D must not turn into emphasis."""
-    return text.replace("*", "\\*").replace("_", "\\_")
+    """Plain text for Markdown: a formula like 4*B*H*T*T*D must not turn into emphasis, and a placeholder
+    like <case> must not turn into an HTML tag."""
+    return text.replace("*", "\\*").replace("_", "\\_").replace("<", "&lt;")
 
 
 def provenance_line(result: dict) -> str:
