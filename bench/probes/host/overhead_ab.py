@@ -218,8 +218,8 @@ def main(argv=None) -> None:
             method=("flashtile.bench.overhead.measure() from each checkout (B=1, H=1, T=128, D=64, bf16, causal; "
                     "median of 9 loops, the entry points taking turns), three times per process: as the command "
                     "runs it, with gc.callbacks timing the collector, after gc.freeze(); then measure_decode(); "
-                    "one process per checkout "
-                    "per round, AB then BA, after one discarded process per checkout; medians over processes, "
+                    "one process per checkout per round, AB then BA, after one discarded process per checkout; "
+                    "medians over processes, "
                     "bootstrap 95 % intervals of after / before (4000 draws)"),
         ),
         variants={variant: summarize(runs, variant) for variant in VARIANTS},
